@@ -1,0 +1,324 @@
+/*
+ * terngrad.c — CPU reference of TernGrad. This file is the specification the CUDA kernels
+ * reproduce bit for bit; terngrad.h documents the format, the RNG and the rounding rule.
+ *
+ * Encode is two passes per bucket: (1) the scale (max |x|, optionally clipped at c*rms),
+ * (2) stochastic ternarisation with the residual update fused in. The engine's integer ring
+ * runs the passes separately (local_scales, then encode_scaled with the max over ranks).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codecs/terngrad.h"
+
+#define TILE 1024 /* elements quantised per tile before their codes are packed */
+
+static const gcomp_param_def tg_params[] = {
+    {"bucket", GCOMP_PARAM_INT, offsetof(gcomp_terngrad_params, bucket), 0, 1073741824, 0, NULL,
+     "elements per scale, a multiple of 4; 0 = one scale per tensor"},
+    {"clip", GCOMP_PARAM_DOUBLE, offsetof(gcomp_terngrad_params, clip), 0, 1000, 0, NULL,
+     "clip |x| at clip * rms before ternarising (paper: 2.5); 0 = off"},
+};
+
+static gcomp_result tg_check_params(const void *params, char *msg, size_t cap)
+{
+    const gcomp_terngrad_params *p = params;
+    if (p->bucket % 4 != 0) {
+        snprintf(msg, cap, "bucket=%lld must be a multiple of 4 (codes pack 4 per byte)", (long long)p->bucket);
+        return GCOMP_ERR_INVALID_SPEC;
+    }
+    return GCOMP_SUCCESS;
+}
+
+static inline float load_f32(const uint8_t *p) { float v; memcpy(&v, p, 4); return v; }
+static inline void store_f32(uint8_t *p, float v) { memcpy(p, &v, 4); }
+
+static size_t bucket_len(const gcomp_terngrad_params *p, size_t n) { return p->bucket > 0 ? (size_t)p->bucket : n; }
+
+static size_t tg_codes_bytes(size_t n) { return (n + 3) / 4; }
+
+static size_t tg_max_body(const void *params, size_t n)
+{
+    return 4 * (size_t)gcomp_tg_num_scales(params, n) + tg_codes_bytes(n);
+}
+
+/* ---- pass 1: the scale of one bucket ---------------------------------------------------- */
+
+/* max |x| compared as the integer bits & 0x7fffffff: exact, order-free, and NaN > inf >
+ * finite, so a non-finite input always becomes a non-finite scale. */
+static uint32_t max_abs_bits(const float *g, const float *r, size_t n)
+{
+    uint32_t m = 0;
+    if (r) {
+        for (size_t i = 0; i < n; i++) {
+            float x = g[i] + r[i];
+            uint32_t k; memcpy(&k, &x, 4); k &= 0x7fffffffu;
+            m = k > m ? k : m;
+        }
+    } else {
+        for (size_t i = 0; i < n; i++) {
+            uint32_t k; memcpy(&k, &g[i], 4); k &= 0x7fffffffu;
+            m = k > m ? k : m;
+        }
+    }
+    return m;
+}
+
+/* rms of x = g + r, summed in a fixed order CUDA can reproduce: squares in double, a
+ * halving-stride tree inside each block of GCOMP_TG_RMS_BLOCK elements (zero-padded), and
+ * the block sums added in block order. */
+double gcomp__tg_rms(const float *g, const float *r, size_t n)
+{
+    double total = 0, t[GCOMP_TG_RMS_BLOCK];
+    for (size_t b = 0; b < n; b += GCOMP_TG_RMS_BLOCK) {
+        size_t m = n - b < GCOMP_TG_RMS_BLOCK ? n - b : GCOMP_TG_RMS_BLOCK;
+        for (size_t k = 0; k < GCOMP_TG_RMS_BLOCK; k++) {
+            float x = k < m ? (r ? g[b + k] + r[b + k] : g[b + k]) : 0.0f;
+            t[k] = (double)x * (double)x;
+        }
+        for (size_t w = GCOMP_TG_RMS_BLOCK / 2; w >= 1; w /= 2)
+            for (size_t k = 0; k < w; k++) t[k] += t[k + w];
+        total += t[0];
+    }
+    return n ? sqrt(total / (double)n) : 0.0;
+}
+
+static float bucket_scale(const gcomp_terngrad_params *p, const float *g, const float *r, size_t n)
+{
+    uint32_t mbits = max_abs_bits(g, r, n);
+    float s;
+    memcpy(&s, &mbits, 4);
+    if (p->clip > 0 && isfinite(s)) {
+        double c = p->clip * gcomp__tg_rms(g, r, n);
+        if (c < (double)s) s = (float)c;
+    }
+    return s;
+}
+
+static gcomp_result tg_local_scales(const void *params, gcomp_encode_ctx *ctx, const float *g, const float *r,
+                                    size_t n, float *scales)
+{
+    const gcomp_terngrad_params *p = params;
+    size_t B = bucket_len(p, n);
+    for (size_t a = 0, j = 0; a < n; a += B, j++) {
+        size_t m = n - a < B ? n - a : B;
+        scales[j] = bucket_scale(p, g + a, r ? r + a : NULL, m);
+        if (!isfinite(scales[j])) ctx->nonfinite = 1;
+    }
+    return GCOMP_SUCCESS;
+}
+
+/* ---- pass 2: ternarise one bucket with scale s ------------------------------------------ */
+
+/* Codes of elements [a, a+m) of this buffer (m <= TILE), global index offset+a...; the
+ * residual update x - t*s is fused in. Returns nonzero if any x was non-finite. */
+static uint32_t quantize_tile(const float *g, const float *r_in, float *r_out, size_t m, float s, uint64_t key,
+                              uint64_t first_index, uint8_t *codes)
+{
+    uint32_t bad = 0;
+    uint32_t salt = gcomp_tg_salt(key, (uint32_t)(first_index >> 32));
+    uint32_t lo = (uint32_t)first_index;
+    for (size_t k = 0; k < m; k++) {
+        float x = r_in ? g[k] + r_in[k] : g[k];
+        uint32_t bits; memcpy(&bits, &x, 4);
+        float u = gcomp_tg_uniform_salted(salt, lo + (uint32_t)k);
+        uint32_t c = gcomp_tg_code(x, s, u);
+        float t = c == 1 ? 1.0f : (c == 2 ? -1.0f : 0.0f);
+        bad |= (bits & 0x7f800000u) == 0x7f800000u;
+        codes[k] = (uint8_t)c;
+        if (r_out) r_out[k] = x - t * s;
+    }
+    return bad;
+}
+
+/* A tile must not cross a multiple of 2^32 in the global index (the salt changes there). */
+static size_t tile_len(uint64_t index, size_t left)
+{
+    uint64_t to_wrap = (uint64_t)1 << 32;
+    size_t m = left < TILE ? left : TILE;
+    to_wrap -= index & 0xffffffffull;
+    return (uint64_t)m > to_wrap ? (size_t)to_wrap : m;
+}
+
+/* Ternarise [a, a+m) of the buffer with scale s into the packed code array (whose byte 0
+ * holds element 0 of the buffer). a is a multiple of 4. */
+static uint32_t quantize_bucket(const float *g, const float *r_in, float *r_out, size_t a, size_t m, float s,
+                                const gcomp_encode_ctx *ctx, uint64_t key, uint8_t *packed)
+{
+    uint8_t codes[TILE];
+    uint32_t bad = 0;
+    for (size_t done = 0; done < m;) {
+        size_t i = a + done;
+        size_t len = tile_len(ctx->offset + i, m - done);
+        bad |= quantize_tile(g + i, r_in ? r_in + i : NULL, r_out ? r_out + i : NULL, len, s, key, ctx->offset + i,
+                             codes);
+        /* i is a multiple of 4 here (a is, and tiles are multiples of 4 except the last) */
+        for (size_t k = 0; k < len; k += 4) {
+            uint8_t byte = codes[k];
+            if (k + 1 < len) byte |= (uint8_t)(codes[k + 1] << 2);
+            if (k + 2 < len) byte |= (uint8_t)(codes[k + 2] << 4);
+            if (k + 3 < len) byte |= (uint8_t)(codes[k + 3] << 6);
+            packed[(i + k) / 4] = byte;
+        }
+        done += len;
+    }
+    return bad;
+}
+
+static gcomp_result check_cap(size_t n, const gcomp_terngrad_params *p, size_t cap, size_t *need)
+{
+    *need = tg_max_body(p, n);
+    if (cap < *need) return gcomp_codec_fail(GCOMP_ERR_BUFFER_TOO_SMALL, "terngrad: need %zu body bytes, have %zu", *need, cap);
+    return GCOMP_SUCCESS;
+}
+
+/* Shared by encode and encode_scaled: scales == NULL means "compute each bucket's own". */
+static gcomp_result tg_encode_impl(const gcomp_terngrad_params *p, gcomp_encode_ctx *ctx, const float *g,
+                                   const float *r_in, float *r_out, size_t n, const float *scales, uint8_t *body,
+                                   size_t cap, size_t *written, uint32_t *flags)
+{
+    size_t need, B = bucket_len(p, n), nb = (size_t)gcomp_tg_num_scales(p, n);
+    uint64_t key = gcomp_tg_key(ctx->seed, ctx->step, ctx->rank);
+    uint8_t *packed = body + 4 * nb;
+    uint32_t bad = 0;
+    gcomp_result rc = check_cap(n, p, cap, &need);
+    if (rc != GCOMP_SUCCESS) return rc;
+    if (B % 4 && nb > 1) return gcomp_codec_fail(GCOMP_ERR_INVALID_ARG, "terngrad: bucket must be a multiple of 4");
+    for (size_t a = 0, j = 0; a < n; a += B, j++) {
+        size_t m = n - a < B ? n - a : B;
+        float s = scales ? scales[j] : bucket_scale(p, g + a, r_in ? r_in + a : NULL, m);
+        store_f32(body + 4 * j, s);
+        bad |= !isfinite(s);
+        bad |= quantize_bucket(g, r_in, r_out, a, m, s, ctx, key, packed);
+    }
+    ctx->nonfinite |= bad;
+    *written = need;
+    *flags = 0;
+    return GCOMP_SUCCESS;
+}
+
+static gcomp_result tg_encode(const void *params, gcomp_encode_ctx *ctx, const float *g, const float *r_in,
+                              float *r_out, size_t n, uint8_t *body, size_t cap, size_t *written, uint32_t *flags)
+{
+    return tg_encode_impl(params, ctx, g, r_in, r_out, n, NULL, body, cap, written, flags);
+}
+
+static gcomp_result tg_encode_scaled(const void *params, gcomp_encode_ctx *ctx, const float *g, const float *r_in,
+                                     float *r_out, size_t n, const float *scales, uint8_t *body, size_t cap,
+                                     size_t *written, uint32_t *flags)
+{
+    return tg_encode_impl(params, ctx, g, r_in, r_out, n, scales, body, cap, written, flags);
+}
+
+static size_t tg_num_scales(const void *params, size_t n) { return (size_t)gcomp_tg_num_scales(params, n); }
+
+/* ---- decode --------------------------------------------------------------------------- */
+
+/* Decoding multiplies t * s (not a select) so a non-finite scale yields NaN for t = 0 too. */
+static gcomp_result tg_decode_add(const void *params, uint32_t flags, const uint8_t *body, size_t bytes, float *acc,
+                                  size_t n)
+{
+    const gcomp_terngrad_params *p = params;
+    size_t B = bucket_len(p, n), nb = (size_t)gcomp_tg_num_scales(p, n);
+    const uint8_t *packed = body + 4 * nb;
+    static const float tern[4] = {0.0f, 1.0f, -1.0f, 0.0f};
+    if (flags) return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "terngrad: unknown flags 0x%x", flags);
+    if (bytes != tg_max_body(p, n))
+        return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "terngrad: body of %zu bytes for %zu elements (expected %zu)", bytes, n,
+                                tg_max_body(p, n));
+    for (size_t q = 0; q < tg_codes_bytes(n); q++) {
+        uint8_t b = packed[q];
+        unsigned valid = n - 4 * q >= 4 ? 4 : (unsigned)(n - 4 * q);
+        for (unsigned k = 0; k < 4; k++) {
+            unsigned c = (b >> (2 * k)) & 3u;
+            if (c == 3 || (k >= valid && c != 0))
+                return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "terngrad: invalid code %u at element %zu", c, 4 * q + k);
+        }
+    }
+    for (size_t a = 0, j = 0; a < n; a += B, j++) {
+        size_t m = n - a < B ? n - a : B;
+        float s = load_f32(body + 4 * j);
+        if (s < 0) return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "terngrad: negative scale %g in bucket %zu", s, j);
+        for (size_t i = a; i < a + m; i++) acc[i] += tern[(packed[i / 4] >> (2 * (i % 4))) & 3u] * s;
+    }
+    return GCOMP_SUCCESS;
+}
+
+/* ---- integer sums for the ring ---------------------------------------------------------- */
+
+gcomp_result gcomp__tg_codes_add(const uint8_t *codes, size_t bytes, size_t n, int32_t *acc)
+{
+    static const int32_t val[4] = {0, 1, -1, 0};
+    if (bytes != tg_codes_bytes(n))
+        return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "terngrad: %zu code bytes for %zu elements", bytes, n);
+    for (size_t i = 0; i < n; i++) {
+        unsigned c = (codes[i / 4] >> (2 * (i % 4))) & 3u;
+        if (c == 3) return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "terngrad: invalid code 3 at element %zu", i);
+        acc[i] += val[c];
+    }
+    return GCOMP_SUCCESS;
+}
+
+gcomp_result gcomp__tg_sums_pack(const int32_t *sums, size_t n, uint32_t m, uint8_t *out)
+{
+    unsigned w = gcomp_tg_sum_bits(m);
+    uint64_t acc = 0;
+    unsigned have = 0;
+    size_t o = 0;
+    for (size_t i = 0; i < n; i++) {
+        int64_t v = (int64_t)sums[i] + m;
+        if (v < 0 || v > 2 * (int64_t)m)
+            return gcomp_codec_fail(GCOMP_ERR_INVALID_ARG, "terngrad: sum %d at %zu outside [-%u, %u]", sums[i], i, m, m);
+        acc |= (uint64_t)v << have;
+        have += w;
+        while (have >= 8) {
+            out[o++] = (uint8_t)acc;
+            acc >>= 8;
+            have -= 8;
+        }
+    }
+    if (have) out[o++] = (uint8_t)acc;
+    return GCOMP_SUCCESS;
+}
+
+gcomp_result gcomp__tg_sums_add(const uint8_t *in, size_t bytes, size_t n, uint32_t m, int32_t *acc)
+{
+    unsigned w = gcomp_tg_sum_bits(m);
+    uint64_t bits = 0, mask = (1ull << w) - 1;
+    unsigned have = 0;
+    size_t pos = 0;
+    if (bytes != gcomp_tg_sum_bytes(n, m))
+        return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "terngrad: %zu bytes of sums for %zu elements of %u ranks", bytes, n, m);
+    for (size_t i = 0; i < n; i++) {
+        uint64_t v;
+        while (have < w) {
+            bits |= (uint64_t)in[pos++] << have;
+            have += 8;
+        }
+        v = bits & mask;
+        bits >>= w;
+        have -= w;
+        if (v > 2ull * m) return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "terngrad: sum %llu at %zu exceeds 2*%u", (unsigned long long)v, i, m);
+        acc[i] += (int32_t)((int64_t)v - m);
+    }
+    return GCOMP_SUCCESS;
+}
+
+const gcomp_codec_vtable gcomp__codec_terngrad = {
+    .abi_version = GCOMP_CODEC_ABI_VERSION,
+    .name = "terngrad",
+    .wire_id = GCOMP_WIRE_ID_TERNGRAD,
+    .caps = GCOMP_CAP_INTEGER,
+    .params = tg_params,
+    .n_params = sizeof tg_params / sizeof tg_params[0],
+    .params_size = sizeof(gcomp_terngrad_params),
+    .check_params = tg_check_params,
+    .max_body_bytes = tg_max_body,
+    .encode = tg_encode,
+    .decode_add = tg_decode_add,
+    .num_scales = tg_num_scales,
+    .local_scales = tg_local_scales,
+    .encode_scaled = tg_encode_scaled,
+};

@@ -1,0 +1,132 @@
+/*
+ * TernGrad (Wen et al., 2017) — wire format, RNG and integer-sum helpers shared by the CPU
+ * reference (terngrad.c) and the CUDA kernels (cuda/terngrad.cu).
+ *
+ * x = g + r. Elements are grouped into buckets of B elements (bucket=B), or one bucket for
+ * the whole tensor (bucket=0, the paper's default). Bucket j has a scale s_j:
+ *   s_j = max |x_i| over the bucket, or with clip=c > 0, min(max |x_i|, c * rms_j)
+ * where rms_j = sqrt(sum x_i^2 / m_j) (see gcomp_tg_rms for the exact summation order, which
+ * CUDA must reproduce). The engine may replace s_j by the max over all ranks before quantising.
+ * Each element becomes a code t_i in {-1, 0, +1}:
+ *   y_i = clamp(x_i, -s_j, s_j);  u_i = gcomp_tg_uniform(key, i);
+ *   t_i = sign(y_i) if u_i * s_j < |y_i| else 0        (all in fp32, no FMA)
+ * so E[t_i * s_j] = y_i (unbiased up to 2^-24). decode(x)_i = t_i * s_j.
+ * Error feedback: r_out_i = x_i - t_i * s_j (the clipped part stays in the residual).
+ *
+ * RNG: a counter-based hash, no state. The key of one call is
+ *   key = mix64(mix64(mix64(seed) ^ step) ^ rank)
+ * and the uniform of element i (its index in the whole tensor, ctx->offset + local index):
+ *   salt = (uint32)key ^ mix32((uint32)(i >> 32) + (uint32)(key >> 32))
+ *   u_i  = (mix32((uint32)i ^ salt) >> 8) * 2^-24                  in [0, 1)
+ * mix64 is the splitmix64 finaliser, mix32 the "lowbias32" integer hash.
+ *
+ * Body (after the 32-byte gcomp header; flags 0):
+ *   f32 scales[nb]   nb = ceil(n / B) (bucket=B), or 1 (bucket=0, n > 0), or 0 (n = 0)
+ *   u8  codes[ceil(n / 4)]  2 bits per element, element i at bits 2*(i%4) of byte i/4:
+ *                    0 -> 0, 1 -> +1, 2 -> -1, 3 is invalid; unused high bits are 0
+ *
+ * Integer sums for the ring: the sum of the codes of m ranks lies in [-m, m] and is stored
+ * as (sum + m) in gcomp_tg_sum_bits(m) = ceil(log2(2m + 1)) bits per element, LSB first.
+ */
+#ifndef GCOMP_CODECS_TERNGRAD_H
+#define GCOMP_CODECS_TERNGRAD_H
+
+#include "gcomp_codec.h"
+
+#if defined(__CUDACC__)
+#define GCOMP_TG_HD __host__ __device__
+#else
+#define GCOMP_TG_HD
+#endif
+
+#define GCOMP_WIRE_ID_TERNGRAD 4
+#define GCOMP_TG_RMS_BLOCK 256 /* elements per block of the deterministic rms sum */
+
+typedef struct gcomp_terngrad_params {
+    int64_t bucket; /* elements per scale; 0 = one scale per tensor (default) */
+    double clip;    /* clip at clip * rms; 0 = no clipping (default); paper value 2.5 */
+} gcomp_terngrad_params;
+
+static inline GCOMP_TG_HD uint64_t gcomp_mix64(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+static inline GCOMP_TG_HD uint32_t gcomp_mix32(uint32_t x)
+{
+    x ^= x >> 16;
+    x *= 0x7feb352du;
+    x ^= x >> 15;
+    x *= 0x846ca68bu;
+    x ^= x >> 16;
+    return x;
+}
+
+static inline GCOMP_TG_HD uint64_t gcomp_tg_key(uint64_t seed, uint64_t step, uint32_t rank)
+{
+    return gcomp_mix64(gcomp_mix64(gcomp_mix64(seed) ^ step) ^ (uint64_t)rank);
+}
+
+static inline GCOMP_TG_HD uint32_t gcomp_tg_salt(uint64_t key, uint32_t index_hi)
+{
+    return (uint32_t)key ^ gcomp_mix32(index_hi + (uint32_t)(key >> 32));
+}
+
+/* u_i as a float in [0, 1): 24 random bits, exactly representable. */
+static inline GCOMP_TG_HD float gcomp_tg_uniform_salted(uint32_t salt, uint32_t index_lo)
+{
+    return (float)(gcomp_mix32(index_lo ^ salt) >> 8) * 0x1p-24f;
+}
+
+static inline GCOMP_TG_HD float gcomp_tg_uniform(uint64_t key, uint64_t i)
+{
+    return gcomp_tg_uniform_salted(gcomp_tg_salt(key, (uint32_t)(i >> 32)), (uint32_t)i);
+}
+
+/* The code of one element given its scale: 0, 1 (+1) or 2 (-1). */
+static inline GCOMP_TG_HD uint32_t gcomp_tg_code(float x, float s, float u)
+{
+    float y = x > s ? s : (x < -s ? -s : x);
+    float mag = y < 0 ? -y : y;
+    uint32_t keep = u * s < mag;
+    return keep ? (y < 0 ? 2u : 1u) : 0u;
+}
+
+/* Number of scales for n elements. */
+static inline GCOMP_TG_HD uint64_t gcomp_tg_num_scales(const gcomp_terngrad_params *p, uint64_t n)
+{
+    if (n == 0) return 0;
+    if (p->bucket <= 0) return 1;
+    return (n + (uint64_t)p->bucket - 1) / (uint64_t)p->bucket;
+}
+
+/* ceil(log2(2m + 1)): bits per element of a sum of m ternary codes. */
+static inline GCOMP_TG_HD unsigned gcomp_tg_sum_bits(uint32_t m)
+{
+    unsigned b = 0;
+    while ((1ull << b) <= 2ull * m) b++;
+    return b;
+}
+
+/* Bytes of n packed sums of m codes. */
+static inline GCOMP_TG_HD uint64_t gcomp_tg_sum_bytes(uint64_t n, uint32_t m)
+{
+    return (n * gcomp_tg_sum_bits(m) + 7) / 8;
+}
+
+/* Integer-sum helpers for the integer ring (CPU reference; terngrad.c). */
+/* acc[i] += code of element i, from a body's 2-bit code array of n elements. */
+gcomp_result gcomp__tg_codes_add(const uint8_t *codes, size_t bytes, size_t n, int32_t *acc);
+/* Pack n sums (each in [-m, m]) into out (gcomp_tg_sum_bytes(n, m) bytes). */
+gcomp_result gcomp__tg_sums_pack(const int32_t *sums, size_t n, uint32_t m, uint8_t *out);
+/* acc[i] += unpacked sum i, checking every value lies in [-m, m]. */
+gcomp_result gcomp__tg_sums_add(const uint8_t *in, size_t bytes, size_t n, uint32_t m, int32_t *acc);
+/* The deterministic rms of x = g + r over [0, n): see terngrad.c. */
+double gcomp__tg_rms(const float *g, const float *r, size_t n);
+
+extern const gcomp_codec_vtable gcomp__codec_terngrad;
+
+#endif

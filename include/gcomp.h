@@ -1,0 +1,177 @@
+/*
+ * gcomp.h — compressed gradient allreduce: the user API.
+ *
+ * This header needs none of CUDA, MPI or NCCL. It compiles as C11 and as C++.
+ *
+ * Conventions (apply to every function below unless it says otherwise):
+ *  - Every function returns a gcomp_result. GCOMP_SUCCESS is 0.
+ *  - On failure a human-readable detail is available from gcomp_last_error() on the
+ *    calling thread until the next failing call on that thread.
+ *  - Handles are opaque. Destroy functions accept NULL and do nothing.
+ *  - The caller owns every buffer it passes in; the library never keeps a pointer to a
+ *    caller buffer after a call returns.
+ *  - The library never prints to stdout and never calls exit/abort. With GCOMP_DEBUG=1 in
+ *    the environment it logs failures to stderr.
+ */
+#ifndef GCOMP_H
+#define GCOMP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define GCOMP_VERSION_MAJOR 0
+#define GCOMP_VERSION_MINOR 1
+#define GCOMP_VERSION_PATCH 0
+#define GCOMP_VERSION (GCOMP_VERSION_MAJOR * 10000 + GCOMP_VERSION_MINOR * 100 + GCOMP_VERSION_PATCH)
+
+/* Result codes. One X-macro generates the enum, the names and the messages. */
+#define GCOMP_RESULT_LIST(X)                                                                 \
+    X(GCOMP_SUCCESS, 0, "success")                                                           \
+    X(GCOMP_ERR_INVALID_ARG, 1, "invalid argument")                                          \
+    X(GCOMP_ERR_INVALID_SPEC, 2, "invalid codec spec")                                       \
+    X(GCOMP_ERR_UNSUPPORTED, 3, "unsupported dtype, op or feature")                          \
+    X(GCOMP_ERR_NOMEM, 4, "out of memory")                                                   \
+    X(GCOMP_ERR_CORRUPT, 5, "malformed or corrupted payload")                                \
+    X(GCOMP_ERR_BUFFER_TOO_SMALL, 6, "output buffer too small")                              \
+    X(GCOMP_ERR_MISMATCH, 7, "ranks disagree on the call (count, dtype, op, codec or version)") \
+    X(GCOMP_ERR_TIMEOUT, 8, "timed out waiting for a peer")                                  \
+    X(GCOMP_ERR_TRANSPORT, 9, "transport (MPI/NCCL/CUDA) error")                             \
+    X(GCOMP_ERR_COMM_INVALID, 10, "communicator unusable after an earlier failure")          \
+    X(GCOMP_ERR_EXISTS, 11, "a codec with this name or wire id is already registered")      \
+    X(GCOMP_ERR_INTERNAL, 12, "internal error (a bug in gcomp)")
+
+typedef enum gcomp_result {
+#define GCOMP_X_ENUM(name, value, msg) name = value,
+    GCOMP_RESULT_LIST(GCOMP_X_ENUM)
+#undef GCOMP_X_ENUM
+} gcomp_result;
+
+/* Static message for a result code ("unknown result code" for values not in the enum). */
+const char *gcomp_strerror(gcomp_result rc);
+
+/* The enum name of a result code, e.g. "GCOMP_ERR_CORRUPT". */
+const char *gcomp_result_name(gcomp_result rc);
+
+/* Detail of the last failure on the calling thread, e.g.
+ * "spec 'topk:ratio=2': ratio=2 is out of range [1e-06, 1]". Thread-local storage owned by
+ * the library; valid until the next failing gcomp call on this thread. Never NULL. */
+const char *gcomp_last_error(void);
+
+/* Element types of gradient buffers. Codecs compute in fp32; f16/bf16 inputs are widened. */
+typedef enum gcomp_dtype {
+    GCOMP_F32 = 0,
+    GCOMP_F16 = 1,  /* IEEE 754 binary16 */
+    GCOMP_BF16 = 2, /* bfloat16 */
+    GCOMP_DTYPE_COUNT
+} gcomp_dtype;
+
+/* Size in bytes of one element, 0 for an invalid dtype. */
+size_t gcomp_dtype_size(gcomp_dtype dtype);
+
+/* Key value meaning "no error feedback for this call". */
+#define GCOMP_KEY_NONE UINT64_MAX
+
+/* ------------------------------------------------------------------------------------ */
+/* Codec objects: compress a tensor without any communicator.                              */
+/* ------------------------------------------------------------------------------------ */
+
+typedef struct gcomp_codec gcomp_codec;
+
+/* Options a codec object is created with. Zero-initialise, then set what you need;
+ * gcomp_codec_options_default() gives the documented defaults. */
+typedef struct gcomp_codec_options {
+    uint64_t seed; /* seed of stochastic codecs (terngrad rounding). Default 0. */
+    uint32_t rank; /* this process's rank, part of the RNG key. Default 0. */
+    int error_feedback; /* 1: keep per-key residuals (default); 0: ignore keys. */
+} gcomp_codec_options;
+
+gcomp_codec_options gcomp_codec_options_default(void);
+
+/* Create a codec chain from a spec string, e.g. "terngrad", "topk:ratio=0.01,values=fp16",
+ * "fp16+zstd:level=1". Grammar: name[:key=value[,key=value]*][+name[:...]]*.
+ * The first stage must be an element codec (none, fp16, bf16, terngrad, topk or a
+ * registered one); later stages must be byte stages (zstd).
+ * opts may be NULL (defaults). On success *out owns the object; free with
+ * gcomp_codec_destroy. Errors: GCOMP_ERR_INVALID_ARG (NULL spec/out),
+ * GCOMP_ERR_INVALID_SPEC (unknown codec or key, malformed or out-of-range value; the
+ * message names it), GCOMP_ERR_NOMEM. */
+gcomp_result gcomp_codec_create(const char *spec, const gcomp_codec_options *opts,
+                                gcomp_codec **out);
+
+void gcomp_codec_destroy(gcomp_codec *codec);
+
+/* The canonical spec of the chain with every parameter spelled out, e.g.
+ * "topk:ratio=0.01,k=0,values=fp32". Owned by the codec object. */
+const char *gcomp_codec_spec(const gcomp_codec *codec);
+
+/* Upper bound on the encoded size (header included) of count elements. Like
+ * ZSTD_compressBound: size the output buffer of gcomp_codec_encode with it.
+ * Returns 0 if codec is NULL. */
+size_t gcomp_codec_max_encoded_bytes(const gcomp_codec *codec, size_t count);
+
+/* Encode count elements of src (dtype) into dst (capacity dst_cap bytes). *written receives
+ * the payload size. With error feedback on and key != GCOMP_KEY_NONE, the residual of the
+ * key is added before encoding and replaced by what the codec dropped (the residual is
+ * created zero at the first call of a key and reset when the key's count changes). Each call
+ * with a key advances that key's step, which keys the stochastic rounding.
+ * If src holds NaN/Inf, the payload decodes to a non-finite result and the residual is left
+ * untouched. count may be 0.
+ * Errors: GCOMP_ERR_INVALID_ARG (NULL pointers with count > 0, bad dtype),
+ * GCOMP_ERR_BUFFER_TOO_SMALL, GCOMP_ERR_NOMEM. Not thread-safe on the same codec object. */
+gcomp_result gcomp_codec_encode(gcomp_codec *codec, uint64_t key, const void *src, size_t count,
+                                gcomp_dtype dtype, void *dst, size_t dst_cap, size_t *written);
+
+/* Decode a payload made by a codec of the same spec and ADD it to acc[0..count) in fp32.
+ * The payload is untrusted: every length, index and declared size is checked.
+ * Errors: GCOMP_ERR_INVALID_ARG (NULL pointers), GCOMP_ERR_CORRUPT (malformed payload,
+ * other codec, or a count other than the caller's). On error acc may be partly updated. */
+gcomp_result gcomp_codec_decode_add(gcomp_codec *codec, const void *payload, size_t bytes,
+                                    float *acc, size_t count);
+
+/* Decode a payload into dst (count elements of dtype), overwriting it. Same checks as
+ * gcomp_codec_decode_add; for f16/bf16 dst the fp32 result is rounded to nearest even.
+ * Uses a scratch buffer owned by the codec object when dtype is not f32. */
+gcomp_result gcomp_codec_decode(gcomp_codec *codec, const void *payload, size_t bytes, void *dst,
+                                size_t count, gcomp_dtype dtype);
+
+/* Residuals (error feedback). Copy a key's residual out (count must equal the key's
+ * count; GCOMP_ERR_INVALID_ARG if the key has none), set it (creates or resizes the key; for
+ * restoring checkpoints), or drop it. */
+gcomp_result gcomp_codec_residual_get(const gcomp_codec *codec, uint64_t key, float *dst,
+                                      size_t count);
+gcomp_result gcomp_codec_residual_set(gcomp_codec *codec, uint64_t key, const float *src,
+                                      size_t count);
+gcomp_result gcomp_codec_residual_reset(gcomp_codec *codec, uint64_t key);
+
+/* Counters since creation (or the last gcomp_codec_stats_reset). */
+typedef struct gcomp_stats {
+    uint64_t encode_calls;
+    uint64_t decode_calls;
+    uint64_t raw_bytes;       /* bytes of the input tensors encoded (count * dtype size) */
+    uint64_t wire_bytes;      /* bytes of the payloads produced, headers included */
+    uint64_t overflow_count;  /* finite inputs that became +-inf in fp16/bf16 */
+    uint64_t nonfinite_calls; /* encodes whose input held NaN/Inf (residual left untouched) */
+} gcomp_stats;
+
+gcomp_result gcomp_codec_stats(const gcomp_codec *codec, gcomp_stats *out);
+gcomp_result gcomp_codec_stats_reset(gcomp_codec *codec);
+
+/* ------------------------------------------------------------------------------------ */
+/* Half-precision helpers (round to nearest even; NaN stays NaN).                          */
+/* ------------------------------------------------------------------------------------ */
+uint16_t gcomp_f32_to_f16(float f);
+float gcomp_f16_to_f32(uint16_t h);
+uint16_t gcomp_f32_to_bf16(float f);
+float gcomp_bf16_to_f32(uint16_t h);
+
+/* Names of the registered codecs, one per call: idx from 0 until NULL is returned. */
+const char *gcomp_codec_name_at(size_t idx);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* GCOMP_H */

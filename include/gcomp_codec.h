@@ -1,0 +1,192 @@
+/*
+ * gcomp_codec.h — the codec author's ABI.
+ *
+ * A codec is a const vtable: a name, a stable wire id, capability bits, a parameter table
+ * and functions. Built-in codecs are registered by the library; users register their own
+ * with gcomp_codec_register() and then name them in spec strings like any built-in.
+ *
+ * Two kinds of codec:
+ *  - element codecs (first stage of a spec) turn fp32 values into a body of bytes and back
+ *    (decode_add: decode and ACCUMULATE into fp32, which is what a ring hop needs);
+ *  - byte stages (GCOMP_CAP_BYTE_STAGE; later stages, e.g. zstd) turn a whole payload into
+ *    another byte string and back.
+ *
+ * The library writes and checks the 32-byte payload header (see GCOMP_HEADER_*); codecs only
+ * see their body. Bodies are untrusted on decode: check every length and index and return
+ * GCOMP_ERR_CORRUPT, never read or write out of bounds.
+ */
+#ifndef GCOMP_CODEC_H
+#define GCOMP_CODEC_H
+
+#include "gcomp.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define GCOMP_CODEC_ABI_VERSION 1
+
+/* Wire ids: 1..127 are reserved for built-in codecs (never reused); 128..65535 are free for
+ * user codecs. 0 is invalid. */
+#define GCOMP_WIRE_ID_USER_MIN 128
+
+/* Capability bits. */
+enum {
+    GCOMP_CAP_SUMMABLE = 1u << 0,   /* dense: decode, add in fp32, re-encode at each hop */
+    GCOMP_CAP_INTEGER = 1u << 1,    /* integer codes under a shared scale (integer ring) */
+    GCOMP_CAP_SPARSE = 1u << 2,     /* (index, value) payloads forwarded unchanged */
+    GCOMP_CAP_CUDA = 1u << 3,       /* has a CUDA implementation, bit-identical to this one */
+    GCOMP_CAP_BYTE_STAGE = 1u << 4, /* lossless byte stage after an element codec */
+    GCOMP_CAP_DETERMINISTIC_SCALE = 1u << 5 /* reserved */
+};
+
+/* ---- parameters: one table per codec, parsed by the library for every codec ---------- */
+typedef enum gcomp_param_type {
+    GCOMP_PARAM_INT,    /* stored as int64_t */
+    GCOMP_PARAM_DOUBLE, /* stored as double */
+    GCOMP_PARAM_ENUM    /* stored as int: index into choices */
+} gcomp_param_type;
+
+typedef struct gcomp_param_def {
+    const char *name;
+    gcomp_param_type type;
+    size_t offset;              /* offset of the field in the codec's params struct */
+    double min, max;            /* inclusive bounds (INT, DOUBLE) */
+    double def;                 /* default (ENUM: index) */
+    const char *const *choices; /* ENUM: NULL-terminated names */
+    const char *help;
+} gcomp_param_def;
+
+/* ---- what an encode call knows besides the data -------------------------------------- */
+typedef struct gcomp_encode_ctx {
+    uint64_t seed;       /* communicator / codec-object seed */
+    uint64_t step;       /* per-key call counter: 0 at a key's first call */
+    uint64_t offset;     /* index of element 0 of this buffer within the whole tensor */
+    uint32_t rank;       /* caller's rank */
+    uint32_t nonfinite;  /* OUT: set to 1 if any input value was NaN/Inf */
+    uint64_t overflow;   /* OUT: add the number of finite inputs that became +-inf */
+} gcomp_encode_ctx;
+
+typedef struct gcomp_codec_vtable {
+    uint32_t abi_version; /* GCOMP_CODEC_ABI_VERSION */
+    const char *name;     /* [a-z0-9_]+, unique */
+    uint16_t wire_id;     /* unique, stable forever once published */
+    uint32_t caps;        /* GCOMP_CAP_* */
+    const gcomp_param_def *params;
+    size_t n_params;
+    size_t params_size; /* size of the struct the library fills from the table */
+    /* Optional cross-parameter check after parsing; write a message into msg. */
+    gcomp_result (*check_params)(const void *params, char *msg, size_t msg_cap);
+
+    /* ---- element codecs ---- */
+    /* Upper bound on the body size for count elements. */
+    size_t (*max_body_bytes)(const void *params, size_t count);
+    /* x = g + r_in (r_in NULL: x = g); body = encode(x); if r_out != NULL:
+     * r_out = x - decode(body). r_out may alias r_in. *flags: a codec-defined word stored in
+     * the header. When an input is NaN/Inf, set ctx->nonfinite; the library then discards
+     * r_out, so the codec may leave it in any state, but the body must decode to a
+     * non-finite value somewhere. */
+    gcomp_result (*encode)(const void *params, gcomp_encode_ctx *ctx, const float *g,
+                           const float *r_in, float *r_out, size_t count, uint8_t *body,
+                           size_t cap, size_t *written, uint32_t *flags);
+    /* acc[i] += decode(body)[i] for i < count. */
+    gcomp_result (*decode_add)(const void *params, uint32_t flags, const uint8_t *body,
+                               size_t bytes, float *acc, size_t count);
+
+    /* ---- GCOMP_CAP_INTEGER codecs: the encode split the integer ring needs ---- */
+    /* Number of scales for count elements (1 per tensor, or 1 per bucket). */
+    size_t (*num_scales)(const void *params, size_t count);
+    /* scales[j] = local scale of bucket j of x = g + r (max |x|, maybe clipped). */
+    gcomp_result (*local_scales)(const void *params, gcomp_encode_ctx *ctx, const float *g,
+                                 const float *r, size_t count, float *scales);
+    /* encode with given scales (e.g. the max over all ranks). */
+    gcomp_result (*encode_scaled)(const void *params, gcomp_encode_ctx *ctx, const float *g,
+                                  const float *r_in, float *r_out, size_t count,
+                                  const float *scales, uint8_t *body, size_t cap,
+                                  size_t *written, uint32_t *flags);
+
+    /* ---- GCOMP_CAP_BYTE_STAGE codecs ---- */
+    /* Per-codec-object state (e.g. a reused compression context); NULL-returning create
+     * means out of memory. Both may be NULL for stateless stages. */
+    void *(*stage_create)(const void *params);
+    void (*stage_destroy)(void *state);
+    size_t (*stage_bound)(const void *params, size_t in_bytes);
+    gcomp_result (*stage_encode)(const void *params, void *state, const uint8_t *in, size_t n,
+                                 uint8_t *out, size_t cap, size_t *written, uint32_t *flags);
+    /* Decode into out (capacity cap = the largest inner payload the receiver accepts);
+     * a body that would decode to more than cap bytes is GCOMP_ERR_CORRUPT. */
+    gcomp_result (*stage_decode)(const void *params, void *state, uint32_t flags,
+                                 const uint8_t *in, size_t n, uint8_t *out, size_t cap,
+                                 size_t *written);
+} gcomp_codec_vtable;
+
+/* Register a codec. The vtable must outlive every use (normally a static const).
+ * Thread-safe. Errors: GCOMP_ERR_INVALID_ARG (NULL, wrong ABI version, missing functions,
+ * bad name or a built-in wire id), GCOMP_ERR_EXISTS (name or wire id taken), GCOMP_ERR_NOMEM. */
+gcomp_result gcomp_codec_register(const gcomp_codec_vtable *vt);
+
+/* Look up a registered codec by name or by wire id; NULL if none. Thread-safe. */
+const gcomp_codec_vtable *gcomp_codec_find(const char *name);
+const gcomp_codec_vtable *gcomp_codec_find_id(uint16_t wire_id);
+
+/* ---- the payload header, written and checked by the library --------------------------
+ * 32 bytes, little-endian:
+ *   0  u32 magic        "GCMP" (0x504D4347)
+ *   4  u8  version      GCOMP_FORMAT_VERSION
+ *   5  u8  dtype        gcomp_dtype of the tensor that was encoded
+ *   6  u16 wire_id      codec that wrote the body
+ *   8  u32 flags        codec-defined
+ *  12  u32 reserved     must be 0
+ *  16  u64 count        number of elements of the tensor (or chunk)
+ *  24  u64 body_bytes   bytes that follow the header
+ */
+#define GCOMP_HEADER_BYTES 32u
+#define GCOMP_HEADER_MAGIC 0x504D4347u
+#define GCOMP_FORMAT_VERSION 1u
+
+typedef struct gcomp_header {
+    uint32_t magic;
+    uint8_t version;
+    uint8_t dtype;
+    uint16_t wire_id;
+    uint32_t flags;
+    uint32_t reserved;
+    uint64_t count;
+    uint64_t body_bytes;
+} gcomp_header;
+
+/* Serialise / parse the header. gcomp_header_read checks magic, version, reserved, dtype and
+ * that body_bytes fits in the given payload size (GCOMP_ERR_CORRUPT otherwise). */
+void gcomp_header_write(uint8_t out[GCOMP_HEADER_BYTES], const gcomp_header *h);
+gcomp_result gcomp_header_read(const uint8_t *payload, size_t bytes, gcomp_header *h);
+
+/* Record a failure detail for gcomp_last_error() (printf format) and return rc, so a codec
+ * can write: return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "topk: index %llu >= count", i); */
+gcomp_result gcomp_codec_fail(gcomp_result rc, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
+/* Little-endian helpers for bodies (host and device). */
+static inline void gcomp_store_u32(uint8_t *p, uint32_t v)
+{
+    p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); p[2] = (uint8_t)(v >> 16); p[3] = (uint8_t)(v >> 24);
+}
+static inline uint32_t gcomp_load_u32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static inline void gcomp_store_u64(uint8_t *p, uint64_t v)
+{
+    gcomp_store_u32(p, (uint32_t)v); gcomp_store_u32(p + 4, (uint32_t)(v >> 32));
+}
+static inline uint64_t gcomp_load_u64(const uint8_t *p)
+{
+    return (uint64_t)gcomp_load_u32(p) | (uint64_t)gcomp_load_u32(p + 4) << 32;
+}
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* GCOMP_CODEC_H */

@@ -1,0 +1,299 @@
+/*
+ * codec.c — the public codec object: a parsed spec chain, per-key residuals, stats and
+ * reusable scratch. Writes and checks the payload headers so codecs only see bodies.
+ *
+ * Encode: [f16/bf16 -> f32 widen] -> element codec (residual fused) -> byte stages.
+ * Decode: byte stages peeled from the outside in -> element decode_add.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+struct gcomp_codec {
+    gcomp__chain chain;
+    gcomp_codec_options opts;
+    gcomp__residual_store residuals;
+    gcomp_stats stats;
+    uint64_t nokey_step; /* step counter of calls without error feedback */
+    /* scratch, grown on demand and reused */
+    void *widen;
+    size_t widen_cap;
+    void *stage_buf[2];
+    size_t stage_cap[2];
+};
+
+gcomp_codec_options gcomp_codec_options_default(void)
+{
+    gcomp_codec_options o;
+    memset(&o, 0, sizeof o);
+    o.error_feedback = 1;
+    return o;
+}
+
+gcomp_result gcomp_codec_create(const char *spec, const gcomp_codec_options *opts, gcomp_codec **out)
+{
+    gcomp_codec *c;
+    gcomp_result rc;
+    if (!out) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_codec_create: out is NULL");
+    *out = NULL;
+    if (!spec) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_codec_create: spec is NULL");
+    c = calloc(1, sizeof *c);
+    if (!c) return gcomp__fail(GCOMP_ERR_NOMEM, "gcomp_codec_create: out of memory");
+    c->opts = opts ? *opts : gcomp_codec_options_default();
+    rc = gcomp__chain_parse(spec, &c->chain);
+    if (rc != GCOMP_SUCCESS) {
+        free(c);
+        return rc;
+    }
+    *out = c;
+    return GCOMP_SUCCESS;
+}
+
+void gcomp_codec_destroy(gcomp_codec *c)
+{
+    if (!c) return;
+    gcomp__chain_free(&c->chain);
+    gcomp__residual_store_free(&c->residuals);
+    free(c->widen);
+    free(c->stage_buf[0]);
+    free(c->stage_buf[1]);
+    free(c);
+}
+
+const char *gcomp_codec_spec(const gcomp_codec *c) { return c ? c->chain.canonical : ""; }
+
+/* Largest payload the first `stages` stages of the chain can produce for count elements. */
+static size_t bound_of_prefix(const gcomp__chain *ch, size_t stages, size_t count)
+{
+    const gcomp__stage *el = &ch->stages[0];
+    size_t bytes = GCOMP_HEADER_BYTES + el->vt->max_body_bytes(el->params, count);
+    for (size_t i = 1; i < stages; i++)
+        bytes = GCOMP_HEADER_BYTES + ch->stages[i].vt->stage_bound(ch->stages[i].params, bytes);
+    return bytes;
+}
+
+size_t gcomp_codec_max_encoded_bytes(const gcomp_codec *c, size_t count)
+{
+    return c ? bound_of_prefix(&c->chain, c->chain.n_stages, count) : 0;
+}
+
+static void widen_to_f32(const void *src, gcomp_dtype dtype, size_t count, float *dst)
+{
+    const uint16_t *h = (const uint16_t *)src;
+    if (dtype == GCOMP_F16)
+        for (size_t i = 0; i < count; i++) dst[i] = gcomp_f16_to_f32(h[i]);
+    else
+        for (size_t i = 0; i < count; i++) dst[i] = gcomp_bf16_to_f32(h[i]);
+}
+
+static gcomp_result check_buffers(const char *fn, const void *a, const void *b, size_t count)
+{
+    if (count > 0 && (!a || !b)) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "%s: NULL buffer with count %zu", fn, count);
+    if (count > SIZE_MAX / 8) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "%s: count %zu is too large", fn, count);
+    return GCOMP_SUCCESS;
+}
+
+/* Element stage: header + body straight into out. */
+static gcomp_result encode_element(gcomp_codec *c, gcomp_encode_ctx *ctx, const float *x, const float *r_in,
+                                   float *r_out, size_t count, gcomp_dtype dtype, uint8_t *out, size_t cap,
+                                   size_t *written)
+{
+    const gcomp__stage *el = &c->chain.stages[0];
+    gcomp_header h = {0};
+    size_t body = 0;
+    if (cap < GCOMP_HEADER_BYTES)
+        return gcomp__fail(GCOMP_ERR_BUFFER_TOO_SMALL, "output of %zu bytes cannot hold the header", cap);
+    GCOMP_CHECK(el->vt->encode(el->params, ctx, x, r_in, r_out, count, out + GCOMP_HEADER_BYTES,
+                               cap - GCOMP_HEADER_BYTES, &body, &h.flags));
+    h.dtype = (uint8_t)dtype;
+    h.wire_id = el->vt->wire_id;
+    h.count = count;
+    h.body_bytes = body;
+    gcomp_header_write(out, &h);
+    *written = GCOMP_HEADER_BYTES + body;
+    return GCOMP_SUCCESS;
+}
+
+static gcomp_result encode_stage(gcomp__stage *st, const uint8_t *in, size_t in_bytes, size_t count,
+                                 gcomp_dtype dtype, uint8_t *out, size_t cap, size_t *written)
+{
+    gcomp_header h = {0};
+    size_t body = 0;
+    if (cap < GCOMP_HEADER_BYTES)
+        return gcomp__fail(GCOMP_ERR_BUFFER_TOO_SMALL, "output of %zu bytes cannot hold the header", cap);
+    GCOMP_CHECK(st->vt->stage_encode(st->params, st->state, in, in_bytes, out + GCOMP_HEADER_BYTES,
+                                     cap - GCOMP_HEADER_BYTES, &body, &h.flags));
+    h.dtype = (uint8_t)dtype;
+    h.wire_id = st->vt->wire_id;
+    h.count = count;
+    h.body_bytes = body;
+    gcomp_header_write(out, &h);
+    *written = GCOMP_HEADER_BYTES + body;
+    return GCOMP_SUCCESS;
+}
+
+/* Run the element codec and every byte stage; intermediate payloads live in scratch. */
+static gcomp_result encode_chain(gcomp_codec *c, gcomp_encode_ctx *ctx, const float *x, const float *r_in,
+                                 float *r_out, size_t count, gcomp_dtype dtype, uint8_t *dst, size_t cap,
+                                 size_t *written)
+{
+    size_t n = c->chain.n_stages, bytes = 0;
+    const uint8_t *prev;
+    if (n == 1) return encode_element(c, ctx, x, r_in, r_out, count, dtype, dst, cap, written);
+    for (int b = 0; b < 2; b++)
+        GCOMP_CHECK(gcomp__reserve(&c->stage_buf[b], &c->stage_cap[b], bound_of_prefix(&c->chain, n, count)));
+    GCOMP_CHECK(encode_element(c, ctx, x, r_in, r_out, count, dtype, c->stage_buf[0], c->stage_cap[0], &bytes));
+    prev = c->stage_buf[0];
+    for (size_t i = 1; i < n; i++) {
+        int last = i + 1 == n;
+        uint8_t *out = last ? dst : c->stage_buf[i & 1];
+        size_t out_cap = last ? cap : c->stage_cap[i & 1];
+        GCOMP_CHECK(encode_stage(&c->chain.stages[i], prev, bytes, count, dtype, out, out_cap, &bytes));
+        prev = out;
+    }
+    *written = bytes;
+    return GCOMP_SUCCESS;
+}
+
+gcomp_result gcomp_codec_encode(gcomp_codec *c, uint64_t key, const void *src, size_t count, gcomp_dtype dtype,
+                                void *dst, size_t dst_cap, size_t *written)
+{
+    gcomp_encode_ctx ctx = {0};
+    gcomp__residual *res = NULL;
+    const float *x = (const float *)src;
+    const float *r_in = NULL;
+    float *r_out = NULL;
+    size_t esize = gcomp_dtype_size(dtype);
+
+    if (!c || !written) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_codec_encode: NULL codec or written");
+    *written = 0;
+    if (!esize) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_codec_encode: invalid dtype %d", (int)dtype);
+    GCOMP_CHECK(check_buffers("gcomp_codec_encode", src, dst, count));
+    if (!dst) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_codec_encode: dst is NULL");
+    if (dtype != GCOMP_F32) {
+        GCOMP_CHECK(gcomp__reserve(&c->widen, &c->widen_cap, count * sizeof(float)));
+        widen_to_f32(src, dtype, count, c->widen);
+        x = c->widen;
+    }
+    ctx.seed = c->opts.seed;
+    ctx.rank = c->opts.rank;
+    if (c->opts.error_feedback && key != GCOMP_KEY_NONE) {
+        GCOMP_CHECK(gcomp__residual_acquire(&c->residuals, key, count, &res));
+        r_in = res->buf[res->cur];
+        r_out = res->buf[res->cur ^ 1];
+        ctx.step = res->step++;
+    } else {
+        ctx.step = c->nokey_step++;
+    }
+    GCOMP_CHECK(encode_chain(c, &ctx, x, r_in, r_out, count, dtype, dst, dst_cap, written));
+    /* A non-finite result must not poison the residual: keep the old one. */
+    if (ctx.nonfinite) c->stats.nonfinite_calls++;
+    else if (res) gcomp__residual_commit(res);
+    c->stats.encode_calls++;
+    c->stats.raw_bytes += count * esize;
+    c->stats.wire_bytes += *written;
+    c->stats.overflow_count += ctx.overflow;
+    return GCOMP_SUCCESS;
+}
+
+static gcomp_result expect_header(const gcomp_codec_vtable *vt, const gcomp_header *h, size_t count)
+{
+    if (h->wire_id != vt->wire_id) {
+        const gcomp_codec_vtable *other = gcomp_codec_find_id(h->wire_id);
+        return gcomp__fail(GCOMP_ERR_CORRUPT, "payload was written by codec %u (%s), expected '%s'", h->wire_id,
+                           other ? other->name : "unknown", vt->name);
+    }
+    if (h->count != count)
+        return gcomp__fail(GCOMP_ERR_CORRUPT, "payload holds %llu elements, caller expects %zu",
+                           (unsigned long long)h->count, count);
+    return GCOMP_SUCCESS;
+}
+
+gcomp_result gcomp_codec_decode_add(gcomp_codec *c, const void *payload, size_t bytes, float *acc, size_t count)
+{
+    const uint8_t *p = (const uint8_t *)payload;
+    gcomp_header h;
+    const gcomp__stage *el;
+    if (!c || !payload) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_codec_decode_add: NULL codec or payload");
+    GCOMP_CHECK(check_buffers("gcomp_codec_decode_add", payload, acc, count));
+    for (size_t i = c->chain.n_stages; i-- > 1;) {
+        gcomp__stage *st = &c->chain.stages[i];
+        size_t inner_cap = bound_of_prefix(&c->chain, i, count), inner = 0;
+        GCOMP_CHECK(gcomp_header_read(p, bytes, &h));
+        GCOMP_CHECK(expect_header(st->vt, &h, count));
+        GCOMP_CHECK(gcomp__reserve(&c->stage_buf[i & 1], &c->stage_cap[i & 1], inner_cap));
+        GCOMP_CHECK(st->vt->stage_decode(st->params, st->state, h.flags, p + GCOMP_HEADER_BYTES, h.body_bytes,
+                                         c->stage_buf[i & 1], inner_cap, &inner));
+        p = c->stage_buf[i & 1];
+        bytes = inner;
+    }
+    el = &c->chain.stages[0];
+    GCOMP_CHECK(gcomp_header_read(p, bytes, &h));
+    GCOMP_CHECK(expect_header(el->vt, &h, count));
+    GCOMP_CHECK(el->vt->decode_add(el->params, h.flags, p + GCOMP_HEADER_BYTES, h.body_bytes, acc, count));
+    c->stats.decode_calls++;
+    return GCOMP_SUCCESS;
+}
+
+gcomp_result gcomp_codec_decode(gcomp_codec *c, const void *payload, size_t bytes, void *dst, size_t count,
+                                gcomp_dtype dtype)
+{
+    float *acc = (float *)dst;
+    if (!c) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_codec_decode: codec is NULL");
+    if (!gcomp_dtype_size(dtype)) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_codec_decode: invalid dtype %d", (int)dtype);
+    GCOMP_CHECK(check_buffers("gcomp_codec_decode", payload, dst, count));
+    if (dtype != GCOMP_F32) {
+        GCOMP_CHECK(gcomp__reserve(&c->widen, &c->widen_cap, count * sizeof(float)));
+        acc = c->widen;
+    }
+    if (count) memset(acc, 0, count * sizeof(float));
+    GCOMP_CHECK(gcomp_codec_decode_add(c, payload, bytes, acc, count));
+    if (dtype == GCOMP_F16)
+        for (size_t i = 0; i < count; i++) ((uint16_t *)dst)[i] = gcomp_f32_to_f16(acc[i]);
+    else if (dtype == GCOMP_BF16)
+        for (size_t i = 0; i < count; i++) ((uint16_t *)dst)[i] = gcomp_f32_to_bf16(acc[i]);
+    return GCOMP_SUCCESS;
+}
+
+gcomp_result gcomp_codec_residual_get(const gcomp_codec *c, uint64_t key, float *dst, size_t count)
+{
+    const gcomp__residual *r;
+    if (!c || (count && !dst)) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_codec_residual_get: NULL argument");
+    r = gcomp__residual_find(&c->residuals, key);
+    if (!r) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "no residual for key %llu", (unsigned long long)key);
+    if (r->count != count)
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "key %llu has %zu elements, not %zu", (unsigned long long)key, r->count, count);
+    if (count) memcpy(dst, r->buf[r->cur], count * sizeof(float));
+    return GCOMP_SUCCESS;
+}
+
+gcomp_result gcomp_codec_residual_set(gcomp_codec *c, uint64_t key, const float *src, size_t count)
+{
+    gcomp__residual *r;
+    if (!c || (count && !src)) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_codec_residual_set: NULL argument");
+    GCOMP_CHECK(gcomp__residual_acquire(&c->residuals, key, count, &r));
+    if (count) memcpy(r->buf[r->cur], src, count * sizeof(float));
+    return GCOMP_SUCCESS;
+}
+
+gcomp_result gcomp_codec_residual_reset(gcomp_codec *c, uint64_t key)
+{
+    if (!c) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_codec_residual_reset: codec is NULL");
+    gcomp__residual_drop(&c->residuals, key);
+    return GCOMP_SUCCESS;
+}
+
+gcomp_result gcomp_codec_stats(const gcomp_codec *c, gcomp_stats *out)
+{
+    if (!c || !out) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_codec_stats: NULL argument");
+    *out = c->stats;
+    return GCOMP_SUCCESS;
+}
+
+gcomp_result gcomp_codec_stats_reset(gcomp_codec *c)
+{
+    if (!c) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_codec_stats_reset: codec is NULL");
+    memset(&c->stats, 0, sizeof c->stats);
+    return GCOMP_SUCCESS;
+}

@@ -1,0 +1,109 @@
+/* errors.c — result names and messages, the thread-local last error, debug logging. */
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "internal.h"
+
+const char *gcomp_strerror(gcomp_result rc)
+{
+    switch (rc) {
+#define GCOMP_X_MSG(name, value, msg) \
+    case name:                        \
+        return msg;
+        GCOMP_RESULT_LIST(GCOMP_X_MSG)
+#undef GCOMP_X_MSG
+    }
+    return "unknown result code";
+}
+
+const char *gcomp_result_name(gcomp_result rc)
+{
+    switch (rc) {
+#define GCOMP_X_NAME(name, value, msg) \
+    case name:                         \
+        return #name;
+        GCOMP_RESULT_LIST(GCOMP_X_NAME)
+#undef GCOMP_X_NAME
+    }
+    return "GCOMP_ERR_UNKNOWN";
+}
+
+static _Thread_local char last_error[512];
+
+const char *gcomp_last_error(void) { return last_error; }
+
+static gcomp_result vfail(gcomp_result rc, const char *fmt, va_list ap)
+{
+    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    if (gcomp__debug_enabled())
+        fprintf(stderr, "gcomp: %s: %s\n", gcomp_result_name(rc), last_error);
+    return rc;
+}
+
+gcomp_result gcomp__fail(gcomp_result rc, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vfail(rc, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+gcomp_result gcomp_codec_fail(gcomp_result rc, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vfail(rc, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+/* GCOMP_DEBUG is read once, the first time anything asks. */
+static int debug_level;
+static pthread_once_t debug_once = PTHREAD_ONCE_INIT;
+
+static void read_debug_env(void)
+{
+    const char *v = getenv("GCOMP_DEBUG");
+    debug_level = (v && *v && *v != '0') ? 1 : 0;
+}
+
+int gcomp__debug_enabled(void)
+{
+    pthread_once(&debug_once, read_debug_env);
+    return debug_level;
+}
+
+void gcomp__debug(const char *fmt, ...)
+{
+    va_list ap;
+    if (!gcomp__debug_enabled()) return;
+    va_start(ap, fmt);
+    fputs("gcomp: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+size_t gcomp_dtype_size(gcomp_dtype dtype)
+{
+    switch (dtype) {
+    case GCOMP_F32: return 4;
+    case GCOMP_F16: return 2;
+    case GCOMP_BF16: return 2;
+    default: return 0;
+    }
+}
+
+gcomp_result gcomp__reserve(void **buf, size_t *cap, size_t bytes)
+{
+    void *p;
+    if (bytes <= *cap) return GCOMP_SUCCESS;
+    p = realloc(*buf, bytes);
+    if (!p) return gcomp__fail(GCOMP_ERR_NOMEM, "cannot allocate %zu bytes of scratch", bytes);
+    *buf = p;
+    *cap = bytes;
+    return GCOMP_SUCCESS;
+}

@@ -1,0 +1,130 @@
+/*
+ * residual.c — error-feedback residuals, one per caller-given 64-bit key, in an
+ * open-addressing hash table. Buffers are created zeroed at a key's first call and
+ * recreated when its element count changes.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+static size_t slot_of(uint64_t key, size_t cap)
+{
+    key ^= key >> 33;
+    key *= 0xff51afd7ed558ccdull;
+    key ^= key >> 33;
+    return (size_t)key & (cap - 1);
+}
+
+static size_t find_slot(const gcomp__residual_store *s, uint64_t key)
+{
+    size_t i = slot_of(key, s->cap);
+    while (s->slots[i] && s->slots[i]->key != key) i = (i + 1) & (s->cap - 1);
+    return i;
+}
+
+static gcomp_result grow(gcomp__residual_store *s)
+{
+    size_t new_cap = s->cap ? s->cap * 2 : 16;
+    gcomp__residual **old = s->slots;
+    size_t old_cap = s->cap;
+    s->slots = calloc(new_cap, sizeof *s->slots);
+    if (!s->slots) {
+        s->slots = old;
+        return gcomp__fail(GCOMP_ERR_NOMEM, "residual store: cannot grow to %zu keys", new_cap);
+    }
+    s->cap = new_cap;
+    for (size_t i = 0; i < old_cap; i++)
+        if (old[i]) s->slots[find_slot(s, old[i]->key)] = old[i];
+    free(old);
+    return GCOMP_SUCCESS;
+}
+
+static void free_buffers(gcomp__residual *r)
+{
+    free(r->buf[0]);
+    free(r->buf[1]);
+    r->buf[0] = r->buf[1] = NULL;
+    r->count = 0;
+}
+
+/* calloc: the kernel hands out zero pages lazily, so a large new residual costs nothing
+ * until the first encode touches it. */
+static gcomp_result alloc_buffers(gcomp__residual *r, size_t count)
+{
+    size_t n = count ? count : 1;
+    r->buf[0] = calloc(n, sizeof(float));
+    r->buf[1] = calloc(n, sizeof(float));
+    if (!r->buf[0] || !r->buf[1]) {
+        free_buffers(r);
+        return gcomp__fail(GCOMP_ERR_NOMEM, "cannot allocate a residual of %zu elements", count);
+    }
+    r->count = count;
+    r->cur = 0;
+    r->step = 0;
+    return GCOMP_SUCCESS;
+}
+
+gcomp__residual *gcomp__residual_find(const gcomp__residual_store *s, uint64_t key)
+{
+    if (!s->cap) return NULL;
+    return s->slots[find_slot(s, key)];
+}
+
+gcomp_result gcomp__residual_acquire(gcomp__residual_store *s, uint64_t key, size_t count,
+                                     gcomp__residual **out)
+{
+    gcomp__residual *r = gcomp__residual_find(s, key);
+    if (r) {
+        if (r->count != count) {
+            gcomp__debug("residual key %llu: count %zu -> %zu, reset", (unsigned long long)key, r->count, count);
+            free_buffers(r);
+            GCOMP_CHECK(alloc_buffers(r, count));
+        }
+        *out = r;
+        return GCOMP_SUCCESS;
+    }
+    if ((s->used + 1) * 2 > s->cap) GCOMP_CHECK(grow(s));
+    r = calloc(1, sizeof *r);
+    if (!r) return gcomp__fail(GCOMP_ERR_NOMEM, "cannot allocate a residual entry");
+    r->key = key;
+    if (alloc_buffers(r, count) != GCOMP_SUCCESS) {
+        free(r);
+        return GCOMP_ERR_NOMEM;
+    }
+    s->slots[find_slot(s, key)] = r;
+    s->used++;
+    *out = r;
+    return GCOMP_SUCCESS;
+}
+
+void gcomp__residual_commit(gcomp__residual *r) { r->cur ^= 1; }
+
+/* Remove with backward-shift so later probes still find their keys. */
+void gcomp__residual_drop(gcomp__residual_store *s, uint64_t key)
+{
+    size_t i, j;
+    if (!s->cap) return;
+    i = find_slot(s, key);
+    if (!s->slots[i]) return;
+    free_buffers(s->slots[i]);
+    free(s->slots[i]);
+    s->slots[i] = NULL;
+    s->used--;
+    for (j = (i + 1) & (s->cap - 1); s->slots[j]; j = (j + 1) & (s->cap - 1)) {
+        gcomp__residual *moved = s->slots[j];
+        s->slots[j] = NULL;
+        s->slots[find_slot(s, moved->key)] = moved;
+    }
+}
+
+void gcomp__residual_store_free(gcomp__residual_store *s)
+{
+    for (size_t i = 0; i < s->cap; i++) {
+        if (!s->slots[i]) continue;
+        free_buffers(s->slots[i]);
+        free(s->slots[i]);
+    }
+    free(s->slots);
+    memset(s, 0, sizeof *s);
+}
