@@ -24,16 +24,18 @@ static inline void store_f32(uint8_t *p, float v) { memcpy(p, &v, 4); }
 
 static inline int is_nonfinite(float x) { return (gcomp_f32_bits(x) & 0x7f800000u) == 0x7f800000u; }
 
-/* One pass: x = g (+ r_in), store the rounded value, r_out = x - rounded. The kind is a
- * compile-time constant at each call site, so each instantiation is a straight loop. */
-static inline __attribute__((always_inline)) void cast_loop(cast_kind kind, const float *g, const float *r_in,
-                                                             float *r_out, size_t n, uint8_t *body,
-                                                             uint32_t *nonfinite, uint64_t *overflow)
+/* One pass: x = g (+ r_in), store the rounded value, r_out = x - rounded. kind, has_r_in
+ * and has_r_out are compile-time constants at each call site, so every instantiation is a
+ * straight loop without control flow, which the compiler vectorises. */
+static inline __attribute__((always_inline)) void cast_loop(cast_kind kind, int has_r_in, int has_r_out,
+                                                             const float *g, const float *r_in, float *r_out,
+                                                             size_t n, uint8_t *body, uint32_t *nonfinite,
+                                                             uint64_t *overflow)
 {
     uint32_t bad = 0;
     uint64_t over = 0;
     for (size_t i = 0; i < n; i++) {
-        float x = r_in ? g[i] + r_in[i] : g[i];
+        float x = has_r_in ? g[i] + r_in[i] : g[i];
         float y;
         uint32_t xfin = !is_nonfinite(x);
         if (kind == CAST_F32) {
@@ -50,15 +52,26 @@ static inline __attribute__((always_inline)) void cast_loop(cast_kind kind, cons
         }
         bad |= !xfin;
         over += xfin & is_nonfinite(y);
-        if (r_out) r_out[i] = x - y;
+        if (has_r_out) r_out[i] = x - y;
     }
     *nonfinite = bad || over;
     *overflow += over;
 }
 
+/* Instantiate cast_loop for the four residual combinations of one kind. */
+static inline __attribute__((always_inline)) void cast_dispatch(cast_kind kind, const float *g, const float *r_in,
+                                                                 float *r_out, size_t n, uint8_t *body,
+                                                                 uint32_t *nonfinite, uint64_t *overflow)
+{
+    if (r_in && r_out) cast_loop(kind, 1, 1, g, r_in, r_out, n, body, nonfinite, overflow);
+    else if (r_in) cast_loop(kind, 1, 0, g, r_in, NULL, n, body, nonfinite, overflow);
+    else if (r_out) cast_loop(kind, 0, 1, g, NULL, r_out, n, body, nonfinite, overflow);
+    else cast_loop(kind, 0, 0, g, NULL, NULL, n, body, nonfinite, overflow);
+}
+
 static size_t cast_max_body(cast_kind kind, size_t count) { return count * width_of(kind); }
 
-static gcomp_result cast_encode(cast_kind kind, gcomp_encode_ctx *ctx, const float *g, const float *r_in,
+GCOMP_SIMD_CLONES static gcomp_result cast_encode(cast_kind kind, gcomp_encode_ctx *ctx, const float *g, const float *r_in,
                                 float *r_out, size_t n, uint8_t *body, size_t cap, size_t *written,
                                 uint32_t *flags)
 {
@@ -66,24 +79,16 @@ static gcomp_result cast_encode(cast_kind kind, gcomp_encode_ctx *ctx, const flo
     size_t need = n * width_of(kind);
     if (cap < need)
         return gcomp_codec_fail(GCOMP_ERR_BUFFER_TOO_SMALL, "cast codec needs %zu body bytes, has %zu", need, cap);
-    /* Separate instantiations for with/without residual keep the hot loop branch-free. */
-    if (kind == CAST_F32) {
-        if (r_in) cast_loop(CAST_F32, g, r_in, r_out, n, body, &nonfinite, &ctx->overflow);
-        else cast_loop(CAST_F32, g, NULL, r_out, n, body, &nonfinite, &ctx->overflow);
-    } else if (kind == CAST_F16) {
-        if (r_in) cast_loop(CAST_F16, g, r_in, r_out, n, body, &nonfinite, &ctx->overflow);
-        else cast_loop(CAST_F16, g, NULL, r_out, n, body, &nonfinite, &ctx->overflow);
-    } else {
-        if (r_in) cast_loop(CAST_BF16, g, r_in, r_out, n, body, &nonfinite, &ctx->overflow);
-        else cast_loop(CAST_BF16, g, NULL, r_out, n, body, &nonfinite, &ctx->overflow);
-    }
+    if (kind == CAST_F32) cast_dispatch(CAST_F32, g, r_in, r_out, n, body, &nonfinite, &ctx->overflow);
+    else if (kind == CAST_F16) cast_dispatch(CAST_F16, g, r_in, r_out, n, body, &nonfinite, &ctx->overflow);
+    else cast_dispatch(CAST_BF16, g, r_in, r_out, n, body, &nonfinite, &ctx->overflow);
     ctx->nonfinite |= nonfinite;
     *written = need;
     *flags = 0;
     return GCOMP_SUCCESS;
 }
 
-static gcomp_result cast_decode_add(cast_kind kind, const char *name, uint32_t flags, const uint8_t *body,
+GCOMP_SIMD_CLONES static gcomp_result cast_decode_add(cast_kind kind, const char *name, uint32_t flags, const uint8_t *body,
                                     size_t bytes, float *acc, size_t n)
 {
     if (flags != 0) return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "%s: unknown flags 0x%x", name, flags);

@@ -13,7 +13,13 @@
 
 #include "codecs/terngrad.h"
 
-#define TILE 1024 /* elements quantised per tile before their codes are packed */
+#define TILE GCOMP_TG_TILE
+
+#define GCOMP_CHECK_TG(x)                                                                         \
+    do {                                                                                          \
+        gcomp_result tg_rc_ = (x);                                                                \
+        if (tg_rc_ != GCOMP_SUCCESS) return tg_rc_;                                               \
+    } while (0)
 
 static const gcomp_param_def tg_params[] = {
     {"bucket", GCOMP_PARAM_INT, offsetof(gcomp_terngrad_params, bucket), 0, 1073741824, 0, NULL,
@@ -48,7 +54,7 @@ static size_t tg_max_body(const void *params, size_t n)
 
 /* max |x| compared as the integer bits & 0x7fffffff: exact, order-free, and NaN > inf >
  * finite, so a non-finite input always becomes a non-finite scale. */
-static uint32_t max_abs_bits(const float *g, const float *r, size_t n)
+GCOMP_SIMD_CLONES static uint32_t max_abs_bits(const float *g, const float *r, size_t n)
 {
     uint32_t m = 0;
     if (r) {
@@ -112,56 +118,76 @@ static gcomp_result tg_local_scales(const void *params, gcomp_encode_ctx *ctx, c
 
 /* ---- pass 2: ternarise one bucket with scale s ------------------------------------------ */
 
-/* Codes of elements [a, a+m) of this buffer (m <= TILE), global index offset+a...; the
- * residual update x - t*s is fused in. Returns nonzero if any x was non-finite. */
-static uint32_t quantize_tile(const float *g, const float *r_in, float *r_out, size_t m, float s, uint64_t key,
-                              uint64_t first_index, uint8_t *codes)
+/* Codes of m consecutive elements whose global indices share their high 32 bits (one salt);
+ * the residual update x - t*s is fused in. has_r_in/has_r_out are constants at each call
+ * site so every instantiation is a branch-free, vectorisable loop. Returns nonzero if any x
+ * was non-finite. */
+static inline __attribute__((always_inline)) uint32_t quantize_run(int has_r_in, int has_r_out, const float *g,
+                                                                    const float *r_in, float *r_out, size_t m,
+                                                                    float s, uint32_t salt, uint32_t lo,
+                                                                    uint32_t *codes)
 {
     uint32_t bad = 0;
-    uint32_t salt = gcomp_tg_salt(key, (uint32_t)(first_index >> 32));
-    uint32_t lo = (uint32_t)first_index;
     for (size_t k = 0; k < m; k++) {
-        float x = r_in ? g[k] + r_in[k] : g[k];
-        uint32_t bits; memcpy(&bits, &x, 4);
+        float x = has_r_in ? g[k] + r_in[k] : g[k];
+        uint32_t bits;
         float u = gcomp_tg_uniform_salted(salt, lo + (uint32_t)k);
         uint32_t c = gcomp_tg_code(x, s, u);
-        float t = c == 1 ? 1.0f : (c == 2 ? -1.0f : 0.0f);
+        float t = (float)(int32_t)((c & 1u) - (c >> 1)); /* 1 -> +1, 2 -> -1, 0 -> 0 */
+        memcpy(&bits, &x, 4);
         bad |= (bits & 0x7f800000u) == 0x7f800000u;
-        codes[k] = (uint8_t)c;
-        if (r_out) r_out[k] = x - t * s;
+        codes[k] = c;
+        if (has_r_out) r_out[k] = x - t * s;
     }
     return bad;
 }
 
-/* A tile must not cross a multiple of 2^32 in the global index (the salt changes there). */
-static size_t tile_len(uint64_t index, size_t left)
+GCOMP_SIMD_CLONES static uint32_t quantize_salted(const float *g, const float *r_in, float *r_out, size_t m, float s,
+                                                  uint32_t salt, uint32_t lo, uint32_t *codes)
 {
-    uint64_t to_wrap = (uint64_t)1 << 32;
-    size_t m = left < TILE ? left : TILE;
-    to_wrap -= index & 0xffffffffull;
-    return (uint64_t)m > to_wrap ? (size_t)to_wrap : m;
+    if (r_in && r_out) return quantize_run(1, 1, g, r_in, r_out, m, s, salt, lo, codes);
+    if (r_in) return quantize_run(1, 0, g, r_in, NULL, m, s, salt, lo, codes);
+    if (r_out) return quantize_run(0, 1, g, NULL, r_out, m, s, salt, lo, codes);
+    return quantize_run(0, 0, g, NULL, NULL, m, s, salt, lo, codes);
 }
 
-/* Ternarise [a, a+m) of the buffer with scale s into the packed code array (whose byte 0
- * holds element 0 of the buffer). a is a multiple of 4. */
+/* One tile (m <= TILE) starting at global index `first`; splits where the index crosses a
+ * multiple of 2^32, since the salt changes there. */
+static uint32_t quantize_tile(const float *g, const float *r_in, float *r_out, size_t m, float s, uint64_t key,
+                              uint64_t first, uint32_t *codes)
+{
+    uint64_t to_wrap = ((uint64_t)1 << 32) - (first & 0xffffffffull);
+    size_t m1 = (uint64_t)m > to_wrap ? (size_t)to_wrap : m;
+    uint32_t bad = quantize_salted(g, r_in, r_out, m1, s, gcomp_tg_salt(key, (uint32_t)(first >> 32)), (uint32_t)first,
+                                   codes);
+    if (m1 < m)
+        bad |= quantize_salted(g + m1, r_in ? r_in + m1 : NULL, r_out ? r_out + m1 : NULL, m - m1, s,
+                               gcomp_tg_salt(key, (uint32_t)((first + m1) >> 32)), 0, codes + m1);
+    return bad;
+}
+
+/* Planar packing of one tile of len codes (see terngrad.h): byte j holds the codes of
+ * elements j, j+q, j+2q, j+3q. codes[] has room for 4q entries; the padding is zeroed. */
+static void pack_tile(uint32_t *codes, size_t len, uint8_t *out)
+{
+    size_t q = (len + 3) / 4;
+    for (size_t k = len; k < 4 * q; k++) codes[k] = 0;
+    for (size_t j = 0; j < q; j++)
+        out[j] = (uint8_t)(codes[j] | codes[j + q] << 2 | codes[j + 2 * q] << 4 | codes[j + 3 * q] << 6);
+}
+
+/* Ternarise bucket [a, a+m) of the buffer with scale s into the packed code array (byte 0
+ * = element 0 of the buffer). a is a multiple of 4. r_out may alias r_in. */
 static uint32_t quantize_bucket(const float *g, const float *r_in, float *r_out, size_t a, size_t m, float s,
                                 const gcomp_encode_ctx *ctx, uint64_t key, uint8_t *packed)
 {
-    uint8_t codes[TILE];
+    uint32_t codes[TILE];
     uint32_t bad = 0;
     for (size_t done = 0; done < m;) {
-        size_t i = a + done;
-        size_t len = tile_len(ctx->offset + i, m - done);
+        size_t i = a + done, len = m - done < TILE ? m - done : TILE;
         bad |= quantize_tile(g + i, r_in ? r_in + i : NULL, r_out ? r_out + i : NULL, len, s, key, ctx->offset + i,
                              codes);
-        /* i is a multiple of 4 here (a is, and tiles are multiples of 4 except the last) */
-        for (size_t k = 0; k < len; k += 4) {
-            uint8_t byte = codes[k];
-            if (k + 1 < len) byte |= (uint8_t)(codes[k + 1] << 2);
-            if (k + 2 < len) byte |= (uint8_t)(codes[k + 2] << 4);
-            if (k + 3 < len) byte |= (uint8_t)(codes[k + 3] << 6);
-            packed[(i + k) / 4] = byte;
-        }
+        pack_tile(codes, len, packed + i / 4); /* i is a multiple of 4: a is, and so is TILE */
         done += len;
     }
     return bad;
@@ -186,12 +212,17 @@ static gcomp_result tg_encode_impl(const gcomp_terngrad_params *p, gcomp_encode_
     gcomp_result rc = check_cap(n, p, cap, &need);
     if (rc != GCOMP_SUCCESS) return rc;
     if (B % 4 && nb > 1) return gcomp_codec_fail(GCOMP_ERR_INVALID_ARG, "terngrad: bucket must be a multiple of 4");
+    /* All scales first: if any is non-finite, no bucket may touch the residual (it may be
+     * updated in place), and every rank's result will hold a NaN. */
     for (size_t a = 0, j = 0; a < n; a += B, j++) {
         size_t m = n - a < B ? n - a : B;
         float s = scales ? scales[j] : bucket_scale(p, g + a, r_in ? r_in + a : NULL, m);
         store_f32(body + 4 * j, s);
         bad |= !isfinite(s);
-        bad |= quantize_bucket(g, r_in, r_out, a, m, s, ctx, key, packed);
+    }
+    for (size_t a = 0, j = 0; a < n; a += B, j++) {
+        size_t m = n - a < B ? n - a : B;
+        bad |= quantize_bucket(g, r_in, bad ? NULL : r_out, a, m, load_f32(body + 4 * j), ctx, key, packed);
     }
     ctx->nonfinite |= bad;
     *written = need;
@@ -216,32 +247,62 @@ static size_t tg_num_scales(const void *params, size_t n) { return (size_t)gcomp
 
 /* ---- decode --------------------------------------------------------------------------- */
 
-/* Decoding multiplies t * s (not a select) so a non-finite scale yields NaN for t = 0 too. */
+/* Elements of plane p (0..3) of a tile of len elements with q bytes. */
+static size_t plane_len(size_t len, size_t q, unsigned p)
+{
+    return len > p * q ? (len - p * q < q ? len - p * q : q) : 0;
+}
+
+/* A tile's bytes hold no code 3 and no set bit past its last element. */
+static gcomp_result check_tile(const uint8_t *in, size_t len, size_t first)
+{
+    size_t q = (len + 3) / 4;
+    uint8_t threes = 0;
+    for (size_t j = 0; j < q; j++) threes |= in[j] & (in[j] >> 1) & 0x55;
+    if (threes) return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "terngrad: invalid code 3 in the tile at element %zu", first);
+    for (unsigned p = 0; p < 4; p++)
+        for (size_t j = plane_len(len, q, p); j < q; j++)
+            if ((in[j] >> (2 * p)) & 3u)
+                return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "terngrad: padding bits set in the tile at element %zu", first);
+    return GCOMP_SUCCESS;
+}
+
+/* The value of code c as t in {-1, 0, +1}: 1 -> +1, 2 -> -1, 0 -> 0. */
+static inline float code_value(uint32_t c) { return (float)(int32_t)((c & 1u) - (c >> 1)); }
+
+/* acc += t * s over one tile. Multiplying (not selecting) makes a non-finite scale give NaN
+ * for t = 0 too, so a NaN anywhere in the bucket reaches every rank's result. */
+GCOMP_SIMD_CLONES static void decode_tile(const uint8_t *in, size_t len, float s, float *acc)
+{
+    size_t q = (len + 3) / 4;
+    for (unsigned p = 0; p < 4; p++) {
+        size_t np = plane_len(len, q, p);
+        float *a = acc + p * q;
+        for (size_t j = 0; j < np; j++) a[j] += code_value((in[j] >> (2 * p)) & 3u) * s;
+    }
+}
+
 static gcomp_result tg_decode_add(const void *params, uint32_t flags, const uint8_t *body, size_t bytes, float *acc,
                                   size_t n)
 {
     const gcomp_terngrad_params *p = params;
     size_t B = bucket_len(p, n), nb = (size_t)gcomp_tg_num_scales(p, n);
     const uint8_t *packed = body + 4 * nb;
-    static const float tern[4] = {0.0f, 1.0f, -1.0f, 0.0f};
     if (flags) return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "terngrad: unknown flags 0x%x", flags);
     if (bytes != tg_max_body(p, n))
         return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "terngrad: body of %zu bytes for %zu elements (expected %zu)", bytes, n,
                                 tg_max_body(p, n));
-    for (size_t q = 0; q < tg_codes_bytes(n); q++) {
-        uint8_t b = packed[q];
-        unsigned valid = n - 4 * q >= 4 ? 4 : (unsigned)(n - 4 * q);
-        for (unsigned k = 0; k < 4; k++) {
-            unsigned c = (b >> (2 * k)) & 3u;
-            if (c == 3 || (k >= valid && c != 0))
-                return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "terngrad: invalid code %u at element %zu", c, 4 * q + k);
-        }
-    }
+    /* validate everything first, so a corrupt payload leaves acc untouched */
     for (size_t a = 0, j = 0; a < n; a += B, j++) {
         size_t m = n - a < B ? n - a : B;
         float s = load_f32(body + 4 * j);
         if (s < 0) return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "terngrad: negative scale %g in bucket %zu", s, j);
-        for (size_t i = a; i < a + m; i++) acc[i] += tern[(packed[i / 4] >> (2 * (i % 4))) & 3u] * s;
+        for (size_t t = 0; t < m; t += TILE) GCOMP_CHECK_TG(check_tile(packed + (a + t) / 4, m - t < TILE ? m - t : TILE, a + t));
+    }
+    for (size_t a = 0, j = 0; a < n; a += B, j++) {
+        size_t m = n - a < B ? n - a : B;
+        float s = load_f32(body + 4 * j);
+        for (size_t t = 0; t < m; t += TILE) decode_tile(packed + (a + t) / 4, m - t < TILE ? m - t : TILE, s, acc + a + t);
     }
     return GCOMP_SUCCESS;
 }
@@ -250,13 +311,17 @@ static gcomp_result tg_decode_add(const void *params, uint32_t flags, const uint
 
 gcomp_result gcomp__tg_codes_add(const uint8_t *codes, size_t bytes, size_t n, int32_t *acc)
 {
-    static const int32_t val[4] = {0, 1, -1, 0};
     if (bytes != tg_codes_bytes(n))
         return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "terngrad: %zu code bytes for %zu elements", bytes, n);
-    for (size_t i = 0; i < n; i++) {
-        unsigned c = (codes[i / 4] >> (2 * (i % 4))) & 3u;
-        if (c == 3) return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "terngrad: invalid code 3 at element %zu", i);
-        acc[i] += val[c];
+    for (size_t t = 0; t < n; t += TILE) {
+        size_t len = n - t < TILE ? n - t : TILE, q = (len + 3) / 4;
+        const uint8_t *in = codes + t / 4;
+        GCOMP_CHECK_TG(check_tile(in, len, t));
+        for (unsigned p = 0; p < 4; p++)
+            for (size_t j = 0; j < plane_len(len, q, p); j++) {
+                uint32_t c = (in[j] >> (2 * p)) & 3u;
+                acc[t + p * q + j] += (int32_t)(c & 1u) - (int32_t)(c >> 1);
+            }
     }
     return GCOMP_SUCCESS;
 }
@@ -310,7 +375,7 @@ const gcomp_codec_vtable gcomp__codec_terngrad = {
     .abi_version = GCOMP_CODEC_ABI_VERSION,
     .name = "terngrad",
     .wire_id = GCOMP_WIRE_ID_TERNGRAD,
-    .caps = GCOMP_CAP_INTEGER,
+    .caps = GCOMP_CAP_INTEGER | GCOMP_CAP_RESIDUAL_IN_PLACE,
     .params = tg_params,
     .n_params = sizeof tg_params / sizeof tg_params[0],
     .params_size = sizeof(gcomp_terngrad_params),

@@ -22,8 +22,13 @@
  *
  * Body (after the 32-byte gcomp header; flags 0):
  *   f32 scales[nb]   nb = ceil(n / B) (bucket=B), or 1 (bucket=0, n > 0), or 0 (n = 0)
- *   u8  codes[ceil(n / 4)]  2 bits per element, element i at bits 2*(i%4) of byte i/4:
- *                    0 -> 0, 1 -> +1, 2 -> -1, 3 is invalid; unused high bits are 0
+ *   u8  codes[...]  2 bits per element: 0 -> 0, 1 -> +1, 2 -> -1, 3 is invalid.
+ *       Each bucket's codes start at byte (bucket start) / 4 and are laid out in tiles of
+ *       GCOMP_TG_TILE elements from the bucket start. A tile of m elements takes
+ *       q = ceil(m / 4) bytes; its element k sits in byte k % q at bits 2 * (k / q)
+ *       ("planar": byte j holds elements j, j+q, j+2q, j+3q, so packing and unpacking are
+ *       four unit-stride streams for SIMD and GPU threads alike). Unused bits are 0.
+ *       In total ceil(n / 4) bytes, since buckets are multiples of 4.
  *
  * Integer sums for the ring: the sum of the codes of m ranks lies in [-m, m] and is stored
  * as (sum + m) in gcomp_tg_sum_bits(m) = ceil(log2(2m + 1)) bits per element, LSB first.
@@ -41,6 +46,7 @@
 
 #define GCOMP_WIRE_ID_TERNGRAD 4
 #define GCOMP_TG_RMS_BLOCK 256 /* elements per block of the deterministic rms sum */
+#define GCOMP_TG_TILE 1024     /* elements per tile of the planar code layout */
 
 typedef struct gcomp_terngrad_params {
     int64_t bucket; /* elements per scale; 0 = one scale per tensor (default) */
@@ -118,7 +124,7 @@ static inline GCOMP_TG_HD uint64_t gcomp_tg_sum_bytes(uint64_t n, uint32_t m)
 }
 
 /* Integer-sum helpers for the integer ring (CPU reference; terngrad.c). */
-/* acc[i] += code of element i, from a body's 2-bit code array of n elements. */
+/* acc[i] += code of element i, from the code array of one bucket of n elements. */
 gcomp_result gcomp__tg_codes_add(const uint8_t *codes, size_t bytes, size_t n, int32_t *acc);
 /* Pack n sums (each in [-m, m]) into out (gcomp_tg_sum_bytes(n, m) bytes). */
 gcomp_result gcomp__tg_sums_pack(const int32_t *sums, size_t n, uint32_t m, uint8_t *out);

@@ -37,7 +37,9 @@ enum {
     GCOMP_CAP_SPARSE = 1u << 2,     /* (index, value) payloads forwarded unchanged */
     GCOMP_CAP_CUDA = 1u << 3,       /* has a CUDA implementation, bit-identical to this one */
     GCOMP_CAP_BYTE_STAGE = 1u << 4, /* lossless byte stage after an element codec */
-    GCOMP_CAP_DETERMINISTIC_SCALE = 1u << 5 /* reserved */
+    /* encode writes r_out only when the whole result is finite (it knows before writing),
+     * so the library may pass r_out == r_in and skip the second residual buffer */
+    GCOMP_CAP_RESIDUAL_IN_PLACE = 1u << 5
 };
 
 /* ---- parameters: one table per codec, parsed by the library for every codec ---------- */
@@ -83,9 +85,10 @@ typedef struct gcomp_codec_vtable {
     size_t (*max_body_bytes)(const void *params, size_t count);
     /* x = g + r_in (r_in NULL: x = g); body = encode(x); if r_out != NULL:
      * r_out = x - decode(body). r_out may alias r_in. *flags: a codec-defined word stored in
-     * the header. When an input is NaN/Inf, set ctx->nonfinite; the library then discards
-     * r_out, so the codec may leave it in any state, but the body must decode to a
-     * non-finite value somewhere. */
+     * the header. When an input is NaN/Inf or the decoded result would be (fp16 overflow),
+     * set ctx->nonfinite and make the body decode to a non-finite value somewhere; the
+     * library then discards r_out, so the codec may leave it in any state -- unless the codec
+     * declares GCOMP_CAP_RESIDUAL_IN_PLACE, in which case it must not write r_out at all. */
     gcomp_result (*encode)(const void *params, gcomp_encode_ctx *ctx, const float *g,
                            const float *r_in, float *r_out, size_t count, uint8_t *body,
                            size_t cap, size_t *written, uint32_t *flags);
@@ -99,7 +102,8 @@ typedef struct gcomp_codec_vtable {
     /* scales[j] = local scale of bucket j of x = g + r (max |x|, maybe clipped). */
     gcomp_result (*local_scales)(const void *params, gcomp_encode_ctx *ctx, const float *g,
                                  const float *r, size_t count, float *scales);
-    /* encode with given scales (e.g. the max over all ranks). */
+    /* encode with given scales, each >= the local one (e.g. the max over all ranks), so a
+     * non-finite input always comes with a non-finite scale. */
     gcomp_result (*encode_scaled)(const void *params, gcomp_encode_ctx *ctx, const float *g,
                                   const float *r_in, float *r_out, size_t count,
                                   const float *scales, uint8_t *body, size_t cap,
@@ -156,7 +160,7 @@ typedef struct gcomp_header {
 } gcomp_header;
 
 /* Serialise / parse the header. gcomp_header_read checks magic, version, reserved, dtype and
- * that body_bytes fits in the given payload size (GCOMP_ERR_CORRUPT otherwise). */
+ * that body_bytes equals the payload size minus the header (GCOMP_ERR_CORRUPT otherwise). */
 void gcomp_header_write(uint8_t out[GCOMP_HEADER_BYTES], const gcomp_header *h);
 gcomp_result gcomp_header_read(const uint8_t *payload, size_t bytes, gcomp_header *h);
 
@@ -167,6 +171,15 @@ gcomp_result gcomp_codec_fail(gcomp_result rc, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)))
 #endif
     ;
+
+/* Put on a codec's hot loop functions: the compiler builds them for AVX2 and for the baseline
+ * ISA and the loader picks one per machine. Results are identical either way: gcomp builds
+ * with -ffp-contract=off (no FMA), and the loops use only correctly rounded IEEE operations. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__CUDACC__) && !defined(GCOMP_NO_SIMD_CLONES)
+#define GCOMP_SIMD_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define GCOMP_SIMD_CLONES
+#endif
 
 /* Little-endian helpers for bodies (host and device). */
 static inline void gcomp_store_u32(uint8_t *p, uint32_t v)

@@ -179,9 +179,10 @@ gcomp_result gcomp_codec_encode(gcomp_codec *c, uint64_t key, const void *src, s
     ctx.seed = c->opts.seed;
     ctx.rank = c->opts.rank;
     if (c->opts.error_feedback && key != GCOMP_KEY_NONE) {
-        GCOMP_CHECK(gcomp__residual_acquire(&c->residuals, key, count, &res));
+        int in_place = (c->chain.stages[0].vt->caps & GCOMP_CAP_RESIDUAL_IN_PLACE) != 0;
+        GCOMP_CHECK(gcomp__residual_acquire(&c->residuals, key, count, !in_place, &res));
         r_in = res->buf[res->cur];
-        r_out = res->buf[res->cur ^ 1];
+        r_out = in_place ? res->buf[res->cur] : res->buf[res->cur ^ 1];
         ctx.step = res->step++;
     } else {
         ctx.step = c->nokey_step++;
@@ -189,7 +190,7 @@ gcomp_result gcomp_codec_encode(gcomp_codec *c, uint64_t key, const void *src, s
     GCOMP_CHECK(encode_chain(c, &ctx, x, r_in, r_out, count, dtype, dst, dst_cap, written));
     /* A non-finite result must not poison the residual: keep the old one. */
     if (ctx.nonfinite) c->stats.nonfinite_calls++;
-    else if (res) gcomp__residual_commit(res);
+    else if (res && r_out != r_in) gcomp__residual_commit(res);
     c->stats.encode_calls++;
     c->stats.raw_bytes += count * esize;
     c->stats.wire_bytes += *written;
@@ -272,7 +273,7 @@ gcomp_result gcomp_codec_residual_set(gcomp_codec *c, uint64_t key, const float 
 {
     gcomp__residual *r;
     if (!c || (count && !src)) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_codec_residual_set: NULL argument");
-    GCOMP_CHECK(gcomp__residual_acquire(&c->residuals, key, count, &r));
+    GCOMP_CHECK(gcomp__residual_acquire(&c->residuals, key, count, 0, &r));
     if (count) memcpy(r->buf[r->cur], src, count * sizeof(float));
     return GCOMP_SUCCESS;
 }

@@ -61,9 +61,10 @@ gcomp_result gcomp__chain_parse(const char *spec, gcomp__chain *out);
 void gcomp__chain_free(gcomp__chain *chain);
 
 /* ---- residual store (residual.c) ---- */
-/* One key's error-feedback state. Two buffers: encode reads buf[cur] and writes the other;
- * commit swaps them. A failed or non-finite encode simply does not commit, which leaves the
- * residual exactly as it was without an extra pass over the data. */
+/* One key's error-feedback state. For most codecs two buffers: encode reads buf[cur] and
+ * writes the other; commit swaps them. A failed or non-finite encode simply does not commit,
+ * which leaves the residual exactly as it was without an extra pass over the data. Codecs
+ * with GCOMP_CAP_RESIDUAL_IN_PLACE update buf[cur] in place and buf[1 - cur] stays NULL. */
 typedef struct gcomp__residual {
     uint64_t key;
     size_t count;
@@ -78,8 +79,9 @@ typedef struct gcomp__residual_store {
     size_t used;
 } gcomp__residual_store;
 
-/* Find the key's residual, creating it (zeroed) or resetting it when count changed. */
-gcomp_result gcomp__residual_acquire(gcomp__residual_store *s, uint64_t key, size_t count,
+/* Find the key's residual, creating it (zeroed) or resetting it when count changed; with
+ * double_buffer, also make sure the second buffer exists. */
+gcomp_result gcomp__residual_acquire(gcomp__residual_store *s, uint64_t key, size_t count, int double_buffer,
                                      gcomp__residual **out);
 gcomp__residual *gcomp__residual_find(const gcomp__residual_store *s, uint64_t key);
 void gcomp__residual_commit(gcomp__residual *r);

@@ -52,16 +52,19 @@ static void free_buffers(gcomp__residual *r)
  * until the first encode touches it. */
 static gcomp_result alloc_buffers(gcomp__residual *r, size_t count)
 {
-    size_t n = count ? count : 1;
-    r->buf[0] = calloc(n, sizeof(float));
-    r->buf[1] = calloc(n, sizeof(float));
-    if (!r->buf[0] || !r->buf[1]) {
-        free_buffers(r);
-        return gcomp__fail(GCOMP_ERR_NOMEM, "cannot allocate a residual of %zu elements", count);
-    }
+    r->buf[0] = calloc(count ? count : 1, sizeof(float));
+    if (!r->buf[0]) return gcomp__fail(GCOMP_ERR_NOMEM, "cannot allocate a residual of %zu elements", count);
     r->count = count;
     r->cur = 0;
     r->step = 0;
+    return GCOMP_SUCCESS;
+}
+
+static gcomp_result ensure_second(gcomp__residual *r)
+{
+    if (r->buf[r->cur ^ 1]) return GCOMP_SUCCESS;
+    r->buf[r->cur ^ 1] = calloc(r->count ? r->count : 1, sizeof(float));
+    if (!r->buf[r->cur ^ 1]) return gcomp__fail(GCOMP_ERR_NOMEM, "cannot allocate a residual of %zu elements", r->count);
     return GCOMP_SUCCESS;
 }
 
@@ -71,7 +74,7 @@ gcomp__residual *gcomp__residual_find(const gcomp__residual_store *s, uint64_t k
     return s->slots[find_slot(s, key)];
 }
 
-gcomp_result gcomp__residual_acquire(gcomp__residual_store *s, uint64_t key, size_t count,
+gcomp_result gcomp__residual_acquire(gcomp__residual_store *s, uint64_t key, size_t count, int double_buffer,
                                      gcomp__residual **out)
 {
     gcomp__residual *r = gcomp__residual_find(s, key);
@@ -81,6 +84,7 @@ gcomp_result gcomp__residual_acquire(gcomp__residual_store *s, uint64_t key, siz
             free_buffers(r);
             GCOMP_CHECK(alloc_buffers(r, count));
         }
+        if (double_buffer) GCOMP_CHECK(ensure_second(r));
         *out = r;
         return GCOMP_SUCCESS;
     }
@@ -88,7 +92,8 @@ gcomp_result gcomp__residual_acquire(gcomp__residual_store *s, uint64_t key, siz
     r = calloc(1, sizeof *r);
     if (!r) return gcomp__fail(GCOMP_ERR_NOMEM, "cannot allocate a residual entry");
     r->key = key;
-    if (alloc_buffers(r, count) != GCOMP_SUCCESS) {
+    if (alloc_buffers(r, count) != GCOMP_SUCCESS || (double_buffer && ensure_second(r) != GCOMP_SUCCESS)) {
+        free_buffers(r);
         free(r);
         return GCOMP_ERR_NOMEM;
     }

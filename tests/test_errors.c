@@ -1,0 +1,113 @@
+/* test_errors.c — result codes, messages, dtype sizes and argument checking of the API. */
+#include <string.h>
+
+#include "test_util.h"
+
+static void test_result_strings(void **state)
+{
+    (void)state;
+    for (int rc = GCOMP_SUCCESS; rc <= GCOMP_ERR_INTERNAL; rc++) {
+        assert_true(strlen(gcomp_strerror((gcomp_result)rc)) > 3);
+        assert_non_null(strstr(gcomp_result_name((gcomp_result)rc), "GCOMP_"));
+        for (int other = rc + 1; other <= GCOMP_ERR_INTERNAL; other++)
+            assert_string_not_equal(gcomp_strerror((gcomp_result)rc), gcomp_strerror((gcomp_result)other));
+    }
+    assert_string_equal(gcomp_result_name(GCOMP_ERR_CORRUPT), "GCOMP_ERR_CORRUPT");
+    assert_string_equal(gcomp_strerror((gcomp_result)999), "unknown result code");
+}
+
+static void test_dtype_size(void **state)
+{
+    (void)state;
+    assert_int_equal(gcomp_dtype_size(GCOMP_F32), 4);
+    assert_int_equal(gcomp_dtype_size(GCOMP_F16), 2);
+    assert_int_equal(gcomp_dtype_size(GCOMP_BF16), 2);
+    assert_int_equal(gcomp_dtype_size((gcomp_dtype)7), 0);
+}
+
+static void test_null_arguments(void **state)
+{
+    gcomp_codec *c = tu_codec("fp16");
+    float x[4] = {1, 2, 3, 4};
+    uint8_t buf[256];
+    size_t w;
+    (void)state;
+    gcomp_codec_destroy(NULL); /* accepted, does nothing */
+    assert_int_equal(gcomp_codec_create("fp16", NULL, NULL), GCOMP_ERR_INVALID_ARG);
+    assert_int_equal(gcomp_codec_encode(NULL, 1, x, 4, GCOMP_F32, buf, sizeof buf, &w), GCOMP_ERR_INVALID_ARG);
+    assert_int_equal(gcomp_codec_encode(c, 1, NULL, 4, GCOMP_F32, buf, sizeof buf, &w), GCOMP_ERR_INVALID_ARG);
+    assert_non_null(strstr(gcomp_last_error(), "NULL"));
+    assert_int_equal(gcomp_codec_encode(c, 1, x, 4, GCOMP_F32, NULL, sizeof buf, &w), GCOMP_ERR_INVALID_ARG);
+    assert_int_equal(gcomp_codec_encode(c, 1, x, 4, GCOMP_F32, buf, sizeof buf, NULL), GCOMP_ERR_INVALID_ARG);
+    assert_int_equal(gcomp_codec_encode(c, 1, x, 4, (gcomp_dtype)9, buf, sizeof buf, &w), GCOMP_ERR_INVALID_ARG);
+    assert_non_null(strstr(gcomp_last_error(), "dtype"));
+    assert_int_equal(gcomp_codec_decode_add(c, NULL, 10, x, 4), GCOMP_ERR_INVALID_ARG);
+    assert_int_equal(gcomp_codec_decode_add(c, buf, 10, NULL, 4), GCOMP_ERR_INVALID_ARG);
+    assert_int_equal(gcomp_codec_stats(c, NULL), GCOMP_ERR_INVALID_ARG);
+    assert_int_equal(gcomp_codec_residual_get(c, 42, x, 4), GCOMP_ERR_INVALID_ARG);
+    assert_int_equal(gcomp_codec_max_encoded_bytes(NULL, 10), 0);
+    gcomp_codec_destroy(c);
+}
+
+static void test_buffer_too_small(void **state)
+{
+    gcomp_codec *c = tu_codec("terngrad");
+    float x[100] = {0};
+    uint8_t buf[1024];
+    size_t w = 123;
+    gcomp_stats st;
+    (void)state;
+    x[3] = 1.0f;
+    for (size_t cap = 0; cap < gcomp_codec_max_encoded_bytes(c, 100); cap++)
+        assert_int_equal(gcomp_codec_encode(c, 7, x, 100, GCOMP_F32, buf, cap, &w), GCOMP_ERR_BUFFER_TOO_SMALL);
+    assert_int_equal(w, 0);
+    /* failed calls leave no trace in the stats */
+    assert_int_equal(gcomp_codec_stats(c, &st), GCOMP_SUCCESS);
+    assert_int_equal(st.encode_calls, 0);
+    gcomp_codec_destroy(c);
+}
+
+/* Half-precision inputs are widened; decoding into a half dtype rounds back. */
+static void test_half_dtypes(void **state)
+{
+    gcomp_codec *c = tu_codec("none");
+    enum { N = 1001 };
+    uint16_t h[N], back[N];
+    uint8_t buf[N * 4 + 64];
+    size_t w;
+    (void)state;
+    for (gcomp_dtype dt = GCOMP_F16; dt <= GCOMP_BF16; dt++) {
+        for (int i = 0; i < N; i++)
+            h[i] = dt == GCOMP_F16 ? gcomp_f32_to_f16((float)(i - 500) / 7.0f) : gcomp_f32_to_bf16((float)(i - 500) / 7.0f);
+        assert_int_equal(gcomp_codec_encode(c, GCOMP_KEY_NONE, h, N, dt, buf, sizeof buf, &w), GCOMP_SUCCESS);
+        assert_int_equal(buf[5], dt); /* header records the caller's dtype */
+        assert_int_equal(gcomp_codec_decode(c, buf, w, back, N, dt), GCOMP_SUCCESS);
+        assert_memory_equal(h, back, sizeof h);
+    }
+    gcomp_codec_destroy(c);
+}
+
+static void test_zero_count(void **state)
+{
+    const char *specs[] = {"none", "fp16", "bf16", "terngrad", "terngrad:bucket=8", "topk", "fp16+zstd"};
+    (void)state;
+    for (size_t s = 0; s < sizeof specs / sizeof specs[0]; s++) {
+        gcomp_codec *c = tu_codec(specs[s]);
+        uint8_t buf[256];
+        size_t w;
+        assert_int_equal(gcomp_codec_encode(c, 1, NULL, 0, GCOMP_F32, buf, sizeof buf, &w), GCOMP_SUCCESS);
+        assert_true(w >= 32);
+        assert_int_equal(gcomp_codec_decode_add(c, buf, w, NULL, 0), GCOMP_SUCCESS);
+        gcomp_codec_destroy(c);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_result_strings), cmocka_unit_test(test_dtype_size),
+        cmocka_unit_test(test_null_arguments), cmocka_unit_test(test_buffer_too_small),
+        cmocka_unit_test(test_half_dtypes),    cmocka_unit_test(test_zero_count),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

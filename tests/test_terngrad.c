@@ -1,0 +1,304 @@
+/* test_terngrad.c — TernGrad: format, unbiasedness, determinism, buckets, clipping,
+ * the split encode the engine uses, and the exact integer sums of the ring. */
+#include <string.h>
+
+#include "test_util.h"
+#include "codecs/terngrad.h"
+
+static gcomp_terngrad_params params(int64_t bucket, double clip)
+{
+    gcomp_terngrad_params p = {bucket, clip};
+    return p;
+}
+
+/* Encode through the vtable with an explicit seed/step/rank; returns the body size. */
+static size_t encode_vt(const gcomp_terngrad_params *p, uint64_t seed, uint64_t step, uint32_t rank, const float *x,
+                        size_t n, uint8_t *body, float *r_out, uint32_t *nonfinite)
+{
+    gcomp_encode_ctx ctx = {0};
+    size_t w = 0;
+    uint32_t flags = 1;
+    ctx.seed = seed;
+    ctx.step = step;
+    ctx.rank = rank;
+    assert_int_equal(gcomp__codec_terngrad.encode(p, &ctx, x, NULL, r_out, n, body,
+                                                  gcomp__codec_terngrad.max_body_bytes(p, n), &w, &flags),
+                     GCOMP_SUCCESS);
+    assert_int_equal(flags, 0);
+    if (nonfinite) *nonfinite = ctx.nonfinite;
+    return w;
+}
+
+static void decode_vt(const gcomp_terngrad_params *p, const uint8_t *body, size_t w, float *acc, size_t n)
+{
+    assert_int_equal(gcomp__codec_terngrad.decode_add(p, 0, body, w, acc, n), GCOMP_SUCCESS);
+}
+
+/* Odd sizes: every decoded value is -s, 0 or +s with the sign of x, s = max |x|. */
+static void test_roundtrip_values(void **state)
+{
+    static const size_t sizes[] = {0, 1, 7, 1000003};
+    (void)state;
+    for (int k = 0; k < 4; k++) {
+        size_t n = sizes[k], bytes;
+        float *x = tu_gauss_array(n, 11 + k), s = 0;
+        gcomp_codec *c = tu_codec("terngrad");
+        float *y = tu_roundtrip(c, GCOMP_KEY_NONE, x, n, &bytes);
+        for (size_t i = 0; i < n; i++) s = fmaxf(s, fabsf(x[i]));
+        assert_int_equal(bytes, 32 + (n ? 4 : 0) + (n + 3) / 4);
+        for (size_t i = 0; i < n; i++) {
+            assert_true(y[i] == 0.0f || y[i] == s || y[i] == -s);
+            if (y[i] != 0.0f) assert_true((y[i] > 0) == (x[i] > 0));
+        }
+        if (n == 1) assert_true(y[0] == x[0]); /* |x| = s is always kept */
+        free(x);
+        free(y);
+        gcomp_codec_destroy(c);
+    }
+}
+
+/* E[decode] = x: the mean over T seeds is within 5 standard errors (s/2/sqrt(T)). */
+static void test_unbiased(void **state)
+{
+    enum { N = 64, T = 4000 };
+    gcomp_terngrad_params p = params(0, 0);
+    float x[N], acc[N] = {0};
+    uint8_t body[64];
+    double s = 0;
+    (void)state;
+    for (int i = 0; i < N; i++) x[i] = (float)((i * 37 % 64) - 31) / 31.0f * 0.8f;
+    x[5] = 1.0f;
+    for (int i = 0; i < N; i++) s = fmax(s, fabs(x[i]));
+    for (uint64_t seed = 0; seed < T; seed++) {
+        size_t w = encode_vt(&p, seed, 0, 0, x, N, body, NULL, NULL);
+        decode_vt(&p, body, w, acc, N);
+    }
+    for (int i = 0; i < N; i++) {
+        double mean = acc[i] / T, bound = 5 * s / 2 / sqrt((double)T);
+        if (fabs(mean - x[i]) > bound) print_error("element %d: mean %g, x %g\n", i, mean, x[i]);
+        assert_true(fabs(mean - x[i]) <= bound);
+    }
+}
+
+/* Same (seed, step, rank) -> same bits; any of them changed -> different bits. */
+static void test_deterministic(void **state)
+{
+    enum { N = 4096 };
+    gcomp_terngrad_params p = params(0, 0);
+    float *x = tu_gauss_array(N, 5);
+    uint8_t a[2048], b[2048];
+    size_t w;
+    (void)state;
+    w = encode_vt(&p, 9, 3, 1, x, N, a, NULL, NULL);
+    encode_vt(&p, 9, 3, 1, x, N, b, NULL, NULL);
+    assert_memory_equal(a, b, w);
+    encode_vt(&p, 10, 3, 1, x, N, b, NULL, NULL);
+    assert_memory_not_equal(a, b, w);
+    encode_vt(&p, 9, 4, 1, x, N, b, NULL, NULL);
+    assert_memory_not_equal(a, b, w);
+    encode_vt(&p, 9, 3, 2, x, N, b, NULL, NULL);
+    assert_memory_not_equal(a, b, w);
+    /* the RNG itself: a fixed value freezes the documented formula */
+    assert_int_equal(gcomp_mix32(1), 0x688990c0u);
+    assert_int_equal(gcomp_mix64(0), 0xe220a8397b1dcdafull);
+    assert_true(gcomp_tg_uniform(gcomp_tg_key(0, 0, 0), 0) >= 0.0f);
+    free(x);
+}
+
+/* Per-bucket scales are each bucket's max; the last bucket may be short. */
+static void test_buckets(void **state)
+{
+    enum { N = 1003, B = 100 };
+    gcomp_terngrad_params p = params(B, 0);
+    float *x = tu_gauss_array(N, 77);
+    uint8_t body[2048];
+    size_t w;
+    (void)state;
+    w = encode_vt(&p, 1, 0, 0, x, N, body, NULL, NULL);
+    assert_int_equal(w, 4 * 11 + (N + 3) / 4);
+    for (int j = 0; j < 11; j++) {
+        float s, m = 0;
+        memcpy(&s, body + 4 * j, 4);
+        for (int i = j * B; i < N && i < (j + 1) * B; i++) m = fmaxf(m, fabsf(x[i]));
+        assert_true(s == m);
+    }
+    free(x);
+}
+
+/* clip=c: scale = min(max |x|, c * rms); the fixed-order rms equals a double sum closely. */
+static void test_clip(void **state)
+{
+    enum { N = 10000 };
+    gcomp_terngrad_params p = params(0, 2.5);
+    float *x = tu_gauss_array(N, 3), s;
+    uint8_t body[4096];
+    double ss = 0, rms;
+    (void)state;
+    x[17] = 40.0f; /* an outlier the clip cuts */
+    for (int i = 0; i < N; i++) ss += (double)x[i] * x[i];
+    rms = sqrt(ss / N);
+    assert_true(fabs(gcomp__tg_rms(x, NULL, N) - rms) < 1e-12 * rms);
+    encode_vt(&p, 1, 0, 0, x, N, body, NULL, NULL);
+    memcpy(&s, body, 4);
+    assert_true(s == (float)(2.5 * gcomp__tg_rms(x, NULL, N)));
+    assert_true(s < 40.0f);
+    free(x);
+}
+
+/* The engine's split: local_scales, then encode_scaled with a larger shared scale. */
+static void test_split_encode(void **state)
+{
+    enum { N = 999 };
+    gcomp_terngrad_params p = params(0, 0);
+    float *x = tu_gauss_array(N, 8), scale, whole_body_scale, shared, r[N], y[N] = {0};
+    uint8_t a[1024], b[1024];
+    size_t wa, wb;
+    uint32_t flags;
+    gcomp_encode_ctx ctx = {0};
+    (void)state;
+    assert_int_equal(gcomp__codec_terngrad.num_scales(&p, N), 1);
+    assert_int_equal(gcomp__codec_terngrad.local_scales(&p, &ctx, x, NULL, N, &scale), GCOMP_SUCCESS);
+    wa = encode_vt(&p, 1, 0, 0, x, N, a, NULL, NULL);
+    memcpy(&whole_body_scale, a, 4);
+    assert_true(scale == whole_body_scale);
+    /* with its own scale, the split encode equals the one-call encode */
+    assert_int_equal(gcomp__codec_terngrad.encode_scaled(&p, &ctx, x, NULL, NULL, N, &scale, b, sizeof b, &wb, &flags),
+                     GCOMP_SUCCESS);
+    ctx.seed = 1;
+    assert_int_equal(gcomp__codec_terngrad.encode_scaled(&p, &ctx, x, NULL, r, N, &scale, b, sizeof b, &wb, &flags),
+                     GCOMP_SUCCESS);
+    assert_int_equal(wa, wb);
+    assert_memory_equal(a, b, wa);
+    /* a larger shared scale is used as given, and decode + residual = x exactly */
+    shared = 2 * scale;
+    assert_int_equal(gcomp__codec_terngrad.encode_scaled(&p, &ctx, x, NULL, r, N, &shared, b, sizeof b, &wb, &flags),
+                     GCOMP_SUCCESS);
+    decode_vt(&p, b, wb, y, N);
+    for (int i = 0; i < N; i++) {
+        assert_true(y[i] == 0 || fabsf(y[i]) == shared);
+        assert_true(fabsf(y[i] + r[i] - x[i]) <= 1e-6f * shared); /* r = x - y, rounded once */
+    }
+    free(x);
+}
+
+static void test_nonfinite(void **state)
+{
+    gcomp_terngrad_params p = params(4, 0);
+    float x[12] = {1, 2, 3, 4, 1, NAN, 1, 1, 5, 6, 7, 8}, y[12] = {0};
+    uint8_t body[64];
+    uint32_t bad = 0;
+    size_t w;
+    (void)state;
+    w = encode_vt(&p, 1, 0, 0, x, 12, body, NULL, &bad);
+    assert_int_equal(bad, 1);
+    decode_vt(&p, body, w, y, 12);
+    for (int i = 4; i < 8; i++) assert_true(isnan(y[i])); /* the whole bucket, codes 0 included */
+    for (int i = 0; i < 4; i++) assert_true(isfinite(y[i]));
+}
+
+/* The documented planar layout, written independently of terngrad.c: tiles of 1024 from
+ * the start; a tile of m elements has q = ceil(m/4) bytes, element k in byte k%q, bits 2(k/q). */
+static void pack_planar(const uint8_t *c, size_t n, uint8_t *out)
+{
+    memset(out, 0, (n + 3) / 4);
+    for (size_t t = 0; t < n; t += GCOMP_TG_TILE) {
+        size_t m = n - t < GCOMP_TG_TILE ? n - t : GCOMP_TG_TILE, q = (m + 3) / 4;
+        for (size_t k = 0; k < m; k++) out[t / 4 + k % q] |= (uint8_t)(c[t + k] << (2 * (k / q)));
+    }
+}
+
+/* The body's codes follow the planar layout: decode a hand-packed body. */
+static void test_planar_layout(void **state)
+{
+    enum { N = 2999 };
+    gcomp_terngrad_params p = params(0, 0);
+    uint8_t c[N], body[4 + (N + 3) / 4];
+    float y[N] = {0}, s = 0.5f;
+    uint64_t seed = 3;
+    (void)state;
+    for (int i = 0; i < N; i++) c[i] = (uint8_t)(tu_next(&seed) % 3);
+    memcpy(body, &s, 4);
+    pack_planar(c, N, body + 4);
+    decode_vt(&p, body, sizeof body, y, N);
+    for (int i = 0; i < N; i++) assert_true(y[i] == (c[i] == 1 ? 0.5f : c[i] == 2 ? -0.5f : 0.0f));
+    /* and the encoder writes it: codes of a tensor with |x| = s everywhere are all kept */
+    {
+        float x[N], y2[N] = {0};
+        uint8_t b2[sizeof body];
+        for (int i = 0; i < N; i++) x[i] = c[i] == 2 ? -1.0f : 1.0f;
+        encode_vt(&p, 1, 0, 0, x, N, b2, NULL, NULL);
+        for (int i = 0; i < N; i++) c[i] = c[i] == 2 ? 2 : 1;
+        pack_planar(c, N, body + 4);
+        assert_memory_equal(b2 + 4, body + 4, sizeof body - 4);
+        decode_vt(&p, b2, sizeof b2, y2, N);
+        for (int i = 0; i < N; i++) assert_true(y2[i] == x[i]);
+    }
+}
+
+/* Sums of m ranks' codes travel in ceil(log2(2m+1)) bits and come back exactly. */
+static void test_integer_sums(void **state)
+{
+    static const unsigned bits[9] = {0, 2, 3, 3, 4, 4, 4, 4, 5};
+    enum { N = 1001 };
+    uint64_t seed = 1;
+    (void)state;
+    for (uint32_t m = 1; m <= 8; m++) assert_int_equal(gcomp_tg_sum_bits(m), bits[m]);
+    assert_int_equal(gcomp_tg_sum_bits(1000), 11);
+    for (uint32_t m = 1; m <= 8; m++) {
+        int32_t sum[N] = {0}, back[N] = {0};
+        uint8_t codes[(N + 3) / 4], packed[N * 2];
+        for (uint32_t rank = 0; rank < m; rank++) {
+            uint8_t c[N];
+            int32_t want[N];
+            for (int i = 0; i < N; i++) c[i] = (uint8_t)(tu_next(&seed) % 3);
+            pack_planar(c, N, codes);
+            for (int i = 0; i < N; i++) want[i] = sum[i] + (c[i] == 1) - (c[i] == 2);
+            assert_int_equal(gcomp__tg_codes_add(codes, sizeof codes, N, sum), GCOMP_SUCCESS);
+            assert_memory_equal(sum, want, sizeof sum);
+        }
+        assert_int_equal(gcomp__tg_sums_pack(sum, N, m, packed), GCOMP_SUCCESS);
+        assert_int_equal(gcomp__tg_sums_add(packed, gcomp_tg_sum_bytes(N, m), N, m, back), GCOMP_SUCCESS);
+        assert_memory_equal(sum, back, sizeof sum);
+        /* a wrong size or an out-of-range value is rejected */
+        assert_int_equal(gcomp__tg_sums_add(packed, gcomp_tg_sum_bytes(N, m) - 1, N, m, back), GCOMP_ERR_CORRUPT);
+        if (m == 3) { /* 3 bits hold 0..7; 7 > 2m = 6 is invalid */
+            packed[0] |= 7;
+            assert_int_equal(gcomp__tg_sums_add(packed, gcomp_tg_sum_bytes(N, m), N, m, back), GCOMP_ERR_CORRUPT);
+        }
+        sum[0] = (int32_t)m + 1;
+        assert_int_equal(gcomp__tg_sums_pack(sum, N, m, packed), GCOMP_ERR_INVALID_ARG);
+    }
+}
+
+static void test_corrupt_codes(void **state)
+{
+    gcomp_terngrad_params p = params(0, 0);
+    float x[5] = {1, -1, 0.5f, 0.25f, 1}, y[5];
+    uint8_t body[64];
+    size_t w;
+    (void)state;
+    w = encode_vt(&p, 1, 0, 0, x, 5, body, NULL, NULL);
+    body[4] |= 3; /* code 3 is invalid */
+    assert_int_equal(gcomp__codec_terngrad.decode_add(&p, 0, body, w, y, 5), GCOMP_ERR_CORRUPT);
+    body[4] &= (uint8_t)~3;
+    body[5] |= 0x10; /* a code beyond the last element */
+    assert_int_equal(gcomp__codec_terngrad.decode_add(&p, 0, body, w, y, 5), GCOMP_ERR_CORRUPT);
+    body[5] &= 0x03;
+    {
+        float neg = -1.0f;
+        memcpy(body, &neg, 4);
+        assert_int_equal(gcomp__codec_terngrad.decode_add(&p, 0, body, w, y, 5), GCOMP_ERR_CORRUPT);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_roundtrip_values), cmocka_unit_test(test_unbiased),
+        cmocka_unit_test(test_deterministic),    cmocka_unit_test(test_buckets),
+        cmocka_unit_test(test_clip),             cmocka_unit_test(test_split_encode),
+        cmocka_unit_test(test_nonfinite),        cmocka_unit_test(test_integer_sums),
+        cmocka_unit_test(test_corrupt_codes),  cmocka_unit_test(test_planar_layout),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
