@@ -19,6 +19,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+struct CUstream_st; /* cudaStream_t without including CUDA */
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -159,6 +161,90 @@ typedef struct gcomp_stats {
 
 gcomp_result gcomp_codec_stats(const gcomp_codec *codec, gcomp_stats *out);
 gcomp_result gcomp_codec_stats_reset(gcomp_codec *codec);
+
+/* ------------------------------------------------------------------------------------ */
+/* Communicators and the compressed allreduce.                                            */
+/* ------------------------------------------------------------------------------------ */
+
+typedef struct gcomp_comm gcomp_comm;
+
+typedef enum gcomp_op {
+    GCOMP_SUM = 0,
+    GCOMP_AVG = 1, /* SUM divided by the number of ranks */
+    GCOMP_OP_COUNT
+} gcomp_op;
+
+/* Which schedule a call ran (stats). */
+typedef enum gcomp_schedule {
+    GCOMP_SCHED_NONE = 0,     /* no call yet */
+    GCOMP_SCHED_BYPASS = 1,   /* plain allreduce: below min_bytes, or not compressible */
+    GCOMP_SCHED_DENSE = 2,    /* ring: decode, add in fp32, re-encode at each hop */
+    GCOMP_SCHED_INTEGER = 3,  /* terngrad: exact integer sums of codes under a shared scale */
+    GCOMP_SCHED_SPARSE = 4,   /* top-k: ring allgather of payloads, summed in rank order */
+    GCOMP_SCHED_SPARSE_AS_DENSE = 5 /* top-k whose gather would cost more than a dense ring */
+} gcomp_schedule;
+
+const char *gcomp_schedule_name(gcomp_schedule s);
+
+/* Configuration of a communicator. Start from gcomp_config_default() (everything unset);
+ * an unset field is filled from the environment variable named beside it, read once at
+ * communicator creation, else the default. */
+typedef struct gcomp_config {
+    const char *codec;     /* GCOMP_CODEC; default "terngrad". Copied at creation. */
+    int64_t min_bytes;     /* GCOMP_MIN_BYTES; default 65536: smaller tensors bypass */
+    int error_feedback;    /* GCOMP_EF (0/1); default 1 */
+    int64_t seed;          /* GCOMP_SEED; default 0 */
+    int64_t timeout_ms;    /* GCOMP_TIMEOUT_MS; default 300000; a stuck peer -> TIMEOUT */
+    int debug;             /* GCOMP_DEBUG (0/1); default 0: log to stderr */
+} gcomp_config;
+
+#define GCOMP_UNSET (-1)
+
+/* All fields unset (codec NULL, numbers GCOMP_UNSET). */
+gcomp_config gcomp_config_default(void);
+
+/* Statistics of a communicator (all keys) or of one key. Times are this rank's, in seconds. */
+typedef struct gcomp_comm_stats {
+    uint64_t calls;
+    uint64_t compressed_calls;  /* calls that ran a compressed schedule */
+    uint64_t raw_bytes;         /* count * dtype size, summed over calls */
+    uint64_t wire_bytes;        /* bytes this rank sent, headers included */
+    uint64_t baseline_bytes;    /* bytes an uncompressed ring would have sent: 2(N-1)/N * raw */
+    uint64_t overflow_count;    /* fp16/bf16 overflows to inf */
+    uint64_t nonfinite_calls;   /* calls whose result held NaN/Inf (residual kept) */
+    double encode_s, comm_s, decode_s;
+    gcomp_schedule last_schedule;
+} gcomp_comm_stats;
+
+/* Collective over the communicator: every rank calls it with the same arguments.
+ * Reduce count elements of send (dtype) over all ranks with op and write the result to recv
+ * (send == recv is in place). stream must be NULL for host memory (CUDA streams go with the
+ * NCCL communicator). key names the tensor for error feedback (e.g. a layer index); calls
+ * with the same key must have the same count, or the residual is reset.
+ * Every rank gets a bitwise-identical result. Blocking; returns when recv holds the result.
+ * Errors (on every rank): GCOMP_ERR_INVALID_ARG (NULL buffer with count > 0, bad dtype/op,
+ * on any rank), GCOMP_ERR_MISMATCH (ranks disagree on count, dtype, op, codec or library
+ * version), GCOMP_ERR_TIMEOUT (a peer did not answer within timeout_ms; the communicator is
+ * then unusable), GCOMP_ERR_COMM_INVALID (after an earlier timeout or transport error),
+ * GCOMP_ERR_TRANSPORT, GCOMP_ERR_CORRUPT (a payload failed its checks), GCOMP_ERR_NOMEM.
+ * Not thread-safe on the same communicator. */
+gcomp_result gcomp_allreduce(gcomp_comm *comm, const void *send, void *recv, size_t count, gcomp_dtype dtype,
+                             gcomp_op op, uint64_t key, struct CUstream_st *stream);
+
+/* Free the communicator and its residuals; does not touch the user's MPI/NCCL communicator.
+ * Not collective. Accepts NULL. */
+void gcomp_comm_destroy(gcomp_comm *comm);
+
+gcomp_result gcomp_comm_stats_get(const gcomp_comm *comm, gcomp_comm_stats *out);
+/* Stats of one key; GCOMP_ERR_INVALID_ARG if the key was never used. */
+gcomp_result gcomp_comm_key_stats(const gcomp_comm *comm, uint64_t key, gcomp_comm_stats *out);
+gcomp_result gcomp_comm_stats_reset(gcomp_comm *comm);
+
+/* Rank and size of the communicator. */
+int gcomp_comm_rank(const gcomp_comm *comm);
+int gcomp_comm_size(const gcomp_comm *comm);
+/* The canonical codec spec the communicator uses. */
+const char *gcomp_comm_codec(const gcomp_comm *comm);
 
 /* ------------------------------------------------------------------------------------ */
 /* Half-precision helpers (round to nearest even; NaN stays NaN).                          */

@@ -298,3 +298,82 @@ gcomp_result gcomp_codec_stats_reset(gcomp_codec *c)
     memset(&c->stats, 0, sizeof c->stats);
     return GCOMP_SUCCESS;
 }
+
+/* ---- internals for the engine (engine.h) ------------------------------------------------ */
+#include "engine.h"
+
+const gcomp__chain *gcomp__codec_chain(const gcomp_codec *c) { return &c->chain; }
+
+gcomp__residual_store *gcomp__codec_residuals(gcomp_codec *c) { return &c->residuals; }
+
+gcomp_result gcomp__codec_encode_ctx(gcomp_codec *c, gcomp_encode_ctx *ctx, const float *x, const float *r_in,
+                                     float *r_out, size_t count, void *dst, size_t cap, size_t *written)
+{
+    gcomp_result rc = encode_chain(c, ctx, x, r_in, r_out, count, GCOMP_F32, dst, cap, written);
+    if (rc == GCOMP_SUCCESS) c->stats.overflow_count += ctx->overflow;
+    return rc;
+}
+
+size_t gcomp__codec_stages_bound(const gcomp_codec *c, size_t bytes)
+{
+    for (size_t i = 1; i < c->chain.n_stages; i++)
+        bytes = GCOMP_HEADER_BYTES + c->chain.stages[i].vt->stage_bound(c->chain.stages[i].params, bytes);
+    return bytes;
+}
+
+/* Raw bytes through the byte stages only (the integer ring's packed sums). The scratch
+ * buffers of the codec object hold the intermediate stages. */
+gcomp_result gcomp__codec_stages_encode(gcomp_codec *c, const void *in, size_t n, size_t count, void *out, size_t cap,
+                                        size_t *written)
+{
+    size_t ns = c->chain.n_stages, bytes = n;
+    const uint8_t *prev = in;
+    if (ns == 1) {
+        if (cap < n) return gcomp__fail(GCOMP_ERR_BUFFER_TOO_SMALL, "need %zu bytes, have %zu", n, cap);
+        memmove(out, in, n);
+        *written = n;
+        return GCOMP_SUCCESS;
+    }
+    for (int b = 0; b < 2; b++)
+        GCOMP_CHECK(gcomp__reserve(&c->stage_buf[b], &c->stage_cap[b], gcomp__codec_stages_bound(c, n)));
+    for (size_t i = 1; i < ns; i++) {
+        int last = i + 1 == ns;
+        uint8_t *o = last ? out : c->stage_buf[i & 1];
+        size_t o_cap = last ? cap : c->stage_cap[i & 1];
+        GCOMP_CHECK(encode_stage(&c->chain.stages[i], prev, bytes, count, GCOMP_F32, o, o_cap, &bytes));
+        prev = o;
+    }
+    *written = bytes;
+    return GCOMP_SUCCESS;
+}
+
+gcomp_result gcomp__codec_stages_decode(gcomp_codec *c, const void *in, size_t n, size_t count, void *out, size_t cap,
+                                        size_t *written)
+{
+    const uint8_t *p = in;
+    size_t bytes = n;
+    gcomp_header h;
+    if (c->chain.n_stages == 1) {
+        if (n > cap) return gcomp__fail(GCOMP_ERR_CORRUPT, "message of %zu bytes, at most %zu expected", n, cap);
+        memmove(out, in, n);
+        *written = n;
+        return GCOMP_SUCCESS;
+    }
+    for (size_t i = c->chain.n_stages; i-- > 1;) {
+        gcomp__stage *st = &c->chain.stages[i];
+        int last = i == 1;
+        uint8_t *o = last ? out : c->stage_buf[i & 1];
+        size_t o_cap = last ? cap : c->stage_cap[i & 1], inner = 0;
+        if (!last) GCOMP_CHECK(gcomp__reserve(&c->stage_buf[i & 1], &c->stage_cap[i & 1], gcomp__codec_stages_bound(c, cap)));
+        o = last ? out : c->stage_buf[i & 1];
+        o_cap = last ? cap : c->stage_cap[i & 1];
+        GCOMP_CHECK(gcomp_header_read(p, bytes, &h));
+        GCOMP_CHECK(expect_header(st->vt, &h, count));
+        GCOMP_CHECK(st->vt->stage_decode(st->params, st->state, h.flags, p + GCOMP_HEADER_BYTES, h.body_bytes, o, o_cap,
+                                         &inner));
+        p = o;
+        bytes = inner;
+    }
+    *written = bytes;
+    return GCOMP_SUCCESS;
+}

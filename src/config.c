@@ -1,0 +1,86 @@
+/*
+ * config.c — communicator configuration. One table names every GCOMP_* environment
+ * variable; they are read once, when a communicator is created, and only for the fields
+ * the caller's struct leaves unset. This is the only place gcomp reads the environment
+ * (besides GCOMP_DEBUG for logging).
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine.h"
+
+gcomp_config gcomp_config_default(void)
+{
+    gcomp_config c;
+    c.codec = NULL;
+    c.min_bytes = GCOMP_UNSET;
+    c.error_feedback = GCOMP_UNSET;
+    c.seed = GCOMP_UNSET;
+    c.timeout_ms = GCOMP_UNSET;
+    c.debug = GCOMP_UNSET;
+    return c;
+}
+
+typedef struct env_param {
+    const char *env;
+    int64_t def;
+    int64_t min, max;
+    size_t offset; /* of the int64_t-sized or int field in gcomp__config */
+    int is_int;    /* field is an int (else int64_t/uint64_t) */
+} env_param;
+
+static const env_param params[] = {
+    {"GCOMP_MIN_BYTES", 65536, 0, INT64_MAX, offsetof(gcomp__config, min_bytes), 0},
+    {"GCOMP_EF", 1, 0, 1, offsetof(gcomp__config, error_feedback), 1},
+    {"GCOMP_SEED", 0, 0, INT64_MAX, offsetof(gcomp__config, seed), 0},
+    {"GCOMP_TIMEOUT_MS", 300000, 1, INT64_MAX, offsetof(gcomp__config, timeout_ms), 0},
+    {"GCOMP_DEBUG", 0, 0, 1, offsetof(gcomp__config, debug), 1},
+};
+
+static gcomp_result from_env(const env_param *p, int64_t *v)
+{
+    const char *s = getenv(p->env);
+    char *end;
+    long long x;
+    *v = p->def;
+    if (!s || !*s) return GCOMP_SUCCESS;
+    errno = 0;
+    x = strtoll(s, &end, 10);
+    if (*end || errno || x < p->min || x > p->max)
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "%s='%s' is not an integer in [%lld, %lld]", p->env, s,
+                           (long long)p->min, (long long)p->max);
+    *v = x;
+    return GCOMP_SUCCESS;
+}
+
+static int64_t user_value(const gcomp_config *cfg, const env_param *p)
+{
+    if (!cfg) return GCOMP_UNSET;
+    if (p->offset == offsetof(gcomp__config, min_bytes)) return cfg->min_bytes;
+    if (p->offset == offsetof(gcomp__config, error_feedback)) return cfg->error_feedback;
+    if (p->offset == offsetof(gcomp__config, seed)) return cfg->seed;
+    if (p->offset == offsetof(gcomp__config, timeout_ms)) return cfg->timeout_ms;
+    return cfg->debug;
+}
+
+gcomp_result gcomp__config_resolve(const gcomp_config *cfg, gcomp__config *out)
+{
+    const char *codec = cfg && cfg->codec ? cfg->codec : getenv("GCOMP_CODEC");
+    memset(out, 0, sizeof *out);
+    if (!codec || !*codec) codec = "terngrad";
+    if (strlen(codec) >= sizeof out->codec)
+        return gcomp__fail(GCOMP_ERR_INVALID_SPEC, "codec spec is longer than %zu characters", sizeof out->codec - 1);
+    strcpy(out->codec, codec);
+    for (size_t i = 0; i < sizeof params / sizeof params[0]; i++) {
+        const env_param *p = &params[i];
+        int64_t v = user_value(cfg, p);
+        if (v == GCOMP_UNSET) GCOMP_CHECK(from_env(p, &v));
+        else if (v < p->min || v > p->max)
+            return gcomp__fail(GCOMP_ERR_INVALID_ARG, "config field for %s = %lld is out of range [%lld, %lld]", p->env,
+                               (long long)v, (long long)p->min, (long long)p->max);
+        if (p->is_int) *(int *)((char *)out + p->offset) = (int)v;
+        else *(int64_t *)((char *)out + p->offset) = v;
+    }
+    return GCOMP_SUCCESS;
+}

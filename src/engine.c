@@ -1,0 +1,361 @@
+/*
+ * engine.c — gcomp_allreduce: argument agreement, bypass, per-key residuals and stats, and
+ * the choice of schedule by the codec's capabilities.
+ *
+ * Every call starts with one small allreduce (max of 3 uint64) in which the ranks agree on
+ * a fingerprint of the call (codec spec, count, dtype, op, library version) and on whether
+ * every rank's arguments were valid. A disagreement returns the same error on every rank
+ * instead of a hang or garbage.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine.h"
+
+double gcomp__now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+const char *gcomp_schedule_name(gcomp_schedule s)
+{
+    switch (s) {
+    case GCOMP_SCHED_NONE: return "none";
+    case GCOMP_SCHED_BYPASS: return "bypass";
+    case GCOMP_SCHED_DENSE: return "dense-ring";
+    case GCOMP_SCHED_INTEGER: return "integer-ring";
+    case GCOMP_SCHED_SPARSE: return "sparse-gather";
+    case GCOMP_SCHED_SPARSE_AS_DENSE: return "sparse-as-dense-ring";
+    }
+    return "unknown";
+}
+
+void gcomp__chunk(size_t count, int n_chunks, int c, size_t align, size_t *lo, size_t *hi)
+{
+    size_t per = count / (size_t)n_chunks;
+    size_t l = (per * (size_t)c) / align * align, h = (per * (size_t)(c + 1)) / align * align;
+    if (c + 1 == n_chunks) h = count;
+    *lo = l < count ? l : count;
+    *hi = h < count ? h : count;
+}
+
+static uint64_t fnv1a(uint64_t h, const void *data, size_t n)
+{
+    const uint8_t *p = data;
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+}
+
+static uint64_t call_fingerprint(const gcomp_comm *c, size_t count, gcomp_dtype dtype, gcomp_op op)
+{
+    uint64_t h = 0xcbf29ce484222325ull, v[4] = {count, (uint64_t)dtype, (uint64_t)op, GCOMP_VERSION};
+    h = fnv1a(h, gcomp_codec_spec(c->codec), strlen(gcomp_codec_spec(c->codec)));
+    h = fnv1a(h, v, sizeof v);
+    return h;
+}
+
+gcomp_result gcomp__comm_create(gcomp__transport *tp, const gcomp_config *cfg, gcomp_comm **out)
+{
+    gcomp_comm *c = calloc(1, sizeof *c);
+    gcomp_codec_options opts = gcomp_codec_options_default();
+    uint64_t vals[3];
+    gcomp_result rc;
+    if (!c) {
+        tp->destroy(tp);
+        return gcomp__fail(GCOMP_ERR_NOMEM, "gcomp_comm_create: out of memory");
+    }
+    c->tp = tp;
+    GCOMP_CHECK_GOTO(gcomp__config_resolve(cfg, &c->cfg), rc, fail);
+    opts.seed = c->cfg.seed;
+    opts.rank = (uint32_t)tp->rank;
+    opts.error_feedback = c->cfg.error_feedback;
+    GCOMP_CHECK_GOTO(gcomp_codec_create(c->cfg.codec, &opts, &c->codec), rc, fail);
+    /* ranks must agree on the codec: compare a hash of the canonical spec */
+    vals[0] = fnv1a(0xcbf29ce484222325ull, gcomp_codec_spec(c->codec), strlen(gcomp_codec_spec(c->codec)));
+    vals[1] = ~vals[0];
+    vals[2] = 0;
+    GCOMP_CHECK_GOTO(tp->allreduce_max_u64(tp, vals, 3, gcomp__now() + 1e-3 * (double)c->cfg.timeout_ms), rc, fail);
+    if (vals[0] != ~vals[1]) {
+        rc = gcomp__fail(GCOMP_ERR_MISMATCH, "ranks were configured with different codecs (this rank: '%s')",
+                         gcomp_codec_spec(c->codec));
+        goto fail;
+    }
+    gcomp__debug("rank %d/%d: codec %s, min_bytes %lld, ef %d", tp->rank, tp->size, gcomp_codec_spec(c->codec),
+                 (long long)c->cfg.min_bytes, c->cfg.error_feedback);
+    *out = c;
+    return GCOMP_SUCCESS;
+fail:
+    gcomp_comm_destroy(c);
+    return rc;
+}
+
+void gcomp_comm_destroy(gcomp_comm *c)
+{
+    if (!c) return;
+    while (c->keys) {
+        gcomp__key *k = c->keys;
+        c->keys = k->next;
+        free(k);
+    }
+    gcomp_codec_destroy(c->codec);
+    if (c->tp) c->tp->destroy(c->tp);
+    free(c->x);
+    free(c->acc);
+    free(c->sbuf);
+    free(c->rbuf);
+    free(c->pay);
+    free(c->tmp);
+    free(c->res);
+    free(c->spx);
+    gcomp_codec_destroy(c->dense_codec);
+    free(c);
+}
+
+int gcomp_comm_rank(const gcomp_comm *c) { return c ? c->tp->rank : -1; }
+int gcomp_comm_size(const gcomp_comm *c) { return c ? c->tp->size : -1; }
+const char *gcomp_comm_codec(const gcomp_comm *c) { return c ? gcomp_codec_spec(c->codec) : ""; }
+
+static gcomp__key *find_key(const gcomp_comm *c, uint64_t key)
+{
+    for (gcomp__key *k = c->keys; k; k = k->next)
+        if (k->key == key) return k;
+    return NULL;
+}
+
+static gcomp_result get_key(gcomp_comm *c, uint64_t key, size_t count, gcomp__key **out)
+{
+    gcomp__key *k = find_key(c, key);
+    if (!k) {
+        k = calloc(1, sizeof *k);
+        if (!k) return gcomp__fail(GCOMP_ERR_NOMEM, "cannot allocate state for key %llu", (unsigned long long)key);
+        k->key = key;
+        k->next = c->keys;
+        c->keys = k;
+    }
+    k->count = count;
+    *out = k;
+    return GCOMP_SUCCESS;
+}
+
+/* Local checks; the result is shared with the other ranks before anyone acts on it. */
+static gcomp_result check_args(const void *send, void *recv, size_t count, gcomp_dtype dtype, gcomp_op op,
+                               struct CUstream_st *stream)
+{
+    if (count > 0 && (!send || !recv)) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_allreduce: NULL buffer with count %zu", count);
+    if (!gcomp_dtype_size(dtype)) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_allreduce: invalid dtype %d", (int)dtype);
+    if ((unsigned)op >= GCOMP_OP_COUNT) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_allreduce: invalid op %d", (int)op);
+    if (stream) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_allreduce: a CUDA stream needs a GPU (NCCL) communicator");
+    if (count > (size_t)1 << 40) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_allreduce: count %zu is too large", count);
+    return GCOMP_SUCCESS;
+}
+
+static gcomp_result transport_failed(gcomp_comm *c, gcomp_result rc)
+{
+    if (rc == GCOMP_ERR_TIMEOUT || rc == GCOMP_ERR_TRANSPORT) c->broken = 1;
+    return rc;
+}
+
+static gcomp_result agree(gcomp_comm *c, gcomp_result local, size_t count, gcomp_dtype dtype, gcomp_op op, double deadline)
+{
+    uint64_t h = call_fingerprint(c, count, dtype, op), vals[3] = {h, ~h, (uint64_t)local};
+    char detail[256];
+    snprintf(detail, sizeof detail, "%s", local != GCOMP_SUCCESS ? gcomp_last_error() : "");
+    GCOMP_CHECK(transport_failed(c, c->tp->allreduce_max_u64(c->tp, vals, 3, deadline)));
+    if (vals[2] != GCOMP_SUCCESS) {
+        if (local != GCOMP_SUCCESS) return gcomp__fail(local, "%s", detail);
+        return gcomp__fail((gcomp_result)vals[2], "another rank passed invalid arguments to gcomp_allreduce (%s)",
+                           gcomp_strerror((gcomp_result)vals[2]));
+    }
+    if (vals[0] != h || ~vals[1] != h)
+        return gcomp__fail(GCOMP_ERR_MISMATCH, "ranks disagree on the call: count, dtype, op, codec or library version "
+                                               "differ (this rank: count %zu dtype %d op %d codec '%s')",
+                           count, (int)dtype, (int)op, gcomp_codec_spec(c->codec));
+    return GCOMP_SUCCESS;
+}
+
+/* fp32 view of the input; f16/bf16 are widened and AVG on the dense ring is pre-scaled so
+ * the wire never carries sums larger than the result. */
+static gcomp_result prepare_input(gcomp_comm *c, const void *send, size_t count, gcomp_dtype dtype, float prescale,
+                                  const float **x)
+{
+    float *dst;
+    if (dtype == GCOMP_F32 && prescale == 1.0f) {
+        *x = send;
+        return GCOMP_SUCCESS;
+    }
+    GCOMP_CHECK(gcomp__reserve(&c->x, &c->x_cap, count * sizeof(float)));
+    dst = c->x;
+    if (dtype == GCOMP_F32)
+        for (size_t i = 0; i < count; i++) dst[i] = ((const float *)send)[i] * prescale;
+    else if (dtype == GCOMP_F16)
+        for (size_t i = 0; i < count; i++) dst[i] = gcomp_f16_to_f32(((const uint16_t *)send)[i]) * prescale;
+    else
+        for (size_t i = 0; i < count; i++) dst[i] = gcomp_bf16_to_f32(((const uint16_t *)send)[i]) * prescale;
+    *x = dst;
+    return GCOMP_SUCCESS;
+}
+
+static void store_output(const float *res, void *recv, size_t count, gcomp_dtype dtype)
+{
+    if (dtype == GCOMP_F16)
+        for (size_t i = 0; i < count; i++) ((uint16_t *)recv)[i] = gcomp_f32_to_f16(res[i]);
+    else if (dtype == GCOMP_BF16)
+        for (size_t i = 0; i < count; i++) ((uint16_t *)recv)[i] = gcomp_f32_to_bf16(res[i]);
+}
+
+/* The uncompressed path: exact fp32 sum through the transport's own allreduce. */
+static gcomp_result run_bypass(gcomp_comm *c, const void *send, void *recv, size_t count, gcomp_dtype dtype, gcomp_op op,
+                               double deadline)
+{
+    float *buf = recv;
+    const float *x;
+    if (dtype != GCOMP_F32) {
+        GCOMP_CHECK(prepare_input(c, send, count, dtype, 1.0f, &x));
+        buf = (float *)x;
+    } else if (send != recv) {
+        memcpy(recv, send, count * sizeof(float));
+    }
+    GCOMP_CHECK(transport_failed(c, c->tp->allreduce_sum_f32(c->tp, buf, count, deadline)));
+    if (op == GCOMP_AVG)
+        for (size_t i = 0; i < count; i++) buf[i] /= (float)c->tp->size;
+    store_output(buf, recv, count, dtype);
+    return GCOMP_SUCCESS;
+}
+
+static gcomp_schedule pick_schedule(const gcomp_comm *c, size_t raw_bytes)
+{
+    uint32_t caps = gcomp__codec_chain(c->codec)->stages[0].vt->caps;
+    if (c->tp->size == 1 || raw_bytes < (uint64_t)c->cfg.min_bytes) return GCOMP_SCHED_BYPASS;
+    if (caps & GCOMP_CAP_INTEGER) return GCOMP_SCHED_INTEGER;
+    if (caps & GCOMP_CAP_SPARSE) return GCOMP_SCHED_SPARSE;
+    return GCOMP_SCHED_DENSE;
+}
+
+static void add_stats(gcomp_comm_stats *to, const gcomp_comm_stats *from)
+{
+    to->calls += from->calls;
+    to->compressed_calls += from->compressed_calls;
+    to->raw_bytes += from->raw_bytes;
+    to->wire_bytes += from->wire_bytes;
+    to->baseline_bytes += from->baseline_bytes;
+    to->overflow_count += from->overflow_count;
+    to->nonfinite_calls += from->nonfinite_calls;
+    to->encode_s += from->encode_s;
+    to->comm_s += from->comm_s;
+    to->decode_s += from->decode_s;
+    to->last_schedule = from->last_schedule;
+}
+
+/* Residual slices of the key: in place for codecs that allow it, double-buffered otherwise. */
+static gcomp_result acquire_residual(gcomp_comm *c, uint64_t key, size_t count, gcomp__call *call, gcomp__residual **res)
+{
+    int in_place = (gcomp__codec_chain(c->codec)->stages[0].vt->caps & GCOMP_CAP_RESIDUAL_IN_PLACE) != 0;
+    *res = NULL;
+    if (!c->cfg.error_feedback) return GCOMP_SUCCESS;
+    GCOMP_CHECK(gcomp__residual_acquire(gcomp__codec_residuals(c->codec), key, count, !in_place, res));
+    call->r_in = (*res)->buf[(*res)->cur];
+    call->r_out = in_place ? call->r_in : (*res)->buf[(*res)->cur ^ 1];
+    call->step = (*res)->step++;
+    return GCOMP_SUCCESS;
+}
+
+static gcomp_result run_compressed(gcomp_comm *c, gcomp_schedule sched, const void *send, void *recv, size_t count,
+                                   gcomp_dtype dtype, gcomp_op op, uint64_t key, double deadline, gcomp_comm_stats *st)
+{
+    gcomp__call call;
+    gcomp__residual *res = NULL;
+    float prescale = (op == GCOMP_AVG && sched == GCOMP_SCHED_DENSE) ? 1.0f / (float)c->tp->size : 1.0f;
+    gcomp_result rc;
+    memset(&call, 0, sizeof call);
+    call.comm = c;
+    call.count = count;
+    call.deadline = deadline;
+    call.st = st;
+    GCOMP_CHECK(prepare_input(c, send, count, dtype, prescale, &call.x));
+    if (dtype == GCOMP_F32) {
+        call.result = recv;
+    } else {
+        GCOMP_CHECK(gcomp__reserve(&c->res, &c->res_cap, count * sizeof(float)));
+        call.result = c->res;
+    }
+    GCOMP_CHECK(acquire_residual(c, key, count, &call, &res));
+    if (sched == GCOMP_SCHED_INTEGER) rc = gcomp__sched_integer(&call);
+    else if (sched == GCOMP_SCHED_SPARSE) rc = gcomp__sched_sparse(&call);
+    else rc = gcomp__sched_dense(&call);
+    GCOMP_CHECK(transport_failed(c, rc));
+    if (op == GCOMP_AVG && sched != GCOMP_SCHED_DENSE)
+        for (size_t i = 0; i < count; i++) call.result[i] /= (float)c->tp->size;
+    /* keep the old residual if this rank's input was not finite */
+    if (call.nonfinite) st->nonfinite_calls++;
+    else if (res && call.r_out != call.r_in) gcomp__residual_commit(res);
+    store_output(call.result, recv, count, dtype);
+    st->compressed_calls++;
+    return GCOMP_SUCCESS;
+}
+
+gcomp_result gcomp_allreduce(gcomp_comm *c, const void *send, void *recv, size_t count, gcomp_dtype dtype, gcomp_op op,
+                             uint64_t key, struct CUstream_st *stream)
+{
+    gcomp_comm_stats st;
+    gcomp__key *k = NULL;
+    gcomp_schedule sched;
+    double t0 = gcomp__now(), deadline;
+    size_t esize;
+    if (!c) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_allreduce: comm is NULL");
+    if (c->broken) return gcomp__fail(GCOMP_ERR_COMM_INVALID, "communicator is unusable after an earlier timeout or transport error");
+    deadline = t0 + 1e-3 * (double)c->cfg.timeout_ms;
+    GCOMP_CHECK(agree(c, check_args(send, recv, count, dtype, op, stream), count, dtype, op, deadline));
+    if (count == 0) return GCOMP_SUCCESS;
+    esize = gcomp_dtype_size(dtype);
+    GCOMP_CHECK(get_key(c, key, count, &k));
+    memset(&st, 0, sizeof st);
+    sched = pick_schedule(c, count * esize);
+    st.calls = 1;
+    st.raw_bytes = count * esize;
+    st.baseline_bytes = (uint64_t)(2.0 * (c->tp->size - 1) / c->tp->size * (double)(count * esize));
+    if (sched == GCOMP_SCHED_BYPASS) {
+        GCOMP_CHECK(run_bypass(c, send, recv, count, dtype, op, deadline));
+        st.wire_bytes = st.baseline_bytes;
+        st.comm_s = gcomp__now() - t0;
+    } else {
+        GCOMP_CHECK(run_compressed(c, sched, send, recv, count, dtype, op, key, deadline, &st));
+    }
+    if (!st.last_schedule) st.last_schedule = sched;
+    add_stats(&k->stats, &st);
+    add_stats(&c->stats, &st);
+    if (gcomp__debug_enabled())
+        gcomp__debug("rank %d key %llu: %s, %zu elements, %llu wire bytes, %.3f ms", c->tp->rank, (unsigned long long)key,
+                     gcomp_schedule_name(st.last_schedule), count, (unsigned long long)st.wire_bytes,
+                     1e3 * (gcomp__now() - t0));
+    return GCOMP_SUCCESS;
+}
+
+gcomp_result gcomp_comm_stats_get(const gcomp_comm *c, gcomp_comm_stats *out)
+{
+    if (!c || !out) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_stats_get: NULL argument");
+    *out = c->stats;
+    return GCOMP_SUCCESS;
+}
+
+gcomp_result gcomp_comm_key_stats(const gcomp_comm *c, uint64_t key, gcomp_comm_stats *out)
+{
+    const gcomp__key *k;
+    if (!c || !out) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_key_stats: NULL argument");
+    k = find_key(c, key);
+    if (!k) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "key %llu was never used on this communicator", (unsigned long long)key);
+    *out = k->stats;
+    return GCOMP_SUCCESS;
+}
+
+gcomp_result gcomp_comm_stats_reset(gcomp_comm *c)
+{
+    if (!c) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_stats_reset: NULL comm");
+    memset(&c->stats, 0, sizeof c->stats);
+    for (gcomp__key *k = c->keys; k; k = k->next) memset(&k->stats, 0, sizeof k->stats);
+    return GCOMP_SUCCESS;
+}

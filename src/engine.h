@@ -1,0 +1,106 @@
+/*
+ * engine.h — what the allreduce engine's files share: the communicator, the transport
+ * interface and the schedules. Schedules know codecs only through the vtable; transports
+ * know nothing of codecs.
+ */
+#ifndef GCOMP_ENGINE_H
+#define GCOMP_ENGINE_H
+
+#include "internal.h"
+
+/* ---- configuration (config.c) ---- */
+typedef struct gcomp__config {
+    char codec[GCOMP_SPEC_MAX];
+    int64_t min_bytes;
+    int error_feedback;
+    uint64_t seed;
+    int64_t timeout_ms;
+    int debug;
+} gcomp__config;
+
+/* Fill unset fields of cfg (may be NULL) from GCOMP_* environment variables, then defaults. */
+gcomp_result gcomp__config_resolve(const gcomp_config *cfg, gcomp__config *out);
+
+/* ---- transport: moves bytes between ranks, knows nothing of codecs ---- */
+typedef struct gcomp__transport gcomp__transport;
+struct gcomp__transport {
+    int rank, size;
+    /* Send sbytes to rank `to` while receiving at most rcap bytes from rank `from`; both
+     * complete or the call fails. deadline: absolute CLOCK_MONOTONIC seconds. */
+    gcomp_result (*sendrecv)(gcomp__transport *t, int to, const void *sbuf, size_t sbytes, int from, void *rbuf,
+                             size_t rcap, size_t *rbytes, double deadline);
+    /* In-place elementwise max of n uint64 over all ranks. */
+    gcomp_result (*allreduce_max_u64)(gcomp__transport *t, uint64_t *vals, size_t n, double deadline);
+    /* In-place float sum of n floats over all ranks (the uncompressed path). */
+    gcomp_result (*allreduce_sum_f32)(gcomp__transport *t, float *vals, size_t n, double deadline);
+    void (*destroy)(gcomp__transport *t);
+};
+
+/* ---- per-key state ---- */
+typedef struct gcomp__key {
+    uint64_t key;
+    size_t count;
+    gcomp_comm_stats stats;
+    struct gcomp__key *next;
+} gcomp__key;
+
+/* ---- the communicator ---- */
+struct gcomp_comm {
+    gcomp__config cfg;
+    gcomp__transport *tp;
+    gcomp_codec *codec; /* the parsed chain, its residuals and scratch */
+    int broken;         /* set by a timeout or transport failure: refuse further calls */
+    gcomp__key *keys;
+    gcomp_comm_stats stats;
+    /* scratch reused across calls (grown on demand, never per call in steady state) */
+    void *x;       size_t x_cap;       /* fp32 input x = send (widened, pre-scaled) */
+    void *acc;     size_t acc_cap;     /* fp32 or int32 accumulator */
+    void *sbuf;    size_t sbuf_cap;    /* outgoing payloads */
+    void *rbuf;    size_t rbuf_cap;    /* incoming payloads */
+    void *pay;     size_t pay_cap;     /* per-chunk or per-rank payloads */
+    void *tmp;     size_t tmp_cap;
+    void *res;     size_t res_cap;     /* fp32 result for f16/bf16 outputs */
+    void *spx;     size_t spx_cap;     /* top-k: decoded sparse input of the dense fallback */
+    gcomp_codec *dense_codec;          /* top-k fallback: fp32 ring */
+};
+
+/* Build a communicator around a transport (takes ownership of tp even on failure). */
+gcomp_result gcomp__comm_create(gcomp__transport *tp, const gcomp_config *cfg, gcomp_comm **out);
+
+double gcomp__now(void);
+
+/* ---- codec-object internals the schedules use (codec.c) ---- */
+const gcomp__chain *gcomp__codec_chain(const gcomp_codec *c);
+/* Encode x (with explicit ctx; residual slices given by the caller) through the whole chain. */
+gcomp_result gcomp__codec_encode_ctx(gcomp_codec *c, gcomp_encode_ctx *ctx, const float *x, const float *r_in,
+                                     float *r_out, size_t count, void *dst, size_t cap, size_t *written);
+/* Run only the byte stages (zstd) over raw bytes, and back; a plain copy without stages. */
+size_t gcomp__codec_stages_bound(const gcomp_codec *c, size_t bytes);
+gcomp_result gcomp__codec_stages_encode(gcomp_codec *c, const void *in, size_t n, size_t count, void *out, size_t cap,
+                                        size_t *written);
+gcomp_result gcomp__codec_stages_decode(gcomp_codec *c, const void *in, size_t n, size_t count, void *out, size_t cap,
+                                        size_t *written);
+gcomp__residual_store *gcomp__codec_residuals(gcomp_codec *c);
+
+/* ---- schedules ---- */
+typedef struct gcomp__call {
+    gcomp_comm *comm;
+    const float *x;     /* fp32 input (pre-scaled for AVG on the dense ring) */
+    float *result;      /* fp32 output, count elements */
+    size_t count;
+    float *r_in, *r_out; /* residual of the key, NULL without error feedback */
+    uint64_t step;
+    double deadline;
+    gcomp_comm_stats *st; /* this call's numbers, added to key and comm stats */
+    int nonfinite;
+} gcomp__call;
+
+gcomp_result gcomp__sched_dense(gcomp__call *call);
+gcomp_result gcomp__sched_dense_with(gcomp__call *call, gcomp_codec *codec, int use_ef);
+gcomp_result gcomp__sched_integer(gcomp__call *call);
+gcomp_result gcomp__sched_sparse(gcomp__call *call);
+
+/* Chunk c of N over count elements, boundaries at multiples of align. */
+void gcomp__chunk(size_t count, int n_chunks, int c, size_t align, size_t *lo, size_t *hi);
+
+#endif

@@ -1,0 +1,128 @@
+/*
+ * transport_mpi.c — the host-memory transport over Open MPI, and gcomp_comm_create_mpi.
+ *
+ * The library works on its own MPI_Comm_dup of the user's communicator with
+ * MPI_ERRORS_RETURN, so MPI failures come back as error codes. Every wait polls
+ * non-blocking requests against a deadline, which turns a stuck peer into
+ * GCOMP_ERR_TIMEOUT instead of a hang. It never calls MPI_Init or MPI_Finalize.
+ */
+#include <limits.h>
+#include <sched.h>
+#include <stdlib.h>
+
+#include <mpi.h>
+
+#include "engine.h"
+#include "gcomp_mpi.h"
+
+#define GCOMP_TAG 0x6763 /* "gc" */
+
+typedef struct mpi_transport {
+    gcomp__transport base;
+    MPI_Comm comm;
+} mpi_transport;
+
+static gcomp_result mpi_fail(int err, const char *what)
+{
+    char msg[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(err, msg, &len);
+    return gcomp__fail(GCOMP_ERR_TRANSPORT, "%s: %s", what, msg);
+}
+
+/* Poll until every request completes or the deadline passes. Spinning is what MPI's own
+ * blocking calls do; after a while we yield so oversubscribed ranks can progress. */
+static gcomp_result wait_all(int n, MPI_Request *reqs, MPI_Status *st, double deadline, const char *what)
+{
+    long spins = 0;
+    for (;;) {
+        int done = 0, err = MPI_Testall(n, reqs, &done, st);
+        if (err != MPI_SUCCESS) return mpi_fail(err, what);
+        if (done) return GCOMP_SUCCESS;
+        if (++spins > 64) sched_yield();
+        if ((spins & 255) == 0 && gcomp__now() > deadline) {
+            for (int i = 0; i < n; i++)
+                if (reqs[i] != MPI_REQUEST_NULL) MPI_Cancel(&reqs[i]);
+            return gcomp__fail(GCOMP_ERR_TIMEOUT, "%s: no answer from a peer before the deadline (GCOMP_TIMEOUT_MS)", what);
+        }
+    }
+}
+
+static gcomp_result mpi_sendrecv(gcomp__transport *t, int to, const void *sbuf, size_t sbytes, int from, void *rbuf,
+                                 size_t rcap, size_t *rbytes, double deadline)
+{
+    mpi_transport *m = (mpi_transport *)t;
+    MPI_Request reqs[2];
+    MPI_Status st[2];
+    int err, got = 0;
+    if (sbytes > INT_MAX || rcap > INT_MAX)
+        return gcomp__fail(GCOMP_ERR_UNSUPPORTED, "MPI transport: message of %zu bytes exceeds 2 GiB", sbytes > rcap ? sbytes : rcap);
+    err = MPI_Irecv(rbuf, (int)rcap, MPI_BYTE, from, GCOMP_TAG, m->comm, &reqs[0]);
+    if (err != MPI_SUCCESS) return mpi_fail(err, "MPI_Irecv");
+    err = MPI_Isend(sbuf, (int)sbytes, MPI_BYTE, to, GCOMP_TAG, m->comm, &reqs[1]);
+    if (err != MPI_SUCCESS) {
+        MPI_Cancel(&reqs[0]);
+        return mpi_fail(err, "MPI_Isend");
+    }
+    GCOMP_CHECK(wait_all(2, reqs, st, deadline, "ring exchange"));
+    MPI_Get_count(&st[0], MPI_BYTE, &got);
+    *rbytes = (size_t)got;
+    return GCOMP_SUCCESS;
+}
+
+static gcomp_result mpi_allreduce(mpi_transport *m, void *vals, int n, MPI_Datatype type, MPI_Op op, double deadline,
+                                  const char *what)
+{
+    MPI_Request req;
+    MPI_Status st;
+    int err = MPI_Iallreduce(MPI_IN_PLACE, vals, n, type, op, m->comm, &req);
+    if (err != MPI_SUCCESS) return mpi_fail(err, what);
+    return wait_all(1, &req, &st, deadline, what);
+}
+
+static gcomp_result mpi_max_u64(gcomp__transport *t, uint64_t *vals, size_t n, double deadline)
+{
+    return mpi_allreduce((mpi_transport *)t, vals, (int)n, MPI_UINT64_T, MPI_MAX, deadline, "agreement allreduce");
+}
+
+static gcomp_result mpi_sum_f32(gcomp__transport *t, float *vals, size_t n, double deadline)
+{
+    if (n > INT_MAX) return gcomp__fail(GCOMP_ERR_UNSUPPORTED, "MPI transport: %zu elements exceed INT_MAX", n);
+    return mpi_allreduce((mpi_transport *)t, vals, (int)n, MPI_FLOAT, MPI_SUM, deadline, "MPI_Allreduce (bypass)");
+}
+
+static void mpi_destroy(gcomp__transport *t)
+{
+    mpi_transport *m = (mpi_transport *)t;
+    int finalized = 0;
+    if (!m) return;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Comm_free(&m->comm);
+    free(m);
+}
+
+gcomp_result gcomp_comm_create_mpi(MPI_Comm comm, const gcomp_config *cfg, gcomp_comm **out)
+{
+    mpi_transport *m;
+    int init = 0, err;
+    if (!out) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_create_mpi: out is NULL");
+    *out = NULL;
+    MPI_Initialized(&init);
+    if (!init) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_create_mpi: MPI is not initialised (call MPI_Init first)");
+    if (comm == MPI_COMM_NULL) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_create_mpi: MPI_COMM_NULL");
+    m = calloc(1, sizeof *m);
+    if (!m) return gcomp__fail(GCOMP_ERR_NOMEM, "gcomp_comm_create_mpi: out of memory");
+    err = MPI_Comm_dup(comm, &m->comm);
+    if (err != MPI_SUCCESS) {
+        free(m);
+        return mpi_fail(err, "MPI_Comm_dup");
+    }
+    MPI_Comm_set_errhandler(m->comm, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(m->comm, &m->base.rank);
+    MPI_Comm_size(m->comm, &m->base.size);
+    m->base.sendrecv = mpi_sendrecv;
+    m->base.allreduce_max_u64 = mpi_max_u64;
+    m->base.allreduce_sum_f32 = mpi_sum_f32;
+    m->base.destroy = mpi_destroy;
+    return gcomp__comm_create(&m->base, cfg, out);
+}
