@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The test suite, exactly as CI runs it (.ci/run calls this): installs what it needs,
+# builds, runs every test (unit + multi-rank under mpirun), then the same tests again in an
+# AddressSanitizer + UndefinedBehaviorSanitizer build.
+# Set GCOMP_TEST_SKIP_ASAN=1 to skip the sanitizer pass.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/deps.sh
+
+# mpirun refuses root without these; more ranks than cores need oversubscription.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+
+echo "== build (Release) =="
+bash scripts/build.sh build
+echo "== tests (Release) =="
+ctest --test-dir build --output-on-failure -j2
+
+if [ "${GCOMP_TEST_SKIP_ASAN:-0}" != 1 ]; then
+  echo "== build (ASan + UBSan) =="
+  bash scripts/build.sh build-asan -DCMAKE_BUILD_TYPE=Debug -DGCOMP_SANITIZE=ON -DGCOMP_BUILD_BENCH=OFF
+  echo "== tests (ASan + UBSan) =="
+  # Open MPI keeps allocations alive until exit by design; leak checking of the library
+  # itself is done by the unit tests, which run without MPI.
+  ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build-asan --output-on-failure -j2 -LE mpi
+  ASAN_OPTIONS=detect_leaks=0 ctest --test-dir build-asan --output-on-failure -j1 -L mpi
+fi
