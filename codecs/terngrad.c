@@ -326,17 +326,31 @@ gcomp_result gcomp__tg_codes_add(const uint8_t *codes, size_t bytes, size_t n, i
     return GCOMP_SUCCESS;
 }
 
+/* Sums are packed LSB first, w bits each; 8 values fill exactly w bytes, so both loops work
+ * on groups of 8 in one 64-bit word (w <= 8, i.e. up to 127 ranks; wider sums take the
+ * generic bit-by-bit path). */
 gcomp_result gcomp__tg_sums_pack(const int32_t *sums, size_t n, uint32_t m, uint8_t *out)
 {
     unsigned w = gcomp_tg_sum_bits(m);
-    uint64_t acc = 0;
+    uint64_t acc = 0, bad = 0;
     unsigned have = 0;
-    size_t o = 0;
-    for (size_t i = 0; i < n; i++) {
-        int64_t v = (int64_t)sums[i] + m;
-        if (v < 0 || v > 2 * (int64_t)m)
-            return gcomp_codec_fail(GCOMP_ERR_INVALID_ARG, "terngrad: sum %d at %zu outside [-%u, %u]", sums[i], i, m, m);
-        acc |= (uint64_t)v << have;
+    size_t o = 0, i = 0;
+    if (w <= 8) {
+        for (; i + 8 <= n; i += 8) {
+            uint64_t word = 0;
+            for (unsigned k = 0; k < 8; k++) {
+                uint64_t v = (uint64_t)((int64_t)sums[i + k] + m);
+                bad |= v > 2ull * m;
+                word |= v << (k * w);
+            }
+            memcpy(out + o, &word, w); /* little-endian host (see header.c) */
+            o += w;
+        }
+    }
+    for (; i < n; i++) {
+        uint64_t v = (uint64_t)((int64_t)sums[i] + m);
+        bad |= v > 2ull * m;
+        acc |= v << have;
         have += w;
         while (have >= 8) {
             out[o++] = (uint8_t)acc;
@@ -345,18 +359,31 @@ gcomp_result gcomp__tg_sums_pack(const int32_t *sums, size_t n, uint32_t m, uint
         }
     }
     if (have) out[o++] = (uint8_t)acc;
+    if (bad) return gcomp_codec_fail(GCOMP_ERR_INVALID_ARG, "terngrad: a sum lies outside [-%u, %u]", m, m);
     return GCOMP_SUCCESS;
 }
 
 gcomp_result gcomp__tg_sums_add(const uint8_t *in, size_t bytes, size_t n, uint32_t m, int32_t *acc)
 {
     unsigned w = gcomp_tg_sum_bits(m);
-    uint64_t bits = 0, mask = (1ull << w) - 1;
+    uint64_t bits = 0, mask = (1ull << w) - 1, bad = 0;
     unsigned have = 0;
-    size_t pos = 0;
+    size_t pos = 0, i = 0;
     if (bytes != gcomp_tg_sum_bytes(n, m))
         return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "terngrad: %zu bytes of sums for %zu elements of %u ranks", bytes, n, m);
-    for (size_t i = 0; i < n; i++) {
+    if (w <= 8) {
+        for (; i + 8 <= n; i += 8) {
+            uint64_t word = 0;
+            memcpy(&word, in + pos, w);
+            pos += w;
+            for (unsigned k = 0; k < 8; k++) {
+                uint64_t v = (word >> (k * w)) & mask;
+                bad |= v > 2ull * m;
+                acc[i + k] += (int32_t)((int64_t)v - m);
+            }
+        }
+    }
+    for (; i < n; i++) {
         uint64_t v;
         while (have < w) {
             bits |= (uint64_t)in[pos++] << have;
@@ -365,9 +392,10 @@ gcomp_result gcomp__tg_sums_add(const uint8_t *in, size_t bytes, size_t n, uint3
         v = bits & mask;
         bits >>= w;
         have -= w;
-        if (v > 2ull * m) return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "terngrad: sum %llu at %zu exceeds 2*%u", (unsigned long long)v, i, m);
+        bad |= v > 2ull * m;
         acc[i] += (int32_t)((int64_t)v - m);
     }
+    if (bad) return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "terngrad: a packed sum exceeds 2*%u", m);
     return GCOMP_SUCCESS;
 }
 

@@ -1,0 +1,557 @@
+/*
+ * test_user_codec.c — a codec written outside the library, registered through
+ * gcomp_codec_register() and used by name in spec strings like any built-in.
+ *
+ * randk keeps k = ceil(ratio * n) elements chosen at random: element i's priority is a hash
+ * of (ctx->seed, ctx->step, ctx->rank, i) and the k elements of lowest priority are kept
+ * (ties by index). The body carries the 64-bit key of that hash, so a decoder that never saw
+ * the encode context recomputes the same choice:
+ *     u64 key, then the k kept values as f32 in increasing index order.
+ * A second user codec, xormask, is a byte stage (payload bytes XOR 0x5a) to show a user stage
+ * in a chain.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "test_util.h"
+#include "gcomp_codec.h"
+
+#define RANDK_WIRE_ID 200
+#define XORMASK_WIRE_ID 201
+
+/* ---- the randk codec ------------------------------------------------------------------------ */
+
+typedef struct randk_params {
+    double ratio;
+} randk_params;
+
+static const gcomp_param_def randk_param_defs[] = {
+    {"ratio", GCOMP_PARAM_DOUBLE, offsetof(randk_params, ratio), 1e-6, 1.0, 0.5, NULL,
+     "fraction of the elements kept"},
+};
+
+static uint64_t mix(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+static size_t randk_k(const randk_params *p, size_t n)
+{
+    double want = p->ratio * (double)n;
+    size_t k = (size_t)want;
+    if ((double)k < want) k++;
+    if (n && k < 1) k = 1;
+    return k > n ? n : k;
+}
+
+typedef struct prio {
+    uint64_t h;
+    size_t i;
+} prio;
+
+static int prio_cmp(const void *a, const void *b)
+{
+    const prio *x = a, *y = b;
+    if (x->h != y->h) return x->h < y->h ? -1 : 1;
+    return x->i < y->i ? -1 : (x->i > y->i);
+}
+
+static int index_cmp(const void *a, const void *b)
+{
+    size_t x = *(const size_t *)a, y = *(const size_t *)b;
+    return x < y ? -1 : (x > y);
+}
+
+/* The k kept indices, increasing, into idx (k entries). Returns 0 on out of memory. */
+static int randk_select(uint64_t key, size_t n, size_t k, size_t *idx)
+{
+    prio *p = malloc((n ? n : 1) * sizeof *p);
+    if (!p) return 0;
+    for (size_t i = 0; i < n; i++) p[i] = (prio){mix(key ^ mix(i)), i};
+    qsort(p, n, sizeof *p, prio_cmp);
+    for (size_t j = 0; j < k; j++) idx[j] = p[j].i;
+    qsort(idx, k, sizeof *idx, index_cmp);
+    free(p);
+    return 1;
+}
+
+static size_t randk_max_body(const void *params, size_t n) { return 8 + 4 * randk_k(params, n); }
+
+static gcomp_result randk_encode(const void *params, gcomp_encode_ctx *ctx, const float *g, const float *r_in,
+                                 float *r_out, size_t n, uint8_t *body, size_t cap, size_t *written, uint32_t *flags)
+{
+    size_t k = randk_k(params, n), *idx;
+    uint64_t key = mix(mix(mix(ctx->seed) ^ ctx->step) ^ ctx->rank);
+    if (cap < 8 + 4 * k) return gcomp_codec_fail(GCOMP_ERR_BUFFER_TOO_SMALL, "randk: need %zu bytes", 8 + 4 * k);
+    idx = malloc((k ? k : 1) * sizeof *idx);
+    if (!idx || !randk_select(key, n, k, idx)) {
+        free(idx);
+        return gcomp_codec_fail(GCOMP_ERR_NOMEM, "randk: out of memory");
+    }
+    for (size_t i = 0; i < n; i++) {
+        float x = r_in ? g[i] + r_in[i] : g[i];
+        if (!isfinite(x)) ctx->nonfinite = 1;
+        if (r_out) r_out[i] = x; /* kept ones are overwritten below */
+    }
+    gcomp_store_u64(body, key);
+    for (size_t j = 0; j < k; j++) {
+        size_t i = idx[j];
+        float x = r_in ? g[i] + r_in[i] : g[i];
+        memcpy(body + 8 + 4 * j, &x, 4);
+        if (r_out) r_out[i] = 0.0f;
+    }
+    if (ctx->nonfinite && k) { /* the body must decode to something non-finite */
+        float nan = NAN;
+        memcpy(body + 8, &nan, 4);
+    }
+    free(idx);
+    *written = 8 + 4 * k;
+    *flags = 0;
+    return GCOMP_SUCCESS;
+}
+
+static gcomp_result randk_decode_add(const void *params, uint32_t flags, const uint8_t *body, size_t bytes,
+                                     float *acc, size_t n)
+{
+    size_t k = randk_k(params, n), *idx;
+    if (flags) return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "randk: unknown flags 0x%x", flags);
+    if (bytes != 8 + 4 * k) return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "randk: body of %zu bytes for k=%zu", bytes, k);
+    idx = malloc((k ? k : 1) * sizeof *idx);
+    if (!idx || !randk_select(gcomp_load_u64(body), n, k, idx)) {
+        free(idx);
+        return gcomp_codec_fail(GCOMP_ERR_NOMEM, "randk: out of memory");
+    }
+    for (size_t j = 0; j < k; j++) {
+        float v;
+        memcpy(&v, body + 8 + 4 * j, 4);
+        acc[idx[j]] += v;
+    }
+    free(idx);
+    return GCOMP_SUCCESS;
+}
+
+static const gcomp_codec_vtable randk_vt = {
+    .abi_version = GCOMP_CODEC_ABI_VERSION,
+    .name = "randk",
+    .wire_id = RANDK_WIRE_ID,
+    .caps = GCOMP_CAP_SPARSE,
+    .params = randk_param_defs,
+    .n_params = 1,
+    .params_size = sizeof(randk_params),
+    .max_body_bytes = randk_max_body,
+    .encode = randk_encode,
+    .decode_add = randk_decode_add,
+};
+
+/* ---- the xormask byte stage ------------------------------------------------------------------ */
+
+static size_t xor_bound(const void *params, size_t n)
+{
+    (void)params;
+    return n;
+}
+
+static gcomp_result xor_encode(const void *params, void *state, const uint8_t *in, size_t n, uint8_t *out, size_t cap,
+                               size_t *written, uint32_t *flags)
+{
+    (void)params;
+    (void)state;
+    if (cap < n) return gcomp_codec_fail(GCOMP_ERR_BUFFER_TOO_SMALL, "xormask: need %zu bytes", n);
+    for (size_t i = 0; i < n; i++) out[i] = in[i] ^ 0x5a;
+    *written = n;
+    *flags = 0;
+    return GCOMP_SUCCESS;
+}
+
+static gcomp_result xor_decode(const void *params, void *state, uint32_t flags, const uint8_t *in, size_t n,
+                               uint8_t *out, size_t cap, size_t *written)
+{
+    (void)params;
+    (void)state;
+    if (flags) return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "xormask: unknown flags");
+    if (n > cap) return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "xormask: %zu bytes > %zu", n, cap);
+    for (size_t i = 0; i < n; i++) out[i] = in[i] ^ 0x5a;
+    *written = n;
+    return GCOMP_SUCCESS;
+}
+
+static const gcomp_codec_vtable xormask_vt = {
+    .abi_version = GCOMP_CODEC_ABI_VERSION,
+    .name = "xormask",
+    .wire_id = XORMASK_WIRE_ID,
+    .caps = GCOMP_CAP_BYTE_STAGE,
+    .stage_bound = xor_bound,
+    .stage_encode = xor_encode,
+    .stage_decode = xor_decode,
+};
+
+/* ---- helpers ---------------------------------------------------------------------------------- */
+
+static gcomp_codec *codec_with(const char *spec, uint64_t seed, uint32_t rank)
+{
+    gcomp_codec_options o = gcomp_codec_options_default();
+    gcomp_codec *c = NULL;
+    o.seed = seed;
+    o.rank = rank;
+    if (gcomp_codec_create(spec, &o, &c) != GCOMP_SUCCESS) fail_msg("create '%s': %s", spec, gcomp_last_error());
+    return c;
+}
+
+/* Encode x (key), return the payload (caller frees) and its size. */
+static uint8_t *encode_with(gcomp_codec *c, uint64_t key, const float *x, size_t n, size_t *bytes)
+{
+    size_t cap = gcomp_codec_max_encoded_bytes(c, n);
+    uint8_t *buf = malloc(cap);
+    gcomp_result rc = gcomp_codec_encode(c, key, x, n, GCOMP_F32, buf, cap, bytes);
+    if (rc != GCOMP_SUCCESS) fail_msg("encode '%s': %s", gcomp_codec_spec(c), gcomp_last_error());
+    assert_true(*bytes <= cap);
+    return buf;
+}
+
+static float *decode_with(gcomp_codec *c, const uint8_t *p, size_t bytes, size_t n)
+{
+    float *out = calloc(n ? n : 1, sizeof *out);
+    gcomp_result rc = gcomp_codec_decode_add(c, p, bytes, out, n);
+    if (rc != GCOMP_SUCCESS) fail_msg("decode '%s': %s", gcomp_codec_spec(c), gcomp_last_error());
+    return out;
+}
+
+/* Input with no zero element, so "decoded[i] != 0" means "element i was kept". */
+static float *nonzero_input(size_t n, uint64_t seed)
+{
+    float *x = tu_gauss_array(n, seed);
+    for (size_t i = 0; i < n; i++)
+        if (x[i] == 0.0f) x[i] = 1.0f;
+    return x;
+}
+
+static int group_setup(void **state)
+{
+    (void)state;
+    if (gcomp_codec_register(&randk_vt) != GCOMP_SUCCESS) return -1;
+    if (gcomp_codec_register(&xormask_vt) != GCOMP_SUCCESS) return -1;
+    return 0;
+}
+
+/* ---- tests ------------------------------------------------------------------------------------- */
+
+static void test_found_and_listed(void **state)
+{
+    static const char *const builtins[] = {"none", "fp16", "bf16", "terngrad", "topk", "zstd"};
+    int seen_builtin[6] = {0}, seen_randk = 0, seen_xor = 0;
+    size_t n = 0;
+    const char *name;
+    (void)state;
+    assert_ptr_equal(gcomp_codec_find("randk"), &randk_vt);
+    assert_ptr_equal(gcomp_codec_find_id(RANDK_WIRE_ID), &randk_vt);
+    assert_ptr_equal(gcomp_codec_find("xormask"), &xormask_vt);
+    assert_null(gcomp_codec_find("randk2"));
+    assert_null(gcomp_codec_find_id(RANDK_WIRE_ID + 100));
+    for (; (name = gcomp_codec_name_at(n)) != NULL; n++) {
+        for (size_t b = 0; b < 6; b++) seen_builtin[b] += strcmp(name, builtins[b]) == 0;
+        seen_randk += strcmp(name, "randk") == 0;
+        seen_xor += strcmp(name, "xormask") == 0;
+        assert_ptr_equal(gcomp_codec_find(name)->name, name); /* each name resolves to itself */
+        assert_true(n < 64);
+    }
+    assert_int_equal(n, 8); /* six built-ins and the two registered here */
+    for (size_t b = 0; b < 6; b++) {
+        if (seen_builtin[b] != 1) fail_msg("built-in '%s' listed %d times", builtins[b], seen_builtin[b]);
+        /* the built-ins come first, in wire-id order */
+        assert_string_equal(gcomp_codec_name_at(b), builtins[b]);
+        assert_int_equal(gcomp_codec_find(builtins[b])->wire_id, b + 1);
+    }
+    assert_int_equal(seen_randk, 1);
+    assert_int_equal(seen_xor, 1);
+    assert_null(gcomp_codec_name_at(n + 1));
+    assert_null(gcomp_codec_name_at((size_t)-1));
+}
+
+static void test_spec_and_round_trip(void **state)
+{
+    static const size_t ns[] = {1, 2, 7, 100, 1001};
+    (void)state;
+    for (size_t t = 0; t < sizeof ns / sizeof ns[0]; t++) {
+        size_t n = ns[t], bytes, kept = 0, k = (n + 1) / 2;
+        gcomp_codec *c = codec_with("randk:ratio=0.5", 3, 0);
+        float *x = nonzero_input(n, 40 + n), *d;
+        uint8_t *p;
+        gcomp_header h;
+        assert_string_equal(gcomp_codec_spec(c), "randk:ratio=0.5");
+        p = encode_with(c, GCOMP_KEY_NONE, x, n, &bytes);
+        assert_int_equal(bytes, GCOMP_HEADER_BYTES + 8 + 4 * k);
+        assert_int_equal(gcomp_header_read(p, bytes, &h), GCOMP_SUCCESS);
+        assert_int_equal(h.wire_id, RANDK_WIRE_ID);
+        assert_int_equal(h.count, n);
+        d = decode_with(c, p, bytes, n);
+        for (size_t i = 0; i < n; i++) {
+            if (d[i] != 0.0f) {
+                assert_true(d[i] == x[i]); /* a kept element is exact */
+                kept++;
+            }
+        }
+        assert_int_equal(kept, k);
+        free(p);
+        free(d);
+        free(x);
+        gcomp_codec_destroy(c);
+    }
+}
+
+static void test_default_and_bad_params(void **state)
+{
+    static const char *const bad[] = {
+        "randk:foo=1", "randk:ratio=2", "randk:ratio=0", "randk:ratio=abc", "randk:ratio=", "randk:ratio=0.5,ratio=0.5",
+        "randk:k=3", "randk:ratio=0.5+randk", "xormask", "xormask+randk", "randk:",
+    };
+    gcomp_codec *c = NULL;
+    (void)state;
+    c = codec_with("randk", 0, 0);
+    assert_string_equal(gcomp_codec_spec(c), "randk:ratio=0.5"); /* the table's default */
+    gcomp_codec_destroy(c);
+    c = codec_with("randk:ratio=0.25", 0, 0);
+    assert_string_equal(gcomp_codec_spec(c), "randk:ratio=0.25");
+    gcomp_codec_destroy(c);
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        gcomp_result rc = gcomp_codec_create(bad[i], NULL, &c);
+        if (rc != GCOMP_ERR_INVALID_SPEC) fail_msg("'%s' gave %s", bad[i], gcomp_result_name(rc));
+        assert_null(c);
+    }
+    assert_int_equal(gcomp_codec_create("randk:foo=1", NULL, &c), GCOMP_ERR_INVALID_SPEC);
+    assert_non_null(strstr(gcomp_last_error(), "foo")); /* the message names the key */
+}
+
+/* The choice is a function of (seed, step, rank): same inputs give the same bytes, and each
+ * of the three changes it. */
+static void test_deterministic_choice(void **state)
+{
+    const size_t n = 257;
+    float *x = nonzero_input(n, 77);
+    size_t b1, b2, b3, b4, b5;
+    gcomp_codec *a = codec_with("randk:ratio=0.5", 9, 1), *b = codec_with("randk:ratio=0.5", 9, 1);
+    gcomp_codec *other_seed = codec_with("randk:ratio=0.5", 10, 1), *other_rank = codec_with("randk:ratio=0.5", 9, 2);
+    uint8_t *p1 = encode_with(a, 5, x, n, &b1), *p2 = encode_with(b, 5, x, n, &b2);
+    uint8_t *p3 = encode_with(other_seed, 5, x, n, &b3), *p4 = encode_with(other_rank, 5, x, n, &b4);
+    uint8_t *p5 = encode_with(a, 5, x, n, &b5); /* second call of key 5: step 1 */
+    (void)state;
+    assert_int_equal(b1, b2);
+    assert_memory_equal(p1, p2, b1);
+    assert_int_equal(b1, b3);
+    assert_int_equal(b1, b4);
+    assert_int_equal(b1, b5);
+    assert_memory_not_equal(p1 + GCOMP_HEADER_BYTES, p3 + GCOMP_HEADER_BYTES, 8);
+    assert_memory_not_equal(p1 + GCOMP_HEADER_BYTES, p4 + GCOMP_HEADER_BYTES, 8);
+    assert_memory_not_equal(p1 + GCOMP_HEADER_BYTES, p5 + GCOMP_HEADER_BYTES, 8);
+    /* a decoder that never saw the encoder's options still finds the kept elements */
+    {
+        gcomp_codec *rx = codec_with("randk:ratio=0.5", 0, 0);
+        float *d = decode_with(rx, p3, b3, n);
+        size_t kept = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (d[i] != 0.0f) assert_true(d[i] == x[i]);
+            kept += d[i] != 0.0f;
+        }
+        assert_int_equal(kept, 129);
+        free(d);
+        gcomp_codec_destroy(rx);
+    }
+    free(p1), free(p2), free(p3), free(p4), free(p5), free(x);
+    gcomp_codec_destroy(a), gcomp_codec_destroy(b), gcomp_codec_destroy(other_seed), gcomp_codec_destroy(other_rank);
+}
+
+/* decoded + residual == g + r_in, exactly, at every step; over steps everything gets sent. */
+static void test_error_feedback(void **state)
+{
+    const size_t n = 300;
+    const uint64_t key = 12;
+    gcomp_codec *c = codec_with("randk:ratio=0.2", 4, 0);
+    float *r = calloc(n, sizeof *r), *res = malloc(n * sizeof *res), *sent = calloc(n, sizeof *sent);
+    float *total_in = calloc(n, sizeof *total_in);
+    (void)state;
+    assert_int_equal(gcomp_codec_residual_get(c, key, res, n), GCOMP_ERR_INVALID_ARG); /* no residual yet */
+    for (int step = 0; step < 20; step++) {
+        float *g = nonzero_input(n, 500 + (uint64_t)step), *d;
+        size_t bytes, kept = 0;
+        uint8_t *p = encode_with(c, key, g, n, &bytes);
+        d = decode_with(c, p, bytes, n);
+        assert_int_equal(gcomp_codec_residual_get(c, key, res, n), GCOMP_SUCCESS);
+        for (size_t i = 0; i < n; i++) {
+            float x = g[i] + r[i];
+            if (d[i] + res[i] != x) fail_msg("step %d, element %zu: %g + %g != %g", step, i, d[i], res[i], x);
+            kept += d[i] != 0.0f;
+            if (d[i] != 0.0f) assert_true(res[i] == 0.0f);
+            sent[i] += d[i];
+            total_in[i] += g[i];
+        }
+        assert_int_equal(kept, 60);
+        memcpy(r, res, n * sizeof *r);
+        free(p);
+        free(d);
+        free(g);
+    }
+    /* what was sent plus what is still owed is what came in (up to float rounding) */
+    for (size_t i = 0; i < n; i++) assert_float_equal(sent[i] + r[i], total_in[i], 1e-3);
+    /* a wrong count is refused; reset drops the key */
+    assert_int_equal(gcomp_codec_residual_get(c, key, res, n - 1), GCOMP_ERR_INVALID_ARG);
+    assert_int_equal(gcomp_codec_residual_reset(c, key), GCOMP_SUCCESS);
+    assert_int_equal(gcomp_codec_residual_get(c, key, res, n), GCOMP_ERR_INVALID_ARG);
+    free(r), free(res), free(sent), free(total_in);
+    gcomp_codec_destroy(c);
+}
+
+/* In a chain with zstd (and with the user byte stage): the same values as randk alone. */
+static void test_chains(void **state)
+{
+    static const char *const chains[] = {"randk:ratio=0.5+zstd", "randk:ratio=0.5+zstd:level=19",
+                                         "randk:ratio=0.5+xormask", "randk:ratio=0.5+xormask+zstd",
+                                         "fp16+xormask"};
+    static const size_t ns[] = {1, 7, 1001, 20000};
+    (void)state;
+    for (size_t ci = 0; ci < sizeof chains / sizeof chains[0]; ci++) {
+        for (size_t t = 0; t < sizeof ns / sizeof ns[0]; t++) {
+            size_t n = ns[t], b_chain, b_alone;
+            char alone_spec[64];
+            gcomp_codec *chain = codec_with(chains[ci], 21, 3), *alone;
+            float *x = nonzero_input(n, 3 * n + ci), *d_chain, *d_alone;
+            uint8_t *p_chain, *p_alone;
+            gcomp_header h;
+            snprintf(alone_spec, sizeof alone_spec, "%.*s", (int)strcspn(chains[ci], "+"), chains[ci]);
+            alone = codec_with(alone_spec, 21, 3);
+            p_chain = encode_with(chain, 8, x, n, &b_chain);
+            p_alone = encode_with(alone, 8, x, n, &b_alone);
+            assert_int_equal(gcomp_header_read(p_chain, b_chain, &h), GCOMP_SUCCESS);
+            assert_int_equal(h.wire_id, strstr(chains[ci], "zstd") ? 6 : XORMASK_WIRE_ID);
+            assert_int_equal(h.count, n);
+            d_chain = decode_with(chain, p_chain, b_chain, n);
+            d_alone = decode_with(alone, p_alone, b_alone, n);
+            assert_memory_equal(d_chain, d_alone, n * sizeof(float));
+            /* the chain's own residual matches too */
+            {
+                float *r1 = malloc(n * sizeof *r1), *r2 = malloc(n * sizeof *r2);
+                assert_int_equal(gcomp_codec_residual_get(chain, 8, r1, n), GCOMP_SUCCESS);
+                assert_int_equal(gcomp_codec_residual_get(alone, 8, r2, n), GCOMP_SUCCESS);
+                assert_memory_equal(r1, r2, n * sizeof(float));
+                free(r1), free(r2);
+            }
+            /* each half refuses the other's payload */
+            assert_int_equal(gcomp_codec_decode_add(alone, p_chain, b_chain, d_alone, n), GCOMP_ERR_CORRUPT);
+            assert_int_equal(gcomp_codec_decode_add(chain, p_alone, b_alone, d_chain, n), GCOMP_ERR_CORRUPT);
+            free(p_chain), free(p_alone), free(d_chain), free(d_alone), free(x);
+            gcomp_codec_destroy(chain);
+            gcomp_codec_destroy(alone);
+        }
+    }
+}
+
+static void test_corrupt_payloads(void **state)
+{
+    const size_t n = 64;
+    gcomp_codec *c = codec_with("randk:ratio=0.5", 1, 0), *none = codec_with("none", 0, 0);
+    float *x = nonzero_input(n, 8), acc[64] = {0};
+    size_t bytes, nb;
+    uint8_t *p = encode_with(c, GCOMP_KEY_NONE, x, n, &bytes), *q = encode_with(none, GCOMP_KEY_NONE, x, n, &nb);
+    (void)state;
+    for (size_t len = 0; len < bytes; len++) assert_int_equal(gcomp_codec_decode_add(c, p, len, acc, n), GCOMP_ERR_CORRUPT);
+    assert_int_equal(gcomp_codec_decode_add(c, p, bytes, acc, n - 1), GCOMP_ERR_CORRUPT);
+    assert_int_equal(gcomp_codec_decode_add(c, q, nb, acc, n), GCOMP_ERR_CORRUPT);    /* none's payload */
+    assert_int_equal(gcomp_codec_decode_add(none, p, bytes, acc, n), GCOMP_ERR_CORRUPT); /* randk's payload */
+    p[8] = 1;                                                                          /* header flags */
+    assert_int_equal(gcomp_codec_decode_add(c, p, bytes, acc, n), GCOMP_ERR_CORRUPT);
+    free(p), free(q), free(x);
+    gcomp_codec_destroy(c);
+    gcomp_codec_destroy(none);
+}
+
+static void test_register_errors(void **state)
+{
+    gcomp_codec_vtable v;
+    (void)state;
+    assert_int_equal(gcomp_codec_register(NULL), GCOMP_ERR_INVALID_ARG);
+    /* already registered: the same vtable, the same name with a new id, a new name on its id */
+    assert_int_equal(gcomp_codec_register(&randk_vt), GCOMP_ERR_EXISTS);
+    v = randk_vt;
+    v.wire_id = 300;
+    assert_int_equal(gcomp_codec_register(&v), GCOMP_ERR_EXISTS);
+    v = randk_vt;
+    v.name = "randk_copy";
+    assert_int_equal(gcomp_codec_register(&v), GCOMP_ERR_EXISTS);
+    v.name = "zstd"; /* a built-in's name */
+    v.wire_id = 301;
+    assert_int_equal(gcomp_codec_register(&v), GCOMP_ERR_EXISTS);
+    /* invalid: built-in wire ids (taken or not), id 0, bad names, ABI, missing functions */
+    {
+        static const uint16_t ids[] = {0, 1, 4, 6, 100, GCOMP_WIRE_ID_USER_MIN - 1};
+        for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++) {
+            v = randk_vt;
+            v.name = "fresh";
+            v.wire_id = ids[i];
+            if (gcomp_codec_register(&v) != GCOMP_ERR_INVALID_ARG) fail_msg("wire id %u accepted", ids[i]);
+        }
+    }
+    {
+        static const char *const names[] = {"Bad-Name", "BadName", "bad-name", "bad name", "", "a+b", "a:b",
+                                            "123456789012345678901234567890123"};
+        for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+            v = randk_vt;
+            v.name = names[i];
+            v.wire_id = 302;
+            if (gcomp_codec_register(&v) != GCOMP_ERR_INVALID_ARG) fail_msg("name '%s' accepted", names[i]);
+        }
+        v.name = NULL;
+        assert_int_equal(gcomp_codec_register(&v), GCOMP_ERR_INVALID_ARG);
+    }
+    v = randk_vt;
+    v.name = "fresh";
+    v.wire_id = 303;
+    v.abi_version = GCOMP_CODEC_ABI_VERSION + 1;
+    assert_int_equal(gcomp_codec_register(&v), GCOMP_ERR_INVALID_ARG);
+    v.abi_version = 0;
+    assert_int_equal(gcomp_codec_register(&v), GCOMP_ERR_INVALID_ARG);
+    v = randk_vt;
+    v.name = "fresh";
+    v.wire_id = 303;
+    v.encode = NULL;
+    assert_int_equal(gcomp_codec_register(&v), GCOMP_ERR_INVALID_ARG);
+    v = randk_vt;
+    v.name = "fresh";
+    v.wire_id = 303;
+    v.params = NULL; /* n_params = 1 without a table */
+    assert_int_equal(gcomp_codec_register(&v), GCOMP_ERR_INVALID_ARG);
+    v = xormask_vt;
+    v.name = "fresh";
+    v.wire_id = 303;
+    v.stage_decode = NULL;
+    assert_int_equal(gcomp_codec_register(&v), GCOMP_ERR_INVALID_ARG);
+    /* none of the refused ones was registered */
+    assert_null(gcomp_codec_find("fresh"));
+    assert_null(gcomp_codec_find("randk_copy"));
+    assert_null(gcomp_codec_find_id(300));
+    assert_null(gcomp_codec_find_id(303));
+    assert_non_null(strstr(gcomp_last_error(), "fresh"));
+    /* and the registry still works: a valid late registration is found by spec */
+    {
+        static gcomp_codec_vtable late;
+        gcomp_codec *c;
+        late = randk_vt;
+        late.name = "randk_late";
+        late.wire_id = 65535;
+        assert_int_equal(gcomp_codec_register(&late), GCOMP_SUCCESS);
+        c = codec_with("randk_late:ratio=1", 0, 0);
+        assert_string_equal(gcomp_codec_spec(c), "randk_late:ratio=1");
+        gcomp_codec_destroy(c);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_found_and_listed),    cmocka_unit_test(test_spec_and_round_trip),
+        cmocka_unit_test(test_default_and_bad_params), cmocka_unit_test(test_deterministic_choice),
+        cmocka_unit_test(test_error_feedback),      cmocka_unit_test(test_chains),
+        cmocka_unit_test(test_corrupt_payloads),    cmocka_unit_test(test_register_errors),
+    };
+    return cmocka_run_group_tests(tests, group_setup, NULL);
+}
