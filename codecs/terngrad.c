@@ -309,91 +309,125 @@ static gcomp_result tg_decode_add(const void *params, uint32_t flags, const uint
 
 /* ---- integer sums for the ring ---------------------------------------------------------- */
 
-gcomp_result gcomp__tg_codes_add(const uint8_t *codes, size_t bytes, size_t n, int32_t *acc)
+gcomp_result gcomp__tg_codes_unpack(const uint8_t *codes, size_t bytes, size_t n, int8_t *t)
 {
     if (bytes != tg_codes_bytes(n))
         return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "terngrad: %zu code bytes for %zu elements", bytes, n);
-    for (size_t t = 0; t < n; t += TILE) {
-        size_t len = n - t < TILE ? n - t : TILE, q = (len + 3) / 4;
-        const uint8_t *in = codes + t / 4;
-        GCOMP_CHECK_TG(check_tile(in, len, t));
-        for (unsigned p = 0; p < 4; p++)
+    for (size_t a = 0; a < n; a += TILE) {
+        size_t len = n - a < TILE ? n - a : TILE, q = (len + 3) / 4;
+        const uint8_t *in = codes + a / 4;
+        GCOMP_CHECK_TG(check_tile(in, len, a));
+        for (unsigned p = 0; p < 4; p++) {
+            int8_t *out = t + a + p * q;
             for (size_t j = 0; j < plane_len(len, q, p); j++) {
                 uint32_t c = (in[j] >> (2 * p)) & 3u;
-                acc[t + p * q + j] += (int32_t)(c & 1u) - (int32_t)(c >> 1);
+                out[j] = (int8_t)((int32_t)(c & 1u) - (int32_t)(c >> 1));
             }
+        }
     }
     return GCOMP_SUCCESS;
 }
 
-/* Sums are packed LSB first, w bits each; 8 values fill exactly w bytes, so both loops work
- * on groups of 8 in one 64-bit word (w <= 8, i.e. up to 127 ranks; wider sums take the
- * generic bit-by-bit path). */
-gcomp_result gcomp__tg_sums_pack(const int32_t *sums, size_t n, uint32_t m, uint8_t *out)
+/* Sums are packed LSB first, w bits each, value + m stored unsigned. Eight values fill
+ * exactly w bytes, so the fast paths move groups of 8 through one 64-bit word (w <= 8, i.e.
+ * up to 127 ranks); the bit reader/writer below handles the tail and wider sums. */
+typedef struct bitio {
+    uint8_t *wp;
+    const uint8_t *rp;
+    uint64_t acc;
+    unsigned have;
+} bitio;
+
+static inline uint64_t bit_read(bitio *b, unsigned w)
 {
-    unsigned w = gcomp_tg_sum_bits(m);
-    uint64_t acc = 0, bad = 0;
-    unsigned have = 0;
-    size_t o = 0, i = 0;
-    if (w <= 8) {
+    uint64_t v;
+    while (b->have < w) {
+        b->acc |= (uint64_t)*b->rp++ << b->have;
+        b->have += 8;
+    }
+    v = b->acc & ((1ull << w) - 1);
+    b->acc >>= w;
+    b->have -= w;
+    return v;
+}
+
+static inline void bit_write(bitio *b, uint64_t v, unsigned w)
+{
+    b->acc |= v << b->have;
+    b->have += w;
+    while (b->have >= 8) {
+        *b->wp++ = (uint8_t)b->acc;
+        b->acc >>= 8;
+        b->have -= 8;
+    }
+}
+
+static inline void bit_flush(bitio *b)
+{
+    if (b->have) *b->wp++ = (uint8_t)b->acc;
+    b->acc = 0;
+    b->have = 0;
+}
+
+gcomp_result gcomp__tg_sums_add_pack(const uint8_t *in, size_t in_bytes, uint32_t m_in, const int8_t *t, size_t n,
+                                     uint8_t *out)
+{
+    uint32_t m_out = m_in + 1;
+    unsigned wi = m_in ? gcomp_tg_sum_bits(m_in) : 0, wo = gcomp_tg_sum_bits(m_out);
+    uint64_t mask = wi ? (1ull << wi) - 1 : 0, bad = 0;
+    bitio r = {0}, w = {0};
+    size_t i = 0;
+    if (m_in && in_bytes != gcomp_tg_sum_bytes(n, m_in))
+        return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "terngrad: %zu bytes of sums for %zu elements of %u ranks", in_bytes, n, m_in);
+    if (wo <= 8) {
         for (; i + 8 <= n; i += 8) {
-            uint64_t word = 0;
+            uint64_t win = 0, wout = 0;
+            if (m_in) memcpy(&win, in + (i / 8) * wi, wi); /* little-endian host (see header.c) */
             for (unsigned k = 0; k < 8; k++) {
-                uint64_t v = (uint64_t)((int64_t)sums[i + k] + m);
-                bad |= v > 2ull * m;
-                word |= v << (k * w);
+                uint64_t v = (win >> (k * wi)) & mask; /* sum + m_in, in [0, 2 m_in] */
+                bad |= v > 2ull * m_in;
+                wout |= (v + 1 + (uint64_t)(int64_t)t[i + k]) << (k * wo); /* + t, rebased to + m_out */
             }
-            memcpy(out + o, &word, w); /* little-endian host (see header.c) */
-            o += w;
+            memcpy(out + (i / 8) * wo, &wout, wo);
         }
     }
+    r.rp = in + (i / 8) * wi;
+    w.wp = out + (i / 8) * wo;
     for (; i < n; i++) {
-        uint64_t v = (uint64_t)((int64_t)sums[i] + m);
-        bad |= v > 2ull * m;
-        acc |= v << have;
-        have += w;
-        while (have >= 8) {
-            out[o++] = (uint8_t)acc;
-            acc >>= 8;
-            have -= 8;
-        }
+        uint64_t v = m_in ? bit_read(&r, wi) : 0;
+        bad |= v > 2ull * m_in;
+        bit_write(&w, v + 1 + (uint64_t)(int64_t)t[i], wo);
     }
-    if (have) out[o++] = (uint8_t)acc;
-    if (bad) return gcomp_codec_fail(GCOMP_ERR_INVALID_ARG, "terngrad: a sum lies outside [-%u, %u]", m, m);
+    bit_flush(&w);
+    if (bad) return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "terngrad: a packed sum exceeds 2*%u", m_in);
     return GCOMP_SUCCESS;
 }
 
-gcomp_result gcomp__tg_sums_add(const uint8_t *in, size_t bytes, size_t n, uint32_t m, int32_t *acc)
+gcomp_result gcomp__tg_sums_unpack(const uint8_t *in, size_t bytes, size_t n, uint32_t m, int16_t *out)
 {
     unsigned w = gcomp_tg_sum_bits(m);
-    uint64_t bits = 0, mask = (1ull << w) - 1, bad = 0;
-    unsigned have = 0;
-    size_t pos = 0, i = 0;
+    uint64_t mask = (1ull << w) - 1, bad = 0;
+    bitio r = {0};
+    size_t i = 0;
+    if (m > 32767) return gcomp_codec_fail(GCOMP_ERR_UNSUPPORTED, "terngrad: sums of %u ranks do not fit int16", m);
     if (bytes != gcomp_tg_sum_bytes(n, m))
         return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "terngrad: %zu bytes of sums for %zu elements of %u ranks", bytes, n, m);
     if (w <= 8) {
         for (; i + 8 <= n; i += 8) {
             uint64_t word = 0;
-            memcpy(&word, in + pos, w);
-            pos += w;
+            memcpy(&word, in + (i / 8) * w, w);
             for (unsigned k = 0; k < 8; k++) {
                 uint64_t v = (word >> (k * w)) & mask;
                 bad |= v > 2ull * m;
-                acc[i + k] += (int32_t)((int64_t)v - m);
+                out[i + k] = (int16_t)((int64_t)v - m);
             }
         }
     }
+    r.rp = in + (i / 8) * w;
     for (; i < n; i++) {
-        uint64_t v;
-        while (have < w) {
-            bits |= (uint64_t)in[pos++] << have;
-            have += 8;
-        }
-        v = bits & mask;
-        bits >>= w;
-        have -= w;
+        uint64_t v = bit_read(&r, w);
         bad |= v > 2ull * m;
-        acc[i] += (int32_t)((int64_t)v - m);
+        out[i] = (int16_t)((int64_t)v - m);
     }
     if (bad) return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "terngrad: a packed sum exceeds 2*%u", m);
     return GCOMP_SUCCESS;

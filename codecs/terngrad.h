@@ -124,12 +124,16 @@ static inline GCOMP_TG_HD uint64_t gcomp_tg_sum_bytes(uint64_t n, uint32_t m)
 }
 
 /* Integer-sum helpers for the integer ring (CPU reference; terngrad.c). */
-/* acc[i] += code of element i, from the code array of one bucket of n elements. */
-gcomp_result gcomp__tg_codes_add(const uint8_t *codes, size_t bytes, size_t n, int32_t *acc);
-/* Pack n sums (each in [-m, m]) into out (gcomp_tg_sum_bytes(n, m) bytes). */
-gcomp_result gcomp__tg_sums_pack(const int32_t *sums, size_t n, uint32_t m, uint8_t *out);
-/* acc[i] += unpacked sum i, checking every value lies in [-m, m]. */
-gcomp_result gcomp__tg_sums_add(const uint8_t *in, size_t bytes, size_t n, uint32_t m, int32_t *acc);
+/* t[i] = code of element i in {-1, 0, +1}, from the code array of one bucket-aligned range
+ * of n elements (tiles from its start). GCOMP_ERR_CORRUPT on code 3 or padding bits. */
+gcomp_result gcomp__tg_codes_unpack(const uint8_t *codes, size_t bytes, size_t n, int8_t *t);
+/* One hop of the ring: out = sums of m_in + 1 ranks = (sums of m_in ranks in `in`) + t,
+ * packed in gcomp_tg_sum_bits(m_in + 1) bits. m_in = 0: no input, out = t packed for m = 1.
+ * GCOMP_ERR_CORRUPT if `in` has the wrong size or a value outside [0, 2 m_in]. */
+gcomp_result gcomp__tg_sums_add_pack(const uint8_t *in, size_t in_bytes, uint32_t m_in, const int8_t *t, size_t n,
+                                     uint8_t *out);
+/* out[i] = sum i of m ranks, checked to lie in [-m, m]. */
+gcomp_result gcomp__tg_sums_unpack(const uint8_t *in, size_t bytes, size_t n, uint32_t m, int16_t *out);
 /* The deterministic rms of x = g + r over [0, n): see terngrad.c. */
 double gcomp__tg_rms(const float *g, const float *r, size_t n);
 

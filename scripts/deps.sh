@@ -8,6 +8,7 @@ PACKAGES=(
   libzstd-dev libcmocka-dev
   libopenmpi-dev openmpi-bin
   iproute2
+  zlib1g-dev libopenblas-dev dataset-fashion-mnist gnuplot-nox
 )
 
 missing=()

@@ -23,13 +23,18 @@
 
 typedef struct int_ctx {
     gcomp__call *call;
-    const gcomp_terngrad_params *p;
-    size_t bucket;       /* elements per scale (count when one scale) */
-    size_t align;        /* chunk boundaries */
-    const float *scales; /* shared scales */
+    size_t bucket;        /* elements per scale (count when one scale) */
+    size_t align;         /* chunk boundaries */
+    const float *scales;  /* shared scales */
     const uint8_t *codes; /* this rank's code array (whole tensor) */
-    int32_t *sums;       /* int32 running sums, count elements */
+    int8_t *t;            /* one chunk of this rank's codes as -1/0/+1 */
+    int16_t *sums;        /* one chunk of final sums */
+    uint8_t *raw;         /* packed sums after the byte stages are undone (zstd) */
+    uint8_t *raw_out;     /* packed sums before the byte stages */
+    uint8_t *slots;       /* n message slots of msg_cap bytes */
+    size_t *slot_bytes;
     size_t msg_cap;
+    int staged;           /* the spec has byte stages after terngrad */
 } int_ctx;
 
 static void chunk_of(const int_ctx *d, int j, size_t *lo, size_t *hi)
@@ -37,69 +42,79 @@ static void chunk_of(const int_ctx *d, int j, size_t *lo, size_t *hi)
     gcomp__chunk(d->call->count, d->call->comm->tp->size, j, d->align, lo, hi);
 }
 
-/* sums[lo,hi) += this rank's codes, bucket by bucket (codes restart their tiles at each bucket). */
-static gcomp_result add_own_codes(int_ctx *d, int j)
+static uint8_t *slot(int_ctx *d, int j) { return d->slots + (size_t)j * d->msg_cap; }
+
+/* d->t = this rank's codes of chunk j, bucket by bucket (codes restart their tiles at each bucket). */
+static gcomp_result own_codes(int_ctx *d, int j)
 {
     size_t lo, hi;
     chunk_of(d, j, &lo, &hi);
     for (size_t a = lo; a < hi; a += d->bucket) {
         size_t m = hi - a < d->bucket ? hi - a : d->bucket;
-        GCOMP_CHECK(gcomp__tg_codes_add(d->codes + a / 4, (m + 3) / 4, m, d->sums + a));
+        GCOMP_CHECK(gcomp__tg_codes_unpack(d->codes + a / 4, (m + 3) / 4, m, d->t + (a - lo)));
     }
     return GCOMP_SUCCESS;
 }
 
-/* Pack chunk j's sums of m ranks (through the byte stages, e.g. zstd) into out. */
-static gcomp_result pack_chunk(int_ctx *d, int j, uint32_t m, uint8_t *out, size_t *bytes)
+/* One hop: the slot of chunk j := (sums of m_in ranks in `in`) + this rank's codes, packed
+ * for m_in + 1 ranks and passed through the byte stages. */
+static gcomp_result hop(int_ctx *d, int j, const uint8_t *in, size_t in_bytes, uint32_t m_in)
 {
     gcomp_comm *c = d->call->comm;
-    size_t lo, hi, raw;
+    size_t lo, hi, raw_bytes, n;
+    uint8_t *dst;
+    const uint8_t *src = in;
     double t0 = gcomp__now();
     chunk_of(d, j, &lo, &hi);
-    raw = (size_t)gcomp_tg_sum_bytes(hi - lo, m);
-    GCOMP_CHECK(gcomp__reserve(&c->tmp, &c->tmp_cap, raw + 1));
-    GCOMP_CHECK(gcomp__tg_sums_pack(d->sums + lo, hi - lo, m, c->tmp));
-    GCOMP_CHECK(gcomp__codec_stages_encode(c->codec, c->tmp, raw, hi - lo, out, d->msg_cap, bytes));
+    n = hi - lo;
+    if (m_in && d->staged) {
+        GCOMP_CHECK(gcomp__codec_stages_decode(c->codec, in, in_bytes, n, d->raw, (size_t)gcomp_tg_sum_bytes(n, m_in), &in_bytes));
+        src = d->raw;
+    }
+    GCOMP_CHECK(own_codes(d, j));
+    raw_bytes = (size_t)gcomp_tg_sum_bytes(n, m_in + 1);
+    dst = d->staged ? d->raw_out : slot(d, j);
+    GCOMP_CHECK(gcomp__tg_sums_add_pack(src, in_bytes, m_in, d->t, n, dst));
+    if (d->staged) GCOMP_CHECK(gcomp__codec_stages_encode(c->codec, d->raw_out, raw_bytes, n, slot(d, j), d->msg_cap, &raw_bytes));
+    d->slot_bytes[j] = raw_bytes;
     d->call->st->encode_s += gcomp__now() - t0;
     return GCOMP_SUCCESS;
 }
 
-/* sums[chunk j] += the sums of m ranks in a received message. */
-static gcomp_result unpack_chunk(int_ctx *d, int j, uint32_t m, const uint8_t *in, size_t bytes)
+/* result[chunk j] = scale * (final sum of N ranks), bucket by bucket. */
+static gcomp_result finish(int_ctx *d, int j)
 {
     gcomp_comm *c = d->call->comm;
-    size_t lo, hi, raw = 0;
+    uint32_t n_ranks = (uint32_t)c->tp->size;
+    size_t lo, hi, bytes = d->slot_bytes[j];
+    const uint8_t *src = slot(d, j);
+    float *res = d->call->result;
     double t0 = gcomp__now();
     chunk_of(d, j, &lo, &hi);
-    GCOMP_CHECK(gcomp__reserve(&c->tmp, &c->tmp_cap, (size_t)gcomp_tg_sum_bytes(hi - lo, m) + 1));
-    GCOMP_CHECK(gcomp__codec_stages_decode(c->codec, in, bytes, hi - lo, c->tmp, (size_t)gcomp_tg_sum_bytes(hi - lo, m), &raw));
-    GCOMP_CHECK(gcomp__tg_sums_add(c->tmp, raw, hi - lo, m, d->sums + lo));
+    if (d->staged) {
+        GCOMP_CHECK(gcomp__codec_stages_decode(c->codec, src, bytes, hi - lo, d->raw,
+                                               (size_t)gcomp_tg_sum_bytes(hi - lo, n_ranks), &bytes));
+        src = d->raw;
+    }
+    GCOMP_CHECK(gcomp__tg_sums_unpack(src, bytes, hi - lo, n_ranks, d->sums));
+    for (size_t i = lo; i < hi;) {
+        size_t b = i / d->bucket, end = (b + 1) * d->bucket < hi ? (b + 1) * d->bucket : hi;
+        float s = d->scales[b];
+        for (; i < end; i++) res[i] = (float)d->sums[i - lo] * s;
+    }
     d->call->st->decode_s += gcomp__now() - t0;
     return GCOMP_SUCCESS;
 }
 
-static gcomp_result exchange(int_ctx *d, const void *sbuf, size_t sbytes, void *rbuf, size_t *rbytes)
+static gcomp_result exchange(int_ctx *d, int send_j, void *rbuf, size_t *rbytes)
 {
     gcomp__transport *tp = d->call->comm->tp;
     double t0 = gcomp__now();
-    GCOMP_CHECK(tp->sendrecv(tp, (tp->rank + 1) % tp->size, sbuf, sbytes, (tp->rank + tp->size - 1) % tp->size, rbuf,
-                             d->msg_cap, rbytes, d->call->deadline));
-    d->call->st->wire_bytes += sbytes;
+    GCOMP_CHECK(tp->sendrecv(tp, (tp->rank + 1) % tp->size, slot(d, send_j), d->slot_bytes[send_j],
+                             (tp->rank + tp->size - 1) % tp->size, rbuf, d->msg_cap, rbytes, d->call->deadline));
+    d->call->st->wire_bytes += d->slot_bytes[send_j];
     d->call->st->comm_s += gcomp__now() - t0;
     return GCOMP_SUCCESS;
-}
-
-/* result[chunk j] = scale * sum, bucket by bucket. */
-static void finish_chunk(int_ctx *d, int j)
-{
-    size_t lo, hi;
-    float *res = d->call->result;
-    chunk_of(d, j, &lo, &hi);
-    for (size_t i = lo; i < hi;) {
-        size_t b = i / d->bucket, end = (b + 1) * d->bucket < hi ? (b + 1) * d->bucket : hi;
-        float s = d->scales[b];
-        for (; i < end; i++) res[i] = (float)d->sums[i] * s;
-    }
 }
 
 static gcomp_result shared_scales(gcomp__call *call, const gcomp_codec_vtable *vt, const void *params, float *scales,
@@ -127,42 +142,58 @@ static gcomp_result shared_scales(gcomp__call *call, const gcomp_codec_vtable *v
     return GCOMP_SUCCESS;
 }
 
+/* Scratch layout in the communicator's buffers, sized once per (count, N). */
+static gcomp_result reserve_scratch(int_ctx *d, size_t nb, size_t body_cap, size_t max_chunk, uint8_t **body,
+                                    float **scales, uint64_t **keys)
+{
+    gcomp_comm *c = d->call->comm;
+    int n = c->tp->size;
+    size_t body_al = (body_cap + 7) & ~(size_t)7;
+    GCOMP_CHECK(gcomp__reserve(&c->sbuf, &c->sbuf_cap, body_al + nb * 4 + 8 + nb * 8));
+    GCOMP_CHECK(gcomp__reserve(&c->acc, &c->acc_cap, max_chunk * (sizeof(int8_t) + sizeof(int16_t)) + 16));
+    GCOMP_CHECK(gcomp__reserve(&c->tmp, &c->tmp_cap, 2 * d->msg_cap));
+    GCOMP_CHECK(gcomp__reserve(&c->rbuf, &c->rbuf_cap, d->msg_cap));
+    GCOMP_CHECK(gcomp__reserve(&c->pay, &c->pay_cap, (size_t)n * d->msg_cap + (size_t)n * sizeof(size_t)));
+    *body = c->sbuf;
+    *scales = (float *)(*body + body_al);
+    *keys = (uint64_t *)(*body + body_al + ((nb * 4 + 7) & ~(size_t)7));
+    d->sums = c->acc;
+    d->t = (int8_t *)((uint8_t *)c->acc + ((max_chunk * sizeof(int16_t) + 15) & ~(size_t)15));
+    d->raw = c->tmp;
+    d->raw_out = (uint8_t *)c->tmp + d->msg_cap;
+    d->slots = c->pay;
+    d->slot_bytes = (size_t *)(d->slots + (size_t)n * d->msg_cap);
+    return GCOMP_SUCCESS;
+}
+
 gcomp_result gcomp__sched_integer(gcomp__call *call)
 {
     gcomp_comm *c = call->comm;
     const gcomp__stage *st = &gcomp__codec_chain(c->codec)->stages[0];
     const gcomp_codec_vtable *vt = st->vt;
+    const gcomp_terngrad_params *p = st->params;
     int n = c->tp->size, r = c->tp->rank, own = (r + 1) % n;
     size_t nb = vt->num_scales(st->params, call->count), body_cap = vt->max_body_bytes(st->params, call->count);
-    size_t max_chunk, body_bytes, rbytes, sbytes;
+    size_t max_chunk, body_bytes, rbytes;
     gcomp_encode_ctx ctx = {0};
     uint32_t flags;
-    uint8_t *body, *slots;
-    size_t *slot_bytes;
+    uint8_t *body;
     float *scales;
+    uint64_t *keys;
     int_ctx d;
     double t0;
 
+    memset(&d, 0, sizeof d);
     d.call = call;
-    d.p = st->params;
-    d.bucket = d.p->bucket > 0 ? (size_t)d.p->bucket : call->count;
-    d.align = d.p->bucket > 0 ? (size_t)d.p->bucket : GCOMP_TG_TILE;
+    d.bucket = p->bucket > 0 ? (size_t)p->bucket : call->count;
+    d.align = p->bucket > 0 ? (size_t)p->bucket : GCOMP_TG_TILE;
+    d.staged = gcomp__codec_chain(c->codec)->n_stages > 1;
     max_chunk = call->count / (size_t)n + 2 * d.align;
     if (max_chunk > call->count) max_chunk = call->count;
     d.msg_cap = (gcomp__codec_stages_bound(c->codec, (size_t)gcomp_tg_sum_bytes(max_chunk, (uint32_t)n)) + 7) & ~(size_t)7;
+    GCOMP_CHECK(reserve_scratch(&d, nb, body_cap, max_chunk, &body, &scales, &keys));
 
-    /* scratch: sums | body | scales+keys | n message slots + their sizes */
-    GCOMP_CHECK(gcomp__reserve(&c->acc, &c->acc_cap, call->count * sizeof(int32_t)));
-    GCOMP_CHECK(gcomp__reserve(&c->rbuf, &c->rbuf_cap, d.msg_cap));
-    GCOMP_CHECK(gcomp__reserve(&c->sbuf, &c->sbuf_cap, ((body_cap + 7) & ~(size_t)7) + nb * (4 + 8) + 8));
-    GCOMP_CHECK(gcomp__reserve(&c->pay, &c->pay_cap, (size_t)n * d.msg_cap + (size_t)n * sizeof(size_t)));
-    d.sums = c->acc;
-    body = c->sbuf;
-    scales = (float *)(body + ((body_cap + 7) & ~(size_t)7));
-    slots = c->pay;
-    slot_bytes = (size_t *)(slots + (size_t)n * d.msg_cap);
-
-    GCOMP_CHECK(shared_scales(call, vt, st->params, scales, (uint64_t *)(scales + nb + (nb & 1)), nb));
+    GCOMP_CHECK(shared_scales(call, vt, st->params, scales, keys, nb));
     t0 = gcomp__now();
     ctx.seed = c->cfg.seed;
     ctx.step = call->step;
@@ -174,29 +205,21 @@ gcomp_result gcomp__sched_integer(gcomp__call *call)
     d.scales = scales;
     d.codes = body + 4 * nb;
 
-    /* reduce-scatter: after step s the received chunk holds s + 2 contributions */
-    memset(d.sums, 0, call->count * sizeof(int32_t));
-    GCOMP_CHECK(add_own_codes(&d, r));
-    GCOMP_CHECK(pack_chunk(&d, r, 1, slots, &sbytes));
+    /* reduce-scatter: the chunk received at step s holds s + 1 ranks' sums; this rank adds
+     * its codes and forwards s + 2. After N-1 steps the slot of `own` holds all N. */
+    GCOMP_CHECK(hop(&d, r, NULL, 0, 0));
     for (int s = 0; s < n - 1; s++) {
-        int recv_j = ((r - s - 1) % n + n) % n;
-        GCOMP_CHECK(exchange(&d, slots, sbytes, c->rbuf, &rbytes));
-        GCOMP_CHECK(add_own_codes(&d, recv_j));
-        GCOMP_CHECK(unpack_chunk(&d, recv_j, (uint32_t)(s + 1), c->rbuf, rbytes));
-        if (s + 1 < n - 1) GCOMP_CHECK(pack_chunk(&d, recv_j, (uint32_t)(s + 2), slots, &sbytes));
+        int send_j = ((r - s) % n + n) % n, recv_j = ((r - s - 1) % n + n) % n;
+        GCOMP_CHECK(exchange(&d, send_j, c->rbuf, &rbytes));
+        GCOMP_CHECK(hop(&d, recv_j, c->rbuf, rbytes, (uint32_t)(s + 1)));
     }
-    /* allgather of the final sums of N ranks, forwarded unchanged */
-    GCOMP_CHECK(pack_chunk(&d, own, (uint32_t)n, slots + (size_t)own * d.msg_cap, &slot_bytes[own]));
-    finish_chunk(&d, own);
+    /* allgather: the final sums are forwarded unchanged; every rank (the owner too) turns
+     * the same packed bytes into scale * sum */
+    GCOMP_CHECK(finish(&d, own));
     for (int s = 0; s < n - 1; s++) {
         int send_j = ((r + 1 - s) % n + n) % n, recv_j = ((r - s) % n + n) % n;
-        size_t lo, hi;
-        GCOMP_CHECK(exchange(&d, slots + (size_t)send_j * d.msg_cap, slot_bytes[send_j], slots + (size_t)recv_j * d.msg_cap,
-                             &slot_bytes[recv_j]));
-        chunk_of(&d, recv_j, &lo, &hi);
-        memset(d.sums + lo, 0, (hi - lo) * sizeof(int32_t));
-        GCOMP_CHECK(unpack_chunk(&d, recv_j, (uint32_t)n, slots + (size_t)recv_j * d.msg_cap, slot_bytes[recv_j]));
-        finish_chunk(&d, recv_j);
+        GCOMP_CHECK(exchange(&d, send_j, slot(&d, recv_j), &d.slot_bytes[recv_j]));
+        GCOMP_CHECK(finish(&d, recv_j));
     }
     call->st->last_schedule = GCOMP_SCHED_INTEGER;
     return GCOMP_SUCCESS;

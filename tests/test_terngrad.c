@@ -235,39 +235,45 @@ static void test_planar_layout(void **state)
     }
 }
 
-/* Sums of m ranks' codes travel in ceil(log2(2m+1)) bits and come back exactly. */
+/* Sums of m ranks' codes travel in ceil(log2(2m+1)) bits, hop by hop, and come back exactly. */
 static void test_integer_sums(void **state)
 {
     static const unsigned bits[9] = {0, 2, 3, 3, 4, 4, 4, 4, 5};
-    enum { N = 1001 };
+    enum { N = 1001, M = 9 };
     uint64_t seed = 1;
+    uint8_t codes[(N + 3) / 4], packed[2][N * 2];
+    int8_t t[N], c[N];
+    int16_t got[N];
+    int32_t want[N] = {0};
+    size_t bytes = 0;
     (void)state;
     for (uint32_t m = 1; m <= 8; m++) assert_int_equal(gcomp_tg_sum_bits(m), bits[m]);
     assert_int_equal(gcomp_tg_sum_bits(1000), 11);
-    for (uint32_t m = 1; m <= 8; m++) {
-        int32_t sum[N] = {0}, back[N] = {0};
-        uint8_t codes[(N + 3) / 4], packed[N * 2];
-        for (uint32_t rank = 0; rank < m; rank++) {
-            uint8_t c[N];
-            int32_t want[N];
-            for (int i = 0; i < N; i++) c[i] = (uint8_t)(tu_next(&seed) % 3);
-            pack_planar(c, N, codes);
-            for (int i = 0; i < N; i++) want[i] = sum[i] + (c[i] == 1) - (c[i] == 2);
-            assert_int_equal(gcomp__tg_codes_add(codes, sizeof codes, N, sum), GCOMP_SUCCESS);
-            assert_memory_equal(sum, want, sizeof sum);
+    for (uint32_t m = 0; m < M; m++) { /* rank m adds its codes to the sums of m ranks */
+        for (int i = 0; i < N; i++) c[i] = (int8_t)(tu_next(&seed) % 3);
+        pack_planar((const uint8_t *)c, N, codes);
+        assert_int_equal(gcomp__tg_codes_unpack(codes, sizeof codes, N, t), GCOMP_SUCCESS);
+        for (int i = 0; i < N; i++) {
+            int v = c[i] == 1 ? 1 : c[i] == 2 ? -1 : 0;
+            assert_int_equal(t[i], v);
+            want[i] += v;
         }
-        assert_int_equal(gcomp__tg_sums_pack(sum, N, m, packed), GCOMP_SUCCESS);
-        assert_int_equal(gcomp__tg_sums_add(packed, gcomp_tg_sum_bytes(N, m), N, m, back), GCOMP_SUCCESS);
-        assert_memory_equal(sum, back, sizeof sum);
-        /* a wrong size or an out-of-range value is rejected */
-        assert_int_equal(gcomp__tg_sums_add(packed, gcomp_tg_sum_bytes(N, m) - 1, N, m, back), GCOMP_ERR_CORRUPT);
-        if (m == 3) { /* 3 bits hold 0..7; 7 > 2m = 6 is invalid */
-            packed[0] |= 7;
-            assert_int_equal(gcomp__tg_sums_add(packed, gcomp_tg_sum_bytes(N, m), N, m, back), GCOMP_ERR_CORRUPT);
-        }
-        sum[0] = (int32_t)m + 1;
-        assert_int_equal(gcomp__tg_sums_pack(sum, N, m, packed), GCOMP_ERR_INVALID_ARG);
+        assert_int_equal(gcomp__tg_sums_add_pack(packed[m & 1], bytes, m, t, N, packed[(m + 1) & 1]), GCOMP_SUCCESS);
+        bytes = gcomp_tg_sum_bytes(N, m + 1);
+        assert_int_equal(gcomp__tg_sums_unpack(packed[(m + 1) & 1], bytes, N, m + 1, got), GCOMP_SUCCESS);
+        for (int i = 0; i < N; i++) assert_int_equal(got[i], want[i]);
     }
+    /* a wrong size or an out-of-range value is rejected */
+    assert_int_equal(gcomp__tg_sums_unpack(packed[M & 1], bytes - 1, N, M, got), GCOMP_ERR_CORRUPT);
+    packed[M & 1][0] |= 0x1f; /* 5 bits hold 0..31; 31 > 2*9 */
+    assert_int_equal(gcomp__tg_sums_unpack(packed[M & 1], bytes, N, M, got), GCOMP_ERR_CORRUPT);
+    assert_int_equal(gcomp__tg_sums_add_pack(packed[M & 1], bytes, M, t, N, packed[0]), GCOMP_ERR_CORRUPT);
+    /* the tail (n not a multiple of 8) takes the bit-by-bit path: check it alone */
+    assert_int_equal(gcomp__tg_sums_add_pack(NULL, 0, 0, t, 5, packed[0]), GCOMP_SUCCESS);
+    assert_int_equal(gcomp__tg_sums_unpack(packed[0], gcomp_tg_sum_bytes(5, 1), 5, 1, got), GCOMP_SUCCESS);
+    for (int i = 0; i < 5; i++) assert_int_equal(got[i], t[i]);
+    codes[0] |= 3; /* code 3 is invalid */
+    assert_int_equal(gcomp__tg_codes_unpack(codes, sizeof codes, N, t), GCOMP_ERR_CORRUPT);
 }
 
 static void test_corrupt_codes(void **state)

@@ -1,0 +1,699 @@
+/*
+ * top-k sparsification — the CPU reference. This file IS the specification of the codec;
+ * the wire format and the selection rule are in topk.h.
+ *
+ * Selection is a radix select on the 31-bit magnitude keys, MSB digit first: expected O(n),
+ * no sort. The state is (prefix, shift, need): keys whose bits above `shift` are greater than
+ * `prefix` are kept, smaller ones dropped, equal ones are undecided and `need` of them are
+ * kept. When shift reaches 0 the undecided keys all equal the threshold, and the lowest
+ * indices win the tie.
+ *
+ *   sample   a strided sample of x guesses a key t0 that at least k elements reach, with a
+ *            wide margin (so the guess almost never fails; when it does we only lose time);
+ *   pass 1   x = g + r_in, stored into r_out when there is one (a later pass then reads 4
+ *            bytes per element, and the unkept part of the residual is already done); the
+ *            histogram of the top digit; and the indices of keys >= t0 (a few percent of n),
+ *            in index order;
+ *   digit 0  the bin B holding the k-th largest key. If B's floor is >= t0, every candidate
+ *            is in the list: drop those below B. Otherwise pass 2 collects the bin-B-and-above
+ *            elements now that B is known.
+ *   digits   histograms of the next digits of the undecided keys, read from the list — or,
+ *            when bin B holds a large share of n (ties, zeros), from x itself so that the list
+ *            never holds more than a fraction of n;
+ *   compact  keep by (prefix, shift, need), from the list or, without one, in a last pass
+ *            over x that stops once all k are found; the survivors are the kept indices,
+ *            already in increasing order.
+ *
+ * Scratch per call, malloc'd and freed inside encode: 2^D uint64 + 4 x 2^D uint32 counts
+ * (D <= 16 digit bits: 1.5 MiB at most) and a candidate list of uint64 index + uint32 key per
+ * candidate (about 1.7% of n at ratio 0.01; never more than max(k + n/8, ~n/7) + 16 entries).
+ */
+#include "topk.h"
+
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TOPK_KEY_BITS 31u
+#define TOPK_INF_KEY 0x7f800000u /* keys at or above it are Inf/NaN */
+#define TOPK_GROUP 16u           /* elements tested at once before any per-element work */
+#define TOPK_CHUNK ((size_t)1 << 30) /* elements per pass-1 chunk: uint32 counts stay exact */
+#define TOPK_SPEC_MIN_N ((size_t)1 << 16) /* below: two passes over data that sits in cache */
+#define TOPK_SAMPLE 8192u
+#define TOPK_NSUB ((size_t)4) /* partial histograms, so equal keys in a row do not wait on
+                                 each other's increment */
+
+/* ---- parameters ---------------------------------------------------------------------- */
+
+static const char *const topk_value_choices[] = {"fp32", "fp16", NULL};
+
+static const gcomp_param_def topk_param_defs[] = {
+    {"ratio", GCOMP_PARAM_DOUBLE, offsetof(gcomp_topk_params, ratio), 1e-6, 1.0, 0.01, NULL,
+     "fraction of the elements kept, k = ceil(ratio * n)"},
+    {"k", GCOMP_PARAM_INT, offsetof(gcomp_topk_params, k), 0.0, 4611686018427387904.0 /* 2^62 */,
+     0.0, NULL, "number of elements kept; 0 uses ratio, > 0 overrides it"},
+    {"values", GCOMP_PARAM_ENUM, offsetof(gcomp_topk_params, values), 0.0, 1.0, 0.0,
+     topk_value_choices, "wire type of the kept values"},
+};
+
+/* ---- element access -------------------------------------------------------------------- */
+
+static inline uint32_t key_of(float x)
+{
+    uint32_t bits;
+    memcpy(&bits, &x, sizeof bits);
+    return gcomp_topk_key(bits);
+}
+
+/* x[i] as the codec defines it: g + r, or g itself (bit for bit, -0 included) without r. */
+static inline float x_at(const float *g, const float *r, size_t i)
+{
+    return r ? g[i] + r[i] : g[i];
+}
+
+/* Nonzero iff some key of the group is >= thr: thr - 1 - key borrows into bit 31 exactly
+ * then (keys and thr are below 2^31; thr == 0 flags every group). Plain integer ops, so the
+ * loop vectorises. */
+static inline uint32_t group_reaches(const float *g, const float *r, size_t i, uint32_t thr)
+{
+    uint32_t any = 0;
+    for (size_t j = i; j < i + TOPK_GROUP; j++) any |= thr - 1 - key_of(x_at(g, r, j));
+    return any >> 31;
+}
+
+static unsigned isqrt(uint64_t v)
+{
+    unsigned s = 0;
+    while ((uint64_t)(s + 1) * (s + 1) <= v) s++;
+    return s;
+}
+
+/* ---- selection state ------------------------------------------------------------------- */
+
+typedef struct topk_select {
+    unsigned digit;   /* D: bits of the top digit (and at most that many in later digits) */
+    unsigned shift;   /* keys >> shift are compared with prefix */
+    uint32_t prefix;
+    uint64_t need;      /* undecided keys still to keep */
+    uint64_t undecided; /* how many keys are undecided */
+    uint64_t *hist;     /* 2^D counts of the current digit */
+    uint32_t *sub;      /* TOPK_NSUB x 2^D partial counts: pass 1 uses two, a digit pass
+                           over x (long runs of one bin) all four */
+    uint64_t *idx;      /* candidate list: indices in increasing order ... */
+    uint32_t *key;      /* ... and their keys */
+    size_t cap;         /* entries the list can hold */
+    size_t ncand;       /* entries it holds */
+} topk_select;
+
+/* Top digit width: 16 bits for large n; fewer for small n, where clearing and scanning 2^16
+ * bins would cost more than the data. */
+static unsigned digit_bits(size_t n)
+{
+    unsigned b = gcomp_topk_width(n);
+    return b >= 20 ? 16 : b <= 12 ? 8 : b - 4;
+}
+
+static gcomp_result list_reserve(topk_select *s, size_t entries)
+{
+    if (entries <= s->cap) return GCOMP_SUCCESS;
+    free(s->idx);
+    free(s->key);
+    s->idx = malloc(entries * sizeof *s->idx);
+    s->key = malloc(entries * sizeof *s->key);
+    s->cap = s->idx && s->key ? entries : 0;
+    if (!s->cap)
+        return gcomp_codec_fail(GCOMP_ERR_NOMEM, "topk: no memory for %zu candidates", entries);
+    return GCOMP_SUCCESS;
+}
+
+static void select_free(topk_select *s)
+{
+    free(s->hist);
+    free(s->sub);
+    free(s->idx);
+    free(s->key);
+}
+
+/* The largest bin b whose count together with all higher bins reaches need (1 <= need <=
+ * total count). *above receives the count of the higher bins alone. */
+static uint32_t find_bin(const uint64_t *hist, uint32_t nbins, uint64_t need, uint64_t *above)
+{
+    uint64_t cum = 0;
+    uint32_t b = nbins - 1;
+    while (cum + hist[b] < need) cum += hist[b--];
+    *above = cum;
+    return b;
+}
+
+/* hist (+)= the sum of the first nsub partial counts, which go back to zero for the next
+ * chunk. */
+static void fold_sub(topk_select *s, size_t nsub, int add)
+{
+    const size_t nb = (size_t)1 << s->digit;
+    for (size_t b = 0; b < nb; b++) {
+        uint64_t sum = add ? s->hist[b] : 0;
+        for (size_t j = 0; j < nsub; j++) {
+            sum += s->sub[j * nb + b];
+            s->sub[j * nb + b] = 0;
+        }
+        s->hist[b] = sum;
+    }
+}
+
+/* ---- sample: a threshold that at least k elements reach, almost surely ------------------ */
+
+/* Returns 1 and sets *t0 (a top-digit bin floor) and the list capacity when a guess is worth
+ * making: n is large and the guess keeps the list at a few percent of n. Uses s->hist. */
+static int sample_threshold(topk_select *s, const float *g, const float *r, size_t n,
+                            uint64_t k, uint32_t *t0, size_t *cap)
+{
+    const size_t stride = n / TOPK_SAMPLE;
+    uint64_t expect, want, above, got;
+    uint32_t b;
+
+    if (n < TOPK_SPEC_MIN_N) return 0;
+    expect = k / stride;                      /* sample elements above the true threshold */
+    want = expect + 4 * isqrt(expect) + 8;    /* > 4 sigma of margin */
+    if (want > TOPK_SAMPLE / 8) return 0;
+    memset(s->hist, 0, ((size_t)1 << s->digit) * sizeof *s->hist);
+    for (size_t j = 0; j < TOPK_SAMPLE; j++) s->hist[key_of(x_at(g, r, j * stride)) >> s->shift]++;
+    b = find_bin(s->hist, 1u << s->digit, want, &above);
+    got = above + s->hist[b]; /* sample elements >= t0 */
+    if (got > TOPK_SAMPLE / 8) return 0; /* a heavy bin (ties): the guess would not pay */
+    *t0 = b << s->shift;
+    *cap = (size_t)(got + 4 * isqrt(got) + 16) * (stride + 1);
+    return 1;
+}
+
+/* ---- pass 1: x, the top-digit histogram, and the candidates >= t0 ----------------------- */
+
+/* Appends the group's elements with key >= thr to the list. The write is unconditional and
+ * the count moves by the comparison, so the list needs TOPK_GROUP free entries. */
+static inline size_t append_group(const float *g, const float *r, size_t i, size_t base,
+                                  uint32_t thr, uint64_t *idx, uint32_t *key, size_t c)
+{
+    for (size_t j = i; j < i + TOPK_GROUP; j++) {
+        uint32_t kj = key_of(x_at(g, r, j));
+        idx[c] = base + j;
+        key[c] = kj;
+        c += kj >= thr;
+    }
+    return c;
+}
+
+/* One chunk of pass 1 (elements base .. base + n of the tensor; g, r, xo point at the chunk).
+ * Inlined into each call site with constant NULL-ness of r and xo and a constant spec, so
+ * every variant is a straight loop. Returns the new list length, or SIZE_MAX when the list
+ * overflowed (the guess was wrong; pass 2 will collect). */
+static inline __attribute__((always_inline)) size_t
+pass1_loop(topk_select *s, const float *g, const float *r, float *xo, size_t n, size_t base,
+           int spec, uint32_t t0, size_t c)
+{
+    uint32_t *h0 = s->sub, *h1 = s->sub + ((size_t)1 << s->digit);
+    const unsigned shift = s->shift;
+    size_t i = 0;
+    for (; i + TOPK_GROUP <= n; i += TOPK_GROUP) {
+        uint32_t any = 0;
+        for (size_t j = i; j < i + TOPK_GROUP; j += 2) {
+            float a = x_at(g, r, j), b = x_at(g, r, j + 1);
+            uint32_t ka = key_of(a), kb = key_of(b);
+            if (xo) {
+                xo[j] = a;
+                xo[j + 1] = b;
+            }
+            h0[ka >> shift]++;
+            h1[kb >> shift]++;
+            if (spec) any |= (t0 - 1 - ka) | (t0 - 1 - kb);
+        }
+        /* read x back from xo: r may alias it and already hold x instead of r */
+        if (spec && any >> 31 && c != SIZE_MAX)
+            c = c + TOPK_GROUP > s->cap ? SIZE_MAX
+                : xo ? append_group(xo, NULL, i, base, t0, s->idx, s->key, c)
+                     : append_group(g, r, i, base, t0, s->idx, s->key, c);
+    }
+    for (; i < n; i++) {
+        float a = x_at(g, r, i);
+        uint32_t ka = key_of(a);
+        if (xo) xo[i] = a;
+        h0[ka >> shift]++;
+        if (spec && c != SIZE_MAX) {
+            if (c + 1 > s->cap) {
+                c = SIZE_MAX;
+                continue;
+            }
+            s->idx[c] = base + i;
+            s->key[c] = ka;
+            c += ka >= t0;
+        }
+    }
+    return c;
+}
+
+static size_t pass1_chunk(topk_select *s, const float *g, const float *r, float *xo, size_t n,
+                          size_t base, int spec, uint32_t t0, size_t c)
+{
+    if (spec) {
+        if (r && xo) return pass1_loop(s, g, r, xo, n, base, 1, t0, c);
+        if (r) return pass1_loop(s, g, r, NULL, n, base, 1, t0, c);
+        if (xo) return pass1_loop(s, g, NULL, xo, n, base, 1, t0, c);
+        return pass1_loop(s, g, NULL, NULL, n, base, 1, t0, c);
+    }
+    if (r && xo) return pass1_loop(s, g, r, xo, n, base, 0, 0, c);
+    if (r) return pass1_loop(s, g, r, NULL, n, base, 0, 0, c);
+    if (xo) return pass1_loop(s, g, NULL, xo, n, base, 0, 0, c);
+    return pass1_loop(s, g, NULL, NULL, n, base, 0, 0, c);
+}
+
+/* Pass 1 over the whole tensor in chunks. Returns the list length or SIZE_MAX (overflow). */
+static size_t pass1(topk_select *s, const float *g, const float *r, float *xo, size_t n,
+                    int spec, uint32_t t0)
+{
+    size_t c = 0;
+    for (size_t base = 0; base < n; base += TOPK_CHUNK) {
+        size_t m = n - base < TOPK_CHUNK ? n - base : TOPK_CHUNK;
+        c = pass1_chunk(s, g + base, r ? r + base : NULL, xo ? xo + base : NULL, m, base, spec,
+                        t0, c);
+        fold_sub(s, 2, base > 0);
+    }
+    return c;
+}
+
+/* ---- the kept rule and the passes that apply it ------------------------------------------- */
+
+/* Keeps the listed/scanned elements by the state's rule, the lowest indices first among the
+ * undecided. *quota counts down the undecided still to keep. */
+static inline int keep(const topk_select *s, uint32_t key, uint64_t *quota)
+{
+    uint32_t hi = key >> s->shift;
+    int tie = hi == s->prefix && *quota > 0;
+    *quota -= tie;
+    return hi > s->prefix || tie;
+}
+
+/* Pass 2: the elements whose top digit is >= prefix, i.e. key >= prefix << shift. */
+static size_t collect(topk_select *s, const float *g, const float *r, size_t n)
+{
+    const uint32_t thr = s->prefix << s->shift;
+    size_t c = 0, i = 0;
+    for (; i + TOPK_GROUP <= n; i += TOPK_GROUP)
+        if (group_reaches(g, r, i, thr)) c = append_group(g, r, i, 0, thr, s->idx, s->key, c);
+    for (; i < n; i++) {
+        uint32_t ki = key_of(x_at(g, r, i));
+        s->idx[c] = i;
+        s->key[c] = ki;
+        c += ki >= thr;
+    }
+    return c;
+}
+
+/* The final pass when the list was not built: the kept indices straight from x. Once the
+ * tie quota is spent only keys above the undecided range can still be kept, so the group
+ * test tightens; and the pass stops as soon as all k are found. */
+static size_t collect_kept(topk_select *s, const float *g, const float *r, size_t n, uint64_t k)
+{
+    uint32_t thr = s->prefix << s->shift;
+    uint64_t quota = s->need;
+    size_t c = 0;
+    for (size_t i = 0; i < n && c < k; i += TOPK_GROUP) {
+        size_t end = n - i < TOPK_GROUP ? n : i + TOPK_GROUP;
+        if (end - i == TOPK_GROUP && !group_reaches(g, r, i, thr)) continue;
+        for (size_t j = i; j < end; j++) {
+            s->idx[c] = j;
+            c += keep(s, key_of(x_at(g, r, j)), &quota);
+        }
+        if (quota == 0) thr = (s->prefix + 1) << s->shift; /* at most 2^31: reached by none */
+    }
+    return c;
+}
+
+/* Keeps the first len listed candidates whose key is >= thr, in order. */
+static size_t list_keep_from(topk_select *s, size_t len, uint32_t thr)
+{
+    size_t c = 0;
+    for (size_t j = 0; j < len; j++) {
+        s->idx[c] = s->idx[j];
+        s->key[c] = s->key[j];
+        c += s->key[j] >= thr;
+    }
+    return c;
+}
+
+/* Drops from the list what the rule does not keep (the list only grows smaller, in place). */
+static size_t compact_list(topk_select *s)
+{
+    uint64_t quota = s->need;
+    size_t c = 0;
+    for (size_t j = 0; j < s->ncand; j++) {
+        s->idx[c] = s->idx[j];
+        s->key[c] = s->key[j];
+        c += keep(s, s->key[j], &quota);
+    }
+    return c;
+}
+
+/* ---- the lower digits ------------------------------------------------------------------ */
+
+/* Histogram of the next d bits of the undecided keys, from the list. */
+static void digit_from_list(topk_select *s, unsigned d)
+{
+    const unsigned lo = s->shift - d;
+    const uint32_t mask = (1u << d) - 1;
+    memset(s->hist, 0, ((size_t)1 << d) * sizeof *s->hist);
+    for (size_t j = 0; j < s->ncand; j++)
+        if (s->key[j] >> s->shift == s->prefix) s->hist[(s->key[j] >> lo) & mask]++;
+}
+
+/* The same from x: a full pass, taken when the undecided keys are a large share of n. The
+ * increments are predicated (no per-element branch) and spread over four count arrays, as
+ * the undecided keys here are mostly in one bin. */
+static inline __attribute__((always_inline)) void
+digit_loop(topk_select *s, const float *g, const float *r, size_t n, unsigned d)
+{
+    const unsigned lo = s->shift - d, shift = s->shift;
+    const uint32_t mask = (1u << d) - 1, prefix = s->prefix;
+    const size_t nb = (size_t)1 << s->digit;
+    uint32_t *h0 = s->sub, *h1 = h0 + nb, *h2 = h1 + nb, *h3 = h2 + nb;
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        uint32_t ka = key_of(x_at(g, r, i)), kb = key_of(x_at(g, r, i + 1));
+        uint32_t kc = key_of(x_at(g, r, i + 2)), kd = key_of(x_at(g, r, i + 3));
+        h0[(ka >> lo) & mask] += ka >> shift == prefix;
+        h1[(kb >> lo) & mask] += kb >> shift == prefix;
+        h2[(kc >> lo) & mask] += kc >> shift == prefix;
+        h3[(kd >> lo) & mask] += kd >> shift == prefix;
+    }
+    for (; i < n; i++) {
+        uint32_t ka = key_of(x_at(g, r, i));
+        h0[(ka >> lo) & mask] += ka >> shift == prefix;
+    }
+}
+
+static void digit_from_data(topk_select *s, const float *g, const float *r, size_t n, unsigned d)
+{
+    for (size_t base = 0; base < n; base += TOPK_CHUNK) {
+        size_t m = n - base < TOPK_CHUNK ? n - base : TOPK_CHUNK;
+        if (r) digit_loop(s, g + base, r + base, m, d);
+        else digit_loop(s, g + base, NULL, m, d);
+        fold_sub(s, TOPK_NSUB, base > 0); /* bins past 2^d stay zero */
+    }
+}
+
+/* Narrows (prefix, shift, need) digit by digit until the undecided keys are all kept or all
+ * equal. */
+static void refine(topk_select *s, const float *g, const float *r, size_t n, int from_list)
+{
+    while (s->undecided != s->need && s->shift > 0) {
+        unsigned d = s->shift < s->digit ? s->shift : s->digit;
+        uint64_t above;
+        uint32_t b;
+        if (from_list) digit_from_list(s, d);
+        else digit_from_data(s, g, r, n, d);
+        b = find_bin(s->hist, 1u << d, s->need, &above);
+        s->undecided = s->hist[b];
+        s->need -= above;
+        s->prefix = s->prefix << d | b;
+        s->shift -= d;
+    }
+}
+
+/* ---- selection ---------------------------------------------------------------------------- */
+
+/* Fills s->idx[0..k) with the kept indices in increasing order and sets *nonfinite. x is
+ * g + r; when xo is not NULL pass 1 stores x there and later passes read it back. */
+static gcomp_result select_topk(topk_select *s, const float *g, const float *r, float *xo,
+                                size_t n, uint64_t k, uint32_t *nonfinite)
+{
+    const float *xs = xo ? xo : g, *xr = xo ? NULL : r; /* x after pass 1 */
+    uint32_t t0 = 0;
+    size_t cap = 0, got;
+    uint64_t above;
+    int spec, from_list = 1;
+
+    s->digit = digit_bits(n);
+    s->shift = TOPK_KEY_BITS - s->digit;
+    s->hist = malloc(((size_t)1 << s->digit) * sizeof *s->hist);
+    s->sub = calloc(TOPK_NSUB << s->digit, sizeof *s->sub);
+    if (!s->hist || !s->sub)
+        return gcomp_codec_fail(GCOMP_ERR_NOMEM, "topk: no memory for the histogram");
+    spec = sample_threshold(s, g, r, n, k, &t0, &cap);
+    if (spec && list_reserve(s, cap) != GCOMP_SUCCESS) return GCOMP_ERR_NOMEM;
+
+    got = pass1(s, g, r, xo, n, spec, t0);
+    for (uint32_t b = TOPK_INF_KEY >> s->shift; b >> s->digit == 0; b++)
+        if (s->hist[b]) *nonfinite = 1;
+    s->prefix = find_bin(s->hist, 1u << s->digit, k, &above);
+    s->need = k - above;
+    s->undecided = s->hist[s->prefix];
+    s->ncand = (size_t)(above + s->undecided);
+
+    if (spec && got != SIZE_MAX && s->prefix << s->shift >= t0) {
+        /* every key of bin B and above reached t0, so all are listed: drop the rest */
+        got = list_keep_from(s, got, s->prefix << s->shift);
+    } else if (s->ncand <= k + n / 8) {
+        if (list_reserve(s, s->ncand + 1) != GCOMP_SUCCESS) return GCOMP_ERR_NOMEM;
+        got = collect(s, xs, xr, n);
+    } else {
+        from_list = 0;
+        got = s->ncand;
+    }
+    if (got != s->ncand)
+        return gcomp_codec_fail(GCOMP_ERR_INTERNAL, "topk: %zu candidates, expected %zu", got,
+                                s->ncand);
+
+    refine(s, xs, xr, n, from_list);
+    if (from_list) {
+        got = compact_list(s);
+    } else {
+        if (list_reserve(s, (size_t)k + 1) != GCOMP_SUCCESS) return GCOMP_ERR_NOMEM;
+        got = collect_kept(s, xs, xr, n, k);
+    }
+    if (got != k)
+        return gcomp_codec_fail(GCOMP_ERR_INTERNAL, "topk: kept %zu of k=%llu", got,
+                                (unsigned long long)k);
+    return GCOMP_SUCCESS;
+}
+
+/* ---- body ----------------------------------------------------------------------------------- */
+
+/* Gaps of block b (m of them) of the sorted indices; returns their OR. */
+static uint64_t block_gaps(const uint64_t *idx, uint64_t b, unsigned m, uint64_t *gaps)
+{
+    uint64_t first = b * GCOMP_TOPK_BLOCK, any = 0;
+    uint64_t prev = first ? idx[first - 1] + 1 : 0; /* gap = idx - (previous idx + 1) */
+    for (unsigned j = 0; j < m; j++) {
+        gaps[j] = idx[first + j] - prev;
+        prev = idx[first + j] + 1;
+        any |= gaps[j];
+    }
+    return any;
+}
+
+static unsigned block_len(uint64_t k, uint64_t b)
+{
+    uint64_t left = k - b * GCOMP_TOPK_BLOCK;
+    return left < GCOMP_TOPK_BLOCK ? (unsigned)left : GCOMP_TOPK_BLOCK;
+}
+
+static size_t index_bytes(const uint64_t *idx, uint64_t k)
+{
+    uint64_t gaps[GCOMP_TOPK_BLOCK];
+    size_t bytes = 0;
+    for (uint64_t b = 0; b * GCOMP_TOPK_BLOCK < k; b++) {
+        unsigned m = block_len(k, b);
+        bytes += 1 + gcomp_topk_packed_bytes(m, gcomp_topk_width(block_gaps(idx, b, m, gaps)));
+    }
+    return bytes;
+}
+
+static size_t write_indices(const uint64_t *idx, uint64_t k, uint8_t *out)
+{
+    uint64_t gaps[GCOMP_TOPK_BLOCK];
+    size_t pos = 0;
+    for (uint64_t b = 0; b * GCOMP_TOPK_BLOCK < k; b++) {
+        unsigned m = block_len(k, b);
+        unsigned w = gcomp_topk_width(block_gaps(idx, b, m, gaps));
+        out[pos++] = (uint8_t)w;
+        pos += gcomp_topk_pack(out + pos, gaps, m, w);
+    }
+    return pos;
+}
+
+/* Writes the kept values and, when r_out is given, their residual x - decoded. x lives in
+ * xs (+ xr). Returns the number of finite values that became +-inf in fp16. */
+static uint64_t write_values(const uint64_t *idx, uint64_t k, const float *xs, const float *xr,
+                             float *r_out, int fp16, uint8_t *out)
+{
+    uint64_t overflow = 0;
+    for (uint64_t j = 0; j < k; j++) {
+        size_t i = (size_t)idx[j];
+        float x = x_at(xs, xr, i), d = x;
+        if (fp16) {
+            uint16_t h = gcomp_f32_to_f16(x);
+            out[2 * j] = (uint8_t)h;
+            out[2 * j + 1] = (uint8_t)(h >> 8);
+            d = gcomp_f16_to_f32(h);
+            overflow += key_of(x) < TOPK_INF_KEY && (h & 0x7fffu) == 0x7c00u;
+        } else {
+            memcpy(out + 4 * j, &x, 4); /* little-endian host */
+        }
+        if (r_out) r_out[i] = x - d;
+    }
+    return overflow;
+}
+
+/* ---- vtable functions ---------------------------------------------------------------------- */
+
+static size_t topk_max_body_bytes(const void *params, size_t count)
+{
+    const gcomp_topk_params *p = params;
+    uint64_t k = gcomp_topk_k(p, count);
+    /* every gap is at most n - k, so no block is wider than that value's bit length */
+    size_t w = gcomp_topk_width(count - k);
+    size_t full = k / GCOMP_TOPK_BLOCK, rem = k % GCOMP_TOPK_BLOCK;
+    size_t blocks = full + (rem != 0);
+    return 8 + blocks + full * gcomp_topk_packed_bytes(GCOMP_TOPK_BLOCK, (unsigned)w) +
+           gcomp_topk_packed_bytes((unsigned)rem, (unsigned)w) + k * (p->values ? 2u : 4u);
+}
+
+static gcomp_result topk_encode(const void *params, gcomp_encode_ctx *ctx, const float *g,
+                                const float *r_in, float *r_out, size_t n, uint8_t *body,
+                                size_t cap, size_t *written, uint32_t *flags)
+{
+    const gcomp_topk_params *p = params;
+    const int fp16 = p->values == 1;
+    const uint64_t k = gcomp_topk_k(p, n);
+    /* x goes to r_out in pass 1 only when the body cannot fail to fit: a failed encode then
+     * leaves r_out untouched even when it aliases r_in */
+    const int x_in_rout = r_out && cap >= topk_max_body_bytes(p, n);
+    topk_select s = {0};
+    gcomp_result rc = GCOMP_SUCCESS;
+    uint64_t ovf;
+    size_t need, pos;
+
+    *flags = fp16 ? GCOMP_TOPK_FLAG_FP16 : 0;
+    if (k == 0) { /* n == 0 */
+        if (cap < 8) return gcomp_codec_fail(GCOMP_ERR_BUFFER_TOO_SMALL, "topk: cap %zu < 8", cap);
+        gcomp_store_u64(body, 0);
+        *written = 8;
+        return GCOMP_SUCCESS;
+    }
+    rc = select_topk(&s, g, r_in, x_in_rout ? r_out : NULL, n, k, &ctx->nonfinite);
+    if (rc != GCOMP_SUCCESS) goto out;
+
+    need = 8 + index_bytes(s.idx, k) + (size_t)k * (fp16 ? 2u : 4u);
+    if (cap < need) {
+        rc = gcomp_codec_fail(GCOMP_ERR_BUFFER_TOO_SMALL,
+                              "topk: body needs %zu bytes, buffer holds %zu", need, cap);
+        goto out;
+    }
+    if (r_out && !x_in_rout) /* the unkept part of the residual: x itself */
+        for (size_t i = 0; i < n; i++) r_out[i] = x_at(g, r_in, i);
+    gcomp_store_u64(body, k);
+    pos = 8 + write_indices(s.idx, k, body + 8);
+    /* x of the kept elements is read before their residual is overwritten (same index) */
+    ovf = write_values(s.idx, k, r_out ? r_out : g, r_out ? NULL : r_in, r_out, fp16, body + pos);
+    ctx->overflow += ovf;
+    if (ovf) ctx->nonfinite = 1; /* the decoded result holds an inf the residual must not see */
+    *written = need;
+out:
+    select_free(&s);
+    return rc;
+}
+
+/* Walks the index blocks of a body whose k (<= count) was read at offset 0: checks every width,
+ * every length and every index against count, and that the values end the body exactly. On
+ * success *values_at is the offset of the first value. Writes nothing. */
+static gcomp_result check_body(const uint8_t *body, size_t bytes, uint64_t k, size_t vsize,
+                               size_t count, size_t *values_at)
+{
+    uint64_t gaps[GCOMP_TOPK_BLOCK];
+    uint64_t next = 0; /* smallest index the next gap may produce */
+    size_t pos = 8;
+    for (uint64_t b = 0; b * GCOMP_TOPK_BLOCK < k; b++) {
+        unsigned m = block_len(k, b), w;
+        size_t nb;
+        if (pos >= bytes)
+            return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "topk: body ends inside block %llu",
+                                    (unsigned long long)b);
+        w = body[pos++];
+        if (w > 64)
+            return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "topk: block %llu has width %u > 64",
+                                    (unsigned long long)b, w);
+        nb = gcomp_topk_packed_bytes(m, w);
+        if (nb > bytes - pos)
+            return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "topk: block %llu is truncated",
+                                    (unsigned long long)b);
+        gcomp_topk_unpack(body + pos, gaps, m, w);
+        pos += nb;
+        for (unsigned j = 0; j < m; j++) {
+            /* next <= count here; compare the gap with the room left so nothing overflows */
+            if (gaps[j] >= count - next)
+                return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "topk: index out of range (count %zu)",
+                                        count);
+            next += gaps[j] + 1;
+        }
+    }
+    if (bytes - pos != k * vsize)
+        return gcomp_codec_fail(GCOMP_ERR_CORRUPT,
+                                "topk: %zu bytes after the index blocks, %llu values need %zu",
+                                bytes - pos, (unsigned long long)k, (size_t)(k * vsize));
+    *values_at = pos;
+    return GCOMP_SUCCESS;
+}
+
+static gcomp_result topk_decode_add(const void *params, uint32_t flags, const uint8_t *body,
+                                    size_t bytes, float *acc, size_t count)
+{
+    const size_t vsize = flags & GCOMP_TOPK_FLAG_FP16 ? 2 : 4;
+    uint64_t gaps[GCOMP_TOPK_BLOCK], k, j = 0;
+    size_t pos = 8, vals = 0, next = 0;
+    gcomp_result rc;
+    (void)params; /* the body describes itself: flags say fp16 or fp32 */
+
+    if (flags & ~GCOMP_TOPK_FLAG_FP16)
+        return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "topk: unknown flags 0x%x", (unsigned)flags);
+    if (bytes < 8)
+        return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "topk: body of %zu bytes has no k", bytes);
+    k = gcomp_load_u64(body);
+    if (k > count)
+        return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "topk: k=%llu > count %zu",
+                                (unsigned long long)k, count);
+    if (k > (bytes - 8) / vsize) /* also keeps k * vsize from overflowing below */
+        return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "topk: k=%llu values do not fit in %zu bytes",
+                                (unsigned long long)k, bytes);
+    rc = check_body(body, bytes, k, vsize, count, &vals);
+    if (rc != GCOMP_SUCCESS) return rc;
+
+    /* the body is valid: apply it (a second unpack, so a corrupt body never touches acc) */
+    for (uint64_t b = 0; j < k; b++) {
+        unsigned m = block_len(k, b), w = body[pos++];
+        gcomp_topk_unpack(body + pos, gaps, m, w);
+        pos += gcomp_topk_packed_bytes(m, w);
+        for (unsigned t = 0; t < m; t++, j++) {
+            const uint8_t *v = body + vals + j * vsize;
+            size_t i = next + (size_t)gaps[t];
+            float x;
+            if (vsize == 2) {
+                x = gcomp_f16_to_f32((uint16_t)(v[0] | v[1] << 8));
+            } else {
+                memcpy(&x, v, 4); /* little-endian host */
+            }
+            acc[i] += x;
+            next = i + 1;
+        }
+    }
+    return GCOMP_SUCCESS;
+}
+
+const gcomp_codec_vtable gcomp__codec_topk = {
+    .abi_version = GCOMP_CODEC_ABI_VERSION,
+    .name = "topk",
+    .wire_id = GCOMP_WIRE_ID_TOPK,
+    .caps = GCOMP_CAP_SPARSE,
+    .params = topk_param_defs,
+    .n_params = sizeof topk_param_defs / sizeof topk_param_defs[0],
+    .params_size = sizeof(gcomp_topk_params),
+    .max_body_bytes = topk_max_body_bytes,
+    .encode = topk_encode,
+    .decode_add = topk_decode_add,
+};
