@@ -102,6 +102,7 @@ typedef struct topk_select {
     uint64_t *idx;      /* candidate list: indices in increasing order ... */
     uint32_t *key;      /* ... and their keys */
     size_t cap;         /* entries the list can hold */
+    unsigned hist_digit; /* digit the hist/sub buffers were sized for (0: none) */
     size_t ncand;       /* entries it holds */
 } topk_select;
 
@@ -124,6 +125,22 @@ static gcomp_result list_reserve(topk_select *s, size_t entries)
     if (!s->cap)
         return gcomp_codec_fail(GCOMP_ERR_NOMEM, "topk: no memory for %zu candidates", entries);
     return GCOMP_SUCCESS;
+}
+
+static void select_free(topk_select *s);
+
+/* The selection buffers live in the codec object's state and are reused by every call. */
+static void *topk_state_create(const void *params)
+{
+    (void)params;
+    return calloc(1, sizeof(topk_select));
+}
+
+static void topk_state_destroy(void *state)
+{
+    if (!state) return;
+    select_free(state);
+    free(state);
 }
 
 static void select_free(topk_select *s)
@@ -431,10 +448,16 @@ static gcomp_result select_topk(topk_select *s, const float *g, const float *r, 
 
     s->digit = digit_bits(n);
     s->shift = TOPK_KEY_BITS - s->digit;
-    s->hist = malloc(((size_t)1 << s->digit) * sizeof *s->hist);
-    s->sub = calloc(TOPK_NSUB << s->digit, sizeof *s->sub);
-    if (!s->hist || !s->sub)
-        return gcomp_codec_fail(GCOMP_ERR_NOMEM, "topk: no memory for the histogram");
+    if (s->hist_digit != s->digit) { /* reused across calls; regrown only when n's digit changes */
+        free(s->hist);
+        free(s->sub);
+        s->hist = malloc(((size_t)1 << s->digit) * sizeof *s->hist);
+        s->sub = calloc(TOPK_NSUB << s->digit, sizeof *s->sub);
+        s->hist_digit = s->hist && s->sub ? s->digit : 0;
+        if (!s->hist_digit) return gcomp_codec_fail(GCOMP_ERR_NOMEM, "topk: no memory for the histogram");
+    } else { /* partial counts start at zero; an earlier failed call may have left some */
+        memset(s->sub, 0, (TOPK_NSUB << s->digit) * sizeof *s->sub);
+    }
     spec = sample_threshold(s, g, r, n, k, &t0, &cap);
     if (spec && list_reserve(s, cap) != GCOMP_SUCCESS) return GCOMP_ERR_NOMEM;
 
@@ -565,7 +588,7 @@ static gcomp_result topk_encode(const void *params, gcomp_encode_ctx *ctx, const
     /* x goes to r_out in pass 1 only when the body cannot fail to fit: a failed encode then
      * leaves r_out untouched even when it aliases r_in */
     const int x_in_rout = r_out && cap >= topk_max_body_bytes(p, n);
-    topk_select s = {0};
+    topk_select local = {0}, *sp = ctx->state ? ctx->state : &local;
     gcomp_result rc = GCOMP_SUCCESS;
     uint64_t ovf;
     size_t need, pos;
@@ -577,10 +600,10 @@ static gcomp_result topk_encode(const void *params, gcomp_encode_ctx *ctx, const
         *written = 8;
         return GCOMP_SUCCESS;
     }
-    rc = select_topk(&s, g, r_in, x_in_rout ? r_out : NULL, n, k, &ctx->nonfinite);
+    rc = select_topk(sp, g, r_in, x_in_rout ? r_out : NULL, n, k, &ctx->nonfinite);
     if (rc != GCOMP_SUCCESS) goto out;
 
-    need = 8 + index_bytes(s.idx, k) + (size_t)k * (fp16 ? 2u : 4u);
+    need = 8 + index_bytes(sp->idx, k) + (size_t)k * (fp16 ? 2u : 4u);
     if (cap < need) {
         rc = gcomp_codec_fail(GCOMP_ERR_BUFFER_TOO_SMALL,
                               "topk: body needs %zu bytes, buffer holds %zu", need, cap);
@@ -589,14 +612,14 @@ static gcomp_result topk_encode(const void *params, gcomp_encode_ctx *ctx, const
     if (r_out && !x_in_rout) /* the unkept part of the residual: x itself */
         for (size_t i = 0; i < n; i++) r_out[i] = x_at(g, r_in, i);
     gcomp_store_u64(body, k);
-    pos = 8 + write_indices(s.idx, k, body + 8);
+    pos = 8 + write_indices(sp->idx, k, body + 8);
     /* x of the kept elements is read before their residual is overwritten (same index) */
-    ovf = write_values(s.idx, k, r_out ? r_out : g, r_out ? NULL : r_in, r_out, fp16, body + pos);
+    ovf = write_values(sp->idx, k, r_out ? r_out : g, r_out ? NULL : r_in, r_out, fp16, body + pos);
     ctx->overflow += ovf;
     if (ovf) ctx->nonfinite = 1; /* the decoded result holds an inf the residual must not see */
     *written = need;
 out:
-    select_free(&s);
+    if (sp == &local) select_free(&local); /* no codec-object state: nothing outlives the call */
     return rc;
 }
 
@@ -693,6 +716,8 @@ const gcomp_codec_vtable gcomp__codec_topk = {
     .params = topk_param_defs,
     .n_params = sizeof topk_param_defs / sizeof topk_param_defs[0],
     .params_size = sizeof(gcomp_topk_params),
+    .state_create = topk_state_create,
+    .state_destroy = topk_state_destroy,
     .max_body_bytes = topk_max_body_bytes,
     .encode = topk_encode,
     .decode_add = topk_decode_add,

@@ -67,6 +67,7 @@ typedef struct gcomp_encode_ctx {
     uint32_t rank;       /* caller's rank */
     uint32_t nonfinite;  /* OUT: set to 1 if any input value was NaN/Inf */
     uint64_t overflow;   /* OUT: add the number of finite inputs that became +-inf */
+    void *state;         /* the codec's state_create() result for this codec object, or NULL */
 } gcomp_encode_ctx;
 
 typedef struct gcomp_codec_vtable {
@@ -109,11 +110,15 @@ typedef struct gcomp_codec_vtable {
                                   const float *scales, uint8_t *body, size_t cap,
                                   size_t *written, uint32_t *flags);
 
+    /* ---- any codec: per-codec-object state ---- */
+    /* Created once per codec object (or communicator) and reused by every call, so encode
+     * needs no allocation in steady state: an element codec finds it in ctx->state (e.g.
+     * top-k's histograms and candidate list), a byte stage gets it as `state` (e.g. zstd's
+     * contexts). A NULL-returning create means out of memory. Both may be NULL. */
+    void *(*state_create)(const void *params);
+    void (*state_destroy)(void *state);
+
     /* ---- GCOMP_CAP_BYTE_STAGE codecs ---- */
-    /* Per-codec-object state (e.g. a reused compression context); NULL-returning create
-     * means out of memory. Both may be NULL for stateless stages. */
-    void *(*stage_create)(const void *params);
-    void (*stage_destroy)(void *state);
     size_t (*stage_bound)(const void *params, size_t in_bytes);
     gcomp_result (*stage_encode)(const void *params, void *state, const uint8_t *in, size_t n,
                                  uint8_t *out, size_t cap, size_t *written, uint32_t *flags);

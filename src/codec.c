@@ -104,6 +104,7 @@ static gcomp_result encode_element(gcomp_codec *c, gcomp_encode_ctx *ctx, const 
     size_t body = 0;
     if (cap < GCOMP_HEADER_BYTES)
         return gcomp__fail(GCOMP_ERR_BUFFER_TOO_SMALL, "output of %zu bytes cannot hold the header", cap);
+    ctx->state = el->state;
     GCOMP_CHECK(el->vt->encode(el->params, ctx, x, r_in, r_out, count, out + GCOMP_HEADER_BYTES,
                                cap - GCOMP_HEADER_BYTES, &body, &h.flags));
     h.dtype = (uint8_t)dtype;

@@ -48,7 +48,7 @@ void gcomp__registry_init(void);
 typedef struct gcomp__stage {
     const gcomp_codec_vtable *vt;
     void *params; /* vt->params_size bytes, filled from the parameter table */
-    void *state;  /* byte stages: vt->stage_create(params) */
+    void *state;  /* vt->state_create(params): scratch or contexts reused across calls */
 } gcomp__stage;
 
 typedef struct gcomp__chain {

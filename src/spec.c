@@ -140,8 +140,8 @@ static gcomp_result parse_stage(const char *spec, char *text, size_t idx, gcomp_
         if (vt->check_params(st->params, msg, sizeof msg) != GCOMP_SUCCESS)
             return gcomp__fail(GCOMP_ERR_INVALID_SPEC, "spec '%s': %s: %s", spec, vt->name, msg);
     }
-    if (vt->stage_create) {
-        st->state = vt->stage_create(st->params);
+    if (vt->state_create) {
+        st->state = vt->state_create(st->params);
         if (!st->state) return gcomp__fail(GCOMP_ERR_NOMEM, "spec '%s': %s: cannot create its state", spec, vt->name);
     }
     append_canonical(c, vt, st->params);
@@ -192,7 +192,7 @@ void gcomp__chain_free(gcomp__chain *chain)
     if (!chain) return;
     for (size_t i = 0; i < chain->n_stages; i++) {
         gcomp__stage *st = &chain->stages[i];
-        if (st->state && st->vt->stage_destroy) st->vt->stage_destroy(st->state);
+        if (st->state && st->vt->state_destroy) st->vt->state_destroy(st->state);
         free(st->params);
     }
     memset(chain, 0, sizeof *chain);
