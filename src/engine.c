@@ -104,6 +104,12 @@ void gcomp_comm_destroy(gcomp_comm *c)
     }
     gcomp_codec_destroy(c->codec);
     if (c->tp) c->tp->destroy(c->tp);
+    if (c->broken) {
+        /* a timed-out ring exchange may still be sending from these buffers: MPI cannot
+         * cancel sends, so they are leaked on purpose rather than freed under it */
+        free(c);
+        return;
+    }
     free(c->x);
     free(c->acc);
     free(c->sbuf);
@@ -180,16 +186,16 @@ static gcomp_result agree(gcomp_comm *c, gcomp_result local, size_t count, gcomp
 
 /* fp32 view of the input; f16/bf16 are widened and AVG on the dense ring is pre-scaled so
  * the wire never carries sums larger than the result. */
-static gcomp_result prepare_input(gcomp_comm *c, const void *send, size_t count, gcomp_dtype dtype, float prescale,
-                                  const float **x)
+static int needs_copy(gcomp_dtype dtype, float prescale) { return dtype != GCOMP_F32 || prescale != 1.0f; }
+
+static void prepare_input(gcomp_comm *c, const void *send, size_t count, gcomp_dtype dtype, float prescale,
+                          const float **x)
 {
-    float *dst;
-    if (dtype == GCOMP_F32 && prescale == 1.0f) {
+    float *dst = c->x;
+    if (!needs_copy(dtype, prescale)) {
         *x = send;
-        return GCOMP_SUCCESS;
+        return;
     }
-    GCOMP_CHECK(gcomp__reserve(&c->x, &c->x_cap, count * sizeof(float)));
-    dst = c->x;
     if (dtype == GCOMP_F32)
         for (size_t i = 0; i < count; i++) dst[i] = ((const float *)send)[i] * prescale;
     else if (dtype == GCOMP_F16)
@@ -197,7 +203,6 @@ static gcomp_result prepare_input(gcomp_comm *c, const void *send, size_t count,
     else
         for (size_t i = 0; i < count; i++) dst[i] = gcomp_bf16_to_f32(((const uint16_t *)send)[i]) * prescale;
     *x = dst;
-    return GCOMP_SUCCESS;
 }
 
 static void store_output(const float *res, void *recv, size_t count, gcomp_dtype dtype)
@@ -206,25 +211,6 @@ static void store_output(const float *res, void *recv, size_t count, gcomp_dtype
         for (size_t i = 0; i < count; i++) ((uint16_t *)recv)[i] = gcomp_f32_to_f16(res[i]);
     else if (dtype == GCOMP_BF16)
         for (size_t i = 0; i < count; i++) ((uint16_t *)recv)[i] = gcomp_f32_to_bf16(res[i]);
-}
-
-/* The uncompressed path: exact fp32 sum through the transport's own allreduce. */
-static gcomp_result run_bypass(gcomp_comm *c, const void *send, void *recv, size_t count, gcomp_dtype dtype, gcomp_op op,
-                               double deadline)
-{
-    float *buf = recv;
-    const float *x;
-    if (dtype != GCOMP_F32) {
-        GCOMP_CHECK(prepare_input(c, send, count, dtype, 1.0f, &x));
-        buf = (float *)x;
-    } else if (send != recv) {
-        memcpy(recv, send, count * sizeof(float));
-    }
-    GCOMP_CHECK(transport_failed(c, c->tp->allreduce_sum_f32(c->tp, buf, count, deadline)));
-    if (op == GCOMP_AVG)
-        for (size_t i = 0; i < count; i++) buf[i] /= (float)c->tp->size;
-    store_output(buf, recv, count, dtype);
-    return GCOMP_SUCCESS;
 }
 
 static gcomp_schedule pick_schedule(const gcomp_comm *c, size_t raw_bytes)
@@ -264,37 +250,85 @@ static gcomp_result acquire_residual(gcomp_comm *c, uint64_t key, size_t count, 
     return GCOMP_SUCCESS;
 }
 
-static gcomp_result run_compressed(gcomp_comm *c, gcomp_schedule sched, const void *send, void *recv, size_t count,
-                                   gcomp_dtype dtype, gcomp_op op, uint64_t key, double deadline, gcomp_comm_stats *st)
+/* Everything a call may allocate, done before the ranks agree to run it. */
+typedef struct call_plan {
+    gcomp_schedule sched;
+    float prescale;
+    gcomp__residual *res;
+    gcomp__key *key;
+} call_plan;
+
+static gcomp_result prepare_call(gcomp_comm *c, gcomp__call *call, call_plan *plan, uint64_t key, gcomp_dtype dtype,
+                                 gcomp_op op)
 {
-    gcomp__call call;
-    gcomp__residual *res = NULL;
-    float prescale = (op == GCOMP_AVG && sched == GCOMP_SCHED_DENSE) ? 1.0f / (float)c->tp->size : 1.0f;
-    gcomp_result rc;
-    memset(&call, 0, sizeof call);
-    call.comm = c;
-    call.count = count;
-    call.deadline = deadline;
-    call.st = st;
-    GCOMP_CHECK(prepare_input(c, send, count, dtype, prescale, &call.x));
-    if (dtype == GCOMP_F32) {
-        call.result = recv;
-    } else {
-        GCOMP_CHECK(gcomp__reserve(&c->res, &c->res_cap, count * sizeof(float)));
-        call.result = c->res;
+    size_t count = call->count;
+    if (c->fault == GCOMP__FAULT_ALLOC) {
+        c->fault = GCOMP__FAULT_NONE;
+        return gcomp__fail(GCOMP_ERR_NOMEM, "injected allocation failure (test hook)");
     }
-    GCOMP_CHECK(acquire_residual(c, key, count, &call, &res));
-    if (sched == GCOMP_SCHED_INTEGER) rc = gcomp__sched_integer(&call);
-    else if (sched == GCOMP_SCHED_SPARSE) rc = gcomp__sched_sparse(&call);
-    else rc = gcomp__sched_dense(&call);
+    GCOMP_CHECK(get_key(c, key, count, &plan->key));
+    plan->sched = pick_schedule(c, count * gcomp_dtype_size(dtype));
+    plan->prescale = (op == GCOMP_AVG && plan->sched == GCOMP_SCHED_DENSE) ? 1.0f / (float)c->tp->size : 1.0f;
+    if (plan->sched == GCOMP_SCHED_BYPASS || needs_copy(dtype, plan->prescale))
+        GCOMP_CHECK(gcomp__reserve(&c->x, &c->x_cap, count * sizeof(float)));
+    if (plan->sched == GCOMP_SCHED_BYPASS) return GCOMP_SUCCESS;
+    if (dtype != GCOMP_F32) GCOMP_CHECK(gcomp__reserve(&c->res, &c->res_cap, count * sizeof(float)));
+    GCOMP_CHECK(acquire_residual(c, key, count, call, &plan->res));
+    if (plan->sched == GCOMP_SCHED_INTEGER) return gcomp__sched_integer_prepare(call);
+    if (plan->sched == GCOMP_SCHED_SPARSE) return gcomp__sched_sparse_prepare(call);
+    return gcomp__sched_dense_prepare(call, c->codec);
+}
+
+/* The uncompressed path: exact fp32 sum through the transport's own allreduce. */
+static gcomp_result run_bypass(gcomp_comm *c, const void *send, void *recv, size_t count, gcomp_dtype dtype, gcomp_op op,
+                               double deadline)
+{
+    float *buf = c->x;
+    if (dtype == GCOMP_F32) {
+        buf = recv;
+        if (send != recv) memcpy(recv, send, count * sizeof(float));
+    } else {
+        const float *x;
+        prepare_input(c, send, count, dtype, 1.0f, &x);
+    }
+    GCOMP_CHECK(transport_failed(c, c->tp->allreduce_sum_f32(c->tp, buf, count, deadline)));
+    if (op == GCOMP_AVG)
+        for (size_t i = 0; i < count; i++) buf[i] /= (float)c->tp->size;
+    store_output(buf, recv, count, dtype);
+    return GCOMP_SUCCESS;
+}
+
+/* After a compressed schedule the ranks agree on whether any of them failed locally. */
+static gcomp_result agree_outcome(gcomp_comm *c, gcomp__call *call)
+{
+    uint64_t v = (uint64_t)call->error;
+    char detail[256];
+    snprintf(detail, sizeof detail, "%s", call->error ? gcomp_last_error() : "");
+    GCOMP_CHECK(transport_failed(c, c->tp->allreduce_max_u64(c->tp, &v, 1, call->deadline)));
+    if (v == GCOMP_SUCCESS) return GCOMP_SUCCESS;
+    if (call->error) return gcomp__fail(call->error, "%s", detail);
+    return gcomp__fail((gcomp_result)v, "another rank failed during the allreduce (%s)", gcomp_strerror((gcomp_result)v));
+}
+
+static gcomp_result run_compressed(gcomp_comm *c, gcomp__call *call, const call_plan *plan, const void *send, void *recv,
+                                   gcomp_dtype dtype, gcomp_op op)
+{
+    size_t count = call->count;
+    gcomp_result rc;
+    prepare_input(c, send, count, dtype, plan->prescale, &call->x);
+    call->result = dtype == GCOMP_F32 ? (float *)recv : (float *)c->res;
+    if (plan->sched == GCOMP_SCHED_INTEGER) rc = gcomp__sched_integer(call);
+    else if (plan->sched == GCOMP_SCHED_SPARSE) rc = gcomp__sched_sparse(call);
+    else rc = gcomp__sched_dense(call, c->codec, 1);
     GCOMP_CHECK(transport_failed(c, rc));
-    if (op == GCOMP_AVG && sched != GCOMP_SCHED_DENSE)
-        for (size_t i = 0; i < count; i++) call.result[i] /= (float)c->tp->size;
+    GCOMP_CHECK(agree_outcome(c, call));
+    if (op == GCOMP_AVG && plan->sched != GCOMP_SCHED_DENSE)
+        for (size_t i = 0; i < count; i++) call->result[i] /= (float)c->tp->size;
     /* keep the old residual if this rank's input was not finite */
-    if (call.nonfinite) st->nonfinite_calls++;
-    else if (res && call.r_out != call.r_in) gcomp__residual_commit(res);
-    store_output(call.result, recv, count, dtype);
-    st->compressed_calls++;
+    if (call->nonfinite) call->st->nonfinite_calls++;
+    else if (plan->res && call->r_out != call->r_in) gcomp__residual_commit(plan->res);
+    store_output(call->result, recv, count, dtype);
+    call->st->compressed_calls++;
     return GCOMP_SUCCESS;
 }
 
@@ -302,37 +336,64 @@ gcomp_result gcomp_allreduce(gcomp_comm *c, const void *send, void *recv, size_t
                              uint64_t key, struct CUstream_st *stream)
 {
     gcomp_comm_stats st;
-    gcomp__key *k = NULL;
-    gcomp_schedule sched;
-    double t0 = gcomp__now(), deadline;
-    size_t esize;
+    gcomp__call call;
+    call_plan plan;
+    gcomp_result local;
+    double t0 = gcomp__now();
     if (!c) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_allreduce: comm is NULL");
     if (c->broken) return gcomp__fail(GCOMP_ERR_COMM_INVALID, "communicator is unusable after an earlier timeout or transport error");
-    deadline = t0 + 1e-3 * (double)c->cfg.timeout_ms;
-    GCOMP_CHECK(agree(c, check_args(send, recv, count, dtype, op, stream), count, dtype, op, deadline));
-    if (count == 0) return GCOMP_SUCCESS;
-    esize = gcomp_dtype_size(dtype);
-    GCOMP_CHECK(get_key(c, key, count, &k));
     memset(&st, 0, sizeof st);
-    sched = pick_schedule(c, count * esize);
+    memset(&call, 0, sizeof call);
+    memset(&plan, 0, sizeof plan);
+    call.comm = c;
+    call.count = count;
+    call.deadline = t0 + 1e-3 * (double)c->cfg.timeout_ms;
+    call.st = &st;
+    local = check_args(send, recv, count, dtype, op, stream);
+    if (local == GCOMP_SUCCESS && count > 0) local = prepare_call(c, &call, &plan, key, dtype, op);
+    GCOMP_CHECK(agree(c, local, count, dtype, op, call.deadline));
+    if (count == 0) return GCOMP_SUCCESS;
     st.calls = 1;
-    st.raw_bytes = count * esize;
-    st.baseline_bytes = (uint64_t)(2.0 * (c->tp->size - 1) / c->tp->size * (double)(count * esize));
-    if (sched == GCOMP_SCHED_BYPASS) {
-        GCOMP_CHECK(run_bypass(c, send, recv, count, dtype, op, deadline));
+    st.raw_bytes = count * gcomp_dtype_size(dtype);
+    st.baseline_bytes = (uint64_t)(2.0 * (c->tp->size - 1) / c->tp->size * (double)st.raw_bytes);
+    if (plan.sched == GCOMP_SCHED_BYPASS) {
+        GCOMP_CHECK(run_bypass(c, send, recv, count, dtype, op, call.deadline));
         st.wire_bytes = st.baseline_bytes;
         st.comm_s = gcomp__now() - t0;
+        st.last_schedule = GCOMP_SCHED_BYPASS;
     } else {
-        GCOMP_CHECK(run_compressed(c, sched, send, recv, count, dtype, op, key, deadline, &st));
+        GCOMP_CHECK(run_compressed(c, &call, &plan, send, recv, dtype, op));
     }
-    if (!st.last_schedule) st.last_schedule = sched;
-    add_stats(&k->stats, &st);
+    add_stats(&plan.key->stats, &st);
     add_stats(&c->stats, &st);
     if (gcomp__debug_enabled())
         gcomp__debug("rank %d key %llu: %s, %zu elements, %llu wire bytes, %.3f ms", c->tp->rank, (unsigned long long)key,
                      gcomp_schedule_name(st.last_schedule), count, (unsigned long long)st.wire_bytes,
                      1e3 * (gcomp__now() - t0));
     return GCOMP_SUCCESS;
+}
+
+gcomp_result gcomp__ring_exchange(gcomp__call *call, const void *sbuf, size_t sbytes, void *rbuf, size_t rcap,
+                                  size_t *rbytes)
+{
+    gcomp_comm *c = call->comm;
+    gcomp__transport *tp = c->tp;
+    double t0 = gcomp__now();
+    if (call->error) sbytes = 0;
+    if (c->fault == GCOMP__FAULT_TRUNCATE_WIRE && sbytes > 0) {
+        c->fault = GCOMP__FAULT_NONE;
+        sbytes--;
+    }
+    GCOMP_CHECK(tp->sendrecv(tp, (tp->rank + 1) % tp->size, sbuf, sbytes, (tp->rank + tp->size - 1) % tp->size, rbuf, rcap,
+                             rbytes, call->deadline));
+    call->st->wire_bytes += sbytes;
+    call->st->comm_s += gcomp__now() - t0;
+    return GCOMP_SUCCESS;
+}
+
+void gcomp__comm_inject_fault(gcomp_comm *c, int fault)
+{
+    if (c) c->fault = fault;
 }
 
 gcomp_result gcomp_comm_stats_get(const gcomp_comm *c, gcomp_comm_stats *out)

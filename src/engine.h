@@ -50,6 +50,7 @@ struct gcomp_comm {
     gcomp__transport *tp;
     gcomp_codec *codec; /* the parsed chain, its residuals and scratch */
     int broken;         /* set by a timeout or transport failure: refuse further calls */
+    int fault;          /* GCOMP__FAULT_*: a test hook armed for the next call */
     gcomp__key *keys;
     gcomp_comm_stats stats;
     /* scratch reused across calls (grown on demand, never per call in steady state) */
@@ -93,12 +94,42 @@ typedef struct gcomp__call {
     double deadline;
     gcomp_comm_stats *st; /* this call's numbers, added to key and comm stats */
     int nonfinite;
+    /* A local failure after the ranks agreed to run (a corrupt payload): the rank keeps
+     * stepping the ring with empty messages so nobody waits for it, and the end-of-call
+     * agreement returns the error on every rank. */
+    gcomp_result error;
 } gcomp__call;
 
-gcomp_result gcomp__sched_dense(gcomp__call *call);
-gcomp_result gcomp__sched_dense_with(gcomp__call *call, gcomp_codec *codec, int use_ef);
+/* Each schedule: prepare reserves every buffer the run needs (before the ranks agree, so an
+ * allocation failure becomes an error on every rank); run allocates nothing. Transport
+ * failures return at once; local failures go to call->error. */
+gcomp_result gcomp__sched_dense_prepare(gcomp__call *call, gcomp_codec *codec);
+gcomp_result gcomp__sched_dense(gcomp__call *call, gcomp_codec *codec, int use_ef);
+gcomp_result gcomp__sched_integer_prepare(gcomp__call *call);
 gcomp_result gcomp__sched_integer(gcomp__call *call);
+gcomp_result gcomp__sched_sparse_prepare(gcomp__call *call);
 gcomp_result gcomp__sched_sparse(gcomp__call *call);
+
+/* Record a local failure of the call (the first one wins). */
+#define GCOMP_STEP(call, expr)                                                                  \
+    do {                                                                                        \
+        if (!(call)->error) {                                                                   \
+            gcomp_result step_rc_ = (expr);                                                     \
+            if (step_rc_ != GCOMP_SUCCESS) (call)->error = step_rc_;                            \
+        }                                                                                       \
+    } while (0)
+
+/* One ring step of any schedule: send sbytes to the right neighbour, receive at most rcap
+ * bytes from the left one. Counts wire bytes and time. A call that failed locally sends
+ * empty messages, which fail the receiver's checks in turn (or carry nothing, for an empty
+ * chunk); either way the end-of-call agreement reports the failure on every rank. */
+gcomp_result gcomp__ring_exchange(gcomp__call *call, const void *sbuf, size_t sbytes, void *rbuf, size_t rcap,
+                                  size_t *rbytes);
+
+/* Test hooks (tests only): make this rank's next call fail its allocation, or truncate the
+ * next message it sends by one byte. */
+enum { GCOMP__FAULT_NONE = 0, GCOMP__FAULT_ALLOC = 1, GCOMP__FAULT_TRUNCATE_WIRE = 2 };
+void gcomp__comm_inject_fault(gcomp_comm *c, int fault);
 
 /* Chunk c of N over count elements, boundaries at multiples of align. */
 void gcomp__chunk(size_t count, int n_chunks, int c, size_t align, size_t *lo, size_t *hi);

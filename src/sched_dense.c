@@ -10,7 +10,8 @@
  * Every rank -- the owner included -- takes each result chunk from decoding its final
  * payload, so all ranks hold the same bits.
  *
- * Wire bytes per rank: sum over 2(N-1) steps of one chunk's payload (header included).
+ * Wire bytes per rank: the sum over 2(N-1) steps of one chunk's payload (header included),
+ * about 2(N-1)/N * count * (bytes per element of the codec) + 2(N-1) * 32.
  */
 #include <string.h>
 
@@ -21,18 +22,43 @@
 typedef struct dense_ctx {
     gcomp__call *call;
     gcomp_codec *codec;
-    int use_ef;
-    size_t bound;    /* payload capacity of one chunk */
-    uint8_t *slots;  /* N payloads of `bound` bytes: own chunks, later final chunks */
-    float *acc;      /* fp32 running sums, count elements */
+    size_t bound;   /* payload capacity of one chunk */
+    uint8_t *slots; /* N payloads of `bound` bytes: own chunks, later final chunks */
+    size_t *bytes;  /* their sizes */
+    float *acc;     /* fp32 running sums, count elements */
 } dense_ctx;
 
 static uint8_t *slot(dense_ctx *d, int j) { return d->slots + (size_t)j * d->bound; }
 
 static void chunk_of(const dense_ctx *d, int j, size_t *lo, size_t *hi)
 {
-    const gcomp__transport *tp = d->call->comm->tp;
-    gcomp__chunk(d->call->count, tp->size, j, DENSE_ALIGN, lo, hi);
+    gcomp__chunk(d->call->count, d->call->comm->tp->size, j, DENSE_ALIGN, lo, hi);
+}
+
+/* Buffers of the ring; the same call in prepare and run (where it allocates nothing). */
+static gcomp_result layout(gcomp__call *call, gcomp_codec *codec, dense_ctx *d)
+{
+    gcomp_comm *c = call->comm;
+    int n = c->tp->size;
+    size_t max_chunk = call->count / (size_t)n + 2 * DENSE_ALIGN;
+    d->call = call;
+    d->codec = codec;
+    d->bound = gcomp_codec_max_encoded_bytes(codec, max_chunk < call->count ? max_chunk : call->count);
+    d->bound = (d->bound + 7) & ~(size_t)7; /* keeps the size array after the slots aligned */
+    GCOMP_CHECK(gcomp__reserve(&c->pay, &c->pay_cap, (size_t)n * d->bound + (size_t)n * sizeof(size_t)));
+    GCOMP_CHECK(gcomp__reserve(&c->acc, &c->acc_cap, call->count * sizeof(float)));
+    GCOMP_CHECK(gcomp__reserve(&c->sbuf, &c->sbuf_cap, d->bound));
+    GCOMP_CHECK(gcomp__reserve(&c->rbuf, &c->rbuf_cap, d->bound));
+    d->slots = c->pay;
+    d->bytes = (size_t *)(d->slots + (size_t)n * d->bound);
+    d->acc = c->acc;
+    return GCOMP_SUCCESS;
+}
+
+gcomp_result gcomp__sched_dense_prepare(gcomp__call *call, gcomp_codec *codec)
+{
+    dense_ctx d;
+    return layout(call, codec, &d);
 }
 
 static gcomp_result encode_chunk(dense_ctx *d, const float *src, int j, int with_ef, uint8_t *out, size_t *bytes)
@@ -54,92 +80,61 @@ static gcomp_result encode_chunk(dense_ctx *d, const float *src, int j, int with
     return GCOMP_SUCCESS;
 }
 
-static gcomp_result decode_into(dense_ctx *d, const uint8_t *payload, size_t bytes, int j, float *dst)
+/* dst[chunk j] = decode(payload), or += when add. */
+static gcomp_result decode_chunk(dense_ctx *d, const uint8_t *payload, size_t bytes, int j, float *dst, int add)
 {
     size_t lo, hi;
     double t0 = gcomp__now();
     chunk_of(d, j, &lo, &hi);
+    if (!add) memset(dst + lo, 0, (hi - lo) * sizeof(float));
     GCOMP_CHECK(gcomp_codec_decode_add(d->codec, payload, bytes, dst + lo, hi - lo));
     d->call->st->decode_s += gcomp__now() - t0;
     return GCOMP_SUCCESS;
 }
 
-static void zero_chunk(dense_ctx *d, int j, float *dst)
+static gcomp_result reduce_scatter(dense_ctx *d, uint8_t *sbuf, uint8_t *rbuf)
 {
-    size_t lo, hi;
-    chunk_of(d, j, &lo, &hi);
-    memset(dst + lo, 0, (hi - lo) * sizeof(float));
-}
-
-static gcomp_result exchange(dense_ctx *d, const void *sbuf, size_t sbytes, void *rbuf, size_t *rbytes)
-{
-    gcomp__transport *tp = d->call->comm->tp;
-    double t0 = gcomp__now();
-    GCOMP_CHECK(tp->sendrecv(tp, (tp->rank + 1) % tp->size, sbuf, sbytes, (tp->rank + tp->size - 1) % tp->size, rbuf,
-                             d->bound, rbytes, d->call->deadline));
-    d->call->st->wire_bytes += sbytes;
-    d->call->st->comm_s += gcomp__now() - t0;
-    return GCOMP_SUCCESS;
-}
-
-static gcomp_result reduce_scatter(dense_ctx *d, size_t *own_bytes, uint8_t *sbuf, uint8_t *rbuf)
-{
-    int n = d->call->comm->tp->size, r = d->call->comm->tp->rank;
-    size_t sbytes = own_bytes[r], rbytes = 0;
+    gcomp__call *call = d->call;
+    int n = call->comm->tp->size, r = call->comm->tp->rank;
+    size_t sbytes = d->bytes[r], rbytes = 0;
     const uint8_t *out = slot(d, r);
     for (int s = 0; s < n - 1; s++) {
         int recv_j = ((r - s - 1) % n + n) % n;
-        GCOMP_CHECK(exchange(d, out, sbytes, rbuf, &rbytes));
-        zero_chunk(d, recv_j, d->acc);
-        GCOMP_CHECK(decode_into(d, rbuf, rbytes, recv_j, d->acc));
-        GCOMP_CHECK(decode_into(d, slot(d, recv_j), own_bytes[recv_j], recv_j, d->acc));
+        GCOMP_CHECK(gcomp__ring_exchange(call, out, sbytes, rbuf, d->bound, &rbytes));
+        GCOMP_STEP(call, decode_chunk(d, rbuf, rbytes, recv_j, d->acc, 0));
+        GCOMP_STEP(call, decode_chunk(d, slot(d, recv_j), d->bytes[recv_j], recv_j, d->acc, 1));
         if (s + 1 < n - 1) { /* re-encode the partial sum for the next hop */
-            GCOMP_CHECK(encode_chunk(d, d->acc, recv_j, 0, sbuf, &sbytes));
+            GCOMP_STEP(call, encode_chunk(d, d->acc, recv_j, 0, sbuf, &sbytes));
             out = sbuf;
         }
     }
     return GCOMP_SUCCESS;
 }
 
-static gcomp_result allgather(dense_ctx *d, size_t *bytes)
+static gcomp_result allgather(dense_ctx *d)
 {
-    int n = d->call->comm->tp->size, r = d->call->comm->tp->rank;
+    gcomp__call *call = d->call;
+    int n = call->comm->tp->size, r = call->comm->tp->rank;
     for (int s = 0; s < n - 1; s++) {
         int send_j = ((r + 1 - s) % n + n) % n, recv_j = ((r - s) % n + n) % n;
-        GCOMP_CHECK(exchange(d, slot(d, send_j), bytes[send_j], slot(d, recv_j), &bytes[recv_j]));
-        zero_chunk(d, recv_j, d->call->result);
-        GCOMP_CHECK(decode_into(d, slot(d, recv_j), bytes[recv_j], recv_j, d->call->result));
+        GCOMP_CHECK(gcomp__ring_exchange(call, slot(d, send_j), d->bytes[send_j], slot(d, recv_j), d->bound,
+                                         &d->bytes[recv_j]));
+        GCOMP_STEP(call, decode_chunk(d, slot(d, recv_j), d->bytes[recv_j], recv_j, call->result, 0));
     }
     return GCOMP_SUCCESS;
 }
 
-/* The dense ring with a given codec object; use_ef applies the key's residual. */
-gcomp_result gcomp__sched_dense_with(gcomp__call *call, gcomp_codec *codec, int use_ef)
+gcomp_result gcomp__sched_dense(gcomp__call *call, gcomp_codec *codec, int use_ef)
 {
     gcomp_comm *c = call->comm;
-    int n = c->tp->size, r = c->tp->rank, own = (r + 1) % n;
-    size_t max_chunk = call->count / (size_t)n + 2 * DENSE_ALIGN, *bytes;
+    int n = c->tp->size, own = (c->tp->rank + 1) % n;
     dense_ctx d;
-    d.call = call;
-    d.codec = codec;
-    d.use_ef = use_ef;
-    d.bound = gcomp_codec_max_encoded_bytes(codec, max_chunk < call->count ? max_chunk : call->count);
-    d.bound = (d.bound + 7) & ~(size_t)7; /* keeps the size array after the slots aligned */
-    GCOMP_CHECK(gcomp__reserve(&c->pay, &c->pay_cap, (size_t)n * d.bound + (size_t)n * sizeof(size_t)));
-    GCOMP_CHECK(gcomp__reserve(&c->acc, &c->acc_cap, call->count * sizeof(float)));
-    GCOMP_CHECK(gcomp__reserve(&c->sbuf, &c->sbuf_cap, d.bound));
-    GCOMP_CHECK(gcomp__reserve(&c->rbuf, &c->rbuf_cap, d.bound));
-    d.slots = c->pay;
-    d.acc = c->acc;
-    bytes = (size_t *)(d.slots + (size_t)n * d.bound);
-    for (int j = 0; j < n; j++) GCOMP_CHECK(encode_chunk(&d, call->x, j, use_ef, slot(&d, j), &bytes[j]));
-    GCOMP_CHECK(reduce_scatter(&d, bytes, c->sbuf, c->rbuf));
-    GCOMP_CHECK(encode_chunk(&d, d.acc, own, 0, slot(&d, own), &bytes[own]));
-    zero_chunk(&d, own, call->result);
-    GCOMP_CHECK(decode_into(&d, slot(&d, own), bytes[own], own, call->result));
-    GCOMP_CHECK(allgather(&d, bytes));
+    GCOMP_CHECK(layout(call, codec, &d));
+    for (int j = 0; j < n; j++) GCOMP_STEP(call, encode_chunk(&d, call->x, j, use_ef, slot(&d, j), &d.bytes[j]));
+    GCOMP_CHECK(reduce_scatter(&d, c->sbuf, c->rbuf));
+    GCOMP_STEP(call, encode_chunk(&d, d.acc, own, 0, slot(&d, own), &d.bytes[own]));
+    GCOMP_STEP(call, decode_chunk(&d, slot(&d, own), d.bytes[own], own, call->result, 0));
+    GCOMP_CHECK(allgather(&d));
     call->st->last_schedule = GCOMP_SCHED_DENSE;
     return GCOMP_SUCCESS;
 }
-
-gcomp_result gcomp__sched_dense(gcomp__call *call) { return gcomp__sched_dense_with(call, call->comm->codec, 1); }

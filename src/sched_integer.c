@@ -106,17 +106,6 @@ static gcomp_result finish(int_ctx *d, int j)
     return GCOMP_SUCCESS;
 }
 
-static gcomp_result exchange(int_ctx *d, int send_j, void *rbuf, size_t *rbytes)
-{
-    gcomp__transport *tp = d->call->comm->tp;
-    double t0 = gcomp__now();
-    GCOMP_CHECK(tp->sendrecv(tp, (tp->rank + 1) % tp->size, slot(d, send_j), d->slot_bytes[send_j],
-                             (tp->rank + tp->size - 1) % tp->size, rbuf, d->msg_cap, rbytes, d->call->deadline));
-    d->call->st->wire_bytes += d->slot_bytes[send_j];
-    d->call->st->comm_s += gcomp__now() - t0;
-    return GCOMP_SUCCESS;
-}
-
 static gcomp_result shared_scales(gcomp__call *call, const gcomp_codec_vtable *vt, const void *params, float *scales,
                                   uint64_t *keys, size_t nb)
 {
@@ -166,60 +155,86 @@ static gcomp_result reserve_scratch(int_ctx *d, size_t nb, size_t body_cap, size
     return GCOMP_SUCCESS;
 }
 
-gcomp_result gcomp__sched_integer(gcomp__call *call)
-{
-    gcomp_comm *c = call->comm;
-    const gcomp__stage *st = &gcomp__codec_chain(c->codec)->stages[0];
-    const gcomp_codec_vtable *vt = st->vt;
-    const gcomp_terngrad_params *p = st->params;
-    int n = c->tp->size, r = c->tp->rank, own = (r + 1) % n;
-    size_t nb = vt->num_scales(st->params, call->count), body_cap = vt->max_body_bytes(st->params, call->count);
-    size_t max_chunk, body_bytes, rbytes;
-    gcomp_encode_ctx ctx = {0};
-    uint32_t flags;
+typedef struct int_layout {
+    const gcomp_codec_vtable *vt;
+    const gcomp__stage *st;
+    size_t nb, body_cap;
     uint8_t *body;
     float *scales;
     uint64_t *keys;
+} int_layout;
+
+/* Buffers of the ring; the same call in prepare and run (where it allocates nothing). */
+static gcomp_result layout(gcomp__call *call, int_ctx *d, int_layout *l)
+{
+    gcomp_comm *c = call->comm;
+    const gcomp_terngrad_params *p;
+    int n = c->tp->size;
+    size_t max_chunk;
+    memset(d, 0, sizeof *d);
+    l->st = &gcomp__codec_chain(c->codec)->stages[0];
+    l->vt = l->st->vt;
+    p = l->st->params;
+    l->nb = l->vt->num_scales(l->st->params, call->count);
+    l->body_cap = l->vt->max_body_bytes(l->st->params, call->count);
+    d->call = call;
+    d->bucket = p->bucket > 0 ? (size_t)p->bucket : call->count;
+    d->align = p->bucket > 0 ? (size_t)p->bucket : GCOMP_TG_TILE;
+    d->staged = gcomp__codec_chain(c->codec)->n_stages > 1;
+    max_chunk = call->count / (size_t)n + 2 * d->align;
+    if (max_chunk > call->count) max_chunk = call->count;
+    d->msg_cap = (gcomp__codec_stages_bound(c->codec, (size_t)gcomp_tg_sum_bytes(max_chunk, (uint32_t)n)) + 7) & ~(size_t)7;
+    return reserve_scratch(d, l->nb, l->body_cap, max_chunk, &l->body, &l->scales, &l->keys);
+}
+
+gcomp_result gcomp__sched_integer_prepare(gcomp__call *call)
+{
     int_ctx d;
+    int_layout l;
+    return layout(call, &d, &l);
+}
+
+gcomp_result gcomp__sched_integer(gcomp__call *call)
+{
+    gcomp_comm *c = call->comm;
+    int n = c->tp->size, r = c->tp->rank, own = (r + 1) % n;
+    size_t body_bytes, rbytes;
+    gcomp_encode_ctx ctx = {0};
+    uint32_t flags;
+    int_ctx d;
+    int_layout l;
     double t0;
 
-    memset(&d, 0, sizeof d);
-    d.call = call;
-    d.bucket = p->bucket > 0 ? (size_t)p->bucket : call->count;
-    d.align = p->bucket > 0 ? (size_t)p->bucket : GCOMP_TG_TILE;
-    d.staged = gcomp__codec_chain(c->codec)->n_stages > 1;
-    max_chunk = call->count / (size_t)n + 2 * d.align;
-    if (max_chunk > call->count) max_chunk = call->count;
-    d.msg_cap = (gcomp__codec_stages_bound(c->codec, (size_t)gcomp_tg_sum_bytes(max_chunk, (uint32_t)n)) + 7) & ~(size_t)7;
-    GCOMP_CHECK(reserve_scratch(&d, nb, body_cap, max_chunk, &body, &scales, &keys));
-
-    GCOMP_CHECK(shared_scales(call, vt, st->params, scales, keys, nb));
+    GCOMP_CHECK(layout(call, &d, &l));
+    GCOMP_CHECK(shared_scales(call, l.vt, l.st->params, l.scales, l.keys, l.nb));
     t0 = gcomp__now();
     ctx.seed = c->cfg.seed;
     ctx.step = call->step;
     ctx.rank = (uint32_t)r;
-    GCOMP_CHECK(vt->encode_scaled(st->params, &ctx, call->x, call->r_in, call->r_out, call->count, scales, body, body_cap,
-                                  &body_bytes, &flags));
+    GCOMP_STEP(call, l.vt->encode_scaled(l.st->params, &ctx, call->x, call->r_in, call->r_out, call->count, l.scales,
+                                         l.body, l.body_cap, &body_bytes, &flags));
     call->nonfinite = (int)ctx.nonfinite;
     call->st->encode_s += gcomp__now() - t0;
-    d.scales = scales;
-    d.codes = body + 4 * nb;
+    d.scales = l.scales;
+    d.codes = l.body + 4 * l.nb;
 
     /* reduce-scatter: the chunk received at step s holds s + 1 ranks' sums; this rank adds
      * its codes and forwards s + 2. After N-1 steps the slot of `own` holds all N. */
-    GCOMP_CHECK(hop(&d, r, NULL, 0, 0));
+    d.slot_bytes[r] = 0;
+    GCOMP_STEP(call, hop(&d, r, NULL, 0, 0));
     for (int s = 0; s < n - 1; s++) {
         int send_j = ((r - s) % n + n) % n, recv_j = ((r - s - 1) % n + n) % n;
-        GCOMP_CHECK(exchange(&d, send_j, c->rbuf, &rbytes));
-        GCOMP_CHECK(hop(&d, recv_j, c->rbuf, rbytes, (uint32_t)(s + 1)));
+        GCOMP_CHECK(gcomp__ring_exchange(call, slot(&d, send_j), d.slot_bytes[send_j], c->rbuf, d.msg_cap, &rbytes));
+        GCOMP_STEP(call, hop(&d, recv_j, c->rbuf, rbytes, (uint32_t)(s + 1)));
     }
     /* allgather: the final sums are forwarded unchanged; every rank (the owner too) turns
      * the same packed bytes into scale * sum */
-    GCOMP_CHECK(finish(&d, own));
+    GCOMP_STEP(call, finish(&d, own));
     for (int s = 0; s < n - 1; s++) {
         int send_j = ((r + 1 - s) % n + n) % n, recv_j = ((r - s) % n + n) % n;
-        GCOMP_CHECK(exchange(&d, send_j, slot(&d, recv_j), &d.slot_bytes[recv_j]));
-        GCOMP_CHECK(finish(&d, recv_j));
+        GCOMP_CHECK(gcomp__ring_exchange(call, slot(&d, send_j), d.slot_bytes[send_j], slot(&d, recv_j), d.msg_cap,
+                                         &d.slot_bytes[recv_j]));
+        GCOMP_STEP(call, finish(&d, recv_j));
     }
     call->st->last_schedule = GCOMP_SCHED_INTEGER;
     return GCOMP_SUCCESS;

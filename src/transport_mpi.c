@@ -9,6 +9,7 @@
 #include <limits.h>
 #include <sched.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <mpi.h>
 
@@ -20,6 +21,12 @@
 typedef struct mpi_transport {
     gcomp__transport base;
     MPI_Comm comm;
+    /* Collectives run on this scratch, never on caller memory: a collective that timed out
+     * cannot be cancelled (MPI forbids it) and may still complete later, so its buffer must
+     * outlive the call. After a timeout the buffer is abandoned (leaked) for that reason. */
+    void *coll;
+    size_t coll_cap;
+    int abandoned;
 } mpi_transport;
 
 static gcomp_result mpi_fail(int err, const char *what)
@@ -32,7 +39,7 @@ static gcomp_result mpi_fail(int err, const char *what)
 
 /* Poll until every request completes or the deadline passes. Spinning is what MPI's own
  * blocking calls do; after a while we yield so oversubscribed ranks can progress. */
-static gcomp_result wait_all(int n, MPI_Request *reqs, MPI_Status *st, double deadline, const char *what)
+static gcomp_result wait_all(int n, MPI_Request *reqs, MPI_Status *st, double deadline, int cancellable, const char *what)
 {
     long spins = 0;
     for (;;) {
@@ -41,7 +48,9 @@ static gcomp_result wait_all(int n, MPI_Request *reqs, MPI_Status *st, double de
         if (done) return GCOMP_SUCCESS;
         if (++spins > 64) sched_yield();
         if ((spins & 255) == 0 && gcomp__now() > deadline) {
-            for (int i = 0; i < n; i++)
+            /* point-to-point requests can be cancelled; collective ones cannot (MPI forbids
+             * it) and are left behind -- the communicator is unusable from here on anyway */
+            for (int i = 0; cancellable && i < n; i++)
                 if (reqs[i] != MPI_REQUEST_NULL) MPI_Cancel(&reqs[i]);
             return gcomp__fail(GCOMP_ERR_TIMEOUT, "%s: no answer from a peer before the deadline (GCOMP_TIMEOUT_MS)", what);
         }
@@ -64,31 +73,43 @@ static gcomp_result mpi_sendrecv(gcomp__transport *t, int to, const void *sbuf, 
         MPI_Cancel(&reqs[0]);
         return mpi_fail(err, "MPI_Isend");
     }
-    GCOMP_CHECK(wait_all(2, reqs, st, deadline, "ring exchange"));
+    GCOMP_CHECK(wait_all(2, reqs, st, deadline, 1, "ring exchange"));
     MPI_Get_count(&st[0], MPI_BYTE, &got);
     *rbytes = (size_t)got;
     return GCOMP_SUCCESS;
 }
 
-static gcomp_result mpi_allreduce(mpi_transport *m, void *vals, int n, MPI_Datatype type, MPI_Op op, double deadline,
-                                  const char *what)
+static gcomp_result mpi_allreduce(mpi_transport *m, void *vals, size_t n, size_t esize, MPI_Datatype type, MPI_Op op,
+                                  double deadline, const char *what)
 {
     MPI_Request req;
     MPI_Status st;
-    int err = MPI_Iallreduce(MPI_IN_PLACE, vals, n, type, op, m->comm, &req);
+    gcomp_result rc;
+    int err;
+    if (n > INT_MAX) return gcomp__fail(GCOMP_ERR_UNSUPPORTED, "MPI transport: %zu elements exceed INT_MAX", n);
+    if (m->abandoned) return gcomp__fail(GCOMP_ERR_COMM_INVALID, "an earlier collective timed out");
+    GCOMP_CHECK(gcomp__reserve(&m->coll, &m->coll_cap, n * esize));
+    memcpy(m->coll, vals, n * esize);
+    err = MPI_Iallreduce(MPI_IN_PLACE, m->coll, (int)n, type, op, m->comm, &req);
     if (err != MPI_SUCCESS) return mpi_fail(err, what);
-    return wait_all(1, &req, &st, deadline, what);
+    rc = wait_all(1, &req, &st, deadline, 0, what);
+    if (rc == GCOMP_ERR_TIMEOUT) {
+        m->coll = NULL; /* still referenced by the pending request: leak it on purpose */
+        m->coll_cap = 0;
+        m->abandoned = 1;
+    }
+    if (rc == GCOMP_SUCCESS) memcpy(vals, m->coll, n * esize);
+    return rc;
 }
 
 static gcomp_result mpi_max_u64(gcomp__transport *t, uint64_t *vals, size_t n, double deadline)
 {
-    return mpi_allreduce((mpi_transport *)t, vals, (int)n, MPI_UINT64_T, MPI_MAX, deadline, "agreement allreduce");
+    return mpi_allreduce((mpi_transport *)t, vals, n, sizeof(uint64_t), MPI_UINT64_T, MPI_MAX, deadline, "agreement allreduce");
 }
 
 static gcomp_result mpi_sum_f32(gcomp__transport *t, float *vals, size_t n, double deadline)
 {
-    if (n > INT_MAX) return gcomp__fail(GCOMP_ERR_UNSUPPORTED, "MPI transport: %zu elements exceed INT_MAX", n);
-    return mpi_allreduce((mpi_transport *)t, vals, (int)n, MPI_FLOAT, MPI_SUM, deadline, "MPI_Allreduce (bypass)");
+    return mpi_allreduce((mpi_transport *)t, vals, n, sizeof(float), MPI_FLOAT, MPI_SUM, deadline, "MPI_Allreduce (bypass)");
 }
 
 static void mpi_destroy(gcomp__transport *t)
@@ -98,6 +119,7 @@ static void mpi_destroy(gcomp__transport *t)
     if (!m) return;
     MPI_Finalized(&finalized);
     if (!finalized) MPI_Comm_free(&m->comm);
+    free(m->coll);
     free(m);
 }
 

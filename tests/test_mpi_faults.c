@@ -1,0 +1,212 @@
+/*
+ * test_mpi_faults.c — faults and misuse under real Open MPI ranks; every case asserts the
+ * documented outcome on every rank. Modes:
+ *   (default)  injected allocation failure, a truncated message on the wire, edge values
+ *   --stop     one rank is stopped (SIGSTOP) mid-run: the others time out, then refuse
+ *   --kill     one rank is killed: the job must end non-zero (checked by the ctest wrapper)
+ */
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <mpi.h>
+
+#include "gcomp.h"
+#include "gcomp_mpi.h"
+#include "src/engine.h"
+
+static int rank, size, n_pass, n_fail;
+
+#define CHECK(cond, ...)                                                                   \
+    do {                                                                                   \
+        if (cond) {                                                                        \
+            n_pass++;                                                                      \
+        } else {                                                                           \
+            n_fail++;                                                                      \
+            fprintf(stderr, "rank %d: FAIL %s:%d: ", rank, __FILE__, __LINE__);            \
+            fprintf(stderr, __VA_ARGS__);                                                  \
+            fputc('\n', stderr);                                                           \
+        }                                                                                  \
+    } while (0)
+
+static int all_ranks(int ok)
+{
+    MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_LAND, MPI_COMM_WORLD);
+    return ok;
+}
+
+static gcomp_comm *make_comm(const char *spec, int64_t timeout_ms)
+{
+    gcomp_config cfg = gcomp_config_default();
+    gcomp_comm *c = NULL;
+    cfg.codec = spec;
+    cfg.min_bytes = 0;
+    cfg.timeout_ms = timeout_ms;
+    CHECK(gcomp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &c) == GCOMP_SUCCESS, "create %s: %s", spec, gcomp_last_error());
+    return c;
+}
+
+static void fill(float *x, size_t n, float v)
+{
+    for (size_t i = 0; i < n; i++) x[i] = v * (float)((i * 7 + (size_t)rank) % 13) / 13.0f;
+}
+
+static const char *const specs[] = {"fp16", "terngrad", "terngrad+zstd", "topk:ratio=0.01", "topk:ratio=0.6", "none+zstd"};
+#define N_SPECS (sizeof specs / sizeof specs[0])
+
+/* One rank's allocation fails: every rank returns an error, and the next call works. */
+static void test_alloc_failure(void)
+{
+    enum { N = 50000 };
+    static float x[N], y[N];
+    for (size_t s = 0; s < N_SPECS; s++) {
+        gcomp_comm *c = make_comm(specs[s], 60000);
+        gcomp_result rc;
+        fill(x, N, 1.0f);
+        if (rank == size - 1) gcomp__comm_inject_fault(c, GCOMP__FAULT_ALLOC);
+        rc = gcomp_allreduce(c, x, y, N, GCOMP_F32, GCOMP_SUM, 1, NULL);
+        CHECK(all_ranks(rc == GCOMP_ERR_NOMEM), "%s: allocation failure on one rank -> %s", specs[s], gcomp_result_name(rc));
+        rc = gcomp_allreduce(c, x, y, N, GCOMP_F32, GCOMP_SUM, 1, NULL);
+        CHECK(all_ranks(rc == GCOMP_SUCCESS), "%s: the call after an allocation failure -> %s", specs[s], gcomp_result_name(rc));
+        gcomp_comm_destroy(c);
+    }
+}
+
+/* One rank's message loses its last byte on the wire: every rank returns CORRUPT (never a
+ * crash or a silently wrong result), and the communicator keeps working. */
+static void test_truncated_wire(void)
+{
+    enum { N = 50000 };
+    static float x[N], y[N];
+    for (size_t s = 0; s < N_SPECS; s++) {
+        gcomp_comm *c = make_comm(specs[s], 60000);
+        gcomp_result rc;
+        fill(x, N, 1.0f);
+        if (rank == 0) gcomp__comm_inject_fault(c, GCOMP__FAULT_TRUNCATE_WIRE);
+        rc = gcomp_allreduce(c, x, y, N, GCOMP_F32, GCOMP_SUM, 1, NULL);
+        CHECK(all_ranks(rc == GCOMP_ERR_CORRUPT), "%s: truncated message -> %s (%s)", specs[s], gcomp_result_name(rc),
+              gcomp_last_error());
+        rc = gcomp_allreduce(c, x, y, N, GCOMP_F32, GCOMP_SUM, 1, NULL);
+        CHECK(all_ranks(rc == GCOMP_SUCCESS), "%s: the call after a corrupt one -> %s", specs[s], gcomp_result_name(rc));
+        gcomp_comm_destroy(c);
+    }
+}
+
+/* All-zero tensors give exact zeros; fp16 sums past its range are +inf everywhere (and
+ * counted); top-k of all-equal values keeps the lowest indices. */
+static void test_edge_values(void)
+{
+    enum { N = 40000 };
+    static float x[N], y[N];
+    gcomp_comm_stats st;
+    for (size_t s = 0; s < N_SPECS; s++) {
+        gcomp_comm *c = make_comm(specs[s], 60000);
+        int zero = 1;
+        memset(x, 0, sizeof x);
+        CHECK(gcomp_allreduce(c, x, y, N, GCOMP_F32, GCOMP_SUM, 2, NULL) == GCOMP_SUCCESS, "%s: zeros", specs[s]);
+        for (int i = 0; i < N; i++) zero &= y[i] == 0.0f;
+        CHECK(all_ranks(zero), "%s: all-zero input does not give zeros", specs[s]);
+        gcomp_comm_destroy(c);
+    }
+    {
+        gcomp_comm *c = make_comm("fp16", 60000);
+        int inf = 1, ok;
+        for (int i = 0; i < N; i++) x[i] = 60000.0f;
+        ok = gcomp_allreduce(c, x, y, N, GCOMP_F32, GCOMP_SUM, 3, NULL) == GCOMP_SUCCESS;
+        for (int i = 0; i < N; i++) inf &= isinf(y[i]) && y[i] > 0;
+        gcomp_comm_stats_get(c, &st);
+        CHECK(all_ranks(ok && inf && st.overflow_count > 0), "fp16: a sum past 65504 is not +inf everywhere");
+        /* AVG pre-scales by 1/N: the same values average without overflow */
+        ok = gcomp_allreduce(c, x, y, N, GCOMP_F32, GCOMP_AVG, 4, NULL) == GCOMP_SUCCESS;
+        for (int i = 0; i < N; i++) ok &= fabsf(y[i] - 60000.0f) <= 64.0f;
+        CHECK(all_ranks(ok), "fp16: AVG of 60000 is not 60000 (+-1 ulp)");
+        gcomp_comm_destroy(c);
+    }
+    {
+        gcomp_comm *c = make_comm("topk:k=100", 60000);
+        int ok;
+        for (int i = 0; i < N; i++) x[i] = 1.0f;
+        ok = gcomp_allreduce(c, x, y, N, GCOMP_F32, GCOMP_SUM, 5, NULL) == GCOMP_SUCCESS;
+        for (int i = 0; i < N; i++) ok &= y[i] == (i < 100 ? (float)size : 0.0f);
+        CHECK(all_ranks(ok), "topk: all-equal values do not keep the lowest indices");
+        gcomp_comm_destroy(c);
+    }
+}
+
+/* The last rank stops itself (SIGSTOP) for 4 s; a child process wakes it. The others get
+ * GCOMP_ERR_TIMEOUT within the 1 s deadline, and their next call is refused. */
+static void test_stopped_rank(void)
+{
+    enum { N = 20000 };
+    static float x[N], y[N];
+    gcomp_comm *c = make_comm("terngrad", 1000);
+    gcomp_result rc;
+    double t0;
+    fill(x, N, 1.0f);
+    CHECK(all_ranks(gcomp_allreduce(c, x, y, N, GCOMP_F32, GCOMP_SUM, 1, NULL) == GCOMP_SUCCESS), "warm-up call");
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (rank == size - 1) {
+        pid_t parent = getpid(), child = fork();
+        if (child == 0) {
+            sleep(4);
+            kill(parent, SIGCONT);
+            _exit(0);
+        }
+        raise(SIGSTOP);
+        waitpid(child, NULL, 0);
+    }
+    t0 = MPI_Wtime();
+    rc = gcomp_allreduce(c, x, y, N, GCOMP_F32, GCOMP_SUM, 1, NULL);
+    if (rank != size - 1) {
+        double took = MPI_Wtime() - t0;
+        CHECK(rc == GCOMP_ERR_TIMEOUT, "a peer stopped -> %s, expected TIMEOUT", gcomp_result_name(rc));
+        CHECK(took < 3.0, "the timeout took %.2f s with a 1 s deadline", took);
+        rc = gcomp_allreduce(c, x, y, N, GCOMP_F32, GCOMP_SUM, 1, NULL);
+        CHECK(rc == GCOMP_ERR_COMM_INVALID, "after a timeout the next call -> %s, expected COMM_INVALID", gcomp_result_name(rc));
+    } else {
+        CHECK(rc != GCOMP_SUCCESS, "the stopped rank's late call succeeded");
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    gcomp_comm_destroy(c);
+}
+
+/* The last rank dies mid-run; mpirun must end the job with a non-zero status. */
+static void test_killed_rank(void)
+{
+    enum { N = 20000 };
+    static float x[N], y[N];
+    gcomp_comm *c = make_comm("fp16", 5000);
+    fill(x, N, 1.0f);
+    gcomp_allreduce(c, x, y, N, GCOMP_F32, GCOMP_SUM, 1, NULL);
+    if (rank == size - 1) raise(SIGKILL);
+    for (int i = 0; i < 100; i++) gcomp_allreduce(c, x, y, N, GCOMP_F32, GCOMP_SUM, 1, NULL);
+    gcomp_comm_destroy(c);
+}
+
+int main(int argc, char **argv)
+{
+    int fail_any;
+    const char *mode = argc > 1 ? argv[1] : "";
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (!strcmp(mode, "--stop")) {
+        test_stopped_rank();
+    } else if (!strcmp(mode, "--kill")) {
+        test_killed_rank();
+    } else {
+        test_alloc_failure();
+        test_truncated_wire();
+        test_edge_values();
+    }
+    fail_any = n_fail;
+    MPI_Allreduce(MPI_IN_PLACE, &fail_any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    if (rank == 0) printf("mpi_faults %s(%d ranks): %d passed, %d failed\n", mode, size, n_pass, n_fail);
+    MPI_Finalize();
+    return fail_any ? 1 : 0;
+}
