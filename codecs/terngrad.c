@@ -369,27 +369,91 @@ static inline void bit_flush(bitio *b)
     b->have = 0;
 }
 
+/* Groups of 8 sums in one 64-bit word, for a compile-time width: the shifts become
+ * constants and the loops unroll. Returns nonzero if an input sum was out of range. */
+static inline __attribute__((always_inline)) uint64_t add_pack_groups(const unsigned wi, const unsigned wo,
+                                                                        const uint8_t *in, uint32_t m_in,
+                                                                        const int8_t *t, size_t groups, uint8_t *out)
+{
+    const uint64_t mask = wi ? (1ull << wi) - 1 : 0;
+    uint64_t bad = 0;
+    for (size_t gi = 0; gi < groups; gi++) {
+        uint64_t win = 0, wout = 0;
+        if (wi) memcpy(&win, in + gi * wi, wi); /* little-endian host (see header.c) */
+        for (unsigned k = 0; k < 8; k++) {
+            uint64_t v = (win >> (k * wi)) & mask; /* sum + m_in, in [0, 2 m_in] */
+            bad |= v > 2ull * m_in;
+            wout |= (v + 1 + (uint64_t)(int64_t)t[gi * 8 + k]) << (k * wo); /* + t, rebased to + m_out */
+        }
+        memcpy(out + gi * wo, &wout, wo);
+    }
+    return bad;
+}
+
+static inline __attribute__((always_inline)) uint64_t unpack_groups(const unsigned w, const uint8_t *in, uint32_t m,
+                                                                      size_t groups, int16_t *out)
+{
+    const uint64_t mask = (1ull << w) - 1;
+    uint64_t bad = 0;
+    for (size_t gi = 0; gi < groups; gi++) {
+        uint64_t word = 0;
+        memcpy(&word, in + gi * w, w);
+        for (unsigned k = 0; k < 8; k++) {
+            uint64_t v = (word >> (k * w)) & mask;
+            bad |= v > 2ull * m;
+            out[gi * 8 + k] = (int16_t)((int64_t)v - m);
+        }
+    }
+    return bad;
+}
+
+/* The widths a ring of up to 127 ranks uses, each as its own unrolled instantiation. */
+static uint64_t add_pack_fast(unsigned wi, unsigned wo, const uint8_t *in, uint32_t m_in, const int8_t *t, size_t groups,
+                              uint8_t *out)
+{
+    switch (wi * 16 + wo) {
+    case 0 * 16 + 2: return add_pack_groups(0, 2, in, m_in, t, groups, out);
+    case 2 * 16 + 3: return add_pack_groups(2, 3, in, m_in, t, groups, out);
+    case 3 * 16 + 3: return add_pack_groups(3, 3, in, m_in, t, groups, out);
+    case 3 * 16 + 4: return add_pack_groups(3, 4, in, m_in, t, groups, out);
+    case 4 * 16 + 4: return add_pack_groups(4, 4, in, m_in, t, groups, out);
+    case 4 * 16 + 5: return add_pack_groups(4, 5, in, m_in, t, groups, out);
+    case 5 * 16 + 5: return add_pack_groups(5, 5, in, m_in, t, groups, out);
+    case 5 * 16 + 6: return add_pack_groups(5, 6, in, m_in, t, groups, out);
+    case 6 * 16 + 6: return add_pack_groups(6, 6, in, m_in, t, groups, out);
+    case 6 * 16 + 7: return add_pack_groups(6, 7, in, m_in, t, groups, out);
+    case 7 * 16 + 7: return add_pack_groups(7, 7, in, m_in, t, groups, out);
+    case 7 * 16 + 8: return add_pack_groups(7, 8, in, m_in, t, groups, out);
+    default: return add_pack_groups(wi, wo, in, m_in, t, groups, out); /* 8 -> 8 */
+    }
+}
+
+static uint64_t unpack_fast(unsigned w, const uint8_t *in, uint32_t m, size_t groups, int16_t *out)
+{
+    switch (w) {
+    case 2: return unpack_groups(2, in, m, groups, out);
+    case 3: return unpack_groups(3, in, m, groups, out);
+    case 4: return unpack_groups(4, in, m, groups, out);
+    case 5: return unpack_groups(5, in, m, groups, out);
+    case 6: return unpack_groups(6, in, m, groups, out);
+    case 7: return unpack_groups(7, in, m, groups, out);
+    default: return unpack_groups(8, in, m, groups, out);
+    }
+}
+
 gcomp_result gcomp__tg_sums_add_pack(const uint8_t *in, size_t in_bytes, uint32_t m_in, const int8_t *t, size_t n,
                                      uint8_t *out)
 {
     uint32_t m_out = m_in + 1;
     unsigned wi = m_in ? gcomp_tg_sum_bits(m_in) : 0, wo = gcomp_tg_sum_bits(m_out);
-    uint64_t mask = wi ? (1ull << wi) - 1 : 0, bad = 0;
+    uint64_t bad = 0;
     bitio r = {0}, w = {0};
     size_t i = 0;
     if (m_in && in_bytes != gcomp_tg_sum_bytes(n, m_in))
         return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "terngrad: %zu bytes of sums for %zu elements of %u ranks", in_bytes, n, m_in);
     if (wo <= 8) {
-        for (; i + 8 <= n; i += 8) {
-            uint64_t win = 0, wout = 0;
-            if (m_in) memcpy(&win, in + (i / 8) * wi, wi); /* little-endian host (see header.c) */
-            for (unsigned k = 0; k < 8; k++) {
-                uint64_t v = (win >> (k * wi)) & mask; /* sum + m_in, in [0, 2 m_in] */
-                bad |= v > 2ull * m_in;
-                wout |= (v + 1 + (uint64_t)(int64_t)t[i + k]) << (k * wo); /* + t, rebased to + m_out */
-            }
-            memcpy(out + (i / 8) * wo, &wout, wo);
-        }
+        bad |= add_pack_fast(wi, wo, in, m_in, t, n / 8, out);
+        i = n / 8 * 8;
     }
     r.rp = in + (i / 8) * wi;
     w.wp = out + (i / 8) * wo;
@@ -413,15 +477,8 @@ gcomp_result gcomp__tg_sums_unpack(const uint8_t *in, size_t bytes, size_t n, ui
     if (bytes != gcomp_tg_sum_bytes(n, m))
         return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "terngrad: %zu bytes of sums for %zu elements of %u ranks", bytes, n, m);
     if (w <= 8) {
-        for (; i + 8 <= n; i += 8) {
-            uint64_t word = 0;
-            memcpy(&word, in + (i / 8) * w, w);
-            for (unsigned k = 0; k < 8; k++) {
-                uint64_t v = (word >> (k * w)) & mask;
-                bad |= v > 2ull * m;
-                out[i + k] = (int16_t)((int64_t)v - m);
-            }
-        }
+        bad |= unpack_fast(w, in, m, n / 8, out);
+        i = n / 8 * 8;
     }
     r.rp = in + (i / 8) * w;
     for (; i < n; i++) {
@@ -429,6 +486,7 @@ gcomp_result gcomp__tg_sums_unpack(const uint8_t *in, size_t bytes, size_t n, ui
         bad |= v > 2ull * m;
         out[i] = (int16_t)((int64_t)v - m);
     }
+    (void)mask;
     if (bad) return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "terngrad: a packed sum exceeds 2*%u", m);
     return GCOMP_SUCCESS;
 }
