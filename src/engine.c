@@ -373,22 +373,33 @@ gcomp_result gcomp_allreduce(gcomp_comm *c, const void *send, void *recv, size_t
     return GCOMP_SUCCESS;
 }
 
-gcomp_result gcomp__ring_exchange(gcomp__call *call, const void *sbuf, size_t sbytes, void *rbuf, size_t rcap,
-                                  size_t *rbytes)
+gcomp_result gcomp__ring_start(gcomp__call *call, const void *sbuf, size_t sbytes, void *rbuf, size_t rcap)
 {
     gcomp_comm *c = call->comm;
     gcomp__transport *tp = c->tp;
-    double t0 = gcomp__now();
     if (call->error) sbytes = 0;
     if (c->fault == GCOMP__FAULT_TRUNCATE_WIRE && sbytes > 0) {
         c->fault = GCOMP__FAULT_NONE;
         sbytes--;
     }
-    GCOMP_CHECK(tp->sendrecv(tp, (tp->rank + 1) % tp->size, sbuf, sbytes, (tp->rank + tp->size - 1) % tp->size, rbuf, rcap,
-                             rbytes, call->deadline));
     call->st->wire_bytes += sbytes;
+    return tp->start_sendrecv(tp, (tp->rank + 1) % tp->size, sbuf, sbytes, (tp->rank + tp->size - 1) % tp->size, rbuf,
+                              rcap);
+}
+
+gcomp_result gcomp__ring_finish(gcomp__call *call, size_t *rbytes)
+{
+    double t0 = gcomp__now();
+    GCOMP_CHECK(call->comm->tp->finish_sendrecv(call->comm->tp, rbytes, call->deadline));
     call->st->comm_s += gcomp__now() - t0;
     return GCOMP_SUCCESS;
+}
+
+gcomp_result gcomp__ring_exchange(gcomp__call *call, const void *sbuf, size_t sbytes, void *rbuf, size_t rcap,
+                                  size_t *rbytes)
+{
+    GCOMP_CHECK(gcomp__ring_start(call, sbuf, sbytes, rbuf, rcap));
+    return gcomp__ring_finish(call, rbytes);
 }
 
 void gcomp__comm_inject_fault(gcomp_comm *c, int fault)

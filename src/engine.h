@@ -25,10 +25,15 @@ gcomp_result gcomp__config_resolve(const gcomp_config *cfg, gcomp__config *out);
 typedef struct gcomp__transport gcomp__transport;
 struct gcomp__transport {
     int rank, size;
-    /* Send sbytes to rank `to` while receiving at most rcap bytes from rank `from`; both
-     * complete or the call fails. deadline: absolute CLOCK_MONOTONIC seconds. */
-    gcomp_result (*sendrecv)(gcomp__transport *t, int to, const void *sbuf, size_t sbytes, int from, void *rbuf,
-                             size_t rcap, size_t *rbytes, double deadline);
+    /* Start sending sbytes to rank `to` while receiving at most rcap bytes from rank `from`
+     * (one exchange in flight at a time); finish waits for both, until deadline (absolute
+     * CLOCK_MONOTONIC seconds). The caller computes in between: that is the overlap. */
+    gcomp_result (*start_sendrecv)(gcomp__transport *t, int to, const void *sbuf, size_t sbytes, int from, void *rbuf,
+                                   size_t rcap);
+    gcomp_result (*finish_sendrecv)(gcomp__transport *t, size_t *rbytes, double deadline);
+    /* Let the exchange in flight advance while the caller computes (MPI moves large
+     * messages only inside MPI calls). Cheap; call it every few hundred microseconds. */
+    void (*progress)(gcomp__transport *t);
     /* In-place elementwise max of n uint64 over all ranks. */
     gcomp_result (*allreduce_max_u64)(gcomp__transport *t, uint64_t *vals, size_t n, double deadline);
     /* In-place float sum of n floats over all ranks (the uncompressed path). */
@@ -125,6 +130,10 @@ gcomp_result gcomp__sched_sparse(gcomp__call *call);
  * chunk); either way the end-of-call agreement reports the failure on every rank. */
 gcomp_result gcomp__ring_exchange(gcomp__call *call, const void *sbuf, size_t sbytes, void *rbuf, size_t rcap,
                                   size_t *rbytes);
+/* The same in two halves, to compute while the bytes travel. sbuf and rbuf must stay
+ * untouched until gcomp__ring_finish returns. */
+gcomp_result gcomp__ring_start(gcomp__call *call, const void *sbuf, size_t sbytes, void *rbuf, size_t rcap);
+gcomp_result gcomp__ring_finish(gcomp__call *call, size_t *rbytes);
 
 /* Test hooks (tests only): make this rank's next call fail its allocation, or truncate the
  * next message it sends by one byte. */
