@@ -7,7 +7,7 @@ PACKAGES=(
   build-essential cmake pkg-config
   libzstd-dev libcmocka-dev
   libopenmpi-dev openmpi-bin
-  iproute2
+  iproute2 valgrind
   zlib1g-dev libopenblas-dev dataset-fashion-mnist gnuplot-nox
 )
 

@@ -13,7 +13,9 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_
 echo "== build (Release) =="
 bash scripts/build.sh build
 echo "== tests (Release) =="
-ctest --test-dir build --output-on-failure -j2
+ctest --test-dir build --output-on-failure -j2 -LE valgrind
+echo "== valgrind memcheck (codec tests, 2-rank engine run) =="
+ctest --test-dir build --output-on-failure -j2 -L valgrind
 
 if [ "${GCOMP_TEST_SKIP_ASAN:-0}" != 1 ]; then
   echo "== build (ASan + UBSan) =="

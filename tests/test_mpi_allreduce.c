@@ -244,6 +244,8 @@ static void test_mismatch(void)
     CHECK(all_ranks(rc == GCOMP_ERR_MISMATCH), "different op -> %s", gcomp_result_name(rc));
     rc = gcomp_allreduce(c, rank == 1 ? NULL : x, y, 300, GCOMP_F32, GCOMP_SUM, 1, NULL);
     CHECK(all_ranks(rc == GCOMP_ERR_INVALID_ARG), "NULL buffer on rank 1 -> %s", gcomp_result_name(rc));
+    rc = gcomp_allreduce(c, x, y, rank == 0 ? 600 : 300, rank == 0 ? GCOMP_F16 : GCOMP_F32, GCOMP_SUM, 1, NULL);
+    CHECK(all_ranks(rc == GCOMP_ERR_MISMATCH), "different dtype -> %s", gcomp_result_name(rc));
     rc = gcomp_allreduce(c, x, y, 300, rank == 0 ? (gcomp_dtype)77 : GCOMP_F32, GCOMP_SUM, 1, NULL);
     CHECK(all_ranks(rc == GCOMP_ERR_INVALID_ARG), "bad dtype on rank 0 -> %s", gcomp_result_name(rc));
     rc = gcomp_allreduce(c, x, y, 300, GCOMP_F32, GCOMP_SUM, 1, NULL);
