@@ -23,6 +23,6 @@ if [ "${GCOMP_TEST_SKIP_ASAN:-0}" != 1 ]; then
   echo "== tests (ASan + UBSan) =="
   # Open MPI keeps allocations alive until exit by design; leak checking of the library
   # itself is done by the unit tests, which run without MPI.
-  ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build-asan --output-on-failure -j2 -LE mpi
+  ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build-asan --output-on-failure -j2 -LE "mpi|valgrind"
   ASAN_OPTIONS=detect_leaks=0 ctest --test-dir build-asan --output-on-failure -j1 -L mpi
 fi
