@@ -455,7 +455,7 @@ gcomp_result gcomp__tg_sums_add_pack(const uint8_t *in, size_t in_bytes, uint32_
         bad |= add_pack_fast(wi, wo, in, m_in, t, n / 8, out);
         i = n / 8 * 8;
     }
-    r.rp = in + (i / 8) * wi;
+    r.rp = m_in ? in + (i / 8) * wi : NULL; /* no input on the first hop */
     w.wp = out + (i / 8) * wo;
     for (; i < n; i++) {
         uint64_t v = m_in ? bit_read(&r, wi) : 0;
@@ -473,6 +473,7 @@ gcomp_result gcomp__tg_sums_unpack(const uint8_t *in, size_t bytes, size_t n, ui
     uint64_t mask = (1ull << w) - 1, bad = 0;
     bitio r = {0};
     size_t i = 0;
+    if (m == 0) return gcomp_codec_fail(GCOMP_ERR_INVALID_ARG, "terngrad: sums of 0 ranks");
     if (m > 32767) return gcomp_codec_fail(GCOMP_ERR_UNSUPPORTED, "terngrad: sums of %u ranks do not fit int16", m);
     if (bytes != gcomp_tg_sum_bytes(n, m))
         return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "terngrad: %zu bytes of sums for %zu elements of %u ranks", bytes, n, m);

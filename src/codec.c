@@ -181,6 +181,12 @@ gcomp_result gcomp_codec_encode(gcomp_codec *c, uint64_t key, const void *src, s
     ctx.rank = c->opts.rank;
     if (c->opts.error_feedback && key != GCOMP_KEY_NONE) {
         int in_place = (c->chain.stages[0].vt->caps & GCOMP_CAP_RESIDUAL_IN_PLACE) != 0;
+        /* an in-place residual is updated by the element codec: a byte stage must not fail
+         * after that, so the output must hold the bound before anything is touched */
+        if (in_place && c->chain.n_stages > 1 && dst_cap < gcomp_codec_max_encoded_bytes(c, count))
+            return gcomp__fail(GCOMP_ERR_BUFFER_TOO_SMALL, "gcomp_codec_encode: %s needs an output of "
+                               "gcomp_codec_max_encoded_bytes() = %zu bytes, got %zu", c->chain.canonical,
+                               gcomp_codec_max_encoded_bytes(c, count), dst_cap);
         GCOMP_CHECK(gcomp__residual_acquire(&c->residuals, key, count, !in_place, &res));
         r_in = res->buf[res->cur];
         r_out = in_place ? res->buf[res->cur] : res->buf[res->cur ^ 1];

@@ -13,13 +13,17 @@
 
 #include "internal.h"
 
-/* Shortest "%.*g" that reads back as the same double, so canonical specs stay readable. */
+/* Shortest "%.*g" that reads back as the same double, so canonical specs stay readable.
+ * The exponent's '+' is dropped ("1e+20" -> "1e20"): '+' separates stages in a spec. */
 static void format_double(char *out, size_t cap, double v)
 {
+    char *plus;
     for (int prec = 1; prec <= 17; prec++) {
         snprintf(out, cap, "%.*g", prec, v);
-        if (strtod(out, NULL) == v) return;
+        if (strtod(out, NULL) == v) break;
     }
+    plus = strstr(out, "e+");
+    if (plus) memmove(plus + 1, plus + 2, strlen(plus + 2) + 1);
 }
 
 static const gcomp_param_def *find_param(const gcomp_codec_vtable *vt, const char *key)

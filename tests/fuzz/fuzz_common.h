@@ -27,20 +27,6 @@
         }                                                                                   \
     } while (0)
 
-/* GCOMP_FUZZ_MASK_KNOWN=1 in the environment steps around the open issues listed in
- * regressions/README.md, so that a long run can look for new ones; ctest never sets it, so
- * the reproducers fail the fuzz tests until the library is fixed. Delete a mask with its
- * issue. */
-static inline int fuzz_mask_known(void)
-{
-    static int on = -1;
-    if (on < 0) {
-        const char *e = getenv("GCOMP_FUZZ_MASK_KNOWN");
-        on = e && e[0] == '1';
-    }
-    return on;
-}
-
 /* On the targets' own checking code: its comparisons tell the fuzzer nothing about the
  * library, and tracing them costs more time than the library calls under test. */
 #define FUZZ_NO_COVERAGE __attribute__((no_sanitize("coverage")))
