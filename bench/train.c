@@ -1,0 +1,444 @@
+/*
+ * train.c — data-parallel training of Fashion-MNIST through gcomp_allreduce: what a codec
+ * costs in accuracy for the bytes it saves. Run under mpirun; see docs/SWEEP.md.
+ *
+ * Every rank starts from the same weights (same --seed), walks the same shuffled order of
+ * the training set, and takes its slice of each global batch. Gradients are scaled so that
+ * GCOMP_AVG over ranks gives exactly the mean gradient of the global batch, then reduced one
+ * gcomp key per tensor (or per fused bucket, --bucket-bytes). gcomp returns the same bits on
+ * every rank, so the weights stay identical on every rank without any broadcast; the trainer
+ * checks this at the end.
+ */
+#include <cblas.h>
+#include <getopt.h>
+#include <math.h>
+#include <mpi.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <gcomp.h>
+#include <gcomp_mpi.h>
+
+#include "train_data.h"
+#include "train_model.h"
+
+void openblas_set_num_threads(int num_threads); /* OpenBLAS extension (cblas.h may not declare it) */
+
+typedef struct options {
+    const char *model, *codec, *json, *data, *schedule;
+    int ef, batch, evals_per_epoch, quiet;
+    long long min_bytes, bucket_bytes;
+    double epochs, lr, momentum, wd;
+    unsigned long long seed;
+} options;
+
+/* One gcomp key: a contiguous range of the flat gradient. */
+typedef struct bucket {
+    size_t off, count;
+    int first, last; /* tensor indices it covers */
+} bucket;
+
+typedef struct history {
+    double epoch, train_time_s, wall_s, loss, train_acc, test_acc, test_loss, wire_bytes_per_step;
+    long step;
+} history;
+
+static int g_rank, g_size;
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+static void die(const char *fmt, ...)
+{
+    if (g_rank == 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        fprintf(stderr, "train: ");
+        vfprintf(stderr, fmt, ap);
+        fprintf(stderr, "\n");
+        va_end(ap);
+    }
+    MPI_Finalize();
+    exit(2);
+}
+
+static void usage(int rc)
+{
+    if (g_rank == 0)
+        fprintf(rc ? stderr : stdout,
+                "usage: mpirun -np N train [options]\n"
+                "  --model mlp|cnn        network (mlp: 784-256-128-10; cnn: conv-pool-conv-pool-fc-fc) [mlp]\n"
+                "  --codec SPEC           gcomp codec spec, e.g. none, fp16, terngrad, topk:ratio=0.01 [none]\n"
+                "  --ef 0|1               error feedback [1]\n"
+                "  --min-bytes N          tensors (buckets) under N bytes bypass compression [0]\n"
+                "  --bucket-bytes N       fuse consecutive tensors into buckets of >= N bytes, one key each;\n"
+                "                         0: one key per tensor, -1: one bucket for the whole model [0]\n"
+                "  --epochs E             epochs, fractional allowed (0.25) [3]\n"
+                "  --batch B              global batch, split across ranks [128]\n"
+                "  --lr LR                peak learning rate [0.05]\n"
+                "  --lr-schedule cosine|const  cosine decays to 0 over the run [cosine]\n"
+                "  --momentum M           SGD momentum [0.9]\n"
+                "  --wd W                 weight decay [0]\n"
+                "  --seed S               init, shuffle and stochastic rounding [1]\n"
+                "  --evals-per-epoch K    test-set evaluations (history points) per epoch [1]\n"
+                "  --data DIR             Fashion-MNIST IDX files [" TRAIN_DATA_DEFAULT_DIR "]\n"
+                "  --json FILE            write the final figures and history (rank 0)\n"
+                "  --quiet                no per-epoch lines\n");
+    MPI_Finalize();
+    exit(rc);
+}
+
+static double parse_num(const char *opt, const char *s)
+{
+    char *end;
+    double v = strtod(s, &end);
+    if (*s == '\0' || *end != '\0' || !isfinite(v)) die("%s: '%s' is not a number", opt, s);
+    return v;
+}
+
+static void parse_options(int argc, char **argv, options *o)
+{
+    enum { O_MODEL = 256, O_CODEC, O_EF, O_MINB, O_BUCKET, O_EPOCHS, O_BATCH, O_LR, O_SCHED, O_MOM, O_WD, O_SEED, O_EVALS,
+           O_DATA, O_JSON, O_QUIET, O_HELP };
+    static const struct option longopts[] = {
+        {"model", 1, 0, O_MODEL}, {"codec", 1, 0, O_CODEC}, {"ef", 1, 0, O_EF},
+        {"min-bytes", 1, 0, O_MINB}, {"bucket-bytes", 1, 0, O_BUCKET}, {"epochs", 1, 0, O_EPOCHS},
+        {"batch", 1, 0, O_BATCH}, {"lr", 1, 0, O_LR}, {"lr-schedule", 1, 0, O_SCHED},
+        {"momentum", 1, 0, O_MOM}, {"wd", 1, 0, O_WD}, {"seed", 1, 0, O_SEED},
+        {"evals-per-epoch", 1, 0, O_EVALS}, {"data", 1, 0, O_DATA}, {"json", 1, 0, O_JSON},
+        {"quiet", 0, 0, O_QUIET}, {"help", 0, 0, O_HELP}, {0, 0, 0, 0}};
+    int c;
+    *o = (options){.model = "mlp", .codec = "none", .data = TRAIN_DATA_DEFAULT_DIR, .schedule = "cosine", .ef = 1,
+                   .batch = 128, .evals_per_epoch = 1, .epochs = 3, .lr = 0.05, .momentum = 0.9, .seed = 1};
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+        const char *name = optind > 1 ? argv[optind - 1] : "";
+        switch (c) {
+        case O_MODEL: o->model = optarg; break;
+        case O_CODEC: o->codec = optarg; break;
+        case O_EF: o->ef = (int)parse_num("--ef", optarg); break;
+        case O_MINB: o->min_bytes = (long long)parse_num("--min-bytes", optarg); break;
+        case O_BUCKET: o->bucket_bytes = (long long)parse_num("--bucket-bytes", optarg); break;
+        case O_EPOCHS: o->epochs = parse_num("--epochs", optarg); break;
+        case O_BATCH: o->batch = (int)parse_num("--batch", optarg); break;
+        case O_LR: o->lr = parse_num("--lr", optarg); break;
+        case O_SCHED: o->schedule = optarg; break;
+        case O_MOM: o->momentum = parse_num("--momentum", optarg); break;
+        case O_WD: o->wd = parse_num("--wd", optarg); break;
+        case O_SEED: o->seed = (unsigned long long)parse_num("--seed", optarg); break;
+        case O_EVALS: o->evals_per_epoch = (int)parse_num("--evals-per-epoch", optarg); break;
+        case O_DATA: o->data = optarg; break;
+        case O_JSON: o->json = optarg; break;
+        case O_QUIET: o->quiet = 1; break;
+        case 'h': case O_HELP: usage(0); break;
+        default:
+            if (g_rank == 0) fprintf(stderr, "train: unknown option or missing value: %s\n", name);
+            usage(2);
+        }
+    }
+    if (optind < argc) die("unexpected argument '%s'", argv[optind]);
+    if (strcmp(o->model, "mlp") && strcmp(o->model, "cnn")) die("--model must be mlp or cnn, not '%s'", o->model);
+    if (o->ef != 0 && o->ef != 1) die("--ef must be 0 or 1");
+    if (!(o->epochs > 0)) die("--epochs must be > 0");
+    if (o->batch < g_size) die("--batch must be at least the number of ranks");
+    if (o->evals_per_epoch < 1) die("--evals-per-epoch must be >= 1");
+    if (strcmp(o->schedule, "cosine") && strcmp(o->schedule, "const"))
+        die("--lr-schedule must be cosine or const, not '%s'", o->schedule);
+    if (o->min_bytes < 0) die("--min-bytes must be >= 0");
+}
+
+/* Consecutive tensors fused until a bucket holds at least `bytes` (0: one per tensor). */
+static int make_buckets(const train_model *m, long long bytes, bucket *b)
+{
+    int nb = 0, nt = train_model_ntensors(m);
+    for (int i = 0; i < nt; i++) {
+        const train_tensor *t = train_model_tensor(m, i);
+        if (nb == 0 || bytes == 0 || (bytes > 0 && (long long)(b[nb - 1].count * sizeof(float)) >= bytes))
+            b[nb++] = (bucket){.off = t->off, .count = 0, .first = i};
+        b[nb - 1].count += t->count;
+        b[nb - 1].last = i;
+    }
+    return nb;
+}
+
+/* The permutation of epoch e: the same on every rank. */
+static void shuffle(int *perm, int n, unsigned long long seed, long e)
+{
+    uint64_t s = seed ^ (0xA0761D6478BD642Full * (uint64_t)(e + 1));
+    for (int i = 0; i < n; i++) perm[i] = i;
+    for (int i = n - 1; i > 0; i--) {
+        int j = (int)(train_splitmix64(&s) % (uint64_t)(i + 1));
+        int t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+}
+
+static void check_gcomp(gcomp_result rc, const char *what)
+{
+    if (rc == GCOMP_SUCCESS) return;
+    fprintf(stderr, "train: rank %d: %s: %s: %s\n", g_rank, what, gcomp_result_name(rc), gcomp_last_error());
+    MPI_Abort(MPI_COMM_WORLD, 3);
+}
+
+/* FNV-1a over the parameter bits: equal on every rank iff the weights are identical. */
+static uint64_t param_hash(const float *p, size_t n)
+{
+    const unsigned char *b = (const unsigned char *)p;
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n * sizeof(float); i++) h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
+}
+
+static void json_num(FILE *f, const char *key, double v, const char *sep)
+{
+    if (isfinite(v)) fprintf(f, "\"%s\": %.10g%s", key, v, sep);
+    else fprintf(f, "\"%s\": null%s", key, sep);
+}
+
+static void json_str(FILE *f, const char *key, const char *v, const char *sep)
+{
+    fprintf(f, "\"%s\": \"", key);
+    for (; *v; v++) {
+        if (*v == '"' || *v == '\\') fputc('\\', f);
+        fputc(*v, f);
+    }
+    fprintf(f, "\"%s", sep);
+}
+
+int main(int argc, char **argv)
+{
+    options o;
+    train_set train, test;
+    char err[1024];
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &g_size);
+    openblas_set_num_threads(1); /* one core per rank: ranks are the parallelism */
+    parse_options(argc, argv, &o);
+
+    int load_rc = train_set_load(o.data, "train", &train, err, sizeof err);
+    if (load_rc == 0) load_rc = train_set_load(o.data, "t10k", &test, err, sizeof err);
+    if (load_rc == 0 && (train.rows * train.cols != 784 || test.rows * test.cols != 784)) {
+        snprintf(err, sizeof err, "%s: images are not 28x28", o.data);
+        load_rc = -1;
+    }
+    if (load_rc) die("%s", err);
+
+    gcomp_config cfg = gcomp_config_default();
+    cfg.codec = o.codec;
+    cfg.min_bytes = o.min_bytes;
+    cfg.error_feedback = o.ef;
+    cfg.seed = (int64_t)o.seed;
+    gcomp_comm *comm = NULL;
+    gcomp_result rc = gcomp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &comm);
+    if (rc != GCOMP_SUCCESS) die("--codec '%s': %s", o.codec, gcomp_last_error());
+
+    int local_lo = (int)((long long)o.batch * g_rank / g_size);
+    int local_hi = (int)((long long)o.batch * (g_rank + 1) / g_size);
+    int nloc = local_hi - local_lo;
+    int eval_cap = 256;
+    train_model *m = train_model_create(o.model, nloc > eval_cap ? nloc : eval_cap, o.seed);
+    if (!m) die("out of memory creating the %s model", o.model);
+    size_t np = train_model_nparams(m);
+    float *w = train_model_params(m), *g = train_model_grads(m);
+    float *vel = calloc(np, sizeof(float));
+    float *xb = malloc((size_t)nloc * 784 * sizeof(float));
+    uint8_t *yb = malloc((size_t)nloc);
+    int *perm = malloc((size_t)train.n * sizeof(int));
+    bucket buckets[64];
+    int nb = make_buckets(m, o.bucket_bytes, buckets);
+    long spe = train.n / o.batch; /* steps per epoch; the last partial batch is dropped */
+    long total = (long)llround(o.epochs * (double)spe);
+    long eval_every = spe / o.evals_per_epoch;
+    if (total < 1) total = 1;
+    if (eval_every < 1) eval_every = 1;
+    int nhist_cap = (int)(total / eval_every) + 2, nhist = 0;
+    history *hist = calloc((size_t)nhist_cap, sizeof *hist);
+    if (!vel || !xb || !yb || !perm || !hist) die("out of memory");
+
+    if (g_rank == 0) {
+        printf("# train: model %s (%zu parameters, %d tensors, %d gcomp keys), codec %s, ef %d, min_bytes %lld, "
+               "%d ranks\n",
+               o.model, np, train_model_ntensors(m), nb, gcomp_comm_codec(comm), o.ef, o.min_bytes, g_size);
+        printf("# batch %d (%d..%d per rank), lr %g (%s), momentum %g, wd %g, seed %llu, %.4g epochs = %ld steps of %ld "
+               "per epoch\n",
+               o.batch, o.batch / g_size, (o.batch + g_size - 1) / g_size, o.lr, o.schedule, o.momentum, o.wd, o.seed,
+               o.epochs, total, spe);
+        printf("# %6s %7s %8s %9s %9s %14s %14s %9s %9s\n", "epoch", "loss", "train%", "test%", "elapsed", "wire B/step",
+               "raw B/step", "compute", "comm");
+        fflush(stdout);
+    }
+
+    /* gradient of the local loss sum, times N/B: AVG over ranks is the global-batch mean */
+    float grad_scale = (float)g_size / (float)o.batch;
+    double t_compute = 0, t_comm = 0, t_train = 0, win_loss = 0, last_loss = NAN;
+    long win_correct = 0, win_n = 0;
+    MPI_Barrier(MPI_COMM_WORLD);
+    double t_start = now();
+    for (long step = 0; step < total; step++) {
+        long e = step / spe, s_in = step % spe;
+        if (s_in == 0) shuffle(perm, train.n, o.seed, e);
+        double t0 = now();
+        for (int i = 0; i < nloc; i++) {
+            int idx = perm[s_in * o.batch + local_lo + i];
+            memcpy(xb + (size_t)i * 784, train.x + (size_t)idx * 784, 784 * sizeof(float));
+            yb[i] = train.y[idx];
+        }
+        int ok;
+        win_loss += train_model_step(m, xb, yb, nloc, grad_scale, &ok);
+        win_correct += ok;
+        win_n += nloc;
+        double t1 = now();
+        for (int b = 0; b < nb; b++)
+            check_gcomp(gcomp_allreduce(comm, g + buckets[b].off, g + buckets[b].off, buckets[b].count, GCOMP_F32,
+                                        GCOMP_AVG, (uint64_t)b, NULL),
+                        "gcomp_allreduce");
+        double t2 = now();
+        float lr = (float)o.lr;
+        if (strcmp(o.schedule, "cosine") == 0) lr = (float)(o.lr * 0.5 * (1.0 + cos(M_PI * (double)step / (double)total)));
+        float mu = (float)o.momentum, wd = (float)o.wd;
+        for (size_t j = 0; j < np; j++) {
+            vel[j] = mu * vel[j] + g[j] + wd * w[j];
+            w[j] -= lr * vel[j];
+        }
+        double t3 = now();
+        t_compute += (t1 - t0) + (t3 - t2);
+        t_comm += t2 - t1;
+        t_train += t3 - t0;
+
+        if ((step + 1) % eval_every != 0 && step + 1 != total) continue;
+        /* evaluation: not counted in train time */
+        double sums[5] = {win_loss, (double)win_correct, (double)win_n, 0, 0}, tsum[2];
+        int tlo = (int)((long long)test.n * g_rank / g_size), thi = (int)((long long)test.n * (g_rank + 1) / g_size);
+        int tok;
+        train_model_eval(m, test.x + (size_t)tlo * 784, test.y + tlo, thi - tlo, &sums[3], &tok);
+        sums[4] = tok;
+        MPI_Allreduce(MPI_IN_PLACE, sums, 5, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+        gcomp_comm_stats st;
+        check_gcomp(gcomp_comm_stats_get(comm, &st), "gcomp_comm_stats_get");
+        tsum[0] = (double)st.wire_bytes;
+        tsum[1] = t_train;
+        MPI_Allreduce(MPI_IN_PLACE, tsum, 2, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+        history *h = &hist[nhist++];
+        h->step = step + 1;
+        h->epoch = (double)(step + 1) / (double)spe;
+        h->train_time_s = tsum[1] / g_size;
+        h->wall_s = now() - t_start;
+        h->loss = sums[0] / sums[2];
+        h->train_acc = 100.0 * sums[1] / sums[2];
+        h->test_loss = sums[3] / test.n;
+        h->test_acc = 100.0 * sums[4] / test.n;
+        h->wire_bytes_per_step = tsum[0] / g_size / (double)(step + 1);
+        last_loss = h->loss;
+        if (g_rank == 0 && !o.quiet) {
+            printf("  %6.3f %7.4f %8.2f %9.2f %8.1fs %14.0f %14.0f %8.1fs %8.1fs\n", h->epoch, h->loss, h->train_acc,
+                   h->test_acc, h->wall_s, h->wire_bytes_per_step, (double)st.raw_bytes / (double)(step + 1), t_compute,
+                   t_comm);
+            fflush(stdout);
+        }
+        win_loss = 0;
+        win_correct = win_n = 0;
+        if (!isfinite(h->loss) && g_rank == 0) fprintf(stderr, "train: warning: loss is not finite at step %ld\n", step + 1);
+    }
+
+    /* final figures, averaged over ranks */
+    gcomp_comm_stats st;
+    check_gcomp(gcomp_comm_stats_get(comm, &st), "gcomp_comm_stats_get");
+    double f[8] = {(double)st.wire_bytes, (double)st.baseline_bytes, t_train, t_comm / (t_comm + t_compute), st.encode_s,
+                   st.comm_s, st.decode_s, (double)st.overflow_count};
+    MPI_Allreduce(MPI_IN_PLACE, f, 8, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    for (int i = 0; i < 7; i++) f[i] /= g_size;
+    uint64_t hsh = param_hash(w, np), hmin = hsh, hmax = hsh;
+    MPI_Allreduce(MPI_IN_PLACE, &hmin, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
+    MPI_Allreduce(MPI_IN_PLACE, &hmax, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+    const history *fin = &hist[nhist - 1];
+    double wire = f[0] / (double)total, raw = (double)st.raw_bytes / (double)total;
+    double cr = f[0] > 0 ? f[1] / f[0] : NAN, step_time = f[2] / (double)total;
+    if (g_rank == 0) {
+        printf("# final: test %.2f%%, loss %.4f, wire %.0f B/step/rank, raw %.0f B/step, cr %.2f (vs uncompressed ring), "
+               "%.2f ms/step, comm share %.1f%%, weights %s on all ranks\n",
+               fin->test_acc, last_loss, wire, raw, cr, 1e3 * step_time, 100.0 * f[3],
+               hmin == hmax ? "identical" : "DIFFERENT");
+        if (hmin != hmax) fprintf(stderr, "train: warning: the weights differ between ranks\n");
+        if (o.json) {
+            FILE *jf = fopen(o.json, "w");
+            if (!jf) {
+                fprintf(stderr, "train: cannot write %s\n", o.json);
+            } else {
+                fprintf(jf, "{");
+                json_str(jf, "spec", o.codec, ", ");
+                json_str(jf, "codec", gcomp_comm_codec(comm), ", ");
+                fprintf(jf, "\"ef\": %d, \"ranks\": %d, ", o.ef, g_size);
+                json_num(jf, "epochs", o.epochs, ", ");
+                json_str(jf, "model", o.model, ", ");
+                fprintf(jf, "\"batch\": %d, \"steps\": %ld, \"min_bytes\": %lld, \"bucket_bytes\": %lld, \"keys\": %d, ",
+                        o.batch, total, o.min_bytes, o.bucket_bytes, nb);
+                json_num(jf, "lr", o.lr, ", ");
+                json_str(jf, "lr_schedule", o.schedule, ", ");
+                json_num(jf, "momentum", o.momentum, ", ");
+                json_num(jf, "wd", o.wd, ", ");
+                fprintf(jf, "\"seed\": %llu, \"params\": %zu, ", o.seed, np);
+                json_num(jf, "test_acc", fin->test_acc, ", ");
+                json_num(jf, "test_loss", fin->test_loss, ", ");
+                json_num(jf, "loss", last_loss, ", ");
+                json_num(jf, "train_acc", fin->train_acc, ", ");
+                json_num(jf, "wire_bytes_per_step", wire, ", ");
+                json_num(jf, "raw_bytes_per_step", raw, ", ");
+                json_num(jf, "baseline_bytes_per_step", f[1] / (double)total, ", ");
+                json_num(jf, "cr", cr, ", ");
+                json_num(jf, "step_time_s", step_time, ", ");
+                json_num(jf, "comm_share", f[3], ", ");
+                json_num(jf, "gcomp_encode_s_per_step", f[4] / (double)total, ", ");
+                json_num(jf, "gcomp_comm_s_per_step", f[5] / (double)total, ", ");
+                json_num(jf, "gcomp_decode_s_per_step", f[6] / (double)total, ", ");
+                fprintf(jf, "\"overflow_count\": %.0f, \"weights_identical\": %s, ", f[7], hmin == hmax ? "true" : "false");
+                fprintf(jf, "\"schedules\": [");
+                for (int b = 0; b < nb; b++) {
+                    gcomp_comm_stats ks;
+                    check_gcomp(gcomp_comm_key_stats(comm, (uint64_t)b, &ks), "gcomp_comm_key_stats");
+                    fprintf(jf, "%s{\"key\": %d, \"tensors\": \"%s..%s\", \"elements\": %zu, \"schedule\": \"%s\"}",
+                            b ? ", " : "", b, train_model_tensor(m, buckets[b].first)->name,
+                            train_model_tensor(m, buckets[b].last)->name, buckets[b].count,
+                            gcomp_schedule_name(ks.last_schedule));
+                }
+                fprintf(jf, "],\n \"history\": [");
+                for (int i = 0; i < nhist; i++) {
+                    const history *h = &hist[i];
+                    fprintf(jf, "%s\n  {\"step\": %ld, ", i ? "," : "", h->step);
+                    json_num(jf, "epoch", h->epoch, ", ");
+                    json_num(jf, "train_time_s", h->train_time_s, ", ");
+                    json_num(jf, "wall_s", h->wall_s, ", ");
+                    json_num(jf, "loss", h->loss, ", ");
+                    json_num(jf, "train_acc", h->train_acc, ", ");
+                    json_num(jf, "test_acc", h->test_acc, ", ");
+                    json_num(jf, "test_loss", h->test_loss, ", ");
+                    json_num(jf, "wire_bytes_per_step", h->wire_bytes_per_step, "}");
+                }
+                fprintf(jf, "]}\n");
+                fclose(jf);
+            }
+        }
+    }
+
+    gcomp_comm_destroy(comm);
+    train_model_destroy(m);
+    train_set_free(&train);
+    train_set_free(&test);
+    free(vel);
+    free(xb);
+    free(yb);
+    free(perm);
+    int exit_rc = isfinite(fin->test_acc) && hmin == hmax ? 0 : 1;
+    free(hist);
+    MPI_Finalize();
+    return exit_rc;
+}
