@@ -9,6 +9,7 @@ PACKAGES=(
   libopenmpi-dev openmpi-bin
   iproute2 valgrind
   zlib1g-dev libopenblas-dev dataset-fashion-mnist gnuplot-nox
+  clang libclang-rt-14-dev
 )
 
 missing=()

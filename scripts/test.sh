@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The test suite, exactly as CI runs it (.ci/run calls this): installs what it needs,
 # builds, runs every test (unit + multi-rank under mpirun), then the same tests again in an
-# AddressSanitizer + UndefinedBehaviorSanitizer build.
-# Set GCOMP_TEST_SKIP_ASAN=1 to skip the sanitizer pass.
+# AddressSanitizer + UndefinedBehaviorSanitizer build, valgrind memcheck runs and the
+# libFuzzer targets for a bounded time. Set GCOMP_TEST_SKIP_ASAN=1 to skip the sanitizer
+# pass; GCOMP_FUZZ_SECONDS (default 60) bounds each fuzz target.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
@@ -16,6 +17,9 @@ echo "== tests (Release) =="
 ctest --test-dir build --output-on-failure -j2 -LE valgrind
 echo "== valgrind memcheck (codec tests, 2-rank engine run) =="
 ctest --test-dir build --output-on-failure -j2 -L valgrind
+
+echo "== fuzzing (libFuzzer, ${GCOMP_FUZZ_SECONDS:-60} s per target) =="
+bash tests/fuzz/run.sh
 
 if [ "${GCOMP_TEST_SKIP_ASAN:-0}" != 1 ]; then
   echo "== build (ASan + UBSan) =="
