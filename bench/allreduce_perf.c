@@ -1,0 +1,862 @@
+/*
+ * allreduce_perf — gcomp_allreduce against plain MPI_Allreduce of the same buffers in the same
+ * run, reported in the conventions of nccl-tests' all_reduce_perf. Run it under mpirun.
+ *
+ * For every codec and every size it creates a communicator, checks the first call against an
+ * exact fp64 sum, times -n calls of gcomp_allreduce and then -n calls of MPI_Allreduce on the
+ * same send and receive buffers. A time is the mean over the -n calls of the slowest rank
+ * (MPI_Barrier before the loop, max over ranks after it): nccl-tests averages over ranks, but
+ * a synchronous training step waits for the slowest one.
+ *
+ * Bandwidths are always computed from the UNCOMPRESSED size, so a codec that sends fewer
+ * bytes shows as more bus bandwidth and the columns stay comparable with nccl-tests:
+ *   algbw = size / time,  busbw = algbw * 2(n-1)/n.
+ *
+ * Each rank's input is a deterministic function of (rank, element index), so rank 0 can
+ * regenerate every rank's input and compute the exact sum without any extra communication.
+ *
+ * Uses only the public API (gcomp.h, gcomp_mpi.h).
+ */
+#define _GNU_SOURCE /* getopt_long, gethostname */
+#include <errno.h>
+#include <getopt.h>
+#include <limits.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <mpi.h>
+
+#include "gcomp.h"
+#include "gcomp_mpi.h"
+
+#define KIB ((size_t)1 << 10)
+#define MIB ((size_t)1 << 20)
+#define GIB ((size_t)1 << 30)
+#define MAX_CODECS 32
+#define MAX_ITERS 100000
+#define BENCH_KEY 1                /* one tensor; the communicator keeps its residual */
+#define DATA_SEED 0x5eed0f9c0a7ULL /* fixed: every run sees the same tensors */
+#define GOLDEN 0x9e3779b97f4a7c15ULL
+
+static const char *const default_codecs[] = {"none", "fp16", "terngrad", "topk:ratio=0.01"};
+
+struct options {
+    const char *codecs[MAX_CODECS];
+    size_t ncodecs;
+    size_t min_bytes, max_bytes, factor;
+    int iters, warmup, check, ef, verbose;
+    long long gcomp_min_bytes;
+    gcomp_op op;
+    gcomp_dtype dtype;
+    const char *json_path;
+    int talk; /* only rank 0 prints usage errors, so they appear once */
+};
+
+/* One rank's state for the whole run; buffers are sized for the largest row. */
+struct bench {
+    struct options o;
+    int rank, nranks;
+    void *send, *recv;
+    uint64_t *per_rank; /* nranks entries: generator streams, result hashes */
+    MPI_Datatype mpi_type;
+    MPI_Op mpi_op;
+    int own_op; /* mpi_op was created here (half types) and must be freed */
+    FILE *json;
+    double busbw_sum, base_busbw_sum;
+    long long rows, nwrong_total;
+};
+
+struct row {
+    const char *codec;
+    size_t bytes, count;
+    double time_s, base_s;
+    double wire_bytes;           /* per rank per call, max over ranks */
+    double enc_s, comm_s, dec_s; /* per call, max over ranks (gcomp_comm_stats) */
+    long long nwrong;            /* -1 when not checked */
+    double rel_err, max_abs_err;
+    gcomp_schedule schedule;
+};
+
+/* ---------------------------------------------------------------------------------------- */
+/* Command line                                                                              */
+/* ---------------------------------------------------------------------------------------- */
+
+static void usage(FILE *f, const char *prog)
+{
+    fprintf(f,
+        "usage: mpirun -np N %s [options]\n"
+        "\n"
+        "Times gcomp_allreduce and plain MPI_Allreduce of the same buffers in the same run and\n"
+        "reports them like nccl-tests' all_reduce_perf (out-of-place only).\n"
+        "\n"
+        "  -b, --minbytes SIZE     smallest size (default 64M); K, M, G are powers of 1024\n"
+        "  -e, --maxbytes SIZE     largest size (default: -b, or 64M)\n"
+        "  -f, --stepfactor N      multiply the size by N (integer >= 2) between rows (default 2)\n"
+        "  -n, --iters N           timed calls per measurement (default 20)\n"
+        "  -w, --warmup_iters N    untimed calls before each measurement (default 5)\n"
+        "  -c, --check 0|1         check the result against an exact fp64 sum (default 1)\n"
+        "  -o, --op sum|avg        reduction (default sum)\n"
+        "  -d, --datatype T        float, half or bfloat16 (default float)\n"
+        "      --codec SPEC        gcomp codec spec; repeat for several blocks of rows\n"
+        "                          (default: none, fp16, terngrad, topk:ratio=0.01)\n"
+        "      --ef 0|1            error feedback (default 1); the timed calls run with the\n"
+        "                          residual of the warmup calls, i.e. in steady state\n"
+        "      --min-bytes N       gcomp_config.min_bytes (default 0): tensors smaller than N\n"
+        "                          bytes bypass compression. 0 compresses every size, so small\n"
+        "                          rows show the codec's own overhead instead of a bypass.\n"
+        "  -J, --json FILE         also write one JSON object per row to FILE (JSON lines)\n"
+        "  -v, --verbose           print where gcomp's time goes (encode, comm, decode)\n"
+        "  -h, --help              this text\n"
+        "\n"
+        "Columns (bandwidths from the uncompressed size, like nccl-tests):\n"
+        "  time      us per gcomp_allreduce, mean of -n calls, slowest rank\n"
+        "  algbw     size / time (GB/s);  busbw = algbw * 2(n-1)/n\n"
+        "  #wrong    elements whose error exceeds the codec's bound, plus ranks whose result\n"
+        "            differs in any bit from rank 0's. The check uses the FIRST call of a fresh\n"
+        "            communicator (zero residual). Bounds per element, S = sum_r |x_r|,\n"
+        "            M = max |x| over all elements and ranks:\n"
+        "              none 1e-5 S;  fp16 (n+1) (1e-3 S + 2^-24);  bf16 (n+1) 8e-3 S;\n"
+        "              terngrad n M + S;  top-k S (each x1.00001); other codecs n M + S;\n"
+        "            divided by n for avg; half/bfloat16 data add one output rounding.\n"
+        "  wire_B    bytes one rank sends per call (gcomp_comm_stats), max over ranks\n"
+        "  cr        2(n-1)/n * size (what a plain ring sends per rank) / wire_B\n"
+        "  rel_err   ||y - exact|| / ||exact|| of the checked call; max_err its max |y - exact|\n"
+        "  base_us   us per MPI_Allreduce of the same buffers (half types: a user-defined\n"
+        "            MPI_Op summing in fp32; avg: sum, then a local division, timed)\n"
+        "  speedup   base_us / time;  sched  the schedule gcomp ran\n"
+        "\n"
+        "Data: Gaussian-like (Irwin-Hall sum of 4 uniforms, mean 0, sd 1), a fixed function of\n"
+        "(rank, index), the same for every codec. Exit status: 0 ok, 1 wrong results (with -c 1)\n"
+        "or a failed call, 2 bad usage.\n",
+        prog);
+}
+
+/* "64M", "4K", "1G", "4096" (powers of 1024, as nccl-tests). */
+static int parse_size(const char *s, size_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s || *s == '-') return -1;
+    size_t mult = 1;
+    switch (*end) {
+    case 'k': case 'K': mult = KIB; end++; break;
+    case 'm': case 'M': mult = MIB; end++; break;
+    case 'g': case 'G': mult = GIB; end++; break;
+    default: break;
+    }
+    if (mult > 1 && (strcmp(end, "iB") == 0 || strcmp(end, "B") == 0)) end += strlen(end);
+    if (*end != '\0' || v > SIZE_MAX / mult) return -1;
+    *out = (size_t)v * mult;
+    return 0;
+}
+
+static int parse_long(const char *s, long long lo, long long hi, long long *out)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end != '\0' || v < lo || v > hi) return -1;
+    *out = v;
+    return 0;
+}
+
+static int bad_value(const struct options *o, const char *opt, const char *val, const char *want)
+{
+    if (o->talk)
+        fprintf(stderr, "allreduce_perf: bad value '%s' for %s: expected %s (see -h)\n", val, opt,
+                want);
+    return 2;
+}
+
+static int parse_dtype(const char *s, gcomp_dtype *out)
+{
+    if (strcmp(s, "float") == 0 || strcmp(s, "f32") == 0) *out = GCOMP_F32;
+    else if (strcmp(s, "half") == 0 || strcmp(s, "f16") == 0) *out = GCOMP_F16;
+    else if (strcmp(s, "bfloat16") == 0 || strcmp(s, "bf16") == 0) *out = GCOMP_BF16;
+    else return -1;
+    return 0;
+}
+
+enum { OPT_CODEC = 256, OPT_EF, OPT_MIN_BYTES };
+
+/* One option; returns 0, or the exit status (2) on a bad value. */
+static int parse_option(struct options *o, int c, const char *arg)
+{
+    long long v;
+    switch (c) {
+    case 'b':
+        return parse_size(arg, &o->min_bytes) ? bad_value(o, "-b", arg, "a size like 64M") : 0;
+    case 'e':
+        return parse_size(arg, &o->max_bytes) ? bad_value(o, "-e", arg, "a size like 64M") : 0;
+    case 'f':
+        if (parse_long(arg, 2, 1 << 20, &v)) return bad_value(o, "-f", arg, "an integer >= 2");
+        o->factor = (size_t)v;
+        return 0;
+    case 'n': case 'w':
+        if (parse_long(arg, c == 'n', MAX_ITERS, &v))
+            return bad_value(o, c == 'n' ? "-n" : "-w", arg, c == 'n' ? "1..100000" : "0..100000");
+        *(c == 'n' ? &o->iters : &o->warmup) = (int)v;
+        return 0;
+    case 'c': case OPT_EF:
+        if (parse_long(arg, 0, 1, &v)) return bad_value(o, c == 'c' ? "-c" : "--ef", arg, "0 or 1");
+        *(c == 'c' ? &o->check : &o->ef) = (int)v;
+        return 0;
+    case 'o':
+        if (strcmp(arg, "sum") == 0) o->op = GCOMP_SUM;
+        else if (strcmp(arg, "avg") == 0) o->op = GCOMP_AVG;
+        else return bad_value(o, "-o", arg, "sum or avg");
+        return 0;
+    case 'd':
+        return parse_dtype(arg, &o->dtype) ? bad_value(o, "-d", arg, "float, half or bfloat16") : 0;
+    case OPT_MIN_BYTES:
+        if (parse_long(arg, 0, LLONG_MAX, &v)) return bad_value(o, "--min-bytes", arg, "bytes >= 0");
+        o->gcomp_min_bytes = v;
+        return 0;
+    case OPT_CODEC:
+        if (o->ncodecs == MAX_CODECS) return bad_value(o, "--codec", arg, "at most 32 codecs");
+        o->codecs[o->ncodecs++] = arg;
+        return 0;
+    case 'J':
+        o->json_path = arg;
+        return 0;
+    case 'v':
+        o->verbose = 1;
+        return 0;
+    default:
+        return 2;
+    }
+}
+
+/* The sweep must describe at least one whole element and fit MPI's int counts. */
+static int check_sizes(struct options *o, int max_set)
+{
+    size_t esize = gcomp_dtype_size(o->dtype);
+    if (!max_set && o->max_bytes < o->min_bytes) o->max_bytes = o->min_bytes;
+    if (o->min_bytes > o->max_bytes) {
+        if (o->talk)
+            fprintf(stderr, "allreduce_perf: -b %zu is larger than -e %zu\n", o->min_bytes,
+                    o->max_bytes);
+        return 2;
+    }
+    if (o->min_bytes < esize || o->max_bytes / esize > INT_MAX) {
+        if (o->talk)
+            fprintf(stderr, "allreduce_perf: sizes must hold 1 to INT_MAX elements of %zu bytes\n",
+                    esize);
+        return 2;
+    }
+    return 0;
+}
+
+/* Returns -1 to run, or an exit status (0 after -h, 2 on bad usage). */
+static int parse_args(int argc, char **argv, struct options *o)
+{
+    static const struct option longopts[] = {
+        {"minbytes", required_argument, 0, 'b'},   {"maxbytes", required_argument, 0, 'e'},
+        {"stepfactor", required_argument, 0, 'f'}, {"iters", required_argument, 0, 'n'},
+        {"warmup_iters", required_argument, 0, 'w'}, {"check", required_argument, 0, 'c'},
+        {"op", required_argument, 0, 'o'},         {"datatype", required_argument, 0, 'd'},
+        {"json", required_argument, 0, 'J'},       {"verbose", no_argument, 0, 'v'},
+        {"codec", required_argument, 0, OPT_CODEC}, {"ef", required_argument, 0, OPT_EF},
+        {"min-bytes", required_argument, 0, OPT_MIN_BYTES}, {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
+    };
+    int c, rc, max_set = 0;
+    opterr = o->talk;
+    while ((c = getopt_long(argc, argv, "b:e:f:n:w:c:o:d:J:vh", longopts, NULL)) != -1) {
+        if (c == 'h') {
+            if (o->talk) usage(stdout, argv[0]);
+            return 0;
+        }
+        if (c == '?') return 2;
+        max_set |= c == 'e';
+        if ((rc = parse_option(o, c, optarg)) != 0) return rc;
+    }
+    if (optind < argc) {
+        if (o->talk) fprintf(stderr, "allreduce_perf: unexpected argument '%s'\n", argv[optind]);
+        return 2;
+    }
+    if (o->ncodecs == 0)
+        for (size_t i = 0; i < sizeof default_codecs / sizeof *default_codecs; i++)
+            o->codecs[o->ncodecs++] = default_codecs[i];
+    return check_sizes(o, max_set) ? 2 : -1;
+}
+
+/* Every spec is parsed before any MPI traffic, so a typo fails fast on every rank alike. */
+static int check_codecs(const struct options *o)
+{
+    for (size_t i = 0; i < o->ncodecs; i++) {
+        gcomp_codec *codec = NULL;
+        if (gcomp_codec_create(o->codecs[i], NULL, &codec) != GCOMP_SUCCESS) {
+            if (o->talk) fprintf(stderr, "allreduce_perf: %s\n", gcomp_last_error());
+            return 2;
+        }
+        gcomp_codec_destroy(codec);
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Data                                                                                      */
+/* ---------------------------------------------------------------------------------------- */
+
+static uint64_t mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+static uint64_t rank_stream(int rank) { return mix64(DATA_SEED + GOLDEN * (uint64_t)(rank + 1)); }
+
+/* Element i of a rank's gradient: a counter-based generator, so any rank can compute any
+ * element of any rank. Irwin-Hall sum of four 16-bit uniforms: mean 0, sd 1, bell-shaped,
+ * bounded by 2*sqrt(3); one hash per element keeps regenerating n tensors cheap. */
+static float grad_value(uint64_t stream, size_t i)
+{
+    uint64_t h = mix64(stream + GOLDEN * (uint64_t)i);
+    uint32_t s = (uint32_t)(h & 0xffff) + (uint32_t)((h >> 16) & 0xffff) +
+                 (uint32_t)((h >> 32) & 0xffff) + (uint32_t)(h >> 48);
+    return (float)((((double)s + 2.0) / 65536.0 - 2.0) * 1.7320508075688772);
+}
+
+static void store_value(void *buf, size_t i, float v, gcomp_dtype d)
+{
+    if (d == GCOMP_F16) ((uint16_t *)buf)[i] = gcomp_f32_to_f16(v);
+    else if (d == GCOMP_BF16) ((uint16_t *)buf)[i] = gcomp_f32_to_bf16(v);
+    else ((float *)buf)[i] = v;
+}
+
+static double load_value(const void *buf, size_t i, gcomp_dtype d)
+{
+    if (d == GCOMP_F16) return gcomp_f16_to_f32(((const uint16_t *)buf)[i]);
+    if (d == GCOMP_BF16) return gcomp_bf16_to_f32(((const uint16_t *)buf)[i]);
+    return ((const float *)buf)[i];
+}
+
+/* What a rank actually sends: the generated value rounded to the benchmark's dtype. */
+static double input_value(uint64_t stream, size_t i, gcomp_dtype d)
+{
+    float v = grad_value(stream, i);
+    if (d == GCOMP_F16) return gcomp_f16_to_f32(gcomp_f32_to_f16(v));
+    if (d == GCOMP_BF16) return gcomp_bf16_to_f32(gcomp_f32_to_bf16(v));
+    return v;
+}
+
+static void fill_input(void *buf, size_t count, int rank, gcomp_dtype d)
+{
+    uint64_t stream = rank_stream(rank);
+    for (size_t i = 0; i < count; i++) store_value(buf, i, grad_value(stream, i), d);
+}
+
+/* Largest |x| of this rank's first count elements (terngrad's bound needs the global max). */
+static double local_max_abs(const void *buf, size_t count, gcomp_dtype d)
+{
+    double m = 0;
+    for (size_t i = 0; i < count; i++) {
+        double a = fabs(load_value(buf, i, d));
+        m = a > m ? a : m;
+    }
+    return m;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Error bounds and the check (rank 0)                                                       */
+/* ---------------------------------------------------------------------------------------- */
+
+/* Per-element bound on |y - exact| of a SUM: s_abs * S + m_max * M + abs, where
+ * S = sum_r |x_r| of the element and M = max |x| over everything (see usage()). */
+struct bound {
+    double s_abs, m_max, abs;
+    double out_u, out_abs; /* one rounding of the result to a half dtype */
+    double div;            /* n for avg, else 1 */
+};
+
+/* The element codec is the spec's first name: "topk" of "topk:ratio=0.01+zstd". */
+static int codec_is(const char *spec, const char *name)
+{
+    size_t n = strcspn(spec, ":+,");
+    return strlen(name) == n && strncmp(spec, name, n) == 0;
+}
+
+static struct bound make_bound(const char *spec, int n, gcomp_op op, gcomp_dtype dtype)
+{
+    struct bound b = {0};
+    double slack = 1.00001; /* fp32 summation and scaling in the engine */
+    if (codec_is(spec, "none")) b.s_abs = 1e-5;
+    else if (codec_is(spec, "fp16")) {
+        /* every hop rounds a partial sum once; subnormals add an absolute 2^-25 each */
+        b.s_abs = (n + 1) * 1e-3;
+        b.abs = (n + 1) * 0x1p-24;
+    } else if (codec_is(spec, "bf16")) b.s_abs = (n + 1) * 8e-3;
+    else if (codec_is(spec, "topk")) {
+        b.s_abs = slack;   /* a dropped element loses |x|, a kept one at most that */
+        b.abs = n * 0x1p-24; /* values=fp16 may flush a kept value to a subnormal */
+    } else {
+        b.s_abs = slack;   /* terngrad: |s t - x| <= M + |x| per rank */
+        b.m_max = n * slack;
+    }
+    if (dtype == GCOMP_F16) b.out_u = 0x1p-11, b.out_abs = 0x1p-25;
+    else if (dtype == GCOMP_BF16) b.out_u = 0x1p-8;
+    b.div = op == GCOMP_AVG ? n : 1;
+    return b;
+}
+
+static double element_bound(const struct bound *b, double s, double m)
+{
+    double codec = (b->s_abs * s + b->m_max * m + b->abs) / b->div;
+    return codec + b->out_u * (s / b->div + codec) + b->out_abs;
+}
+
+struct check {
+    long long nwrong;
+    double rel_err, max_abs_err;
+};
+
+/* Regenerates every rank's input, sums it in fp64 and compares with y element by element. */
+static void check_result(const struct bench *b, const struct bound *bd, size_t count,
+                         double max_x, struct check *out)
+{
+    uint64_t *streams = b->per_rank;
+    double num = 0, den = 0;
+    for (int r = 0; r < b->nranks; r++) streams[r] = rank_stream(r);
+    memset(out, 0, sizeof *out);
+    for (size_t i = 0; i < count; i++) {
+        double sum = 0, s_abs = 0;
+        for (int r = 0; r < b->nranks; r++) {
+            double x = input_value(streams[r], i, b->o.dtype);
+            sum += x;
+            s_abs += fabs(x);
+        }
+        double exact = sum / bd->div, y = load_value(b->recv, i, b->o.dtype);
+        double err = fabs(y - exact);
+        if (!(err <= element_bound(bd, s_abs, max_x))) out->nwrong++; /* NaN counts too */
+        if (!(err <= out->max_abs_err)) out->max_abs_err = err;
+        num += err * err;
+        den += exact * exact;
+    }
+    out->rel_err = den > 0 ? sqrt(num / den) : (num > 0 ? INFINITY : 0.0);
+}
+
+/* FNV-1a over 8-byte words of the result (sizes are whole elements, the tail is bytes):
+ * every rank must hold the same bits. */
+static uint64_t hash_bytes(const void *p, size_t n)
+{
+    const unsigned char *c = p;
+    uint64_t h = 0xcbf29ce484222325ULL, w;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        memcpy(&w, c + i, 8);
+        h = (h ^ w) * 0x100000001b3ULL;
+    }
+    for (; i < n; i++) h = (h ^ c[i]) * 0x100000001b3ULL;
+    return h;
+}
+
+/* Ranks whose result differs in any bit from rank 0's (valid on rank 0). */
+static int count_divergent(const struct bench *b, size_t bytes)
+{
+    uint64_t mine = hash_bytes(b->recv, bytes), *all = b->per_rank;
+    int bad = 0;
+    MPI_Gather(&mine, 1, MPI_UINT64_T, all, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
+    if (b->rank != 0) return 0;
+    for (int r = 1; r < b->nranks; r++) {
+        if (all[r] == all[0]) continue;
+        fprintf(stderr, "allreduce_perf: rank %d's result differs from rank 0's\n", r);
+        bad++;
+    }
+    return bad;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Calls and timing                                                                          */
+/* ---------------------------------------------------------------------------------------- */
+
+static void die_gcomp(const struct bench *b, const char *what, gcomp_result rc)
+{
+    fprintf(stderr, "allreduce_perf: rank %d: %s: %s (%s)\n", b->rank, what, gcomp_last_error(),
+            gcomp_result_name(rc));
+    MPI_Abort(MPI_COMM_WORLD, 1); /* a failed collective would leave the others hanging */
+}
+
+/* Half types have no MPI datatype: the baseline sums them through a user op, in fp32 per
+ * pair as NCCL does, with the same bytes on the wire as gcomp's input. */
+static void sum_f16(void *in, void *inout, int *len, MPI_Datatype *dt)
+{
+    const uint16_t *a = in;
+    uint16_t *y = inout;
+    (void)dt;
+    for (int i = 0; i < *len; i++)
+        y[i] = gcomp_f32_to_f16(gcomp_f16_to_f32(a[i]) + gcomp_f16_to_f32(y[i]));
+}
+
+static void sum_bf16(void *in, void *inout, int *len, MPI_Datatype *dt)
+{
+    const uint16_t *a = in;
+    uint16_t *y = inout;
+    (void)dt;
+    for (int i = 0; i < *len; i++)
+        y[i] = gcomp_f32_to_bf16(gcomp_bf16_to_f32(a[i]) + gcomp_bf16_to_f32(y[i]));
+}
+
+static void setup_baseline_op(struct bench *b)
+{
+    b->own_op = b->o.dtype != GCOMP_F32;
+    b->mpi_type = b->own_op ? MPI_UINT16_T : MPI_FLOAT;
+    b->mpi_op = MPI_SUM;
+    if (b->o.dtype == GCOMP_F16) MPI_Op_create(sum_f16, 1, &b->mpi_op);
+    else if (b->o.dtype == GCOMP_BF16) MPI_Op_create(sum_bf16, 1, &b->mpi_op);
+}
+
+/* MPI has no average: sum, then divide locally (part of the timed call). */
+static void baseline_call(const struct bench *b, size_t count)
+{
+    int err = MPI_Allreduce(b->send, b->recv, (int)count, b->mpi_type, b->mpi_op, MPI_COMM_WORLD);
+    if (err != MPI_SUCCESS) MPI_Abort(MPI_COMM_WORLD, 1);
+    if (b->o.op != GCOMP_AVG) return;
+    float inv = 1.0f / (float)b->nranks;
+    for (size_t i = 0; i < count; i++)
+        store_value(b->recv, i, (float)load_value(b->recv, i, b->o.dtype) * inv, b->o.dtype);
+}
+
+/* One call of gcomp (comm != NULL) or of the baseline (comm == NULL). */
+static void one_call(const struct bench *b, gcomp_comm *comm, size_t count)
+{
+    if (!comm) {
+        baseline_call(b, count);
+        return;
+    }
+    gcomp_result rc = gcomp_allreduce(comm, b->send, b->recv, count, b->o.dtype, b->o.op,
+                                      BENCH_KEY, NULL);
+    if (rc != GCOMP_SUCCESS) die_gcomp(b, "gcomp_allreduce", rc);
+}
+
+/* Seconds per call of the slowest rank, after the warmup calls. */
+static double time_calls(const struct bench *b, gcomp_comm *comm, size_t count)
+{
+    for (int i = 0; i < b->o.warmup; i++) one_call(b, comm, count);
+    if (comm) gcomp_comm_stats_reset(comm); /* wire bytes and phases of the timed calls */
+    MPI_Barrier(MPI_COMM_WORLD);
+    double t0 = MPI_Wtime();
+    for (int i = 0; i < b->o.iters; i++) one_call(b, comm, count);
+    double t = (MPI_Wtime() - t0) / b->o.iters, tmax;
+    MPI_Allreduce(&t, &tmax, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    return tmax;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* One row: one codec at one size                                                           */
+/* ---------------------------------------------------------------------------------------- */
+
+static gcomp_comm *make_comm(const struct bench *b, const char *spec)
+{
+    gcomp_config cfg = gcomp_config_default();
+    gcomp_comm *comm = NULL;
+    cfg.codec = spec;
+    cfg.min_bytes = b->o.gcomp_min_bytes;
+    cfg.error_feedback = b->o.ef;
+    gcomp_result rc = gcomp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &comm);
+    if (rc != GCOMP_SUCCESS) die_gcomp(b, "gcomp_comm_create_mpi", rc);
+    return comm;
+}
+
+/* The first call of a fresh communicator has a zero residual, so its error is the codec's
+ * own and the bounds above apply; later calls carry error feedback. */
+static void first_call_check(const struct bench *b, gcomp_comm *comm, struct row *row)
+{
+    double mx = local_max_abs(b->send, row->count, b->o.dtype), max_x;
+    MPI_Allreduce(&mx, &max_x, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    memset(b->recv, 0, row->bytes); /* a stale result from another row cannot pass */
+    one_call(b, comm, row->count);
+    int divergent = count_divergent(b, row->bytes);
+    if (b->rank == 0) {
+        struct bound bd = make_bound(row->codec, b->nranks, b->o.op, b->o.dtype);
+        struct check ck;
+        check_result(b, &bd, row->count, max_x, &ck);
+        row->nwrong = ck.nwrong + divergent;
+        row->rel_err = ck.rel_err;
+        row->max_abs_err = ck.max_abs_err;
+    }
+    MPI_Barrier(MPI_COMM_WORLD); /* rank 0's check is slow: keep it out of the warmup */
+}
+
+/* Per-call wire bytes and phase times of the timed calls, max over ranks. */
+static void collect_stats(gcomp_comm *comm, struct row *row)
+{
+    gcomp_comm_stats st;
+    gcomp_comm_stats_get(comm, &st);
+    double calls = st.calls ? (double)st.calls : 1.0, mine[4], mx[4];
+    mine[0] = (double)st.wire_bytes / calls;
+    mine[1] = st.encode_s / calls;
+    mine[2] = st.comm_s / calls;
+    mine[3] = st.decode_s / calls;
+    MPI_Reduce(mine, mx, 4, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+    row->wire_bytes = mx[0];
+    row->enc_s = mx[1];
+    row->comm_s = mx[2];
+    row->dec_s = mx[3];
+    row->schedule = st.last_schedule;
+}
+
+static void run_row(const struct bench *b, const char *spec, size_t count, struct row *row)
+{
+    memset(row, 0, sizeof *row);
+    row->codec = spec;
+    row->count = count;
+    row->bytes = count * gcomp_dtype_size(b->o.dtype);
+    row->nwrong = -1;
+    row->rel_err = row->max_abs_err = NAN;
+    gcomp_comm *comm = make_comm(b, spec);
+    if (b->o.check) first_call_check(b, comm, row);
+    row->time_s = time_calls(b, comm, count);
+    collect_stats(comm, row);
+    gcomp_comm_destroy(comm); /* frees its scratch before the baseline runs */
+    row->base_s = time_calls(b, NULL, count);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Output (rank 0)                                                                           */
+/* ---------------------------------------------------------------------------------------- */
+
+static const char *dtype_name(gcomp_dtype d)
+{
+    return d == GCOMP_F16 ? "half" : d == GCOMP_BF16 ? "bfloat16" : "float";
+}
+
+static const char *op_name(gcomp_op op) { return op == GCOMP_AVG ? "avg" : "sum"; }
+
+static double bus_factor(int n) { return n > 1 ? 2.0 * (n - 1) / n : 0.0; }
+
+static double algbw(size_t bytes, double s) { return s > 0 ? (double)bytes / s / 1e9 : 0.0; }
+
+/* What a plain ring sends per rank over what gcomp sent: NaN when nothing moves (n = 1). */
+static double ratio(const struct bench *b, const struct row *r)
+{
+    return r->wire_bytes > 0 ? bus_factor(b->nranks) * (double)r->bytes / r->wire_bytes : NAN;
+}
+
+struct peer {
+    int pid;
+    char host[64];
+};
+
+/* nccl-tests names every rank's host and device; here the "device" is host memory. */
+static void print_ranks(const struct bench *b)
+{
+    struct peer me = {(int)getpid(), ""}, *all = NULL;
+    gethostname(me.host, sizeof me.host - 1);
+    if (b->rank == 0 && !(all = malloc(sizeof *all * (size_t)b->nranks))) return;
+    MPI_Gather(&me, (int)sizeof me, MPI_BYTE, all, (int)sizeof me, MPI_BYTE, 0, MPI_COMM_WORLD);
+    if (b->rank != 0) return;
+    printf("# Using devices\n");
+    for (int r = 0; r < b->nranks; r++)
+        printf("#  Rank %2d Group  0 Pid %6d on %10s device host [host memory, MPI]\n", r,
+               all[r].pid, all[r].host);
+    free(all);
+}
+
+static void print_header(const struct bench *b)
+{
+    const struct options *o = &b->o;
+    printf("# nThread 1 nGpus 0 minBytes %zu maxBytes %zu step: %zu(factor) warmup iters: %d "
+           "iters: %d agg iters: 1 validation: %d graph: 0\n",
+           o->min_bytes, o->max_bytes, o->factor, o->warmup, o->iters, o->check);
+    printf("#\n# gcomp %d.%d.%d allreduce_perf: nranks %d, ef %d, min_bytes %lld, codecs:",
+           GCOMP_VERSION_MAJOR, GCOMP_VERSION_MINOR, GCOMP_VERSION_PATCH, b->nranks, o->ef,
+           o->gcomp_min_bytes);
+    for (size_t i = 0; i < o->ncodecs; i++) printf(" %s", o->codecs[i]);
+    printf("\n# baseline: MPI_Allreduce on MPI_COMM_WORLD, same buffers, same run\n#\n");
+}
+
+static void print_block_header(const struct bench *b, const char *spec)
+{
+    gcomp_codec *codec = NULL;
+    gcomp_codec_create(spec, NULL, &codec); /* checked at startup */
+    printf("#\n# codec %s (%s), nranks %d\n", spec, codec ? gcomp_codec_spec(codec) : "?",
+           b->nranks);
+    gcomp_codec_destroy(codec);
+    printf("#                                                    gcomp_allreduce, out-of-place"
+           "                                                   MPI_Allreduce\n");
+    printf("#       size         count      type   redop    root       time    algbw    busbw "
+           "#wrong        wire_B       cr    rel_err    max_err      base_us  speedup  sched\n");
+    printf("#        (B)    (elements)                                 (us)   (GB/s)   (GB/s) "
+           "       (B/rank/call)                                        (us)\n");
+    fflush(stdout); /* rows on slow links take minutes: show what is running */
+}
+
+static void print_row(const struct bench *b, const struct row *r)
+{
+    double bw = algbw(r->bytes, r->time_s);
+    char wrong[24] = "N/A", rel[24] = "N/A", max_err[24] = "N/A"; /* -c 0: not checked */
+    if (r->nwrong >= 0) {
+        snprintf(wrong, sizeof wrong, "%lld", r->nwrong);
+        snprintf(rel, sizeof rel, "%.3e", r->rel_err);
+        snprintf(max_err, sizeof max_err, "%.3e", r->max_abs_err);
+    }
+    printf("%12zu  %12zu  %8s  %6s  %6d %10.1f %8.3f %8.3f %6s %13.0f %8.2f %10s %10s "
+           "%12.1f %8.2f  %s\n",
+           r->bytes, r->count, dtype_name(b->o.dtype), op_name(b->o.op), -1, r->time_s * 1e6, bw,
+           bw * bus_factor(b->nranks), wrong, r->wire_bytes, ratio(b, r), rel, max_err,
+           r->base_s * 1e6, r->base_s / r->time_s, gcomp_schedule_name(r->schedule));
+    if (b->o.verbose)
+        printf("#   phases per call, us, each the max over ranks: encode %.1f  comm %.1f  "
+               "decode %.1f  (call %.1f)\n",
+               r->enc_s * 1e6, r->comm_s * 1e6, r->dec_s * 1e6, r->time_s * 1e6);
+    fflush(stdout);
+}
+
+/* JSON has no inf/nan: a non-finite value is written as null. */
+static void json_num(FILE *f, const char *key, double v)
+{
+    if (isfinite(v)) fprintf(f, ",\"%s\":%.9g", key, v);
+    else fprintf(f, ",\"%s\":null", key);
+}
+
+/* Spec strings are plain ASCII without quotes (the parser rejects anything else). */
+static void json_row(const struct bench *b, const struct row *r)
+{
+    FILE *f = b->json;
+    double bw = algbw(r->bytes, r->time_s), base_bw = algbw(r->bytes, r->base_s);
+    fprintf(f, "{\"size\":%zu,\"count\":%zu,\"type\":\"%s\",\"redop\":\"%s\",\"root\":-1", r->bytes,
+            r->count, dtype_name(b->o.dtype), op_name(b->o.op));
+    json_num(f, "time_us", r->time_s * 1e6);
+    json_num(f, "algbw", bw);
+    json_num(f, "busbw", bw * bus_factor(b->nranks));
+    if (r->nwrong < 0) fprintf(f, ",\"nwrong\":null");
+    else fprintf(f, ",\"nwrong\":%lld", r->nwrong);
+    fprintf(f, ",\"codec\":\"%s\",\"schedule\":\"%s\",\"nranks\":%d", r->codec,
+            gcomp_schedule_name(r->schedule), b->nranks);
+    json_num(f, "wire_bytes", r->wire_bytes);
+    json_num(f, "cr", ratio(b, r));
+    json_num(f, "rel_err", r->rel_err);
+    json_num(f, "max_abs_err", r->max_abs_err);
+    json_num(f, "baseline_time_us", r->base_s * 1e6);
+    json_num(f, "baseline_busbw", base_bw * bus_factor(b->nranks));
+    json_num(f, "speedup", r->base_s / r->time_s);
+    json_num(f, "encode_us", r->enc_s * 1e6);
+    json_num(f, "comm_us", r->comm_s * 1e6);
+    json_num(f, "decode_us", r->dec_s * 1e6);
+    fprintf(f, ",\"ef\":%d,\"min_bytes\":%lld,\"iters\":%d,\"warmup\":%d}\n", b->o.ef,
+            b->o.gcomp_min_bytes, b->o.iters, b->o.warmup);
+    fflush(f);
+}
+
+static void record_row(struct bench *b, const struct row *r)
+{
+    if (b->rank != 0) return;
+    print_row(b, r);
+    if (b->json) json_row(b, r);
+    b->busbw_sum += algbw(r->bytes, r->time_s) * bus_factor(b->nranks);
+    b->base_busbw_sum += algbw(r->bytes, r->base_s) * bus_factor(b->nranks);
+    b->rows++;
+    if (r->nwrong > 0) b->nwrong_total += r->nwrong;
+}
+
+/* The two footer lines scripts parse from nccl-tests, plus the baseline's average. */
+static void print_footer(const struct bench *b)
+{
+    double n = b->rows ? (double)b->rows : 1.0;
+    printf("#\n# MPI_Allreduce avg bus bandwidth : %g\n", b->base_busbw_sum / n);
+    printf("# Out of bounds values : %lld %s\n", b->nwrong_total,
+           b->nwrong_total ? "FAILED" : "OK");
+    printf("# Avg bus bandwidth    : %g \n#\n", b->busbw_sum / n);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Setup                                                                                     */
+/* ---------------------------------------------------------------------------------------- */
+
+static void *alloc_touched(size_t bytes)
+{
+    size_t rounded = (bytes + 4095) / 4096 * 4096;
+    void *p = aligned_alloc(4096, rounded);
+    if (p) memset(p, 0, rounded); /* page faults now, not in the timed calls */
+    return p;
+}
+
+/* Rank 0 only; opened before any row so a bad path fails before minutes of work. */
+static int open_json(struct bench *b)
+{
+    int ok = 1;
+    if (b->rank == 0 && b->o.json_path) {
+        b->json = fopen(b->o.json_path, "w");
+        if (!b->json) {
+            fprintf(stderr, "allreduce_perf: cannot write %s: %s\n", b->o.json_path,
+                    strerror(errno));
+            ok = 0;
+        }
+    }
+    MPI_Bcast(&ok, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    return ok ? 0 : 2;
+}
+
+static int setup(struct bench *b)
+{
+    size_t count = b->o.max_bytes / gcomp_dtype_size(b->o.dtype);
+    b->send = alloc_touched(b->o.max_bytes);
+    b->recv = alloc_touched(b->o.max_bytes);
+    b->per_rank = malloc(sizeof *b->per_rank * (size_t)b->nranks);
+    int ok = b->send && b->recv && b->per_rank, all_ok;
+    MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (!all_ok) {
+        if (!ok) fprintf(stderr, "allreduce_perf: rank %d: out of memory\n", b->rank);
+        return 1;
+    }
+    /* smaller rows use a prefix: element i has the same value at every size */
+    fill_input(b->send, count, b->rank, b->o.dtype);
+    setup_baseline_op(b);
+    return open_json(b);
+}
+
+static void teardown(struct bench *b)
+{
+    if (b->own_op) MPI_Op_free(&b->mpi_op);
+    if (b->json) fclose(b->json);
+    free(b->send);
+    free(b->recv);
+    free(b->per_rank);
+}
+
+static void run_all(struct bench *b)
+{
+    size_t esize = gcomp_dtype_size(b->o.dtype);
+    if (b->rank == 0) print_header(b);
+    print_ranks(b);
+    for (size_t c = 0; c < b->o.ncodecs; c++) {
+        if (b->rank == 0) print_block_header(b, b->o.codecs[c]);
+        for (size_t bytes = b->o.min_bytes; bytes <= b->o.max_bytes; bytes *= b->o.factor) {
+            struct row row;
+            run_row(b, b->o.codecs[c], bytes / esize, &row);
+            record_row(b, &row);
+            if (bytes > b->o.max_bytes / b->o.factor) break; /* the next step would overflow */
+        }
+    }
+    if (b->rank == 0) print_footer(b);
+}
+
+int main(int argc, char **argv)
+{
+    struct bench b = {0};
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &b.rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &b.nranks);
+    b.o = (struct options){.min_bytes = 64 * MIB, .max_bytes = 64 * MIB, .factor = 2, .iters = 20,
+                           .warmup = 5, .check = 1, .ef = 1, .gcomp_min_bytes = 0,
+                           .op = GCOMP_SUM, .dtype = GCOMP_F32, .talk = b.rank == 0};
+    int rc = parse_args(argc, argv, &b.o);
+    if (rc < 0) rc = check_codecs(&b.o) ? 2 : -1;
+    if (rc >= 0) { /* -h or bad usage: nothing was allocated */
+        MPI_Finalize();
+        return rc;
+    }
+    rc = setup(&b);
+    if (rc == 0) run_all(&b);
+    if (rc == 0 && b.rank == 0 && b.o.check && b.nwrong_total > 0) rc = 1;
+    teardown(&b);
+    MPI_Finalize();
+    return rc;
+}
