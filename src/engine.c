@@ -64,22 +64,38 @@ gcomp_result gcomp__comm_create(gcomp__transport *tp, const gcomp_config *cfg, g
     gcomp_comm *c = calloc(1, sizeof *c);
     gcomp_codec_options opts = gcomp_codec_options_default();
     uint64_t vals[3];
-    gcomp_result rc;
+    char detail[256];
+    gcomp_result rc, local;
     if (!c) {
         tp->destroy(tp);
         return gcomp__fail(GCOMP_ERR_NOMEM, "gcomp_comm_create: out of memory");
     }
     c->tp = tp;
-    GCOMP_CHECK_GOTO(gcomp__config_resolve(cfg, &c->cfg), rc, fail);
-    opts.seed = c->cfg.seed;
-    opts.rank = (uint32_t)tp->rank;
-    opts.error_feedback = c->cfg.error_feedback;
-    GCOMP_CHECK_GOTO(gcomp_codec_create(c->cfg.codec, &opts, &c->codec), rc, fail);
+    /* A local failure (bad spec, bad GCOMP_* variable) still joins the agreement below, so
+     * the other ranks get an error too instead of waiting for this one. */
+    local = gcomp__config_resolve(cfg, &c->cfg);
+    if (local == GCOMP_SUCCESS) {
+        opts.seed = c->cfg.seed;
+        opts.rank = (uint32_t)tp->rank;
+        opts.error_feedback = c->cfg.error_feedback;
+        local = gcomp_codec_create(c->cfg.codec, &opts, &c->codec);
+    } else {
+        c->cfg.timeout_ms = 300000; /* the default deadline for the agreement itself */
+    }
+    snprintf(detail, sizeof detail, "%s", local != GCOMP_SUCCESS ? gcomp_last_error() : "");
     /* ranks must agree on the codec: compare a hash of the canonical spec */
-    vals[0] = fnv1a(0xcbf29ce484222325ull, gcomp_codec_spec(c->codec), strlen(gcomp_codec_spec(c->codec)));
+    vals[0] = local == GCOMP_SUCCESS ? fnv1a(0xcbf29ce484222325ull, gcomp_codec_spec(c->codec),
+                                             strlen(gcomp_codec_spec(c->codec)))
+                                     : 0;
     vals[1] = ~vals[0];
-    vals[2] = 0;
+    vals[2] = (uint64_t)local;
     GCOMP_CHECK_GOTO(tp->allreduce_max_u64(tp, vals, 3, gcomp__now() + 1e-3 * (double)c->cfg.timeout_ms), rc, fail);
+    if (vals[2] != GCOMP_SUCCESS) {
+        rc = local != GCOMP_SUCCESS ? gcomp__fail(local, "%s", detail)
+                                    : gcomp__fail((gcomp_result)vals[2], "another rank failed to create its communicator (%s)",
+                                                  gcomp_strerror((gcomp_result)vals[2]));
+        goto fail;
+    }
     if (vals[0] != ~vals[1]) {
         rc = gcomp__fail(GCOMP_ERR_MISMATCH, "ranks were configured with different codecs (this rank: '%s')",
                          gcomp_codec_spec(c->codec));

@@ -253,6 +253,10 @@ static void test_mismatch(void)
     cfg.codec = rank == 0 ? "fp16" : "bf16";
     rc = gcomp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &bad);
     CHECK(all_ranks(rc == GCOMP_ERR_MISMATCH && bad == NULL), "different codecs at creation -> %s", gcomp_result_name(rc));
+    cfg.codec = rank == 0 ? "topk:ratio=7" : "topk"; /* invalid on one rank only: no hang */
+    rc = gcomp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &bad);
+    CHECK(all_ranks(rc != GCOMP_SUCCESS && bad == NULL), "invalid spec on rank 0 at creation -> %s", gcomp_result_name(rc));
+    CHECK(rank != 0 || rc == GCOMP_ERR_INVALID_SPEC, "rank 0's own error is INVALID_SPEC, got %s", gcomp_result_name(rc));
     gcomp_comm_destroy(c);
 }
 
