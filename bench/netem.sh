@@ -188,8 +188,57 @@ for ((r = 0; r < NP; r++)); do
     echo "#   rank $r: 10.77.0.$((r + 1)) $(tc -n "$TAG-r$r" qdisc show dev gc0 | head -n 1)"
 done
 
+# Open MPI's rsh launch occasionally loses a daemon (one orted never reports back, and
+# mpirun then waits forever without an error). A watchdog catches that: if after
+# LAUNCH_TIMEOUT seconds some rank namespace still holds fewer than two processes (its orted
+# and its rank) while mpirun runs, the launch is killed and retried, up to 3 attempts.
+LAUNCH_TIMEOUT=${LAUNCH_TIMEOUT:-30}
+ranks_started() {
+    local r
+    for ((r = 0; r < NP; r++)); do
+        [ "$(ip netns pids "$TAG-r$r" 2>/dev/null | wc -l)" -ge 2 ] || return 1
+    done
+}
+kill_rank_namespaces() {
+    local r pid
+    for ((r = 0; r < NP; r++)); do
+        for pid in $(ip netns pids "$TAG-r$r" 2>/dev/null); do kill -KILL "$pid" 2>/dev/null || true; done
+    done
+}
+watch_launch() { # pid of mpirun; returns 0 when launched (or finished), 1 when stuck
+    local waited=0
+    while kill -0 "$1" 2>/dev/null; do
+        ranks_started && return 0
+        [ "$waited" -ge $((LAUNCH_TIMEOUT * 10)) ] && return 1
+        sleep 0.1
+        waited=$((waited + 1))
+    done
+    return 0
+}
+
 MPIRUN=(ip netns exec "$HUB" "${MPIRUN[@]}")
-run_mpirun --hostfile "$TMP/hosts" --map-by node \
+run_mpirun_watched() {
+    local attempt rc
+    for attempt in 1 2 3; do
+        "${MPIRUN[@]}" "$@" &
+        MPIRUN_PID=$!
+        if watch_launch "$MPIRUN_PID"; then
+            rc=0
+            wait "$MPIRUN_PID" || rc=$?
+            MPIRUN_PID=
+            return "$rc"
+        fi
+        echo "netem.sh: launch attempt $attempt: not every rank started within ${LAUNCH_TIMEOUT} s; retrying" >&2
+        kill -TERM "$MPIRUN_PID" 2>/dev/null || true
+        kill_rank_namespaces
+        sleep 1
+        kill -KILL "$MPIRUN_PID" 2>/dev/null || true
+        wait "$MPIRUN_PID" 2>/dev/null || true
+        MPIRUN_PID=
+    done
+    die "Open MPI did not start all $NP ranks in 3 attempts"
+}
+run_mpirun_watched --hostfile "$TMP/hosts" --map-by node \
     --mca plm rsh --mca plm_rsh_agent "$TMP/agent" --mca plm_rsh_no_tree_spawn 1 \
     --mca orte_startup_timeout 60 \
     --mca oob_tcp_if_include 10.77.0.0/24 \

@@ -353,9 +353,10 @@ int main(int argc, char **argv)
     /* final figures, averaged over ranks */
     gcomp_comm_stats st;
     check_gcomp(gcomp_comm_stats_get(comm, &st), "gcomp_comm_stats_get");
-    double f[8] = {(double)st.wire_bytes, (double)st.baseline_bytes, t_train, t_comm / (t_comm + t_compute), st.encode_s,
-                   st.comm_s, st.decode_s, (double)st.overflow_count};
-    MPI_Allreduce(MPI_IN_PLACE, f, 8, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    double f[9] = {(double)st.wire_bytes, (double)st.baseline_bytes, t_train, t_comm / (t_comm + t_compute), st.encode_s,
+                   st.comm_s, st.decode_s, (double)st.overflow_count, st.agree_s};
+    MPI_Allreduce(MPI_IN_PLACE, f, 9, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    f[8] /= g_size;
     for (int i = 0; i < 7; i++) f[i] /= g_size;
     uint64_t hsh = param_hash(w, np), hmin = hsh, hmax = hsh;
     MPI_Allreduce(MPI_IN_PLACE, &hmin, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
@@ -400,6 +401,7 @@ int main(int argc, char **argv)
                 json_num(jf, "gcomp_encode_s_per_step", f[4] / (double)total, ", ");
                 json_num(jf, "gcomp_comm_s_per_step", f[5] / (double)total, ", ");
                 json_num(jf, "gcomp_decode_s_per_step", f[6] / (double)total, ", ");
+                json_num(jf, "gcomp_agree_s_per_step", f[8] / (double)total, ", ");
                 fprintf(jf, "\"overflow_count\": %.0f, \"weights_identical\": %s, ", f[7], hmin == hmax ? "true" : "false");
                 fprintf(jf, "\"schedules\": [");
                 for (int b = 0; b < nb; b++) {

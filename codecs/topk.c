@@ -11,12 +11,15 @@
  *   sample   a strided sample of x guesses a key t0 that at least k elements reach, with a
  *            wide margin (so the guess almost never fails; when it does we only lose time);
  *   pass 1   x = g + r_in, stored into r_out when there is one (a later pass then reads 4
- *            bytes per element, and the unkept part of the residual is already done); the
- *            histogram of the top digit; and the indices of keys >= t0 (a few percent of n),
- *            in index order;
- *   digit 0  the bin B holding the k-th largest key. If B's floor is >= t0, every candidate
- *            is in the list: drop those below B. Otherwise pass 2 collects the bin-B-and-above
- *            elements now that B is known.
+ *            bytes per element, and the unkept part of the residual is already done), and
+ *            the indices of keys >= t0 (a few percent of n), in index order. With at least k
+ *            listed, the k-th largest key is in the list, so the top-digit histogram is built
+ *            from the list alone and pass 1 does no per-element counting. Without a guess,
+ *            or when it failed (too few listed, or the list overflowed), the histogram of the
+ *            top digit comes from a pass over x;
+ *   digit 0  the bin B holding the k-th largest key. With a good guess every key of bin B
+ *            and above is in the list: drop those below B. Otherwise pass 2 collects the
+ *            bin-B-and-above elements now that B is known.
  *   digits   histograms of the next digits of the undecided keys, read from the list — or,
  *            when bin B holds a large share of n (ties, zeros), from x itself so that the list
  *            never holds more than a fraction of n;
@@ -226,6 +229,7 @@ static inline __attribute__((always_inline)) size_t
 pass1_loop(topk_select *s, const float *g, const float *r, float *xo, size_t n, size_t base,
            int spec, uint32_t t0, size_t c)
 {
+    const int hist = !spec; /* with a guess, the list alone decides (see select_topk) */
     uint32_t *h0 = s->sub, *h1 = s->sub + ((size_t)1 << s->digit);
     const unsigned shift = s->shift;
     size_t i = 0;
@@ -238,8 +242,10 @@ pass1_loop(topk_select *s, const float *g, const float *r, float *xo, size_t n, 
                 xo[j] = a;
                 xo[j + 1] = b;
             }
-            h0[ka >> shift]++;
-            h1[kb >> shift]++;
+            if (hist) {
+                h0[ka >> shift]++;
+                h1[kb >> shift]++;
+            }
             if (spec) any |= (t0 - 1 - ka) | (t0 - 1 - kb);
         }
         /* read x back from xo: r may alias it and already hold x instead of r */
@@ -252,7 +258,7 @@ pass1_loop(topk_select *s, const float *g, const float *r, float *xo, size_t n, 
         float a = x_at(g, r, i);
         uint32_t ka = key_of(a);
         if (xo) xo[i] = a;
-        h0[ka >> shift]++;
+        if (hist) h0[ka >> shift]++;
         if (spec && c != SIZE_MAX) {
             if (c + 1 > s->cap) {
                 c = SIZE_MAX;
@@ -290,7 +296,7 @@ static size_t pass1(topk_select *s, const float *g, const float *r, float *xo, s
         size_t m = n - base < TOPK_CHUNK ? n - base : TOPK_CHUNK;
         c = pass1_chunk(s, g + base, r ? r + base : NULL, xo ? xo + base : NULL, m, base, spec,
                         t0, c);
-        fold_sub(s, 2, base > 0);
+        if (!spec) fold_sub(s, 2, base > 0);
     }
     return c;
 }
@@ -459,9 +465,21 @@ static gcomp_result select_topk(topk_select *s, const float *g, const float *r, 
         memset(s->sub, 0, (TOPK_NSUB << s->digit) * sizeof *s->sub);
     }
     spec = sample_threshold(s, g, r, n, k, &t0, &cap);
+    if (spec && t0 > TOPK_INF_KEY) spec = 0; /* the list must hold every Inf/NaN key */
     if (spec && list_reserve(s, cap) != GCOMP_SUCCESS) return GCOMP_ERR_NOMEM;
 
     got = pass1(s, g, r, xo, n, spec, t0);
+    if (spec && got != SIZE_MAX && got >= k) {
+        /* The list holds every key >= t0, a bin floor, and at least k of them: the k-th
+         * largest key is in it, and its top-digit histogram equals that of x on every bin
+         * from t0's up. Pass 1 needed no histogram. */
+        memset(s->hist, 0, ((size_t)1 << s->digit) * sizeof *s->hist);
+        for (size_t j = 0; j < got; j++) s->hist[s->key[j] >> s->shift]++;
+    } else if (spec) {
+        /* the guess failed: histogram x in a pass that stores nothing, then as without one */
+        spec = 0;
+        pass1(s, xs, xr, NULL, n, 0, 0);
+    }
     for (uint32_t b = TOPK_INF_KEY >> s->shift; b >> s->digit == 0; b++)
         if (s->hist[b]) *nonfinite = 1;
     s->prefix = find_bin(s->hist, 1u << s->digit, k, &above);
@@ -469,7 +487,7 @@ static gcomp_result select_topk(topk_select *s, const float *g, const float *r, 
     s->undecided = s->hist[s->prefix];
     s->ncand = (size_t)(above + s->undecided);
 
-    if (spec && got != SIZE_MAX && s->prefix << s->shift >= t0) {
+    if (spec) {
         /* every key of bin B and above reached t0, so all are listed: drop the rest */
         got = list_keep_from(s, got, s->prefix << s->shift);
     } else if (s->ncand <= k + n / 8) {

@@ -213,6 +213,8 @@ typedef struct gcomp_comm_stats {
     uint64_t overflow_count;    /* fp16/bf16 overflows to inf */
     uint64_t nonfinite_calls;   /* calls whose result held NaN/Inf (residual kept) */
     double encode_s, comm_s, decode_s;
+    double agree_s;             /* the call's agreement allreduces (fingerprint, outcome); this
+                                 * is also where a rank waits for ranks that arrive late */
     gcomp_schedule last_schedule;
 } gcomp_comm_stats;
 

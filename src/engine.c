@@ -250,6 +250,7 @@ static void add_stats(gcomp_comm_stats *to, const gcomp_comm_stats *from)
     to->encode_s += from->encode_s;
     to->comm_s += from->comm_s;
     to->decode_s += from->decode_s;
+    to->agree_s += from->agree_s;
     to->last_schedule = from->last_schedule;
 }
 
@@ -319,8 +320,10 @@ static gcomp_result agree_outcome(gcomp_comm *c, gcomp__call *call)
 {
     uint64_t v = (uint64_t)call->error;
     char detail[256];
+    double t0 = gcomp__now();
     snprintf(detail, sizeof detail, "%s", call->error ? gcomp_last_error() : "");
     GCOMP_CHECK(transport_failed(c, c->tp->allreduce_max_u64(c->tp, &v, 1, call->deadline)));
+    call->st->agree_s += gcomp__now() - t0;
     if (v == GCOMP_SUCCESS) return GCOMP_SUCCESS;
     if (call->error) return gcomp__fail(call->error, "%s", detail);
     return gcomp__fail((gcomp_result)v, "another rank failed during the allreduce (%s)", gcomp_strerror((gcomp_result)v));
@@ -355,7 +358,7 @@ gcomp_result gcomp_allreduce(gcomp_comm *c, const void *send, void *recv, size_t
     gcomp__call call;
     call_plan plan;
     gcomp_result local;
-    double t0 = gcomp__now();
+    double t0 = gcomp__now(), t_agree;
     if (!c) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_allreduce: comm is NULL");
     if (c->broken) return gcomp__fail(GCOMP_ERR_COMM_INVALID, "communicator is unusable after an earlier timeout or transport error");
     memset(&st, 0, sizeof st);
@@ -367,7 +370,9 @@ gcomp_result gcomp_allreduce(gcomp_comm *c, const void *send, void *recv, size_t
     call.st = &st;
     local = check_args(send, recv, count, dtype, op, stream);
     if (local == GCOMP_SUCCESS && count > 0) local = prepare_call(c, &call, &plan, key, dtype, op);
+    t_agree = gcomp__now();
     GCOMP_CHECK(agree(c, local, count, dtype, op, call.deadline));
+    st.agree_s = gcomp__now() - t_agree;
     if (count == 0) return GCOMP_SUCCESS;
     st.calls = 1;
     st.raw_bytes = count * gcomp_dtype_size(dtype);

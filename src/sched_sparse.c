@@ -4,7 +4,8 @@
  * Each rank encodes its whole tensor once (residual fused): a payload of k (index, value)
  * pairs. A ring allgather forwards every rank's payload unchanged (N-1 steps), and every
  * rank sums the N payloads in rank order into a zeroed result, so all ranks hold the same
- * bits. Sparse payloads do not shrink when summed, so a gather sends (N-1) payloads per
+ * bits. The zeroing of the result and the decodes that rank order already allows overlap the
+ * transfers. Sparse payloads do not shrink when summed, so a gather sends (N-1) payloads per
  * rank; when that bound would exceed what a dense fp32 ring sends (2(N-1)/N * 4 bytes per
  * element), the engine instead decodes this rank's payload and runs the dense ring on it.
  * The choice depends only on (count, N, spec), so every rank makes the same one.
@@ -31,7 +32,8 @@ gcomp_result gcomp__sched_sparse_prepare(gcomp__call *call)
 {
     gcomp_comm *c = call->comm;
     int n = c->tp->size;
-    GCOMP_CHECK(gcomp__reserve(&c->pay, &c->pay_cap, (size_t)n * payload_bound(call) + (size_t)n * sizeof(size_t)));
+    GCOMP_CHECK(gcomp__reserve(&c->pay, &c->pay_cap,
+                               (size_t)n * payload_bound(call) + (size_t)n * (sizeof(size_t) + sizeof(int))));
     if (!use_dense(call)) return GCOMP_SUCCESS;
     if (!c->dense_codec) GCOMP_CHECK(gcomp_codec_create("none", NULL, &c->dense_codec));
     GCOMP_CHECK(gcomp__reserve(&c->spx, &c->spx_cap, call->count * sizeof(float)));
@@ -71,27 +73,54 @@ static gcomp_result sparse_as_dense(gcomp__call *call)
     return rc;
 }
 
+/* Adds the payloads that are next in rank order and have arrived, so decoding overlaps the
+ * transfers still in flight without changing the order of the sums. */
+static void decode_ready(gcomp__call *call, const uint8_t *slots, size_t bound, const size_t *bytes, const int *have,
+                         int *next)
+{
+    gcomp_comm *c = call->comm;
+    double t0 = gcomp__now();
+    for (; *next < c->tp->size && have[*next]; ++*next) {
+        GCOMP_STEP(call, gcomp_codec_decode_add(c->codec, slots + (size_t)*next * bound, bytes[*next], call->result,
+                                                call->count));
+        c->tp->progress(c->tp);
+    }
+    call->st->decode_s += gcomp__now() - t0;
+}
+
+static void zero_result(gcomp__call *call)
+{
+    double t0 = gcomp__now();
+    memset(call->result, 0, call->count * sizeof(float));
+    call->st->decode_s += gcomp__now() - t0;
+}
+
 gcomp_result gcomp__sched_sparse(gcomp__call *call)
 {
     gcomp_comm *c = call->comm;
-    int n = c->tp->size, r = c->tp->rank;
+    int n = c->tp->size, r = c->tp->rank, next = 0, *have;
     size_t bound = payload_bound(call);
     uint8_t *slots = c->pay;
     size_t *bytes = (size_t *)(slots + (size_t)n * bound);
-    double t0;
     if (use_dense(call)) return sparse_as_dense(call);
+    have = (int *)(bytes + n);
+    memset(have, 0, (size_t)n * sizeof *have);
     bytes[r] = 0;
     GCOMP_STEP(call, encode_own(call, slots + (size_t)r * bound, bound, &bytes[r]));
+    have[r] = 1;
+    /* The input has been consumed (it may be the result buffer, in place): the zeroing of
+     * the result and the decodes that rank order allows run while payloads travel. */
     for (int s = 0; s < n - 1; s++) {
         int send_j = ((r - s) % n + n) % n, recv_j = ((r - s - 1) % n + n) % n;
-        GCOMP_CHECK(gcomp__ring_exchange(call, slots + (size_t)send_j * bound, bytes[send_j],
-                                         slots + (size_t)recv_j * bound, bound, &bytes[recv_j]));
+        GCOMP_CHECK(gcomp__ring_start(call, slots + (size_t)send_j * bound, bytes[send_j],
+                                      slots + (size_t)recv_j * bound, bound));
+        if (s == 0) zero_result(call);
+        decode_ready(call, slots, bound, bytes, have, &next);
+        GCOMP_CHECK(gcomp__ring_finish(call, &bytes[recv_j]));
+        have[recv_j] = 1;
     }
-    t0 = gcomp__now();
-    memset(call->result, 0, call->count * sizeof(float));
-    for (int j = 0; j < n; j++)
-        GCOMP_STEP(call, gcomp_codec_decode_add(c->codec, slots + (size_t)j * bound, bytes[j], call->result, call->count));
-    call->st->decode_s += gcomp__now() - t0;
+    if (n == 1) zero_result(call);
+    decode_ready(call, slots, bound, bytes, have, &next);
     call->st->last_schedule = GCOMP_SCHED_SPARSE;
     return GCOMP_SUCCESS;
 }

@@ -145,6 +145,41 @@ static void test_clip(void **state)
     free(x);
 }
 
+/* The summation order of terngrad.h, written out as plainly as possible: every block of
+ * GCOMP_TG_RMS_BLOCK zero-padded squares is summed by a halving-stride tree, the block sums
+ * in block order. gcomp__tg_rms (with its fused, vectorised fast path) must equal it bit for
+ * bit, since CUDA reproduces this order. */
+static double rms_spec(const float *g, const float *r, size_t n)
+{
+    double total = 0, t[GCOMP_TG_RMS_BLOCK];
+    for (size_t b = 0; b < n; b += GCOMP_TG_RMS_BLOCK) {
+        for (size_t k = 0; k < GCOMP_TG_RMS_BLOCK; k++) {
+            float x = b + k < n ? (r ? g[b + k] + r[b + k] : g[b + k]) : 0.0f;
+            t[k] = (double)x * (double)x;
+        }
+        for (size_t w = GCOMP_TG_RMS_BLOCK / 2; w >= 1; w /= 2)
+            for (size_t k = 0; k < w; k++) t[k] = t[k] + t[k + w];
+        total += t[0];
+    }
+    return n ? sqrt(total / (double)n) : 0.0;
+}
+
+static void test_rms_order(void **state)
+{
+    static const size_t sizes[] = {0, 1, 255, 256, 257, 1000, 4096, 70001};
+    float *g = tu_gauss_array(70001, 21), *r = tu_gauss_array(70001, 22);
+    (void)state;
+    for (size_t i = 0; i < 70001; i += 97) g[i] *= 1e6f; /* wide dynamic range: order matters */
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+        double a = gcomp__tg_rms(g, NULL, sizes[s]), b = rms_spec(g, NULL, sizes[s]);
+        double c = gcomp__tg_rms(g, r, sizes[s]), d = rms_spec(g, r, sizes[s]);
+        assert_memory_equal(&a, &b, sizeof a);
+        assert_memory_equal(&c, &d, sizeof c);
+    }
+    free(g);
+    free(r);
+}
+
 /* The engine's split: local_scales, then encode_scaled with a larger shared scale. */
 static void test_split_encode(void **state)
 {
@@ -302,7 +337,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_roundtrip_values), cmocka_unit_test(test_unbiased),
         cmocka_unit_test(test_deterministic),    cmocka_unit_test(test_buckets),
-        cmocka_unit_test(test_clip),             cmocka_unit_test(test_split_encode),
+        cmocka_unit_test(test_clip),             cmocka_unit_test(test_rms_order),             cmocka_unit_test(test_split_encode),
         cmocka_unit_test(test_nonfinite),        cmocka_unit_test(test_integer_sums),
         cmocka_unit_test(test_corrupt_codes),  cmocka_unit_test(test_planar_layout),
     };
