@@ -252,6 +252,28 @@ static gcomp_result tg_encode_impl(const gcomp_terngrad_params *p, gcomp_encode_
     return GCOMP_SUCCESS;
 }
 
+/* The engine's integer ring needs each rank's codes as t in {-1, 0, +1}, never the packed
+ * body: the same codes as encode_scaled (same RNG, same rule, residual fused), without the
+ * planar packing and the unpacking behind it. */
+gcomp_result gcomp__tg_ternarise(const gcomp_terngrad_params *p, const gcomp_encode_ctx *ctx, const float *g,
+                                 const float *r_in, float *r_out, size_t n, const float *scales, int8_t *t)
+{
+    size_t B = bucket_len(p, n);
+    uint64_t key = gcomp_tg_key(ctx->seed, ctx->step, ctx->rank);
+    uint32_t codes[TILE];
+    if (B % 4 && B < n) return gcomp_codec_fail(GCOMP_ERR_INVALID_ARG, "terngrad: bucket must be a multiple of 4");
+    for (size_t a = 0, j = 0; a < n; a += B, j++) {
+        size_t m = n - a < B ? n - a : B;
+        for (size_t done = 0; done < m; done += TILE) {
+            size_t i = a + done, len = m - done < TILE ? m - done : TILE;
+            quantize_tile(g + i, r_in ? r_in + i : NULL, r_out ? r_out + i : NULL, len, scales[j], key,
+                          ctx->offset + i, codes);
+            for (size_t k = 0; k < len; k++) t[i + k] = (int8_t)((int32_t)(codes[k] & 1u) - (int32_t)(codes[k] >> 1));
+        }
+    }
+    return GCOMP_SUCCESS;
+}
+
 static gcomp_result tg_encode(const void *params, gcomp_encode_ctx *ctx, const float *g, const float *r_in,
                               float *r_out, size_t n, uint8_t *body, size_t cap, size_t *written, uint32_t *flags)
 {
@@ -401,13 +423,18 @@ static inline __attribute__((always_inline)) uint64_t add_pack_groups(const unsi
     uint64_t bad = 0;
     for (size_t gi = 0; gi < groups; gi++) {
         uint64_t win = 0, wout = 0;
-        if (wi) memcpy(&win, in + gi * wi, wi); /* little-endian host (see header.c) */
+        /* little-endian host (see header.c); a whole 8-byte load while the groups go on for
+         * 8 more bytes, exactly wi bytes near the end */
+        if (wi && (groups - gi) * wi >= 8) memcpy(&win, in + gi * wi, 8);
+        else if (wi) memcpy(&win, in + gi * wi, wi);
         for (unsigned k = 0; k < 8; k++) {
             uint64_t v = (win >> (k * wi)) & mask; /* sum + m_in, in [0, 2 m_in] */
             bad |= v > 2ull * m_in;
             wout |= (v + 1 + (uint64_t)(int64_t)t[gi * 8 + k]) << (k * wo); /* + t, rebased to + m_out */
         }
-        memcpy(out + gi * wo, &wout, wo);
+        /* the bytes past this group's wo are written again by the next groups */
+        if ((groups - gi) * wo >= 8) memcpy(out + gi * wo, &wout, 8);
+        else memcpy(out + gi * wo, &wout, wo);
     }
     return bad;
 }
@@ -419,7 +446,8 @@ static inline __attribute__((always_inline)) uint64_t unpack_groups(const unsign
     uint64_t bad = 0;
     for (size_t gi = 0; gi < groups; gi++) {
         uint64_t word = 0;
-        memcpy(&word, in + gi * w, w);
+        if ((groups - gi) * w >= 8) memcpy(&word, in + gi * w, 8); /* see add_pack_groups */
+        else memcpy(&word, in + gi * w, w);
         for (unsigned k = 0; k < 8; k++) {
             uint64_t v = (word >> (k * w)) & mask;
             bad |= v > 2ull * m;

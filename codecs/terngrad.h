@@ -134,6 +134,10 @@ gcomp_result gcomp__tg_sums_add_pack(const uint8_t *in, size_t in_bytes, uint32_
                                      uint8_t *out);
 /* out[i] = sum i of m ranks, checked to lie in [-m, m]. */
 gcomp_result gcomp__tg_sums_unpack(const uint8_t *in, size_t bytes, size_t n, uint32_t m, int16_t *out);
+/* t[i] in {-1, 0, +1}: the codes encode_scaled would pack for these scales (one per bucket
+ * of the range), with the residual update fused in (r_out may alias r_in or be NULL). */
+gcomp_result gcomp__tg_ternarise(const gcomp_terngrad_params *p, const gcomp_encode_ctx *ctx, const float *g,
+                                 const float *r_in, float *r_out, size_t n, const float *scales, int8_t *t);
 /* The deterministic rms of x = g + r over [0, n): see terngrad.c. */
 double gcomp__tg_rms(const float *g, const float *r, size_t n);
 

@@ -36,8 +36,6 @@ typedef struct int_ctx {
     size_t piece;           /* elements per ternarised piece: whole buckets, or a multiple of 4 */
     float *scales;          /* shared scales */
     uint64_t *keys;         /* their bits, for the allreduce-max */
-    uint8_t *body;          /* one piece's encoded body (scales + codes) */
-    size_t body_cap;
     int8_t *t;              /* one chunk of this rank's codes as -1/0/+1 */
     int16_t *sums;          /* one chunk of final sums */
     uint8_t *raw;           /* packed sums after the byte stages are undone (zstd) */
@@ -62,7 +60,7 @@ static gcomp_result layout(gcomp__call *call, int_ctx *d)
     gcomp_comm *c = call->comm;
     const gcomp_terngrad_params *p;
     int n = c->tp->size;
-    size_t max_chunk, piece_scales, off;
+    size_t max_chunk, off;
     uint8_t *base;
     memset(d, 0, sizeof *d);
     d->call = call;
@@ -72,15 +70,13 @@ static gcomp_result layout(gcomp__call *call, int_ctx *d)
     d->bucket = p->bucket > 0 ? (size_t)p->bucket : call->count;
     d->align = p->bucket > 0 ? (size_t)p->bucket : GCOMP_TG_TILE;
     d->piece = p->bucket > 0 ? ((PIECE + d->bucket - 1) / d->bucket) * d->bucket : PIECE;
-    piece_scales = p->bucket > 0 ? d->piece / d->bucket : 1;
-    d->body_cap = 4 * piece_scales + d->piece / 4 + 4;
     d->staged = gcomp__codec_chain(c->codec)->n_stages > 1;
     max_chunk = call->count / (size_t)n + 2 * d->align;
     if (max_chunk > call->count) max_chunk = call->count;
     d->msg_cap = (gcomp__codec_stages_bound(c->codec, (size_t)gcomp_tg_sum_bytes(max_chunk, (uint32_t)n)) + 7) & ~(size_t)7;
 
-    /* sbuf: scales | keys | piece body;  acc: sums | t;  tmp: raw | raw_out;  pay: slots | sizes */
-    GCOMP_CHECK(gcomp__reserve(&c->sbuf, &c->sbuf_cap, 16 * d->nb + 16 + d->body_cap));
+    /* sbuf: scales | keys;  acc: sums | t;  tmp: raw | raw_out;  pay: slots | sizes */
+    GCOMP_CHECK(gcomp__reserve(&c->sbuf, &c->sbuf_cap, 16 * d->nb + 16));
     GCOMP_CHECK(gcomp__reserve(&c->acc, &c->acc_cap, max_chunk * (sizeof(int16_t) + sizeof(int8_t)) + 16));
     GCOMP_CHECK(gcomp__reserve(&c->tmp, &c->tmp_cap, 2 * d->msg_cap));
     GCOMP_CHECK(gcomp__reserve(&c->rbuf, &c->rbuf_cap, d->msg_cap));
@@ -89,7 +85,6 @@ static gcomp_result layout(gcomp__call *call, int_ctx *d)
     off = (4 * d->nb + 7) & ~(size_t)7;
     d->scales = (float *)base;
     d->keys = (uint64_t *)(base + off);
-    d->body = base + off + 8 * d->nb;
     d->sums = c->acc;
     d->t = (int8_t *)((uint8_t *)c->acc + ((max_chunk * sizeof(int16_t) + 15) & ~(size_t)15));
     d->raw = c->tmp;
@@ -143,23 +138,16 @@ static gcomp_result ternarise_chunk(int_ctx *d, int j)
     double t0 = gcomp__now();
     chunk_of(d, j, &lo, &hi);
     for (size_t a = lo; a < hi; a += d->piece) {
-        size_t m = hi - a < d->piece ? hi - a : d->piece, nbp, written;
+        size_t m = hi - a < d->piece ? hi - a : d->piece;
         const float *scales = d->scales + (d->bucket < call->count ? a / d->bucket : 0);
         gcomp_encode_ctx ctx = {0};
-        uint32_t flags;
         ctx.seed = call->comm->cfg.seed;
         ctx.step = call->step;
         ctx.rank = (uint32_t)tp->rank;
         ctx.offset = a;
-        nbp = d->st->vt->num_scales(d->st->params, m);
-        GCOMP_CHECK(d->st->vt->encode_scaled(d->st->params, &ctx, call->x + a, call->r_in ? call->r_in + a : NULL,
-                                             call->r_out && d->write_residual ? call->r_out + a : NULL, m, scales,
-                                             d->body, d->body_cap, &written, &flags));
-        /* one piece may hold several buckets: unpack each (codes restart tiles per bucket) */
-        for (size_t b = 0; b < m; b += d->bucket < m ? d->bucket : m) {
-            size_t len = m - b < d->bucket ? m - b : d->bucket;
-            GCOMP_CHECK(gcomp__tg_codes_unpack(d->body + 4 * nbp + b / 4, (len + 3) / 4, len, d->t + (a - lo) + b));
-        }
+        GCOMP_CHECK(gcomp__tg_ternarise(d->st->params, &ctx, call->x + a, call->r_in ? call->r_in + a : NULL,
+                                        call->r_out && d->write_residual ? call->r_out + a : NULL, m, scales,
+                                        d->t + (a - lo)));
         tp->progress(tp);
     }
     call->st->encode_s += gcomp__now() - t0;

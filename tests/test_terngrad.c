@@ -311,6 +311,96 @@ static void test_integer_sums(void **state)
     assert_int_equal(gcomp__tg_codes_unpack(codes, sizeof codes, N, t), GCOMP_ERR_CORRUPT);
 }
 
+/* The packed sums byte for byte against a plain LSB-first bit writer: the unrolled group
+ * kernels (whole 8-byte loads and stores) write exactly the documented wire bytes. */
+static void pack_plain(const int32_t *sum, size_t n, uint32_t m, uint8_t *out)
+{
+    unsigned w = gcomp_tg_sum_bits(m);
+    memset(out, 0, (size_t)gcomp_tg_sum_bytes(n, m));
+    for (size_t i = 0; i < n; i++)
+        for (unsigned b = 0; b < w; b++)
+            if (((uint32_t)(sum[i] + (int32_t)m) >> b) & 1u) out[(i * w + b) / 8] |= (uint8_t)(1u << ((i * w + b) % 8));
+}
+
+static void test_sums_wire_bytes(void **state)
+{
+    enum { N = 4099, M = 70 }; /* widths 2..8: both fast kernels and the wide fallback */
+    uint64_t seed = 5;
+    static uint8_t packed[2][N * 2], want[N * 2];
+    int8_t t[N];
+    int32_t sum[N] = {0};
+    int16_t got[N];
+    size_t bytes = 0;
+    (void)state;
+    for (uint32_t m = 0; m < M; m++) {
+        for (int i = 0; i < N; i++) {
+            t[i] = (int8_t)((int)(tu_next(&seed) % 3) - 1);
+            sum[i] += t[i];
+        }
+        /* exactly sized copies, so ASan sees any access past the end */
+        uint8_t *in = m ? malloc(bytes) : NULL, *out = malloc(gcomp_tg_sum_bytes(N, m + 1));
+        if (m) memcpy(in, packed[m & 1], bytes);
+        assert_int_equal(gcomp__tg_sums_add_pack(in, bytes, m, t, N, out), GCOMP_SUCCESS);
+        bytes = gcomp_tg_sum_bytes(N, m + 1);
+        memcpy(packed[(m + 1) & 1], out, bytes);
+        free(in);
+        free(out);
+        pack_plain(sum, N, m + 1, want);
+        assert_memory_equal(packed[(m + 1) & 1], want, bytes);
+        assert_int_equal(gcomp__tg_sums_unpack(want, bytes, N, m + 1, got), GCOMP_SUCCESS);
+        for (int i = 0; i < N; i++) assert_int_equal(got[i], sum[i]);
+        /* one value out of range anywhere in the first group is rejected by both functions */
+        if (2 * (m + 1) + 1 < (1u << gcomp_tg_sum_bits(m + 1))) { /* the width has an invalid value */
+            uint8_t bad[N * 2];
+            int32_t s0 = sum[3];
+            sum[3] = (int32_t)(m + 1) + 1; /* stored as 2(m+1) + 1: representable, invalid */
+            pack_plain(sum, N, m + 1, bad);
+            sum[3] = s0;
+            assert_int_equal(gcomp__tg_sums_unpack(bad, bytes, N, m + 1, got), GCOMP_ERR_CORRUPT);
+            assert_int_equal(gcomp__tg_sums_add_pack(bad, bytes, m + 1, t, N, packed[m & 1]), GCOMP_ERR_CORRUPT);
+        }
+    }
+}
+
+/* The engine's direct ternarisation gives the codes encode_scaled packs, and the same
+ * residual. */
+static void test_ternarise_matches_encode(void **state)
+{
+    enum { N = 5003 };
+    static const int64_t buckets[] = {0, 1024, 4};
+    float *x = tu_gauss_array(N, 31), *r = tu_gauss_array(N, 32), ra[N], rb[N], scales[N];
+    static uint8_t body[4 * N + N];
+    int8_t ta[N], tb[N];
+    (void)state;
+    for (size_t bi = 0; bi < sizeof buckets / sizeof buckets[0]; bi++) {
+        gcomp_terngrad_params p = params(buckets[bi], 2.5);
+        gcomp_encode_ctx ctx = {0};
+        size_t nb = gcomp__codec_terngrad.num_scales(&p, N), w;
+        uint32_t flags;
+        ctx.seed = 7;
+        ctx.step = 3;
+        ctx.rank = 2;
+        ctx.offset = ((uint64_t)1 << 32) - 1000; /* crosses a salt boundary */
+        assert_int_equal(gcomp__codec_terngrad.local_scales(&p, &ctx, x, r, N, scales), GCOMP_SUCCESS);
+        for (size_t j = 0; j < nb; j++) scales[j] *= 1.25f; /* a larger shared scale, as from another rank */
+        assert_int_equal(gcomp__codec_terngrad.encode_scaled(&p, &ctx, x, r, ra, N, scales, body, sizeof body, &w, &flags),
+                         GCOMP_SUCCESS);
+        if (buckets[bi] == 0) { /* one bucket: tiles from element 0 */
+            assert_int_equal(gcomp__tg_codes_unpack(body + 4 * nb, (N + 3) / 4, N, ta), GCOMP_SUCCESS);
+        } else {
+            for (size_t a = 0; a < N; a += (size_t)buckets[bi]) {
+                size_t len = N - a < (size_t)buckets[bi] ? N - a : (size_t)buckets[bi];
+                assert_int_equal(gcomp__tg_codes_unpack(body + 4 * nb + a / 4, (len + 3) / 4, len, ta + a), GCOMP_SUCCESS);
+            }
+        }
+        assert_int_equal(gcomp__tg_ternarise(&p, &ctx, x, r, rb, N, scales, tb), GCOMP_SUCCESS);
+        assert_memory_equal(ta, tb, N);
+        assert_memory_equal(ra, rb, sizeof ra);
+    }
+    free(x);
+    free(r);
+}
+
 static void test_corrupt_codes(void **state)
 {
     gcomp_terngrad_params p = params(0, 0);
@@ -339,6 +429,7 @@ int main(void)
         cmocka_unit_test(test_deterministic),    cmocka_unit_test(test_buckets),
         cmocka_unit_test(test_clip),             cmocka_unit_test(test_rms_order),             cmocka_unit_test(test_split_encode),
         cmocka_unit_test(test_nonfinite),        cmocka_unit_test(test_integer_sums),
+        cmocka_unit_test(test_sums_wire_bytes), cmocka_unit_test(test_ternarise_matches_encode),
         cmocka_unit_test(test_corrupt_codes),  cmocka_unit_test(test_planar_layout),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
