@@ -24,8 +24,8 @@
 static const gcomp_param_def tg_params[] = {
     {"bucket", GCOMP_PARAM_INT, offsetof(gcomp_terngrad_params, bucket), 0, 1073741824, 0, NULL,
      "elements per scale, a multiple of 4; 0 = one scale per tensor"},
-    {"clip", GCOMP_PARAM_DOUBLE, offsetof(gcomp_terngrad_params, clip), 0, 1000, 0, NULL,
-     "clip |x| at clip * rms before ternarising (paper: 2.5); 0 = off"},
+    {"clip", GCOMP_PARAM_DOUBLE, offsetof(gcomp_terngrad_params, clip), 0, 1000, 2.5, NULL,
+     "clip |x| at clip * rms before ternarising (the paper's 2.5); 0 = off"},
 };
 
 static gcomp_result tg_check_params(const void *params, char *msg, size_t cap)

@@ -50,7 +50,7 @@
 
 typedef struct gcomp_terngrad_params {
     int64_t bucket; /* elements per scale; 0 = one scale per tensor (default) */
-    double clip;    /* clip at clip * rms; 0 = no clipping (default); paper value 2.5 */
+    double clip;    /* clip at clip * rms (default 2.5, the paper's value); 0 = no clipping */
 } gcomp_terngrad_params;
 
 static inline GCOMP_TG_HD uint64_t gcomp_mix64(uint64_t x)

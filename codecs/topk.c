@@ -34,8 +34,12 @@
 #include "topk.h"
 
 #include <stddef.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #define TOPK_KEY_BITS 31u
 #define TOPK_INF_KEY 0x7f800000u /* keys at or above it are Inf/NaN */
@@ -43,6 +47,7 @@
 #define TOPK_CHUNK ((size_t)1 << 30) /* elements per pass-1 chunk: uint32 counts stay exact */
 #define TOPK_SPEC_MIN_N ((size_t)1 << 16) /* below: two passes over data that sits in cache */
 #define TOPK_SAMPLE 8192u
+#define TOPK_STREAM_MIN_N ((size_t)1 << 22) /* from 16 MiB of x: streamed stores (pass 1) */
 #define TOPK_NSUB ((size_t)4) /* partial histograms, so equal keys in a row do not wait on
                                  each other's increment */
 
@@ -225,34 +230,48 @@ static inline size_t append_group(const float *g, const float *r, size_t i, size
  * Inlined into each call site with constant NULL-ness of r and xo and a constant spec, so
  * every variant is a straight loop. Returns the new list length, or SIZE_MAX when the list
  * overflowed (the guess was wrong; pass 2 will collect). */
+/* Stores a group of x. Large tensors are streamed past the cache (non-temporal stores): x
+ * is not read again soon, and a plain store would first read every line it writes. Small
+ * ones stay in the cache for the next call, which reads them as its residual. */
+static inline void store_group(float *dst, const float *xb, int stream)
+{
+#if defined(__SSE2__)
+    if (stream && ((uintptr_t)dst & 15) == 0) {
+        for (size_t q = 0; q < TOPK_GROUP; q += 4) _mm_stream_ps(dst + q, _mm_loadu_ps(xb + q));
+        return;
+    }
+#endif
+    (void)stream;
+    memcpy(dst, xb, TOPK_GROUP * sizeof *dst);
+}
+
 static inline __attribute__((always_inline)) size_t
 pass1_loop(topk_select *s, const float *g, const float *r, float *xo, size_t n, size_t base,
            int spec, uint32_t t0, size_t c)
 {
     const int hist = !spec; /* with a guess, the list alone decides (see select_topk) */
+    const int stream = xo && base + n >= TOPK_STREAM_MIN_N;
     uint32_t *h0 = s->sub, *h1 = s->sub + ((size_t)1 << s->digit);
     const unsigned shift = s->shift;
     size_t i = 0;
     for (; i + TOPK_GROUP <= n; i += TOPK_GROUP) {
+        float xb[TOPK_GROUP];
         uint32_t any = 0;
-        for (size_t j = i; j < i + TOPK_GROUP; j += 2) {
-            float a = x_at(g, r, j), b = x_at(g, r, j + 1);
+        for (size_t j = 0; j < TOPK_GROUP; j += 2) {
+            float a = x_at(g, r, i + j), b = x_at(g, r, i + j + 1);
             uint32_t ka = key_of(a), kb = key_of(b);
-            if (xo) {
-                xo[j] = a;
-                xo[j + 1] = b;
-            }
+            xb[j] = a;
+            xb[j + 1] = b;
             if (hist) {
                 h0[ka >> shift]++;
                 h1[kb >> shift]++;
             }
             if (spec) any |= (t0 - 1 - ka) | (t0 - 1 - kb);
         }
-        /* read x back from xo: r may alias it and already hold x instead of r */
+        if (xo) store_group(xo + i, xb, stream);
+        /* the candidates come from xb: r may alias xo and already hold x instead of r */
         if (spec && any >> 31 && c != SIZE_MAX)
-            c = c + TOPK_GROUP > s->cap ? SIZE_MAX
-                : xo ? append_group(xo, NULL, i, base, t0, s->idx, s->key, c)
-                     : append_group(g, r, i, base, t0, s->idx, s->key, c);
+            c = c + TOPK_GROUP > s->cap ? SIZE_MAX : append_group(xb, NULL, 0, base + i, t0, s->idx, s->key, c);
     }
     for (; i < n; i++) {
         float a = x_at(g, r, i);
@@ -269,6 +288,9 @@ pass1_loop(topk_select *s, const float *g, const float *r, float *xo, size_t n, 
             c += ka >= t0;
         }
     }
+#if defined(__SSE2__)
+    if (stream) _mm_sfence(); /* streamed stores are weakly ordered: finish them here */
+#endif
     return c;
 }
 

@@ -20,7 +20,7 @@ static void test_valid_specs(void **state)
     expect_canonical("none", "none");
     expect_canonical("fp16", "fp16");
     expect_canonical("bf16", "bf16");
-    expect_canonical("terngrad", "terngrad:bucket=0,clip=0");
+    expect_canonical("terngrad", "terngrad:bucket=0,clip=2.5");
     expect_canonical("terngrad:clip=2.5,bucket=512", "terngrad:bucket=512,clip=2.5");
     expect_canonical("terngrad:clip=100", "terngrad:bucket=0,clip=1e02"); /* no "+" in a canonical spec */
     expect_canonical("topk:ratio=0.01", "topk:ratio=0.01,k=0,values=fp32");

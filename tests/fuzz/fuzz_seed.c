@@ -13,7 +13,7 @@
  *                       fp16.bin and bf16.bin), and a dictionary-mode run over every special
  *   fuzz_spec           the specs of the table and of golden_cases.h, canonical forms, and a
  *                       few parameters at the ends of their ranges
- *   fuzz_integer_sums   the codes of terngrad.bin, and sums of 1..5, 127 and 128 ranks packed
+ *   fuzz_integer_sums   the codes of terngrad_clip_0.bin, and sums of 1..5, 127 and 128 ranks packed
  *                       from them by the library itself
  * The corpora are build outputs: never commit them.
  */
@@ -168,21 +168,21 @@ static void seed_integer_sums(void)
 {
     static const uint32_t ranks[] = {1, 2, 3, 4, 5, 127, 128};
     size_t len, n = GOLDEN_COUNT, cb = (GOLDEN_COUNT + 3) / 4;
-    uint8_t *tg = read_golden("terngrad.bin", &len);
+    uint8_t *tg = read_golden("terngrad_clip_0.bin", &len);
     const uint8_t *codes;
     int8_t t[GOLDEN_COUNT], *tt;
     uint8_t *sums = NULL, *next, *body;
     uint32_t m = 0;
     if (!tg || len != GCOMP_HEADER_BYTES + 4 + cb) {
         errno = ENOENT;
-        die("missing or unexpected", "terngrad.bin");
+        die("missing or unexpected", "terngrad_clip_0.bin");
     }
     codes = tg + GCOMP_HEADER_BYTES + 4; /* one scale, then the codes */
     {
         uint8_t pre[4] = {0, 0, 0, (uint8_t)(4 * cb - n)}; /* codes_unpack with n = 1001 */
         write_seed("fuzz_integer_sums", "codes", pre, 4, codes, cb);
     }
-    if (gcomp__tg_codes_unpack(codes, cb, n, t) != GCOMP_SUCCESS) die("cannot unpack", "terngrad.bin");
+    if (gcomp__tg_codes_unpack(codes, cb, n, t) != GCOMP_SUCCESS) die("cannot unpack", "terngrad_clip_0.bin");
     tt = malloc(n);
     for (size_t r = 0; r < sizeof ranks / sizeof ranks[0]; r++) {
         /* add ranks up to ranks[r], each rank's codes a rotation of the golden ones */
@@ -194,7 +194,7 @@ static void seed_integer_sums(void)
              * fuzz_integer_sums reports (see regressions/README.md) */
             if (!next || gcomp__tg_sums_add_pack(m ? sums : codes, m ? (size_t)gcomp_tg_sum_bytes(n, m) : 0, m, tt, n,
                                                  next) != GCOMP_SUCCESS)
-                die("cannot pack sums of", "terngrad.bin");
+                die("cannot pack sums of", "terngrad_clip_0.bin");
             free(sums);
             sums = next;
         }

@@ -29,14 +29,14 @@ static const char *const golden_specs[] = {
     "none",
     "fp16",
     "bf16",
-    "terngrad",
-    "terngrad:bucket=8",
+    "terngrad:clip=0", /* written when clip=0 was the default: the file is terngrad_clip_0.bin */
+    "terngrad:bucket=8,clip=0",
     "terngrad:clip=2.5",
     "topk:ratio=0.1",
     "topk:ratio=0.1,values=fp16",
     "fp16+zstd",
     "topk:ratio=0.1+zstd",
-    "terngrad+zstd",
+    "terngrad:clip=0+zstd",
 };
 #define GOLDEN_N_SPECS (sizeof golden_specs / sizeof golden_specs[0])
 
