@@ -9,8 +9,8 @@ set ylabel "test accuracy (%)"
 set title "Fashion-MNIST mlp, 3 epochs, 4 ranks"
 set format x "%.0s %cB"
 set grid
-set key top left box opaque
+set key bottom right box opaque
 plot "/work/main/docs/sweep/accuracy_vs_bytes.dat" index 0 using 1:2 with points pt 7 ps 1.5 lc rgb "#1f77b4" title "error feedback", \
-     '' index 0 using 1:2:3 with labels center offset char 0,1 font ",9" notitle, \
+     '' index 0 using 4:5:3 with labels center font ",9" notitle, \
      '' index 1 using 1:2 with points pt 6 ps 1.5 lc rgb "#d62728" title "no error feedback", \
-     '' index 1 using 1:2:3 with labels center offset char 0,-1 font ",9" notitle
+     '' index 1 using 4:5:3 with labels center font ",9" notitle
