@@ -704,48 +704,106 @@ static gcomp_result check_body(const uint8_t *body, size_t bytes, uint64_t k, si
     return GCOMP_SUCCESS;
 }
 
-static gcomp_result topk_decode_add(const void *params, uint32_t flags, const uint8_t *body,
-                                    size_t bytes, float *acc, size_t count)
+/* Checks a body's flags, k and blocks (nothing is written); on success *k, *vsize and
+ * *vals (offset of the first value) describe it. */
+static gcomp_result open_body(uint32_t flags, const uint8_t *body, size_t bytes, size_t count, uint64_t *k,
+                              size_t *vsize, size_t *vals)
 {
-    const size_t vsize = flags & GCOMP_TOPK_FLAG_FP16 ? 2 : 4;
-    uint64_t gaps[GCOMP_TOPK_BLOCK], k, j = 0;
-    size_t pos = 8, vals = 0, next = 0;
-    gcomp_result rc;
-    (void)params; /* the body describes itself: flags say fp16 or fp32 */
-
+    *vsize = flags & GCOMP_TOPK_FLAG_FP16 ? 2 : 4;
     if (flags & ~GCOMP_TOPK_FLAG_FP16)
         return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "topk: unknown flags 0x%x", (unsigned)flags);
     if (bytes < 8)
         return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "topk: body of %zu bytes has no k", bytes);
-    k = gcomp_load_u64(body);
-    if (k > count)
+    *k = gcomp_load_u64(body);
+    if (*k > count)
         return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "topk: k=%llu > count %zu",
-                                (unsigned long long)k, count);
-    if (k > (bytes - 8) / vsize) /* also keeps k * vsize from overflowing below */
+                                (unsigned long long)*k, count);
+    if (*k > (bytes - 8) / *vsize) /* also keeps k * vsize from overflowing below */
         return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "topk: k=%llu values do not fit in %zu bytes",
-                                (unsigned long long)k, bytes);
-    rc = check_body(body, bytes, k, vsize, count, &vals);
-    if (rc != GCOMP_SUCCESS) return rc;
+                                (unsigned long long)*k, bytes);
+    return check_body(body, bytes, *k, *vsize, count, vals);
+}
 
+static inline float value_at(const uint8_t *body, size_t vals, size_t vsize, uint64_t j)
+{
+    const uint8_t *v = body + vals + j * vsize;
+    float x;
+    if (vsize == 2) return gcomp_f16_to_f32((uint16_t)(v[0] | v[1] << 8));
+    memcpy(&x, v, 4); /* little-endian host */
+    return x;
+}
+
+/* Calls emit(i, x, arg) for the kept pairs of a checked body, in index order. */
+#define TOPK_FOR_EACH_PAIR(body, k, vals, vsize, EMIT)                                            \
+    do {                                                                                          \
+        uint64_t gaps_[GCOMP_TOPK_BLOCK], j_ = 0;                                                 \
+        size_t pos_ = 8, next_ = 0;                                                               \
+        for (uint64_t b_ = 0; j_ < (k); b_++) {                                                   \
+            unsigned m_ = block_len((k), b_), w_ = (body)[pos_++];                                \
+            gcomp_topk_unpack((body) + pos_, gaps_, m_, w_);                                      \
+            pos_ += gcomp_topk_packed_bytes(m_, w_);                                              \
+            for (unsigned t_ = 0; t_ < m_; t_++, j_++) {                                          \
+                size_t i = next_ + (size_t)gaps_[t_];                                             \
+                float x = value_at((body), (vals), (vsize), j_);                                  \
+                EMIT;                                                                             \
+                next_ = i + 1;                                                                    \
+            }                                                                                     \
+        }                                                                                         \
+    } while (0)
+
+static gcomp_result topk_decode_add(const void *params, uint32_t flags, const uint8_t *body,
+                                    size_t bytes, float *acc, size_t count)
+{
+    uint64_t k;
+    size_t vsize, vals;
+    gcomp_result rc = open_body(flags, body, bytes, count, &k, &vsize, &vals);
+    (void)params; /* the body describes itself: flags say fp16 or fp32 */
+    if (rc != GCOMP_SUCCESS) return rc;
     /* the body is valid: apply it (a second unpack, so a corrupt body never touches acc) */
-    for (uint64_t b = 0; j < k; b++) {
-        unsigned m = block_len(k, b), w = body[pos++];
-        gcomp_topk_unpack(body + pos, gaps, m, w);
-        pos += gcomp_topk_packed_bytes(m, w);
-        for (unsigned t = 0; t < m; t++, j++) {
-            const uint8_t *v = body + vals + j * vsize;
-            size_t i = next + (size_t)gaps[t];
-            float x;
-            if (vsize == 2) {
-                x = gcomp_f16_to_f32((uint16_t)(v[0] | v[1] << 8));
-            } else {
-                memcpy(&x, v, 4); /* little-endian host */
-            }
-            acc[i] += x;
-            next = i + 1;
-        }
-    }
+    TOPK_FOR_EACH_PAIR(body, k, vals, vsize, acc[i] += x);
     return GCOMP_SUCCESS;
+}
+
+gcomp_result gcomp__topk_body_pairs(uint32_t flags, const uint8_t *body, size_t bytes, size_t count, size_t cap,
+                                    uint64_t *idx, float *val, size_t *k_out)
+{
+    uint64_t k;
+    size_t vsize, vals, c = 0;
+    gcomp_result rc = open_body(flags, body, bytes, count, &k, &vsize, &vals);
+    if (rc != GCOMP_SUCCESS) return rc;
+    if (k > cap)
+        return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "topk: k=%llu, the receiver expects at most %zu",
+                                (unsigned long long)k, cap);
+    TOPK_FOR_EACH_PAIR(body, k, vals, vsize, (idx[c] = i, val[c] = x, c++));
+    *k_out = c;
+    return GCOMP_SUCCESS;
+}
+
+/* Blocks of the result small enough for L1: each is summed in a local buffer and written
+ * once, streamed past the cache when the result is large (as in pass 1). */
+#define TOPK_SUM_BLOCK 4096
+
+void gcomp__topk_sum_pairs(const gcomp_topk_pairs *lists, int n, float *result, size_t count)
+{
+    size_t cur[GCOMP_TOPK_MAX_LISTS] = {0};
+    const int stream = count >= TOPK_STREAM_MIN_N;
+    float buf[TOPK_SUM_BLOCK];
+    for (size_t b0 = 0; b0 < count; b0 += TOPK_SUM_BLOCK) {
+        size_t len = count - b0 < TOPK_SUM_BLOCK ? count - b0 : TOPK_SUM_BLOCK, end = b0 + len, q = 0;
+        memset(buf, 0, len * sizeof *buf);
+        for (int j = 0; j < n; j++) { /* rank order: the same sums on every rank */
+            const gcomp_topk_pairs *l = &lists[j];
+            size_t c = cur[j];
+            for (; c < l->k && l->idx[c] < end; c++) buf[l->idx[c] - b0] += l->val[c];
+            cur[j] = c;
+        }
+        if (stream && ((uintptr_t)(result + b0) & 15) == 0)
+            for (; q + TOPK_GROUP <= len; q += TOPK_GROUP) store_group(result + b0 + q, buf + q, 1);
+        memcpy(result + b0 + q, buf + q, (len - q) * sizeof *buf);
+    }
+#if defined(__SSE2__)
+    if (stream) _mm_sfence();
+#endif
 }
 
 const gcomp_codec_vtable gcomp__codec_topk = {

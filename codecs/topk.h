@@ -128,6 +128,27 @@ static inline void gcomp_topk_unpack(const uint8_t *in, uint64_t *v, unsigned m,
     }
 }
 
+/* ---- for the engine's sparse gather ---- */
+
+/* The kept pairs of a body (the part after the 32-byte header; flags from the header), in
+ * index order, values widened to fp32 exactly: what decode_add would add. The body is checked
+ * as decode_add checks it; GCOMP_ERR_CORRUPT also when it holds more than cap pairs. */
+gcomp_result gcomp__topk_body_pairs(uint32_t flags, const uint8_t *body, size_t bytes, size_t count, size_t cap,
+                                    uint64_t *idx, float *val, size_t *k_out);
+
+#define GCOMP_TOPK_MAX_LISTS 1024 /* ranks gcomp__topk_sum_pairs sums at once */
+typedef struct gcomp_topk_pairs {
+    const uint64_t *idx; /* increasing, < count */
+    const float *val;
+    size_t k;
+} gcomp_topk_pairs;
+
+/* result[0..count) = the sum of the n lists, each element summed from 0.0f in list order:
+ * bit for bit what zeroing the result and calling decode_add for each list in order gives,
+ * but writing the result once, in order, instead of zeroing it and then scattering into it.
+ * n <= GCOMP_TOPK_MAX_LISTS. */
+void gcomp__topk_sum_pairs(const gcomp_topk_pairs *lists, int n, float *result, size_t count);
+
 extern const gcomp_codec_vtable gcomp__codec_topk;
 
 #endif

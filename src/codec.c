@@ -218,14 +218,12 @@ static gcomp_result expect_header(const gcomp_codec_vtable *vt, const gcomp_head
     return GCOMP_SUCCESS;
 }
 
-gcomp_result gcomp_codec_decode_add(gcomp_codec *c, const void *payload, size_t bytes, float *acc, size_t count)
+gcomp_result gcomp__codec_element_body(gcomp_codec *c, const void *payload, size_t bytes, size_t count,
+                                       const uint8_t **body, size_t *body_bytes, uint32_t *flags)
 {
     const uint8_t *p = (const uint8_t *)payload;
     gcomp_header h;
-    const gcomp__stage *el;
-    if (!c || !payload) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_codec_decode_add: NULL codec or payload");
-    GCOMP_CHECK(check_buffers("gcomp_codec_decode_add", payload, acc, count));
-    for (size_t i = c->chain.n_stages; i-- > 1;) {
+    for (size_t i = c->chain.n_stages; i-- > 1;) { /* undo the byte stages, outermost first */
         gcomp__stage *st = &c->chain.stages[i];
         size_t inner_cap = bound_of_prefix(&c->chain, i, count), inner = 0;
         GCOMP_CHECK(gcomp_header_read(p, bytes, &h));
@@ -236,10 +234,25 @@ gcomp_result gcomp_codec_decode_add(gcomp_codec *c, const void *payload, size_t 
         p = c->stage_buf[i & 1];
         bytes = inner;
     }
-    el = &c->chain.stages[0];
     GCOMP_CHECK(gcomp_header_read(p, bytes, &h));
-    GCOMP_CHECK(expect_header(el->vt, &h, count));
-    GCOMP_CHECK(el->vt->decode_add(el->params, h.flags, p + GCOMP_HEADER_BYTES, h.body_bytes, acc, count));
+    GCOMP_CHECK(expect_header(c->chain.stages[0].vt, &h, count));
+    *body = p + GCOMP_HEADER_BYTES;
+    *body_bytes = h.body_bytes;
+    *flags = h.flags;
+    return GCOMP_SUCCESS;
+}
+
+gcomp_result gcomp_codec_decode_add(gcomp_codec *c, const void *payload, size_t bytes, float *acc, size_t count)
+{
+    const gcomp__stage *el;
+    const uint8_t *body;
+    size_t body_bytes;
+    uint32_t flags;
+    if (!c || !payload) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_codec_decode_add: NULL codec or payload");
+    GCOMP_CHECK(check_buffers("gcomp_codec_decode_add", payload, acc, count));
+    GCOMP_CHECK(gcomp__codec_element_body(c, payload, bytes, count, &body, &body_bytes, &flags));
+    el = &c->chain.stages[0];
+    GCOMP_CHECK(el->vt->decode_add(el->params, flags, body, body_bytes, acc, count));
     c->stats.decode_calls++;
     return GCOMP_SUCCESS;
 }

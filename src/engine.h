@@ -87,6 +87,10 @@ gcomp_result gcomp__codec_stages_encode(gcomp_codec *c, const void *in, size_t n
 gcomp_result gcomp__codec_stages_decode(gcomp_codec *c, const void *in, size_t n, size_t count, void *out, size_t cap,
                                         size_t *written);
 gcomp__residual_store *gcomp__codec_residuals(gcomp_codec *c);
+/* The element codec's body inside a payload, after the byte stages are undone (the pointer
+ * is valid until the next call on this codec object). */
+gcomp_result gcomp__codec_element_body(gcomp_codec *c, const void *payload, size_t bytes, size_t count,
+                                       const uint8_t **body, size_t *body_bytes, uint32_t *flags);
 
 /* ---- schedules ---- */
 typedef struct gcomp__call {

@@ -16,6 +16,30 @@
 #include <string.h>
 
 #include "engine.h"
+#include "codecs/topk.h"
+
+/* The built-in top-k is decoded to (index, value) lists as payloads arrive, and the lists
+ * summed into the result in one ordered pass at the end (gcomp__topk_sum_pairs); another
+ * sparse codec goes through decode_add. */
+static int pairs_path(const gcomp__call *call)
+{
+    return gcomp__codec_chain(call->comm->codec)->stages[0].vt == &gcomp__codec_topk &&
+           call->comm->tp->size <= GCOMP_TOPK_MAX_LISTS;
+}
+
+/* k of this call (every rank's payload must hold exactly as many pairs: same spec, count) */
+static size_t pairs_k(const gcomp__call *call)
+{
+    return (size_t)gcomp_topk_k(gcomp__codec_chain(call->comm->codec)->stages[0].params, call->count);
+}
+
+/* c->acc holds n list heads, then n x k indices, then n x k values */
+static size_t pairs_heads(int n) { return ((size_t)n * sizeof(gcomp_topk_pairs) + 7) & ~(size_t)7; }
+static size_t pairs_bytes(const gcomp__call *call)
+{
+    int n = call->comm->tp->size;
+    return pairs_heads(n) + (size_t)n * pairs_k(call) * (sizeof(uint64_t) + sizeof(float));
+}
 
 static size_t payload_bound(const gcomp__call *call)
 {
@@ -34,7 +58,8 @@ gcomp_result gcomp__sched_sparse_prepare(gcomp__call *call)
     int n = c->tp->size;
     GCOMP_CHECK(gcomp__reserve(&c->pay, &c->pay_cap,
                                (size_t)n * payload_bound(call) + (size_t)n * (sizeof(size_t) + sizeof(int))));
-    if (!use_dense(call)) return GCOMP_SUCCESS;
+    if (!use_dense(call))
+        return pairs_path(call) ? gcomp__reserve(&c->acc, &c->acc_cap, pairs_bytes(call)) : GCOMP_SUCCESS;
     if (!c->dense_codec) GCOMP_CHECK(gcomp_codec_create("none", NULL, &c->dense_codec));
     GCOMP_CHECK(gcomp__reserve(&c->spx, &c->spx_cap, call->count * sizeof(float)));
     GCOMP_CHECK(gcomp__reserve(&c->tmp, &c->tmp_cap, payload_bound(call)));
@@ -95,32 +120,72 @@ static void zero_result(gcomp__call *call)
     call->st->decode_s += gcomp__now() - t0;
 }
 
+/* The pairs of payload j into list j (any order: lists are summed in rank order later). */
+static gcomp_result unpack_pairs(gcomp__call *call, const uint8_t *payload, size_t bytes, gcomp_topk_pairs *list, int j)
+{
+    gcomp_comm *c = call->comm;
+    size_t k = pairs_k(call), got = 0, body_bytes;
+    uint64_t *idx = (uint64_t *)((uint8_t *)c->acc + pairs_heads(c->tp->size)) + (size_t)j * k;
+    float *val = (float *)(idx - (size_t)j * k + (size_t)c->tp->size * k) + (size_t)j * k;
+    const uint8_t *body;
+    uint32_t flags;
+    double t0 = gcomp__now();
+    GCOMP_CHECK(gcomp__codec_element_body(c->codec, payload, bytes, call->count, &body, &body_bytes, &flags));
+    GCOMP_CHECK(gcomp__topk_body_pairs(flags, body, body_bytes, call->count, k, idx, val, &got));
+    if (got != k) return gcomp__fail(GCOMP_ERR_CORRUPT, "top-k payload of rank %d holds %zu pairs, expected %zu", j, got, k);
+    list->idx = idx;
+    list->val = val;
+    list->k = got;
+    c->tp->progress(c->tp);
+    call->st->decode_s += gcomp__now() - t0;
+    return GCOMP_SUCCESS;
+}
+
+static void sum_pairs(gcomp__call *call, const gcomp_topk_pairs *lists)
+{
+    double t0 = gcomp__now();
+    if (!call->error) gcomp__topk_sum_pairs(lists, call->comm->tp->size, call->result, call->count);
+    call->st->decode_s += gcomp__now() - t0;
+}
+
 gcomp_result gcomp__sched_sparse(gcomp__call *call)
 {
     gcomp_comm *c = call->comm;
-    int n = c->tp->size, r = c->tp->rank, next = 0, *have;
+    int n = c->tp->size, r = c->tp->rank, next = 0, *have, pairs = pairs_path(call);
     size_t bound = payload_bound(call);
     uint8_t *slots = c->pay;
     size_t *bytes = (size_t *)(slots + (size_t)n * bound);
+    gcomp_topk_pairs *lp = c->acc;
     if (use_dense(call)) return sparse_as_dense(call);
     have = (int *)(bytes + n);
     memset(have, 0, (size_t)n * sizeof *have);
     bytes[r] = 0;
     GCOMP_STEP(call, encode_own(call, slots + (size_t)r * bound, bound, &bytes[r]));
     have[r] = 1;
-    /* The input has been consumed (it may be the result buffer, in place): the zeroing of
-     * the result and the decodes that rank order allows run while payloads travel. */
+    if (pairs) GCOMP_STEP(call, unpack_pairs(call, slots + (size_t)r * bound, bytes[r], &lp[r], r));
+    /* The input has been consumed (it may be the result buffer, in place): unpacking (top-k),
+     * or zeroing the result and the decodes rank order allows, run while payloads travel. */
     for (int s = 0; s < n - 1; s++) {
         int send_j = ((r - s) % n + n) % n, recv_j = ((r - s - 1) % n + n) % n;
-        GCOMP_CHECK(gcomp__ring_start(call, slots + (size_t)send_j * bound, bytes[send_j],
-                                      slots + (size_t)recv_j * bound, bound));
-        if (s == 0) zero_result(call);
-        decode_ready(call, slots, bound, bytes, have, &next);
-        GCOMP_CHECK(gcomp__ring_finish(call, &bytes[recv_j]));
+        gcomp_result rc = gcomp__ring_start(call, slots + (size_t)send_j * bound, bytes[send_j],
+                                            slots + (size_t)recv_j * bound, bound);
+        if (rc == GCOMP_SUCCESS) {
+            if (pairs && s > 0) GCOMP_STEP(call, unpack_pairs(call, slots + (size_t)send_j * bound, bytes[send_j], &lp[send_j], send_j));
+            if (!pairs && s == 0) zero_result(call);
+            if (!pairs) decode_ready(call, slots, bound, bytes, have, &next);
+            rc = gcomp__ring_finish(call, &bytes[recv_j]);
+        }
+        if (rc != GCOMP_SUCCESS) return rc;
         have[recv_j] = 1;
     }
-    if (n == 1) zero_result(call);
-    decode_ready(call, slots, bound, bytes, have, &next);
+    if (pairs) {
+        if (n > 1) GCOMP_STEP(call, unpack_pairs(call, slots + (size_t)((r + 1) % n) * bound, bytes[(r + 1) % n],
+                                                 &lp[(r + 1) % n], (r + 1) % n));
+        sum_pairs(call, lp);
+    } else {
+        if (n == 1) zero_result(call);
+        decode_ready(call, slots, bound, bytes, have, &next);
+    }
     call->st->last_schedule = GCOMP_SCHED_SPARSE;
     return GCOMP_SUCCESS;
 }

@@ -714,6 +714,62 @@ static void test_buffer_too_small(void **state)
 }
 
 /* Through the public API: spec parsing, header, residual kept per key. */
+/* The engine's sparse gather sums payloads as pair lists (gcomp__topk_sum_pairs): the result
+ * must equal zeroing and calling decode_add for each payload in order, bit for bit,
+ * including elements kept by 3+ payloads (where the order of the sums matters), -0 values,
+ * fp16 values, a streamed large result and an unaligned small one. */
+static void check_sum_pairs(size_t n, int fp16, int lists, size_t misalign)
+{
+    gcomp_topk_params p = params(0.02, 0, fp16);
+    size_t k = (size_t)gcomp_topk_k(&p, n);
+    float *base = tu_gauss_array(n, 40), *want = calloc(n, sizeof *want);
+    float *got_mem = malloc((n + 4) * sizeof *got_mem), *got = got_mem + misalign;
+    gcomp_topk_pairs pl[5];
+    uint64_t *idx[5];
+    float *val[5];
+    assert_true(lists <= 5);
+    for (int j = 0; j < lists; j++) {
+        float *g = tu_gauss_array(n, 50 + (uint64_t)j);
+        enc e;
+        size_t got_k = 0;
+        /* a shared large component, so ranks keep many of the same elements */
+        for (size_t i = 0; i < n; i++) g[i] = 4.0f * base[i] + g[i] * (float)(j + 1) * 0.37f;
+        g[7] = j % 2 ? -0.0f : 1e30f; /* -0 and huge: an order-sensitive sum at element 7 */
+        encode_direct(&p, g, NULL, NULL, n, &e);
+        assert_int_equal(vt->decode_add(&p, e.flags, e.body, e.bytes, want, n), GCOMP_SUCCESS);
+        idx[j] = malloc(k * sizeof *idx[j]);
+        val[j] = malloc(k * sizeof *val[j]);
+        assert_int_equal(gcomp__topk_body_pairs(e.flags, e.body, e.bytes, n, k, idx[j], val[j], &got_k), GCOMP_SUCCESS);
+        assert_int_equal(got_k, k);
+        if (k > 1) assert_int_equal(gcomp__topk_body_pairs(e.flags, e.body, e.bytes, n, k - 1, idx[j], val[j], &got_k),
+                                    GCOMP_ERR_CORRUPT); /* more pairs than the receiver expects */
+        pl[j].idx = idx[j];
+        pl[j].val = val[j];
+        pl[j].k = k;
+        free(e.body);
+        free(g);
+    }
+    memset(got, 0xff, n * sizeof *got); /* NaN garbage: every element must be written */
+    gcomp__topk_sum_pairs(pl, lists, got, n);
+    assert_memory_equal(got, want, n * sizeof *got);
+    for (int j = 0; j < lists; j++) {
+        free(idx[j]);
+        free(val[j]);
+    }
+    free(base);
+    free(want);
+    free(got_mem);
+}
+
+static void test_sum_pairs(void **state)
+{
+    (void)state;
+    check_sum_pairs(10007, 0, 3, 1);
+    check_sum_pairs(10007, 1, 5, 0);
+    check_sum_pairs(4099, 0, 1, 3);
+    check_sum_pairs((size_t)1 << 22 | 5, 0, 4, 0); /* large enough to be streamed */
+}
+
 static void test_public_api(void **state)
 {
     const size_t n = 300007;
@@ -788,7 +844,7 @@ int main(void)
         cmocka_unit_test(test_corrupt_fields),
         cmocka_unit_test(test_truncations),
         cmocka_unit_test(test_buffer_too_small),
-        cmocka_unit_test(test_public_api),
+        cmocka_unit_test(test_sum_pairs), cmocka_unit_test(test_public_api),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
