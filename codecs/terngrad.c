@@ -74,52 +74,75 @@ GCOMP_SIMD_CLONES static uint32_t max_abs_bits(const float *g, const float *r, s
 
 /* The tree sum of one whole block: the first halving step (k + k + B/2) is fused with the
  * squaring, then the remaining halvings on B/2 doubles. Same operations in the same order
- * as the general loop in gcomp__tg_rms, with no branch in the loops, so it vectorises. */
-GCOMP_SIMD_CLONES static double rms_block_sum(const float *g, const float *r)
+ * as the general loop below, with no branch in the loops, so it vectorises. The block's
+ * max |x| bits come out of the same pass (*maxbits is raised, never lowered). */
+GCOMP_SIMD_CLONES static double rms_block_sum(const float *g, const float *r, uint32_t *maxbits)
 {
     enum { H = GCOMP_TG_RMS_BLOCK / 2 };
     double t[H];
-    if (r) {
-        for (size_t k = 0; k < H; k++) {
-            float a = g[k] + r[k], b = g[k + H] + r[k + H];
-            t[k] = (double)a * (double)a + (double)b * (double)b;
-        }
-    } else {
-        for (size_t k = 0; k < H; k++) t[k] = (double)g[k] * (double)g[k] + (double)g[k + H] * (double)g[k + H];
+    uint32_t m = *maxbits;
+    for (size_t k = 0; k < H; k++) {
+        float a = r ? g[k] + r[k] : g[k], b = r ? g[k + H] + r[k + H] : g[k + H];
+        uint32_t ka, kb;
+        memcpy(&ka, &a, 4);
+        memcpy(&kb, &b, 4);
+        ka &= 0x7fffffffu;
+        kb &= 0x7fffffffu;
+        m = ka > m ? ka : m;
+        m = kb > m ? kb : m;
+        t[k] = (double)a * (double)a + (double)b * (double)b;
     }
     for (size_t w = H / 2; w >= 1; w /= 2)
         for (size_t k = 0; k < w; k++) t[k] += t[k + w];
+    *maxbits = m;
     return t[0];
 }
 
-/* rms of x = g + r, summed in a fixed order CUDA can reproduce: squares in double, a
- * halving-stride tree inside each block of GCOMP_TG_RMS_BLOCK elements (zero-padded), and
- * the block sums added in block order. */
-double gcomp__tg_rms(const float *g, const float *r, size_t n)
+/* Sum of squares of x = g + r in the fixed order of terngrad.h (squares in double, a
+ * halving-stride tree inside each block of GCOMP_TG_RMS_BLOCK elements, zero-padded, block
+ * sums added in block order), and max |x| as bits, in one pass over the data. */
+static double sumsq_and_max(const float *g, const float *r, size_t n, uint32_t *maxbits)
 {
     double total = 0, t[GCOMP_TG_RMS_BLOCK];
     size_t b = 0;
-    for (; b + GCOMP_TG_RMS_BLOCK <= n; b += GCOMP_TG_RMS_BLOCK) total += rms_block_sum(g + b, r ? r + b : NULL);
+    *maxbits = 0;
+    for (; b + GCOMP_TG_RMS_BLOCK <= n; b += GCOMP_TG_RMS_BLOCK)
+        total += rms_block_sum(g + b, r ? r + b : NULL, maxbits);
     if (b < n) { /* the last, partial block, zero-padded */
         size_t m = n - b;
         for (size_t k = 0; k < GCOMP_TG_RMS_BLOCK; k++) {
             float x = k < m ? (r ? g[b + k] + r[b + k] : g[b + k]) : 0.0f;
+            uint32_t kx;
+            memcpy(&kx, &x, 4);
+            kx &= 0x7fffffffu;
+            *maxbits = kx > *maxbits ? kx : *maxbits;
             t[k] = (double)x * (double)x;
         }
         for (size_t w = GCOMP_TG_RMS_BLOCK / 2; w >= 1; w /= 2)
             for (size_t k = 0; k < w; k++) t[k] += t[k + w];
         total += t[0];
     }
+    return total;
+}
+
+double gcomp__tg_rms(const float *g, const float *r, size_t n)
+{
+    uint32_t m;
+    double total = sumsq_and_max(g, r, n, &m);
     return n ? sqrt(total / (double)n) : 0.0;
 }
 
+/* One pass with clipping (max and sum of squares together), or the max alone. */
 static float bucket_scale(const gcomp_terngrad_params *p, const float *g, const float *r, size_t n)
 {
-    uint32_t mbits = max_abs_bits(g, r, n);
+    uint32_t mbits;
+    double ss = 0;
     float s;
+    if (p->clip > 0) ss = sumsq_and_max(g, r, n, &mbits);
+    else mbits = max_abs_bits(g, r, n);
     memcpy(&s, &mbits, 4);
-    if (p->clip > 0 && isfinite(s)) {
-        double c = p->clip * gcomp__tg_rms(g, r, n);
+    if (p->clip > 0 && isfinite(s) && n) {
+        double c = p->clip * sqrt(ss / (double)n);
         if (c < (double)s) s = (float)c;
     }
     return s;
