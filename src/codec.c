@@ -134,18 +134,13 @@ static gcomp_result encode_stage(gcomp__stage *st, const uint8_t *in, size_t in_
     return GCOMP_SUCCESS;
 }
 
-/* Run the element codec and every byte stage; intermediate payloads live in scratch. */
-static gcomp_result encode_chain(gcomp_codec *c, gcomp_encode_ctx *ctx, const float *x, const float *r_in,
-                                 float *r_out, size_t count, gcomp_dtype dtype, uint8_t *dst, size_t cap,
-                                 size_t *written)
+/* Stages 1.. of the chain (the byte stages) over `in`, into dst. Intermediate payloads
+ * alternate between the two scratch buffers, which the caller has sized. */
+static gcomp_result encode_byte_stages(gcomp_codec *c, const uint8_t *in, size_t bytes, size_t count, gcomp_dtype dtype,
+                                       uint8_t *dst, size_t cap, size_t *written)
 {
-    size_t n = c->chain.n_stages, bytes = 0;
-    const uint8_t *prev;
-    if (n == 1) return encode_element(c, ctx, x, r_in, r_out, count, dtype, dst, cap, written);
-    for (int b = 0; b < 2; b++)
-        GCOMP_CHECK(gcomp__reserve(&c->stage_buf[b], &c->stage_cap[b], bound_of_prefix(&c->chain, n, count)));
-    GCOMP_CHECK(encode_element(c, ctx, x, r_in, r_out, count, dtype, c->stage_buf[0], c->stage_cap[0], &bytes));
-    prev = c->stage_buf[0];
+    size_t n = c->chain.n_stages;
+    const uint8_t *prev = in;
     for (size_t i = 1; i < n; i++) {
         int last = i + 1 == n;
         uint8_t *out = last ? dst : c->stage_buf[i & 1];
@@ -155,6 +150,19 @@ static gcomp_result encode_chain(gcomp_codec *c, gcomp_encode_ctx *ctx, const fl
     }
     *written = bytes;
     return GCOMP_SUCCESS;
+}
+
+/* Run the element codec and every byte stage; intermediate payloads live in scratch. */
+static gcomp_result encode_chain(gcomp_codec *c, gcomp_encode_ctx *ctx, const float *x, const float *r_in,
+                                 float *r_out, size_t count, gcomp_dtype dtype, uint8_t *dst, size_t cap,
+                                 size_t *written)
+{
+    size_t n = c->chain.n_stages, bytes = 0;
+    if (n == 1) return encode_element(c, ctx, x, r_in, r_out, count, dtype, dst, cap, written);
+    for (int b = 0; b < 2; b++)
+        GCOMP_CHECK(gcomp__reserve(&c->stage_buf[b], &c->stage_cap[b], bound_of_prefix(&c->chain, n, count)));
+    GCOMP_CHECK(encode_element(c, ctx, x, r_in, r_out, count, dtype, c->stage_buf[0], c->stage_cap[0], &bytes));
+    return encode_byte_stages(c, c->stage_buf[0], bytes, count, dtype, dst, cap, written);
 }
 
 gcomp_result gcomp_codec_encode(gcomp_codec *c, uint64_t key, const void *src, size_t count, gcomp_dtype dtype,
@@ -346,9 +354,7 @@ size_t gcomp__codec_stages_bound(const gcomp_codec *c, size_t bytes)
 gcomp_result gcomp__codec_stages_encode(gcomp_codec *c, const void *in, size_t n, size_t count, void *out, size_t cap,
                                         size_t *written)
 {
-    size_t ns = c->chain.n_stages, bytes = n;
-    const uint8_t *prev = in;
-    if (ns == 1) {
+    if (c->chain.n_stages == 1) {
         if (cap < n) return gcomp__fail(GCOMP_ERR_BUFFER_TOO_SMALL, "need %zu bytes, have %zu", n, cap);
         memmove(out, in, n);
         *written = n;
@@ -356,15 +362,7 @@ gcomp_result gcomp__codec_stages_encode(gcomp_codec *c, const void *in, size_t n
     }
     for (int b = 0; b < 2; b++)
         GCOMP_CHECK(gcomp__reserve(&c->stage_buf[b], &c->stage_cap[b], gcomp__codec_stages_bound(c, n)));
-    for (size_t i = 1; i < ns; i++) {
-        int last = i + 1 == ns;
-        uint8_t *o = last ? out : c->stage_buf[i & 1];
-        size_t o_cap = last ? cap : c->stage_cap[i & 1];
-        GCOMP_CHECK(encode_stage(&c->chain.stages[i], prev, bytes, count, GCOMP_F32, o, o_cap, &bytes));
-        prev = o;
-    }
-    *written = bytes;
-    return GCOMP_SUCCESS;
+    return encode_byte_stages(c, in, n, count, GCOMP_F32, out, cap, written);
 }
 
 gcomp_result gcomp__codec_stages_decode(gcomp_codec *c, const void *in, size_t n, size_t count, void *out, size_t cap,
