@@ -4,8 +4,8 @@
  * Each rank encodes its whole tensor once (residual fused): a payload of k (index, value)
  * pairs. A ring allgather forwards every rank's payload unchanged (N-1 steps), and every
  * rank sums the N payloads in rank order into a zeroed result, so all ranks hold the same
- * bits. The zeroing of the result and the decodes that rank order already allows overlap the
- * transfers. Sparse payloads do not shrink when summed, so a gather sends (N-1) payloads per
+ * bits. For the built-in top-k each payload becomes an (index, value) list while the next
+ * one travels, and the lists are summed in one ordered pass. Sparse payloads do not shrink when summed, so a gather sends (N-1) payloads per
  * rank; when that bound would exceed what a dense fp32 ring sends (2(N-1)/N * 4 bytes per
  * element), the engine instead decodes this rank's payload and runs the dense ring on it.
  * The choice depends only on (count, N, spec), so every rank makes the same one.
@@ -56,8 +56,7 @@ gcomp_result gcomp__sched_sparse_prepare(gcomp__call *call)
 {
     gcomp_comm *c = call->comm;
     int n = c->tp->size;
-    GCOMP_CHECK(gcomp__reserve(&c->pay, &c->pay_cap,
-                               (size_t)n * payload_bound(call) + (size_t)n * (sizeof(size_t) + sizeof(int))));
+    GCOMP_CHECK(gcomp__reserve(&c->pay, &c->pay_cap, (size_t)n * payload_bound(call) + (size_t)n * sizeof(size_t)));
     if (!use_dense(call))
         return pairs_path(call) ? gcomp__reserve(&c->acc, &c->acc_cap, pairs_bytes(call)) : GCOMP_SUCCESS;
     if (!c->dense_codec) GCOMP_CHECK(gcomp_codec_create("none", NULL, &c->dense_codec));
@@ -98,25 +97,14 @@ static gcomp_result sparse_as_dense(gcomp__call *call)
     return rc;
 }
 
-/* Adds the payloads that are next in rank order and have arrived, so decoding overlaps the
- * transfers still in flight without changing the order of the sums. */
-static void decode_ready(gcomp__call *call, const uint8_t *slots, size_t bound, const size_t *bytes, const int *have,
-                         int *next)
+/* Any other sparse codec: zero the result, add the N payloads in rank order. */
+static void decode_all(gcomp__call *call, const uint8_t *slots, size_t bound, const size_t *bytes)
 {
     gcomp_comm *c = call->comm;
     double t0 = gcomp__now();
-    for (; *next < c->tp->size && have[*next]; ++*next) {
-        GCOMP_STEP(call, gcomp_codec_decode_add(c->codec, slots + (size_t)*next * bound, bytes[*next], call->result,
-                                                call->count));
-        c->tp->progress(c->tp);
-    }
-    call->st->decode_s += gcomp__now() - t0;
-}
-
-static void zero_result(gcomp__call *call)
-{
-    double t0 = gcomp__now();
     memset(call->result, 0, call->count * sizeof(float));
+    for (int j = 0; j < c->tp->size; j++)
+        GCOMP_STEP(call, gcomp_codec_decode_add(c->codec, slots + (size_t)j * bound, bytes[j], call->result, call->count));
     call->st->decode_s += gcomp__now() - t0;
 }
 
@@ -125,8 +113,8 @@ static gcomp_result unpack_pairs(gcomp__call *call, const uint8_t *payload, size
 {
     gcomp_comm *c = call->comm;
     size_t k = pairs_k(call), got = 0, body_bytes;
-    uint64_t *idx = (uint64_t *)((uint8_t *)c->acc + pairs_heads(c->tp->size)) + (size_t)j * k;
-    float *val = (float *)(idx - (size_t)j * k + (size_t)c->tp->size * k) + (size_t)j * k;
+    uint64_t *idx0 = (uint64_t *)((uint8_t *)c->acc + pairs_heads(c->tp->size)), *idx = idx0 + (size_t)j * k;
+    float *val = (float *)(idx0 + (size_t)c->tp->size * k) + (size_t)j * k;
     const uint8_t *body;
     uint32_t flags;
     double t0 = gcomp__now();
@@ -151,40 +139,30 @@ static void sum_pairs(gcomp__call *call, const gcomp_topk_pairs *lists)
 gcomp_result gcomp__sched_sparse(gcomp__call *call)
 {
     gcomp_comm *c = call->comm;
-    int n = c->tp->size, r = c->tp->rank, next = 0, *have, pairs = pairs_path(call);
+    int n = c->tp->size, r = c->tp->rank, pairs = pairs_path(call), last = (r + 1) % n;
     size_t bound = payload_bound(call);
     uint8_t *slots = c->pay;
     size_t *bytes = (size_t *)(slots + (size_t)n * bound);
     gcomp_topk_pairs *lp = c->acc;
     if (use_dense(call)) return sparse_as_dense(call);
-    have = (int *)(bytes + n);
-    memset(have, 0, (size_t)n * sizeof *have);
     bytes[r] = 0;
     GCOMP_STEP(call, encode_own(call, slots + (size_t)r * bound, bound, &bytes[r]));
-    have[r] = 1;
     if (pairs) GCOMP_STEP(call, unpack_pairs(call, slots + (size_t)r * bound, bytes[r], &lp[r], r));
-    /* The input has been consumed (it may be the result buffer, in place): unpacking (top-k),
-     * or zeroing the result and the decodes rank order allows, run while payloads travel. */
     for (int s = 0; s < n - 1; s++) {
         int send_j = ((r - s) % n + n) % n, recv_j = ((r - s - 1) % n + n) % n;
-        gcomp_result rc = gcomp__ring_start(call, slots + (size_t)send_j * bound, bytes[send_j],
-                                            slots + (size_t)recv_j * bound, bound);
-        if (rc == GCOMP_SUCCESS) {
-            if (pairs && s > 0) GCOMP_STEP(call, unpack_pairs(call, slots + (size_t)send_j * bound, bytes[send_j], &lp[send_j], send_j));
-            if (!pairs && s == 0) zero_result(call);
-            if (!pairs) decode_ready(call, slots, bound, bytes, have, &next);
-            rc = gcomp__ring_finish(call, &bytes[recv_j]);
-        }
-        if (rc != GCOMP_SUCCESS) return rc;
-        have[recv_j] = 1;
+        GCOMP_CHECK(gcomp__ring_start(call, slots + (size_t)send_j * bound, bytes[send_j],
+                                      slots + (size_t)recv_j * bound, bound));
+        /* what arrived in the previous step (the payload now being forwarded) is unpacked
+         * while this step's transfer runs */
+        if (pairs && s > 0)
+            GCOMP_STEP(call, unpack_pairs(call, slots + (size_t)send_j * bound, bytes[send_j], &lp[send_j], send_j));
+        GCOMP_CHECK(gcomp__ring_finish(call, &bytes[recv_j]));
     }
     if (pairs) {
-        if (n > 1) GCOMP_STEP(call, unpack_pairs(call, slots + (size_t)((r + 1) % n) * bound, bytes[(r + 1) % n],
-                                                 &lp[(r + 1) % n], (r + 1) % n));
+        GCOMP_STEP(call, unpack_pairs(call, slots + (size_t)last * bound, bytes[last], &lp[last], last));
         sum_pairs(call, lp);
     } else {
-        if (n == 1) zero_result(call);
-        decode_ready(call, slots, bound, bytes, have, &next);
+        decode_all(call, slots, bound, bytes);
     }
     call->st->last_schedule = GCOMP_SCHED_SPARSE;
     return GCOMP_SUCCESS;
