@@ -395,9 +395,13 @@ gcomp_result gcomp__tg_codes_unpack(const uint8_t *codes, size_t bytes, size_t n
     return GCOMP_SUCCESS;
 }
 
-/* Sums are packed LSB first, w bits each, value + m stored unsigned. Eight values fill
- * exactly w bytes, so the fast paths move groups of 8 through one 64-bit word (w <= 8, i.e.
- * up to 127 ranks); the bit reader/writer below handles the tail and wider sums. */
+/* Packed sums (format in terngrad.h): digits of base L = 2m + 1 in groups of g, each group
+ * a W-bit code. 240 elements are a whole number of groups for every g (1, 2, 3 or 5) and,
+ * since 240 / g is a multiple of 8, a whole number of bytes: blocks of 240 are packed with
+ * W known at compile time and a table from code to digits (W <= 8, up to 127 ranks); the
+ * last partial block and wider sums go through the bit reader/writer below. */
+#define SUM_BLOCK 240
+
 typedef struct bitio {
     uint8_t *wp;
     const uint8_t *rp;
@@ -436,132 +440,182 @@ static inline void bit_flush(bitio *b)
     b->have = 0;
 }
 
-/* Groups of 8 sums in one 64-bit word, for a compile-time width: the shifts become
- * constants and the loops unroll. Returns nonzero if an input sum was out of range. */
-static inline __attribute__((always_inline)) uint64_t add_pack_groups(const unsigned wi, const unsigned wo,
-                                                                        const uint8_t *in, uint32_t m_in,
-                                                                        const int8_t *t, size_t groups, uint8_t *out)
+/* Sums of m ranks as packed: digits of base L, g per code of w bits. */
+typedef struct sum_fmt {
+    uint32_t m, L;
+    unsigned g, w;
+    uint64_t lg; /* L^g: every code is below it */
+    size_t block_bytes;
+    int8_t (*digits)[8]; /* code -> its g digits as sums (digit - m), when w <= 8 */
+} sum_fmt;
+
+static void sum_fmt_init(sum_fmt *f, uint32_t m, int8_t (*table)[8])
 {
-    const uint64_t mask = wi ? (1ull << wi) - 1 : 0;
-    uint64_t bad = 0;
-    for (size_t gi = 0; gi < groups; gi++) {
-        uint64_t win = 0, wout = 0;
-        /* little-endian host (see header.c); a whole 8-byte load while the groups go on for
-         * 8 more bytes, exactly wi bytes near the end */
-        if (wi && (groups - gi) * wi >= 8) memcpy(&win, in + gi * wi, 8);
-        else if (wi) memcpy(&win, in + gi * wi, wi);
-        for (unsigned k = 0; k < 8; k++) {
-            uint64_t v = (win >> (k * wi)) & mask; /* sum + m_in, in [0, 2 m_in] */
-            bad |= v > 2ull * m_in;
-            wout |= (v + 1 + (uint64_t)(int64_t)t[gi * 8 + k]) << (k * wo); /* + t, rebased to + m_out */
-        }
-        /* the bytes past this group's wo are written again by the next groups */
-        if ((groups - gi) * wo >= 8) memcpy(out + gi * wo, &wout, 8);
-        else memcpy(out + gi * wo, &wout, wo);
-    }
-    return bad;
+    f->m = m;
+    f->L = 2 * m + 1;
+    f->g = gcomp_tg_sum_group(m);
+    f->lg = gcomp_tg_sum_pow(m, f->g);
+    f->w = gcomp_tg_bits_below(f->lg);
+    f->block_bytes = SUM_BLOCK / f->g * f->w / 8;
+    f->digits = f->w <= 8 ? table : NULL;
+    for (unsigned c = 0; f->digits && c < 256; c++)
+        for (unsigned k = 0, v = c; k < 8; k++, v /= f->L) f->digits[c][k] = (int8_t)(k < f->g ? (int)(v % f->L) - (int)m : 0);
 }
 
-static inline __attribute__((always_inline)) uint64_t unpack_groups(const unsigned w, const uint8_t *in, uint32_t m,
-                                                                      size_t groups, int16_t *out)
+/* One block: codes of width w, g digits of base L each (compile-time constants in the
+ * common cases) -> sums. Returns nonzero on an invalid code. */
+static inline __attribute__((always_inline)) uint64_t block_unpack(const unsigned w, const unsigned g, const uint32_t L,
+                                                                     const sum_fmt *f, const uint8_t *in, int16_t *out)
 {
-    const uint64_t mask = (1ull << w) - 1;
+    const uint64_t mask = (1ull << w) - 1, lg = f->lg;
+    const int32_t m = (int32_t)f->m;
     uint64_t bad = 0;
-    for (size_t gi = 0; gi < groups; gi++) {
+    (void)L;
+    for (size_t gi = 0; gi < SUM_BLOCK / g / 8; gi++) {
         uint64_t word = 0;
-        if ((groups - gi) * w >= 8) memcpy(&word, in + gi * w, 8); /* see add_pack_groups */
-        else memcpy(&word, in + gi * w, w);
+        memcpy(&word, in + gi * w, w); /* 8 codes in exactly w bytes, little-endian host */
         for (unsigned k = 0; k < 8; k++) {
-            uint64_t v = (word >> (k * w)) & mask;
-            bad |= v > 2ull * m;
-            out[gi * 8 + k] = (int16_t)((int64_t)v - m);
+            uint64_t c = (word >> (k * w)) & mask;
+            bad |= c >= lg;
+            if (g == 1) {
+                out[gi * 8 + k] = (int16_t)((int32_t)c - m);
+            } else {
+                const int8_t *d = f->digits[c];
+                for (unsigned j = 0; j < g; j++) out[(gi * 8 + k) * g + j] = d[j];
+            }
         }
     }
     return bad;
 }
 
-/* The widths a ring of up to 127 ranks uses, each as its own unrolled instantiation. */
-static uint64_t add_pack_fast(unsigned wi, unsigned wo, const uint8_t *in, uint32_t m_in, const int8_t *t, size_t groups,
-                              uint8_t *out)
+/* One block: sums (in [-m, m]) -> codes of width w, g digits of base L each. */
+static inline __attribute__((always_inline)) void block_pack(const unsigned w, const unsigned g, const uint32_t L,
+                                                               const sum_fmt *f, const int16_t *sums, uint8_t *out)
 {
-    switch (wi * 16 + wo) {
-    case 0 * 16 + 2: return add_pack_groups(0, 2, in, m_in, t, groups, out);
-    case 2 * 16 + 3: return add_pack_groups(2, 3, in, m_in, t, groups, out);
-    case 3 * 16 + 3: return add_pack_groups(3, 3, in, m_in, t, groups, out);
-    case 3 * 16 + 4: return add_pack_groups(3, 4, in, m_in, t, groups, out);
-    case 4 * 16 + 4: return add_pack_groups(4, 4, in, m_in, t, groups, out);
-    case 4 * 16 + 5: return add_pack_groups(4, 5, in, m_in, t, groups, out);
-    case 5 * 16 + 5: return add_pack_groups(5, 5, in, m_in, t, groups, out);
-    case 5 * 16 + 6: return add_pack_groups(5, 6, in, m_in, t, groups, out);
-    case 6 * 16 + 6: return add_pack_groups(6, 6, in, m_in, t, groups, out);
-    case 6 * 16 + 7: return add_pack_groups(6, 7, in, m_in, t, groups, out);
-    case 7 * 16 + 7: return add_pack_groups(7, 7, in, m_in, t, groups, out);
-    case 7 * 16 + 8: return add_pack_groups(7, 8, in, m_in, t, groups, out);
-    default: return add_pack_groups(wi, wo, in, m_in, t, groups, out); /* 8 -> 8 */
+    const int32_t m = (int32_t)f->m;
+    for (size_t gi = 0; gi < SUM_BLOCK / g / 8; gi++) {
+        uint64_t word = 0;
+        for (unsigned k = 0; k < 8; k++) {
+            const int16_t *s = sums + (gi * 8 + k) * g;
+            uint64_t c = 0;
+            for (unsigned j = g; j-- > 0;) c = c * L + (uint64_t)(uint32_t)(s[j] + m);
+            word |= c << (k * w);
+        }
+        memcpy(out + gi * w, &word, w);
     }
 }
 
-static uint64_t unpack_fast(unsigned w, const uint8_t *in, uint32_t m, size_t groups, int16_t *out)
-{
-    switch (w) {
-    case 2: return unpack_groups(2, in, m, groups, out);
-    case 3: return unpack_groups(3, in, m, groups, out);
-    case 4: return unpack_groups(4, in, m, groups, out);
-    case 5: return unpack_groups(5, in, m, groups, out);
-    case 6: return unpack_groups(6, in, m, groups, out);
-    case 7: return unpack_groups(7, in, m, groups, out);
-    default: return unpack_groups(8, in, m, groups, out);
+/* The formats of a ring of up to 5 ranks with every constant known at compile time; other
+ * plain (g = 1) formats by width; the rest (g = 2 for m = 5) generic. */
+#define SUM_FORMATS(X, f, ...)                                                                 \
+    switch ((f)->m) {                                                                          \
+    case 1: X(8, 5, 3, f, __VA_ARGS__); break;                                                 \
+    case 2: X(7, 3, 5, f, __VA_ARGS__); break;                                                 \
+    case 3: X(3, 1, 7, f, __VA_ARGS__); break;                                                 \
+    case 4: X(7, 2, 9, f, __VA_ARGS__); break;                                                 \
+    default:                                                                                   \
+        if ((f)->g > 1) X((f)->w, (f)->g, (f)->L, f, __VA_ARGS__);                             \
+        else switch ((f)->w) {                                                                 \
+            case 4: X(4, 1, (f)->L, f, __VA_ARGS__); break;                                    \
+            case 5: X(5, 1, (f)->L, f, __VA_ARGS__); break;                                    \
+            case 6: X(6, 1, (f)->L, f, __VA_ARGS__); break;                                    \
+            case 7: X(7, 1, (f)->L, f, __VA_ARGS__); break;                                    \
+            default: X(8, 1, (f)->L, f, __VA_ARGS__); break;                                   \
+            }                                                                                  \
     }
+
+#define UNPACK_X(w, g, L, f, in, out, bad) bad = block_unpack(w, g, L, f, in, out)
+#define PACK_X(w, g, L, f, sums, out) block_pack(w, g, L, f, sums, out)
+
+static uint64_t block_unpack_w(const sum_fmt *f, const uint8_t *in, int16_t *out)
+{
+    uint64_t bad = 0;
+    SUM_FORMATS(UNPACK_X, f, in, out, bad)
+    return bad;
+}
+
+static void block_pack_w(const sum_fmt *f, const int16_t *sums, uint8_t *out)
+{
+    SUM_FORMATS(PACK_X, f, sums, out)
+}
+
+/* Any n <= SUM_BLOCK sums (the last block, or sums wider than 8 bits), group by group. */
+static uint64_t slow_unpack(const sum_fmt *f, const uint8_t *in, size_t n, int16_t *out)
+{
+    bitio r = {0};
+    uint64_t bad = 0;
+    r.rp = in;
+    for (size_t i = 0; i < n; i += f->g) {
+        unsigned k = n - i < f->g ? (unsigned)(n - i) : f->g;
+        uint64_t lim = gcomp_tg_sum_pow(f->m, k), c = bit_read(&r, gcomp_tg_bits_below(lim));
+        bad |= c >= lim;
+        for (unsigned j = 0; j < k; j++, c /= f->L) out[i + j] = (int16_t)((int64_t)(c % f->L) - (int64_t)f->m);
+    }
+    return bad;
+}
+
+static void slow_pack(const sum_fmt *f, const int16_t *sums, size_t n, uint8_t *out)
+{
+    bitio w = {0};
+    w.wp = out;
+    for (size_t i = 0; i < n; i += f->g) {
+        unsigned k = n - i < f->g ? (unsigned)(n - i) : f->g;
+        uint64_t c = 0;
+        for (unsigned j = k; j-- > 0;) c = c * f->L + (uint64_t)(sums[i + j] + (int32_t)f->m);
+        bit_write(&w, c, gcomp_tg_bits_below(gcomp_tg_sum_pow(f->m, k)));
+    }
+    bit_flush(&w);
+}
+
+static uint64_t unpack_block_any(const sum_fmt *f, const uint8_t *in, size_t n, int16_t *out)
+{
+    return n == SUM_BLOCK && f->digits ? block_unpack_w(f, in, out) : slow_unpack(f, in, n, out);
+}
+
+static void pack_block_any(const sum_fmt *f, const int16_t *sums, size_t n, uint8_t *out)
+{
+    if (n == SUM_BLOCK && f->digits) block_pack_w(f, sums, out);
+    else slow_pack(f, sums, n, out);
 }
 
 gcomp_result gcomp__tg_sums_add_pack(const uint8_t *in, size_t in_bytes, uint32_t m_in, const int8_t *t, size_t n,
                                      uint8_t *out)
 {
-    uint32_t m_out = m_in + 1;
-    unsigned wi = m_in ? gcomp_tg_sum_bits(m_in) : 0, wo = gcomp_tg_sum_bits(m_out);
+    int8_t tab_in[256][8], tab_out[256][8];
+    int16_t blk[SUM_BLOCK];
+    sum_fmt fi, fo;
     uint64_t bad = 0;
-    bitio r = {0}, w = {0};
-    size_t i = 0;
     if (m_in && in_bytes != gcomp_tg_sum_bytes(n, m_in))
         return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "terngrad: %zu bytes of sums for %zu elements of %u ranks", in_bytes, n, m_in);
-    if (wo <= 8) {
-        bad |= add_pack_fast(wi, wo, in, m_in, t, n / 8, out);
-        i = n / 8 * 8;
+    if (m_in >= 32767) return gcomp_codec_fail(GCOMP_ERR_UNSUPPORTED, "terngrad: sums of %u ranks do not fit int16", m_in + 1);
+    if (m_in) sum_fmt_init(&fi, m_in, tab_in);
+    sum_fmt_init(&fo, m_in + 1, tab_out);
+    for (size_t a = 0, b = 0; a < n; a += SUM_BLOCK, b++) {
+        size_t len = n - a < SUM_BLOCK ? n - a : SUM_BLOCK;
+        if (m_in) bad |= unpack_block_any(&fi, in + b * fi.block_bytes, len, blk);
+        else memset(blk, 0, sizeof blk);
+        for (size_t i = 0; i < len; i++) blk[i] = (int16_t)(blk[i] + t[a + i]);
+        pack_block_any(&fo, blk, len, out + b * fo.block_bytes);
     }
-    r.rp = m_in ? in + (i / 8) * wi : NULL; /* no input on the first hop */
-    w.wp = out + (i / 8) * wo;
-    for (; i < n; i++) {
-        uint64_t v = m_in ? bit_read(&r, wi) : 0;
-        bad |= v > 2ull * m_in;
-        bit_write(&w, v + 1 + (uint64_t)(int64_t)t[i], wo);
-    }
-    bit_flush(&w);
-    if (bad) return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "terngrad: a packed sum exceeds 2*%u", m_in);
+    if (bad) return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "terngrad: a packed group of sums of %u ranks is out of range", m_in);
     return GCOMP_SUCCESS;
 }
 
 gcomp_result gcomp__tg_sums_unpack(const uint8_t *in, size_t bytes, size_t n, uint32_t m, int16_t *out)
 {
-    unsigned w = gcomp_tg_sum_bits(m);
-    uint64_t mask = (1ull << w) - 1, bad = 0;
-    bitio r = {0};
-    size_t i = 0;
+    int8_t tab[256][8];
+    sum_fmt f;
+    uint64_t bad = 0;
     if (m == 0) return gcomp_codec_fail(GCOMP_ERR_INVALID_ARG, "terngrad: sums of 0 ranks");
     if (m > 32767) return gcomp_codec_fail(GCOMP_ERR_UNSUPPORTED, "terngrad: sums of %u ranks do not fit int16", m);
     if (bytes != gcomp_tg_sum_bytes(n, m))
         return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "terngrad: %zu bytes of sums for %zu elements of %u ranks", bytes, n, m);
-    if (w <= 8) {
-        bad |= unpack_fast(w, in, m, n / 8, out);
-        i = n / 8 * 8;
+    sum_fmt_init(&f, m, tab);
+    for (size_t a = 0, b = 0; a < n; a += SUM_BLOCK, b++) {
+        size_t len = n - a < SUM_BLOCK ? n - a : SUM_BLOCK;
+        bad |= unpack_block_any(&f, in + b * f.block_bytes, len, out + a);
     }
-    r.rp = in + (i / 8) * w;
-    for (; i < n; i++) {
-        uint64_t v = bit_read(&r, w);
-        bad |= v > 2ull * m;
-        out[i] = (int16_t)((int64_t)v - m);
-    }
-    (void)mask;
-    if (bad) return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "terngrad: a packed sum exceeds 2*%u", m);
+    if (bad) return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "terngrad: a packed group of sums of %u ranks is out of range", m);
     return GCOMP_SUCCESS;
 }
 

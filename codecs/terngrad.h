@@ -30,8 +30,15 @@
  *       four unit-stride streams for SIMD and GPU threads alike). Unused bits are 0.
  *       In total ceil(n / 4) bytes, since buckets are multiples of 4.
  *
- * Integer sums for the ring: the sum of the codes of m ranks lies in [-m, m] and is stored
- * as (sum + m) in gcomp_tg_sum_bits(m) = ceil(log2(2m + 1)) bits per element, LSB first.
+ * Integer sums for the ring (format 2): the sum of the codes of m ranks lies in [-m, m], so
+ * d = sum + m is a digit in base L = 2m + 1. Digits travel in groups of g = gcomp_tg_sum_group(m):
+ * a group is the number d_0 + d_1 L + ... + d_{g-1} L^(g-1), written in W = bits(L^g) bits
+ * (bits(v) = the fewest bits that hold 0..v-1), LSB first, groups back to back; the last
+ * group of r < g digits takes bits(L^r) bits; the stream is padded with zero bits to a byte.
+ * g is the group size (up to 8 digits, L^g <= 256) with the fewest bits per digit, the
+ * smaller one on a tie: m = 1: 5 digits in 8 bits (1.6 bits each instead of 2), m = 2: 3 in
+ * 7 (2.33 instead of 3), m = 4, 5: 2 in 7 (3.5 instead of 4); every other m has g = 1, i.e.
+ * plain bits(2m + 1)-bit fields. Codes that are not below L^g (or L^r) are invalid.
  */
 #ifndef GCOMP_CODECS_TERNGRAD_H
 #define GCOMP_CODECS_TERNGRAD_H
@@ -109,18 +116,60 @@ static inline GCOMP_TG_HD uint64_t gcomp_tg_num_scales(const gcomp_terngrad_para
     return (n + (uint64_t)p->bucket - 1) / (uint64_t)p->bucket;
 }
 
-/* ceil(log2(2m + 1)): bits per element of a sum of m ternary codes. */
-static inline GCOMP_TG_HD unsigned gcomp_tg_sum_bits(uint32_t m)
+/* The fewest bits that hold every value in 0..v-1 (0 for v <= 1). */
+static inline GCOMP_TG_HD unsigned gcomp_tg_bits_below(uint64_t v)
 {
     unsigned b = 0;
-    while ((1ull << b) <= 2ull * m) b++;
+    while (b < 64 && (1ull << b) < v) b++;
     return b;
+}
+
+/* ceil(log2(2m + 1)): bits of one sum of m ternary codes on its own (g = 1); no group
+ * takes more than this per digit. */
+static inline GCOMP_TG_HD unsigned gcomp_tg_sum_bits(uint32_t m) { return gcomp_tg_bits_below(2ull * m + 1); }
+
+/* Digits per group for sums of m ranks (see the format above). */
+static inline GCOMP_TG_HD unsigned gcomp_tg_sum_group(uint32_t m)
+{
+    uint64_t L = 2ull * m + 1, p = L;
+    unsigned best = 1, best_w = gcomp_tg_bits_below(L);
+    for (unsigned g = 2; g <= 8 && p * L <= 256; g++) {
+        unsigned w;
+        p *= L;
+        w = gcomp_tg_bits_below(p);
+        if (w * best < best_w * g) { /* fewer bits per digit */
+            best = g;
+            best_w = w;
+        }
+    }
+    return best;
+}
+
+/* L^k for the digits of sums of m ranks (k <= 8, L^k <= 256, or k = 1). */
+static inline GCOMP_TG_HD uint64_t gcomp_tg_sum_pow(uint32_t m, unsigned k)
+{
+    uint64_t p = 1;
+    while (k--) p *= 2ull * m + 1;
+    return p;
 }
 
 /* Bytes of n packed sums of m codes. */
 static inline GCOMP_TG_HD uint64_t gcomp_tg_sum_bytes(uint64_t n, uint32_t m)
 {
-    return (n * gcomp_tg_sum_bits(m) + 7) / 8;
+    unsigned g = gcomp_tg_sum_group(m);
+    uint64_t bits = n / g * gcomp_tg_bits_below(gcomp_tg_sum_pow(m, g)) + gcomp_tg_bits_below(gcomp_tg_sum_pow(m, (unsigned)(n % g)));
+    return (bits + 7) / 8;
+}
+
+/* The most sums of m codes whose packing fits in `bytes`. */
+static inline GCOMP_TG_HD uint64_t gcomp_tg_sums_fit(uint64_t bytes, uint32_t m)
+{
+    unsigned b = gcomp_tg_sum_bits(m);
+    uint64_t n;
+    if (b == 0) return 0;
+    n = bytes * 8 * gcomp_tg_sum_group(m) / gcomp_tg_bits_below(gcomp_tg_sum_pow(m, gcomp_tg_sum_group(m))) + 8;
+    while (n > 0 && gcomp_tg_sum_bytes(n, m) > bytes) n--;
+    return n;
 }
 
 /* Integer-sum helpers for the integer ring (CPU reference; terngrad.c). */
@@ -128,7 +177,7 @@ static inline GCOMP_TG_HD uint64_t gcomp_tg_sum_bytes(uint64_t n, uint32_t m)
  * of n elements (tiles from its start). GCOMP_ERR_CORRUPT on code 3 or padding bits. */
 gcomp_result gcomp__tg_codes_unpack(const uint8_t *codes, size_t bytes, size_t n, int8_t *t);
 /* One hop of the ring: out = sums of m_in + 1 ranks = (sums of m_in ranks in `in`) + t,
- * packed in gcomp_tg_sum_bits(m_in + 1) bits. m_in = 0: no input, out = t packed for m = 1.
+ * packed for m_in + 1 ranks (gcomp_tg_sum_bytes(n, m_in + 1) bytes). m_in = 0: no input, out = t packed for m = 1.
  * GCOMP_ERR_CORRUPT if `in` has the wrong size or a value outside [0, 2 m_in]. */
 gcomp_result gcomp__tg_sums_add_pack(const uint8_t *in, size_t in_bytes, uint32_t m_in, const int8_t *t, size_t n,
                                      uint8_t *out);

@@ -311,54 +311,93 @@ static void test_integer_sums(void **state)
     assert_int_equal(gcomp__tg_codes_unpack(codes, sizeof codes, N, t), GCOMP_ERR_CORRUPT);
 }
 
-/* The packed sums byte for byte against a plain LSB-first bit writer: the unrolled group
- * kernels (whole 8-byte loads and stores) write exactly the documented wire bytes. */
-static void pack_plain(const int32_t *sum, size_t n, uint32_t m, uint8_t *out)
+/* The packed sums byte for byte against the documented format written the plainest way
+ * (terngrad.h: digits d = sum + m of base L = 2m + 1, g per group, group i holding
+ * sum_j d_{ig+j} L^j in bits(L^g) bits, the last group bits(L^r), LSB first). `bad_group`
+ * >= 0 replaces that group's code by L^g, which fits its width but is invalid. */
+static void put_bits(uint8_t *out, size_t *pos, uint64_t v, unsigned w)
 {
-    unsigned w = gcomp_tg_sum_bits(m);
+    for (unsigned b = 0; b < w; b++, (*pos)++)
+        if ((v >> b) & 1u) out[*pos / 8] |= (uint8_t)(1u << (*pos % 8));
+}
+
+static void pack_plain(const int32_t *sum, size_t n, uint32_t m, uint8_t *out, long bad_group)
+{
+    unsigned g = gcomp_tg_sum_group(m);
+    uint64_t L = 2ull * m + 1;
+    size_t pos = 0;
     memset(out, 0, (size_t)gcomp_tg_sum_bytes(n, m));
-    for (size_t i = 0; i < n; i++)
-        for (unsigned b = 0; b < w; b++)
-            if (((uint32_t)(sum[i] + (int32_t)m) >> b) & 1u) out[(i * w + b) / 8] |= (uint8_t)(1u << ((i * w + b) % 8));
+    for (size_t i = 0; i < n; i += g) {
+        unsigned k = n - i < g ? (unsigned)(n - i) : g;
+        uint64_t code = 0, lim = 1;
+        for (unsigned j = 0; j < k; j++, lim *= L) code += (uint64_t)(sum[i + j] + (int32_t)m) * lim;
+        if ((long)(i / g) == bad_group) code = lim;
+        put_bits(out, &pos, code, gcomp_tg_bits_below(lim));
+    }
+    assert_int_equal((pos + 7) / 8, gcomp_tg_sum_bytes(n, m));
+}
+
+/* Group sizes and sizes of the format, worked by hand. */
+static void test_sums_format(void **state)
+{
+    static const unsigned groups[] = {0, 5, 3, 1, 2, 2, 1, 1, 1};
+    (void)state;
+    for (uint32_t m = 1; m <= 8; m++) assert_int_equal(gcomp_tg_sum_group(m), groups[m]);
+    assert_int_equal(gcomp_tg_sum_group(127), 1);
+    assert_int_equal(gcomp_tg_sum_group(1000), 1);
+    assert_int_equal(gcomp_tg_sum_bytes(240, 1), 48);     /* 48 groups of 5 in 8 bits */
+    assert_int_equal(gcomp_tg_sum_bytes(7, 1), 2);        /* 8 bits + 2 digits in bits(9) = 4 */
+    assert_int_equal(gcomp_tg_sum_bytes(240, 2), 70);     /* 80 groups of 3 in 7 bits */
+    assert_int_equal(gcomp_tg_sum_bytes(240, 4), 105);    /* 120 groups of 2 in 7 bits */
+    assert_int_equal(gcomp_tg_sum_bytes(240, 3), 90);     /* plain 3 bits */
+    assert_int_equal(gcomp_tg_sum_bytes(1, 1000), 2);     /* 11 bits */
+    assert_int_equal(gcomp_tg_sum_bytes(0, 4), 0);
+    for (uint32_t m = 1; m <= 130; m++)
+        for (uint64_t bytes = 0; bytes < 300; bytes += 7) {
+            uint64_t n = gcomp_tg_sums_fit(bytes, m);
+            assert_true(gcomp_tg_sum_bytes(n, m) <= bytes);
+            assert_true(gcomp_tg_sum_bytes(n + 1, m) > bytes);
+        }
 }
 
 static void test_sums_wire_bytes(void **state)
 {
-    enum { N = 4099, M = 70 }; /* widths 2..8: both fast kernels and the wide fallback */
+    enum { N = 4099, M = 140 }; /* all group sizes, blocks and tails, and sums past 8 bits */
     uint64_t seed = 5;
-    static uint8_t packed[2][N * 2], want[N * 2];
+    static uint8_t packed[2][N * 2], want[N * 2], bad[N * 2];
     int8_t t[N];
     int32_t sum[N] = {0};
     int16_t got[N];
     size_t bytes = 0;
     (void)state;
     for (uint32_t m = 0; m < M; m++) {
+        uint32_t mo = m + 1;
+        uint64_t lg = gcomp_tg_sum_pow(mo, gcomp_tg_sum_group(mo));
         for (int i = 0; i < N; i++) {
             t[i] = (int8_t)((int)(tu_next(&seed) % 3) - 1);
             sum[i] += t[i];
         }
         /* exactly sized copies, so ASan sees any access past the end */
-        uint8_t *in = m ? malloc(bytes) : NULL, *out = malloc(gcomp_tg_sum_bytes(N, m + 1));
+        uint8_t *in = m ? malloc(bytes) : NULL, *out = malloc(gcomp_tg_sum_bytes(N, mo));
         if (m) memcpy(in, packed[m & 1], bytes);
         assert_int_equal(gcomp__tg_sums_add_pack(in, bytes, m, t, N, out), GCOMP_SUCCESS);
-        bytes = gcomp_tg_sum_bytes(N, m + 1);
-        memcpy(packed[(m + 1) & 1], out, bytes);
+        bytes = gcomp_tg_sum_bytes(N, mo);
+        memcpy(packed[mo & 1], out, bytes);
         free(in);
         free(out);
-        pack_plain(sum, N, m + 1, want);
-        assert_memory_equal(packed[(m + 1) & 1], want, bytes);
-        assert_int_equal(gcomp__tg_sums_unpack(want, bytes, N, m + 1, got), GCOMP_SUCCESS);
+        pack_plain(sum, N, mo, want, -1);
+        assert_memory_equal(packed[mo & 1], want, bytes);
+        assert_int_equal(gcomp__tg_sums_unpack(want, bytes, N, mo, got), GCOMP_SUCCESS);
         for (int i = 0; i < N; i++) assert_int_equal(got[i], sum[i]);
-        /* one value out of range anywhere in the first group is rejected by both functions */
-        if (2 * (m + 1) + 1 < (1u << gcomp_tg_sum_bits(m + 1))) { /* the width has an invalid value */
-            uint8_t bad[N * 2];
-            int32_t s0 = sum[3];
-            sum[3] = (int32_t)(m + 1) + 1; /* stored as 2(m+1) + 1: representable, invalid */
-            pack_plain(sum, N, m + 1, bad);
-            sum[3] = s0;
-            assert_int_equal(gcomp__tg_sums_unpack(bad, bytes, N, m + 1, got), GCOMP_ERR_CORRUPT);
-            assert_int_equal(gcomp__tg_sums_add_pack(bad, bytes, m + 1, t, N, packed[m & 1]), GCOMP_ERR_CORRUPT);
-        }
+        /* an invalid code (L^g, if the width holds it) in a full block, and in the tail, is
+         * rejected by both functions */
+        if (lg < (1ull << gcomp_tg_bits_below(lg)))
+            for (int where = 0; where < 2; where++) {
+                long grp = where ? (long)((N / 240 * 240) / gcomp_tg_sum_group(mo)) : 3;
+                pack_plain(sum, N, mo, bad, grp);
+                assert_int_equal(gcomp__tg_sums_unpack(bad, bytes, N, mo, got), GCOMP_ERR_CORRUPT);
+                assert_int_equal(gcomp__tg_sums_add_pack(bad, bytes, mo, t, N, packed[m & 1]), GCOMP_ERR_CORRUPT);
+            }
     }
 }
 
@@ -429,7 +468,8 @@ int main(void)
         cmocka_unit_test(test_deterministic),    cmocka_unit_test(test_buckets),
         cmocka_unit_test(test_clip),             cmocka_unit_test(test_rms_order),             cmocka_unit_test(test_split_encode),
         cmocka_unit_test(test_nonfinite),        cmocka_unit_test(test_integer_sums),
-        cmocka_unit_test(test_sums_wire_bytes), cmocka_unit_test(test_ternarise_matches_encode),
+        cmocka_unit_test(test_sums_format), cmocka_unit_test(test_sums_wire_bytes),
+        cmocka_unit_test(test_ternarise_matches_encode),
         cmocka_unit_test(test_corrupt_codes),  cmocka_unit_test(test_planar_layout),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -84,8 +84,7 @@ static void mode_codes(const uint8_t *in, size_t len, uint8_t adjust)
 
 static void mode_unpack(const uint8_t *in, size_t len, uint32_t m, uint8_t adjust)
 {
-    unsigned w = gcomp_tg_sum_bits(m);
-    size_t most = w ? len * 8 / w : (size_t)adjust, n;
+    size_t most = m ? (size_t)gcomp_tg_sums_fit(len, m) : (size_t)adjust, n;
     int16_t *out, *again;
     int8_t *zeros;
     uint8_t *repacked;

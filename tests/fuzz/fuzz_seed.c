@@ -199,7 +199,7 @@ static void seed_integer_sums(void)
             sums = next;
         }
         {
-            size_t sb = (size_t)gcomp_tg_sum_bytes(n, m), most = sb * 8 / gcomp_tg_sum_bits(m);
+            size_t sb = (size_t)gcomp_tg_sum_bytes(n, m), most = (size_t)gcomp_tg_sums_fit(sb, m);
             uint8_t pre[4] = {1, (uint8_t)m, (uint8_t)(m >> 8), (uint8_t)(most - n)};
             char label[32];
             snprintf(label, sizeof label, "sums-m%u", m);
