@@ -457,20 +457,19 @@ static void sum_fmt_init(sum_fmt *f, uint32_t m, int8_t (*table)[8])
     f->lg = gcomp_tg_sum_pow(m, f->g);
     f->w = gcomp_tg_bits_below(f->lg);
     f->block_bytes = SUM_BLOCK / f->g * f->w / 8;
-    f->digits = f->w <= 8 ? table : NULL;
-    for (unsigned c = 0; f->digits && c < 256; c++)
-        for (unsigned k = 0, v = c; k < 8; k++, v /= f->L) f->digits[c][k] = (int8_t)(k < f->g ? (int)(v % f->L) - (int)m : 0);
+    f->digits = f->w <= 8 ? table : NULL; /* marks the block path; read only when g > 1 */
+    for (unsigned c = 0; f->digits && f->g > 1 && c < 256; c++)
+        for (unsigned k = 0, v = c; k < f->g; k++, v /= f->L) f->digits[c][k] = (int8_t)((int)(v % f->L) - (int)m);
 }
 
-/* One block: codes of width w, g digits of base L each (compile-time constants in the
- * common cases) -> sums. Returns nonzero on an invalid code. */
-static inline __attribute__((always_inline)) uint64_t block_unpack(const unsigned w, const unsigned g, const uint32_t L,
-                                                                     const sum_fmt *f, const uint8_t *in, int16_t *out)
+/* One block: codes of width w, g digits each (compile-time constants in the common cases)
+ * -> sums, through the digit table. Returns nonzero on an invalid code. */
+static inline __attribute__((always_inline)) uint64_t block_unpack(const unsigned w, const unsigned g, const sum_fmt *f,
+                                                                     const uint8_t *in, int16_t *out)
 {
     const uint64_t mask = (1ull << w) - 1, lg = f->lg;
     const int32_t m = (int32_t)f->m;
     uint64_t bad = 0;
-    (void)L;
     for (size_t gi = 0; gi < SUM_BLOCK / g / 8; gi++) {
         uint64_t word = 0;
         memcpy(&word, in + gi * w, w); /* 8 codes in exactly w bytes, little-endian host */
@@ -524,7 +523,7 @@ static inline __attribute__((always_inline)) void block_pack(const unsigned w, c
             }                                                                                  \
     }
 
-#define UNPACK_X(w, g, L, f, in, out, bad) bad = block_unpack(w, g, L, f, in, out)
+#define UNPACK_X(w, g, L, f, in, out, bad) bad = block_unpack(w, g, f, in, out) /* digits by table: no L */
 #define PACK_X(w, g, L, f, sums, out) block_pack(w, g, L, f, sums, out)
 
 static uint64_t block_unpack_w(const sum_fmt *f, const uint8_t *in, int16_t *out)
@@ -547,7 +546,8 @@ static uint64_t slow_unpack(const sum_fmt *f, const uint8_t *in, size_t n, int16
     r.rp = in;
     for (size_t i = 0; i < n; i += f->g) {
         unsigned k = n - i < f->g ? (unsigned)(n - i) : f->g;
-        uint64_t lim = gcomp_tg_sum_pow(f->m, k), c = bit_read(&r, gcomp_tg_bits_below(lim));
+        uint64_t lim = k == f->g ? f->lg : gcomp_tg_sum_pow(f->m, k);
+        uint64_t c = bit_read(&r, k == f->g ? f->w : gcomp_tg_bits_below(lim));
         bad |= c >= lim;
         for (unsigned j = 0; j < k; j++, c /= f->L) out[i + j] = (int16_t)((int64_t)(c % f->L) - (int64_t)f->m);
     }
@@ -562,7 +562,7 @@ static void slow_pack(const sum_fmt *f, const int16_t *sums, size_t n, uint8_t *
         unsigned k = n - i < f->g ? (unsigned)(n - i) : f->g;
         uint64_t c = 0;
         for (unsigned j = k; j-- > 0;) c = c * f->L + (uint64_t)(sums[i + j] + (int32_t)f->m);
-        bit_write(&w, c, gcomp_tg_bits_below(gcomp_tg_sum_pow(f->m, k)));
+        bit_write(&w, c, k == f->g ? f->w : gcomp_tg_bits_below(gcomp_tg_sum_pow(f->m, k)));
     }
     bit_flush(&w);
 }

@@ -61,7 +61,7 @@ static gcomp_result layout(gcomp__call *call, int_ctx *d)
     gcomp_comm *c = call->comm;
     const gcomp_terngrad_params *p;
     int n = c->tp->size;
-    size_t max_chunk, off, sum_cap = 0;
+    size_t max_chunk, off;
     uint8_t *base;
     memset(d, 0, sizeof *d);
     d->call = call;
@@ -74,9 +74,8 @@ static gcomp_result layout(gcomp__call *call, int_ctx *d)
     d->staged = gcomp__codec_chain(c->codec)->n_stages > 1;
     max_chunk = call->count / (size_t)n + 2 * d->align;
     if (max_chunk > call->count) max_chunk = call->count;
-    for (uint32_t m = 1; m <= (uint32_t)n; m++) /* the most bytes any hop packs */
-        if ((size_t)gcomp_tg_sum_bytes(max_chunk, m) > sum_cap) sum_cap = (size_t)gcomp_tg_sum_bytes(max_chunk, m);
-    d->msg_cap = (gcomp__codec_stages_bound(c->codec, sum_cap) + 7) & ~(size_t)7;
+    /* sums of all N ranks are the widest any hop packs (test_sums_format checks it) */
+    d->msg_cap = (gcomp__codec_stages_bound(c->codec, (size_t)gcomp_tg_sum_bytes(max_chunk, (uint32_t)n)) + 7) & ~(size_t)7;
 
     /* sbuf: scales | keys;  acc: sums | t;  tmp: raw | raw_out;  pay: slots | sizes */
     GCOMP_CHECK(gcomp__reserve(&c->sbuf, &c->sbuf_cap, 16 * d->nb + 16));

@@ -352,6 +352,15 @@ static void test_sums_format(void **state)
     assert_int_equal(gcomp_tg_sum_bytes(240, 3), 90);     /* plain 3 bits */
     assert_int_equal(gcomp_tg_sum_bytes(1, 1000), 2);     /* 11 bits */
     assert_int_equal(gcomp_tg_sum_bytes(0, 4), 0);
+    { /* a hop to 32768 ranks would leave int16: refused */
+        uint8_t in[2] = {0, 0}, out[4];
+        int8_t t1 = 0;
+        assert_int_equal(gcomp__tg_sums_add_pack(in, (size_t)gcomp_tg_sum_bytes(1, 32767), 32767, &t1, 1, out),
+                         GCOMP_ERR_UNSUPPORTED);
+    }
+    /* sums of N ranks are the widest of a ring of N (the engine sizes its slots by them) */
+    for (uint32_t m = 1; m < 140; m++)
+        for (uint64_t n = 0; n < 500; n++) assert_true(gcomp_tg_sum_bytes(n, m) <= gcomp_tg_sum_bytes(n, m + 1));
     for (uint32_t m = 1; m <= 130; m++)
         for (uint64_t bytes = 0; bytes < 300; bytes += 7) {
             uint64_t n = gcomp_tg_sums_fit(bytes, m);
