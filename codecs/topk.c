@@ -538,70 +538,107 @@ static gcomp_result select_topk(topk_select *s, const float *g, const float *r, 
 
 /* ---- body ----------------------------------------------------------------------------------- */
 
-/* Gaps of block b (m of them) of the sorted indices; returns their OR. */
-static uint64_t block_gaps(const uint64_t *idx, uint64_t b, unsigned m, uint64_t *gaps)
-{
-    uint64_t first = b * GCOMP_TOPK_BLOCK, any = 0;
-    uint64_t prev = first ? idx[first - 1] + 1 : 0; /* gap = idx - (previous idx + 1) */
-    for (unsigned j = 0; j < m; j++) {
-        gaps[j] = idx[first + j] - prev;
-        prev = idx[first + j] + 1;
-        any |= gaps[j];
-    }
-    return any;
-}
+/* One block of pairs as the encoder sees it before writing it. */
+typedef struct topk_block {
+    unsigned m, b, e0, ew;
+    uint64_t gaps[GCOMP_TOPK_BLOCK];
+    uint32_t vals[GCOMP_TOPK_BLOCK]; /* raw fp32 or fp16 bits */
+} topk_block;
 
-static unsigned block_len(uint64_t k, uint64_t b)
+static unsigned block_len(uint64_t k, uint64_t first)
 {
-    uint64_t left = k - b * GCOMP_TOPK_BLOCK;
+    uint64_t left = k - first;
     return left < GCOMP_TOPK_BLOCK ? (unsigned)left : GCOMP_TOPK_BLOCK;
 }
 
-static size_t index_bytes(const uint64_t *idx, uint64_t k)
+/* Gathers the block of pairs idx[first .. first + m) and makes the encoder's choices. x lives
+ * in xs (+ xr). With r_out, also writes the residual x - decoded of each kept element (after
+ * reading x: they may be the same memory). Counts the finite values fp16 turned into +-inf. */
+static void block_fill(topk_block *bl, const uint64_t *idx, uint64_t first, unsigned m, const float *xs,
+                       const float *xr, float *r_out, int fp16, uint64_t *overflow)
 {
-    uint64_t gaps[GCOMP_TOPK_BLOCK];
-    size_t bytes = 0;
-    for (uint64_t b = 0; b * GCOMP_TOPK_BLOCK < k; b++) {
-        unsigned m = block_len(k, b);
-        bytes += 1 + gcomp_topk_packed_bytes(m, gcomp_topk_width(block_gaps(idx, b, m, gaps)));
+    const gcomp_topk_vfmt f = gcomp_topk_value_format(fp16);
+    const uint32_t emask = (1u << f.ebits) - 1;
+    uint64_t prev = first ? idx[first - 1] + 1 : 0; /* gap = idx - (previous idx + 1) */
+    uint32_t emin = emask, emax = 0;
+    bl->m = m;
+    for (unsigned j = 0; j < m; j++) {
+        size_t i = (size_t)idx[first + j];
+        float x = x_at(xs, xr, i), d = x;
+        uint32_t v, e;
+        bl->gaps[j] = i - prev;
+        prev = i + 1;
+        if (fp16) {
+            v = gcomp_f32_to_f16(x);
+            d = gcomp_f16_to_f32((uint16_t)v);
+            *overflow += key_of(x) < TOPK_INF_KEY && (v & 0x7fffu) == 0x7c00u;
+        } else {
+            memcpy(&v, &x, 4);
+        }
+        if (r_out) r_out[i] = x - d;
+        bl->vals[j] = v;
+        e = v >> f.mbits & emask;
+        emin = e < emin ? e : emin;
+        emax = e > emax ? e : emax;
+    }
+    bl->b = gcomp_topk_rice_param(bl->gaps, m);
+    bl->e0 = emin;
+    bl->ew = gcomp_topk_width(emax - emin);
+}
+
+static size_t block_bytes(const topk_block *bl, int fp16)
+{
+    const gcomp_topk_vfmt f = gcomp_topk_value_format(fp16);
+    uint64_t bits = gcomp_topk_rice_bits(bl->gaps, bl->m, bl->b) + (uint64_t)bl->m * (1 + bl->ew + f.mbits);
+    return 3 + (size_t)((bits + 7) / 8);
+}
+
+/* Writes the block (block_bytes of it) at out; returns that count. */
+static size_t block_write(const topk_block *bl, int fp16, uint8_t *out)
+{
+    const gcomp_topk_vfmt f = gcomp_topk_value_format(fp16);
+    const unsigned sign_at = f.ebits + f.mbits, vbits = 1 + bl->ew + f.mbits;
+    const uint32_t emask = (1u << f.ebits) - 1, mmask = (1u << f.mbits) - 1;
+    gcomp_topk_bitwriter bw = {out + 3, 0, 0, 0};
+    out[0] = (uint8_t)bl->b;
+    out[1] = (uint8_t)bl->e0;
+    out[2] = (uint8_t)bl->ew;
+    for (unsigned j = 0; j < bl->m; j++) {
+        uint32_t v = bl->vals[j];
+        uint64_t field = (v >> sign_at & 1u) | (uint64_t)((v >> f.mbits & emask) - bl->e0) << 1 |
+                         (uint64_t)(v & mmask) << (1 + bl->ew);
+        gcomp_topk_put_gap(&bw, bl->gaps[j], bl->b);
+        gcomp_topk_put(&bw, field, vbits);
+    }
+    return 3 + gcomp_topk_flush(&bw);
+}
+
+/* Bytes of the whole body, without writing anything. */
+static size_t body_bytes(const uint64_t *idx, uint64_t k, const float *xs, const float *xr, int fp16)
+{
+    topk_block bl;
+    uint64_t ignored = 0;
+    size_t bytes = 8;
+    for (uint64_t first = 0; first < k; first += GCOMP_TOPK_BLOCK) {
+        block_fill(&bl, idx, first, block_len(k, first), xs, xr, NULL, fp16, &ignored);
+        bytes += block_bytes(&bl, fp16);
     }
     return bytes;
 }
 
-static size_t write_indices(const uint64_t *idx, uint64_t k, uint8_t *out)
+/* Writes the body and, with r_out, the kept elements' residuals. Returns the bytes written and
+ * adds the fp16 overflows to *overflow. */
+static size_t body_write(const uint64_t *idx, uint64_t k, const float *xs, const float *xr, float *r_out,
+                         int fp16, uint8_t *body, uint64_t *overflow)
 {
-    uint64_t gaps[GCOMP_TOPK_BLOCK];
-    size_t pos = 0;
-    for (uint64_t b = 0; b * GCOMP_TOPK_BLOCK < k; b++) {
-        unsigned m = block_len(k, b);
-        unsigned w = gcomp_topk_width(block_gaps(idx, b, m, gaps));
-        out[pos++] = (uint8_t)w;
-        pos += gcomp_topk_pack(out + pos, gaps, m, w);
+    topk_block bl;
+    size_t pos = 8;
+    gcomp_store_u64(body, k);
+    for (uint64_t first = 0; first < k; first += GCOMP_TOPK_BLOCK) {
+        block_fill(&bl, idx, first, block_len(k, first), xs, xr, r_out, fp16, overflow);
+        pos += block_write(&bl, fp16, body + pos);
     }
     return pos;
-}
-
-/* Writes the kept values and, when r_out is given, their residual x - decoded. x lives in
- * xs (+ xr). Returns the number of finite values that became +-inf in fp16. */
-static uint64_t write_values(const uint64_t *idx, uint64_t k, const float *xs, const float *xr,
-                             float *r_out, int fp16, uint8_t *out)
-{
-    uint64_t overflow = 0;
-    for (uint64_t j = 0; j < k; j++) {
-        size_t i = (size_t)idx[j];
-        float x = x_at(xs, xr, i), d = x;
-        if (fp16) {
-            uint16_t h = gcomp_f32_to_f16(x);
-            out[2 * j] = (uint8_t)h;
-            out[2 * j + 1] = (uint8_t)(h >> 8);
-            d = gcomp_f16_to_f32(h);
-            overflow += key_of(x) < TOPK_INF_KEY && (h & 0x7fffu) == 0x7c00u;
-        } else {
-            memcpy(out + 4 * j, &x, 4); /* little-endian host */
-        }
-        if (r_out) r_out[i] = x - d;
-    }
-    return overflow;
 }
 
 /* ---- vtable functions ---------------------------------------------------------------------- */
@@ -610,12 +647,11 @@ static size_t topk_max_body_bytes(const void *params, size_t count)
 {
     const gcomp_topk_params *p = params;
     uint64_t k = gcomp_topk_k(p, count);
-    /* every gap is at most n - k, so no block is wider than that value's bit length */
-    size_t w = gcomp_topk_width(count - k);
+    /* every gap is at most n - k, and the encoder's b is at most the largest gap's width */
+    unsigned w = gcomp_topk_width(count - k);
     size_t full = k / GCOMP_TOPK_BLOCK, rem = k % GCOMP_TOPK_BLOCK;
-    size_t blocks = full + (rem != 0);
-    return 8 + blocks + full * gcomp_topk_packed_bytes(GCOMP_TOPK_BLOCK, (unsigned)w) +
-           gcomp_topk_packed_bytes((unsigned)rem, (unsigned)w) + k * (p->values ? 2u : 4u);
+    return 8 + full * gcomp_topk_block_max_bytes(GCOMP_TOPK_BLOCK, w, p->values) +
+           (rem ? gcomp_topk_block_max_bytes((unsigned)rem, w, p->values) : 0);
 }
 
 static gcomp_result topk_encode(const void *params, gcomp_encode_ctx *ctx, const float *g,
@@ -627,11 +663,10 @@ static gcomp_result topk_encode(const void *params, gcomp_encode_ctx *ctx, const
     const uint64_t k = gcomp_topk_k(p, n);
     /* x goes to r_out in pass 1 only when the body cannot fail to fit: a failed encode then
      * leaves r_out untouched even when it aliases r_in */
-    const int x_in_rout = r_out && cap >= topk_max_body_bytes(p, n);
+    const int fits = cap >= topk_max_body_bytes(p, n), x_in_rout = r_out && fits;
     topk_select local = {0}, *sp = ctx->state ? ctx->state : &local;
     gcomp_result rc = GCOMP_SUCCESS;
-    uint64_t ovf;
-    size_t need, pos;
+    uint64_t ovf = 0;
 
     *flags = fp16 ? GCOMP_TOPK_FLAG_FP16 : 0;
     if (k == 0) { /* n == 0 */
@@ -642,141 +677,148 @@ static gcomp_result topk_encode(const void *params, gcomp_encode_ctx *ctx, const
     }
     rc = select_topk(sp, g, r_in, x_in_rout ? r_out : NULL, n, k, &ctx->nonfinite);
     if (rc != GCOMP_SUCCESS) goto out;
-
-    need = 8 + index_bytes(sp->idx, k) + (size_t)k * (fp16 ? 2u : 4u);
-    if (cap < need) {
-        rc = gcomp_codec_fail(GCOMP_ERR_BUFFER_TOO_SMALL,
-                              "topk: body needs %zu bytes, buffer holds %zu", need, cap);
-        goto out;
+    if (!fits) { /* a small buffer: measure the body before touching anything */
+        size_t need = body_bytes(sp->idx, k, g, r_in, fp16);
+        if (cap < need) {
+            rc = gcomp_codec_fail(GCOMP_ERR_BUFFER_TOO_SMALL, "topk: body needs %zu bytes, buffer holds %zu",
+                                  need, cap);
+            goto out;
+        }
     }
     if (r_out && !x_in_rout) /* the unkept part of the residual: x itself */
         for (size_t i = 0; i < n; i++) r_out[i] = x_at(g, r_in, i);
-    gcomp_store_u64(body, k);
-    pos = 8 + write_indices(sp->idx, k, body + 8);
-    /* x of the kept elements is read before their residual is overwritten (same index) */
-    ovf = write_values(sp->idx, k, r_out ? r_out : g, r_out ? NULL : r_in, r_out, fp16, body + pos);
+    *written = body_write(sp->idx, k, r_out ? r_out : g, r_out ? NULL : r_in, r_out, fp16, body, &ovf);
     ctx->overflow += ovf;
     if (ovf) ctx->nonfinite = 1; /* the decoded result holds an inf the residual must not see */
-    *written = need;
 out:
     if (sp == &local) select_free(&local); /* no codec-object state: nothing outlives the call */
     return rc;
 }
 
-/* Walks the index blocks of a body whose k (<= count) was read at offset 0: checks every width,
- * every length and every index against count, and that the values end the body exactly. On
- * success *values_at is the offset of the first value. Writes nothing. */
-static gcomp_result check_body(const uint8_t *body, size_t bytes, uint64_t k, size_t vsize,
-                               size_t count, size_t *values_at)
+/* Where a body's pairs go as they are read: nowhere (a check), into lists, or added into acc. */
+typedef struct pair_sink {
+    uint64_t *idx;
+    float *val;
+    float *acc;
+} pair_sink;
+
+static gcomp_result corrupt_block(uint64_t first, const char *what)
 {
-    uint64_t gaps[GCOMP_TOPK_BLOCK];
-    uint64_t next = 0; /* smallest index the next gap may produce */
-    size_t pos = 8;
-    for (uint64_t b = 0; b * GCOMP_TOPK_BLOCK < k; b++) {
-        unsigned m = block_len(k, b), w;
-        size_t nb;
-        if (pos >= bytes)
-            return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "topk: body ends inside block %llu",
-                                    (unsigned long long)b);
-        w = body[pos++];
-        if (w > 64)
-            return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "topk: block %llu has width %u > 64",
-                                    (unsigned long long)b, w);
-        nb = gcomp_topk_packed_bytes(m, w);
-        if (nb > bytes - pos)
-            return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "topk: block %llu is truncated",
-                                    (unsigned long long)b);
-        gcomp_topk_unpack(body + pos, gaps, m, w);
-        pos += nb;
-        for (unsigned j = 0; j < m; j++) {
-            /* next <= count here; compare the gap with the room left so nothing overflows */
-            if (gaps[j] >= count - next)
-                return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "topk: index out of range (count %zu)",
-                                        count);
-            next += gaps[j] + 1;
+    return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "topk: block at pair %llu: %s", (unsigned long long)first, what);
+}
+
+/* Reads one block starting at body[*pos]; next is the smallest index the next gap may give. */
+static gcomp_result read_block(const uint8_t *body, size_t bytes, size_t *pos, uint64_t first, unsigned m,
+                               int fp16, size_t count, uint64_t *next, const pair_sink *out)
+{
+    const gcomp_topk_vfmt f = gcomp_topk_value_format(fp16);
+    const uint32_t emask = (1u << f.ebits) - 1, mmask = (1u << f.mbits) - 1;
+    unsigned b, e0, ew, pad, vbits;
+    gcomp_topk_bitreader br;
+    uint64_t bidx[GCOMP_TOPK_BLOCK];
+    float bval[GCOMP_TOPK_BLOCK];
+    if (bytes - *pos < 3) return corrupt_block(first, "the body ends inside its header");
+    b = body[*pos], e0 = body[*pos + 1], ew = body[*pos + 2];
+    if (b > 63) return corrupt_block(first, "Rice parameter over 63");
+    if (e0 > emask || ew > f.ebits) return corrupt_block(first, "exponent base or width out of range");
+    br = (gcomp_topk_bitreader){body, *pos + 3, bytes, 0, 0};
+    vbits = 1 + ew + f.mbits;
+    for (unsigned t = 0; t < m; t++) {
+        uint64_t gap, field;
+        uint32_t e, v;
+        float x;
+        size_t i;
+        uint64_t qmax;
+        if (*next >= count) return corrupt_block(first, "more indices than the tensor has");
+        qmax = ((count - *next - 1) >> b) + 1; /* so q << b stays below count - next */
+        if (!gcomp_topk_get_pair_fast(&br, b, qmax, vbits, &gap, &field)) {
+            if (!gcomp_topk_get_gap(&br, b, qmax, &gap))
+                return corrupt_block(first, "index out of range, or the block is truncated");
+            if (!gcomp_topk_get(&br, vbits, &field)) return corrupt_block(first, "the block is truncated");
         }
+        if (gap >= count - *next) return corrupt_block(first, "index out of range");
+        e = e0 + (uint32_t)(field >> 1 & ((1u << ew) - 1));
+        if (e > emask) return corrupt_block(first, "exponent out of range");
+        v = (uint32_t)(field & 1) << (f.ebits + f.mbits) | e << f.mbits | ((uint32_t)(field >> (1 + ew)) & mmask);
+        if (fp16) {
+            x = gcomp_f16_to_f32((uint16_t)v);
+        } else {
+            memcpy(&x, &v, 4);
+        }
+        i = (size_t)(*next + gap);
+        bidx[t] = i;
+        bval[t] = x;
+        *next = i + 1;
     }
-    if (bytes - pos != k * vsize)
-        return gcomp_codec_fail(GCOMP_ERR_CORRUPT,
-                                "topk: %zu bytes after the index blocks, %llu values need %zu",
-                                bytes - pos, (unsigned long long)k, (size_t)(k * vsize));
-    *values_at = pos;
+    /* applied after parsing, in a loop of its own: the adds into acc miss the cache, and many
+     * of them can then be in flight at once */
+    if (out->acc) {
+        for (unsigned t = 0; t < m; t++) out->acc[bidx[t]] += bval[t];
+    } else if (out->idx) {
+        memcpy(out->idx + first, bidx, m * sizeof *bidx);
+        memcpy(out->val + first, bval, m * sizeof *bval);
+    }
+    /* the stream ends at the next whole byte, padded with zero bits */
+    pad = br.avail % 8;
+    if (br.acc & ((1u << pad) - 1)) return corrupt_block(first, "padding bits are not zero");
+    *pos = br.pos - (br.avail - pad) / 8;
     return GCOMP_SUCCESS;
 }
 
-/* Checks a body's flags, k and blocks (nothing is written); on success *k, *vsize and
- * *vals (offset of the first value) describe it. */
-static gcomp_result open_body(uint32_t flags, const uint8_t *body, size_t bytes, size_t count, uint64_t *k,
-                              size_t *vsize, size_t *vals)
+/* Reads a body: checks flags, k (<= count and <= cap), every block, and that the body ends
+ * right after the last one; sends each pair to out in index order. A corrupt body stops at
+ * the first fault, so check with an empty sink before adding into anything that must stay
+ * unchanged on error. */
+static gcomp_result read_body(uint32_t flags, const uint8_t *body, size_t bytes, size_t count, size_t cap,
+                              const pair_sink *out, uint64_t *k_out)
 {
-    *vsize = flags & GCOMP_TOPK_FLAG_FP16 ? 2 : 4;
+    const int fp16 = (flags & GCOMP_TOPK_FLAG_FP16) != 0;
+    const gcomp_topk_vfmt f = gcomp_topk_value_format(fp16);
+    uint64_t k, next = 0;
+    size_t pos = 8;
     if (flags & ~GCOMP_TOPK_FLAG_FP16)
         return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "topk: unknown flags 0x%x", (unsigned)flags);
-    if (bytes < 8)
-        return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "topk: body of %zu bytes has no k", bytes);
-    *k = gcomp_load_u64(body);
-    if (*k > count)
-        return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "topk: k=%llu > count %zu",
-                                (unsigned long long)*k, count);
-    if (*k > (bytes - 8) / *vsize) /* also keeps k * vsize from overflowing below */
-        return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "topk: k=%llu values do not fit in %zu bytes",
-                                (unsigned long long)*k, bytes);
-    return check_body(body, bytes, *k, *vsize, count, vals);
+    if (bytes < 8) return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "topk: body of %zu bytes has no k", bytes);
+    k = gcomp_load_u64(body);
+    if (k > count)
+        return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "topk: k=%llu > count %zu", (unsigned long long)k, count);
+    if (k > cap)
+        return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "topk: k=%llu, the receiver expects at most %zu",
+                                (unsigned long long)k, cap);
+    /* a pair takes at least 2 + mantissa bits (a zero bit, a sign bit, the mantissa) */
+    if (k > (uint64_t)(bytes - 8) * 8 / (2 + f.mbits))
+        return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "topk: k=%llu pairs do not fit in %zu bytes",
+                                (unsigned long long)k, bytes);
+    for (uint64_t first = 0; first < k; first += GCOMP_TOPK_BLOCK) {
+        gcomp_result rc = read_block(body, bytes, &pos, first, block_len(k, first), fp16, count, &next, out);
+        if (rc != GCOMP_SUCCESS) return rc;
+    }
+    if (pos != bytes)
+        return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "topk: %zu bytes after the last block", bytes - pos);
+    *k_out = k;
+    return GCOMP_SUCCESS;
 }
-
-static inline float value_at(const uint8_t *body, size_t vals, size_t vsize, uint64_t j)
-{
-    const uint8_t *v = body + vals + j * vsize;
-    float x;
-    if (vsize == 2) return gcomp_f16_to_f32((uint16_t)(v[0] | v[1] << 8));
-    memcpy(&x, v, 4); /* little-endian host */
-    return x;
-}
-
-/* Calls emit(i, x, arg) for the kept pairs of a checked body, in index order. */
-#define TOPK_FOR_EACH_PAIR(body, k, vals, vsize, EMIT)                                            \
-    do {                                                                                          \
-        uint64_t gaps_[GCOMP_TOPK_BLOCK], j_ = 0;                                                 \
-        size_t pos_ = 8, next_ = 0;                                                               \
-        for (uint64_t b_ = 0; j_ < (k); b_++) {                                                   \
-            unsigned m_ = block_len((k), b_), w_ = (body)[pos_++];                                \
-            gcomp_topk_unpack((body) + pos_, gaps_, m_, w_);                                      \
-            pos_ += gcomp_topk_packed_bytes(m_, w_);                                              \
-            for (unsigned t_ = 0; t_ < m_; t_++, j_++) {                                          \
-                size_t i = next_ + (size_t)gaps_[t_];                                             \
-                float x = value_at((body), (vals), (vsize), j_);                                  \
-                EMIT;                                                                             \
-                next_ = i + 1;                                                                    \
-            }                                                                                     \
-        }                                                                                         \
-    } while (0)
 
 static gcomp_result topk_decode_add(const void *params, uint32_t flags, const uint8_t *body,
                                     size_t bytes, float *acc, size_t count)
 {
+    const pair_sink check = {NULL, NULL, NULL}, add = {NULL, NULL, acc};
     uint64_t k;
-    size_t vsize, vals;
-    gcomp_result rc = open_body(flags, body, bytes, count, &k, &vsize, &vals);
+    gcomp_result rc;
     (void)params; /* the body describes itself: flags say fp16 or fp32 */
-    if (rc != GCOMP_SUCCESS) return rc;
-    /* the body is valid: apply it (a second unpack, so a corrupt body never touches acc) */
-    TOPK_FOR_EACH_PAIR(body, k, vals, vsize, acc[i] += x);
-    return GCOMP_SUCCESS;
+    /* read twice, so that a corrupt body never touches acc */
+    rc = read_body(flags, body, bytes, count, count, &check, &k);
+    return rc == GCOMP_SUCCESS ? read_body(flags, body, bytes, count, count, &add, &k) : rc;
 }
 
 gcomp_result gcomp__topk_body_pairs(uint32_t flags, const uint8_t *body, size_t bytes, size_t count, size_t cap,
                                     uint64_t *idx, float *val, size_t *k_out)
 {
-    uint64_t k;
-    size_t vsize, vals, c = 0;
-    gcomp_result rc = open_body(flags, body, bytes, count, &k, &vsize, &vals);
-    if (rc != GCOMP_SUCCESS) return rc;
-    if (k > cap)
-        return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "topk: k=%llu, the receiver expects at most %zu",
-                                (unsigned long long)k, cap);
-    TOPK_FOR_EACH_PAIR(body, k, vals, vsize, (idx[c] = i, val[c] = x, c++));
-    *k_out = c;
-    return GCOMP_SUCCESS;
+    const pair_sink lists = {idx, val, NULL};
+    uint64_t k = 0;
+    gcomp_result rc = read_body(flags, body, bytes, count, cap, &lists, &k);
+    *k_out = (size_t)k;
+    return rc;
 }
 
 /* Blocks of the result small enough for L1: each is summed in a local buffer and written

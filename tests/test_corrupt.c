@@ -446,21 +446,26 @@ static void test_targeted(void **state)
                 gcomp_store_u64(body, bad_k[i]);
                 EXPECT_CORRUPT("k changed");
             }
-            /* the first block's width: a width over 64, or one that changes the block's length,
-             * must be refused; one of the same length only changes the gaps (any result but a
-             * crash) */
-            for (unsigned w = 0, w0 = f.pay.p[GCOMP_HEADER_BYTES + 8]; w < 256; w++) {
-                unsigned m = k < GCOMP_TOPK_BLOCK ? (unsigned)k : GCOMP_TOPK_BLOCK;
-                gcomp_result rc;
-                if (w == w0) continue;
-                RESET();
-                body[8] = (uint8_t)w;
-                rc = decode_exact(f.codec, p, f.pay.n, f.count, NULL);
-                if (w > 64 || gcomp_topk_packed_bytes(m, w) != gcomp_topk_packed_bytes(m, w0)) {
-                    if (rc != GCOMP_ERR_CORRUPT)
-                        fail_msg("%s x %zu: width %u (was %u) gave %s", sc->spec, f.count, w, w0, gcomp_result_name(rc));
-                } else if (rc != GCOMP_SUCCESS && rc != GCOMP_ERR_CORRUPT) {
-                    fail_msg("%s x %zu: width %u gave %s", sc->spec, f.count, w, gcomp_result_name(rc));
+            /* the first block's header: a Rice parameter over 63 or an exponent offset wider
+             * than the value type's exponent must be refused; other values only change the
+             * stream's meaning (any result but a crash or a write to acc on CORRUPT) */
+            for (unsigned field = 0; field < 3; field++) {
+                const unsigned limit = field == 0 ? 63 : strstr(sc->spec, "fp16") ? (field == 1 ? 31 : 5)
+                                                                                  : (field == 1 ? 255 : 8);
+                for (unsigned v = 0, v0 = f.pay.p[GCOMP_HEADER_BYTES + 8 + field]; v < 256; v++) {
+                    gcomp_result rc;
+                    if (v == v0) continue;
+                    RESET();
+                    body[8 + field] = (uint8_t)v;
+                    rc = decode_exact(f.codec, p, f.pay.n, f.count, NULL);
+                    if (v > limit) {
+                        if (rc != GCOMP_ERR_CORRUPT)
+                            fail_msg("%s x %zu: block field %u = %u (was %u) gave %s", sc->spec, f.count, field, v, v0,
+                                     gcomp_result_name(rc));
+                    } else if (rc != GCOMP_SUCCESS && rc != GCOMP_ERR_CORRUPT) {
+                        fail_msg("%s x %zu: block field %u = %u gave %s", sc->spec, f.count, field, v,
+                                 gcomp_result_name(rc));
+                    }
                 }
             }
         }

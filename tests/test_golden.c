@@ -258,27 +258,34 @@ static void check_topk(const uint8_t *p, size_t n, int fp16, const float *x, con
 {
     const uint8_t *body = p + GCOMP_HEADER_BYTES;
     const size_t k = 101; /* ceil(0.1 * 1001) */
-    size_t order[GOLDEN_COUNT], got_idx[GOLDEN_COUNT], pos = 8, prev_end = 0, vsize = fp16 ? 2 : 4;
+    size_t order[GOLDEN_COUNT], got_idx[GOLDEN_COUNT], pos = 8, prev_end = 0;
+    uint32_t got_val[GOLDEN_COUNT];
     memcpy(g_x, x, sizeof g_x);
     assert_int_equal(gcomp_load_u32(p + 8), fp16 ? GCOMP_TOPK_FLAG_FP16 : 0);
     assert_int_equal(gcomp_load_u64(body), k);
     for (size_t b = 0; b * 128 < k; b++) {
-        size_t m = k - b * 128 < 128 ? k - b * 128 : 128;
-        unsigned w = body[pos++];
-        uint64_t or_all = 0;
-        assert_true(w <= 64);
+        size_t m = k - b * 128 < 128 ? k - b * 128 : 128, bit = 0;
+        unsigned rice = body[pos], e0 = body[pos + 1], ew = body[pos + 2];
+        const unsigned ebits = fp16 ? 5 : 8, mbits = fp16 ? 10 : 23;
+        assert_true(rice <= 63 && ew <= ebits);
+        pos += 3;
         for (size_t j = 0; j < m; j++) {
-            uint64_t gap = read_bits(body + pos, j * w, w);
+            uint64_t q = 0, gap, sign, off, mant;
+            while (read_bits(body + pos, bit++, 1)) q++; /* q ones, then a zero */
+            gap = q << rice | read_bits(body + pos, bit, rice);
+            bit += rice;
+            sign = read_bits(body + pos, bit, 1);
+            off = read_bits(body + pos, bit + 1, ew);
+            mant = read_bits(body + pos, bit + 1 + ew, mbits);
+            bit += 1 + ew + mbits;
             got_idx[b * 128 + j] = prev_end + (size_t)gap;
             prev_end = got_idx[b * 128 + j] + 1;
-            or_all |= gap;
+            got_val[b * 128 + j] = (uint32_t)(sign << (ebits + mbits) | (e0 + off) << mbits | mant);
         }
-        /* the width is the smallest that holds the block's gaps; padding bits are zero */
-        assert_int_equal(w, gcomp_topk_width(or_all));
-        if (m * w % 8) assert_int_equal(body[pos + m * w / 8] >> (m * w % 8), 0);
-        pos += (m * w + 7) / 8;
+        if (bit % 8) assert_int_equal(body[pos + bit / 8] >> (bit % 8), 0); /* zero padding */
+        pos += (bit + 7) / 8;
     }
-    assert_int_equal(n - GCOMP_HEADER_BYTES, pos + k * vsize);
+    assert_int_equal(n - GCOMP_HEADER_BYTES, pos);
     for (size_t i = 0; i < GOLDEN_COUNT; i++) order[i] = i;
     qsort(order, GOLDEN_COUNT, sizeof order[0], cmp_topk);
     qsort(order, k, sizeof order[0], cmp_index);
@@ -287,11 +294,10 @@ static void check_topk(const uint8_t *p, size_t n, int fp16, const float *x, con
         float v;
         if (i != order[j]) fail_msg("kept element %zu is index %zu, the documented choice is %zu", j, i, order[j]);
         if (fp16) {
-            uint16_t h = (uint16_t)(body[pos + 2 * j] | body[pos + 2 * j + 1] << 8);
-            assert_int_equal(h, gcomp_f32_to_f16(x[i]));
-            v = gcomp_f16_to_f32(h);
+            assert_int_equal(got_val[j], gcomp_f32_to_f16(x[i]));
+            v = gcomp_f16_to_f32((uint16_t)got_val[j]);
         } else {
-            memcpy(&v, body + pos + 4 * j, 4);
+            memcpy(&v, &got_val[j], 4);
             assert_memory_equal(&v, &x[i], 4);
         }
         assert_memory_equal(&out[i], &v, 4);
