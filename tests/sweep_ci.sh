@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The reduced sweep CI runs: 2 ranks, 2 codecs, a tenth of an epoch of real Fashion-MNIST
-# training. Checks that the CSV, the markdown table and the plots are written, and that every
-# point learned (test accuracy far above the 10 % of chance).
+# training. Checks that the CSV, the markdown table and the plots are written, that every
+# point learned (test accuracy far above the 10 % of chance), and that --seed LIST averages.
 set -euo pipefail
 root=$1; trainer=$2
 out=$(mktemp -d); trap 'rm -rf "$out"' EXIT
@@ -21,5 +21,21 @@ for r in rows:
     print(f"{r['spec']}: test accuracy {acc:.2f} %, {float(r['cr']):.1f}x fewer wire bytes")
     if acc < 50.0:
         sys.exit(f"{r['spec']}: accuracy {acc} % is not well above chance (10 %)")
+PY
+# Several seeds: one aggregated row per setting (the mean), every run in results_by_seed.csv.
+/usr/bin/python3 "$root/bench/sweep" --ranks 2 --epochs 0.02 --codec none --seed 1,2 \
+  --trainer "$trainer" --out "$out/seeds"
+/usr/bin/python3 - "$out/seeds" <<'PY'
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1] + "/results.csv")))
+runs = list(csv.DictReader(open(sys.argv[1] + "/results_by_seed.csv")))
+if len(rows) != 1 or sorted(r["seed"] for r in runs) != ["1", "2"]:
+    sys.exit("seeds: expected one mean row and runs for seeds 1 and 2")
+accs = [float(r["test_acc"]) for r in runs]
+if accs[0] == accs[1]:
+    sys.exit("seeds: two seeds gave the same accuracy: is --seed reaching the trainer?")
+if abs(float(rows[0]["test_acc"]) - sum(accs) / 2) > 0.006:
+    sys.exit("seeds: results.csv is not the mean of the runs")
+print("seeds: %s -> mean %s" % (accs, rows[0]["test_acc"]))
 PY
 echo "sweep_ci: ok"

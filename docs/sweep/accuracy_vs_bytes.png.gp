@@ -2,7 +2,7 @@ set terminal pngcairo size 1000,700
 set output "/work/main/docs/sweep/accuracy_vs_bytes.png"
 
 set logscale x
-set xrange [5967.09:5.64811e+06]
+set xrange [4348.67:5.64811e+06]
 set yrange [79.23:90.19]
 set xlabel "wire bytes per step per rank (log scale)"
 set ylabel "test accuracy (%)"
