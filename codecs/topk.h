@@ -243,7 +243,7 @@ static inline int gcomp_topk_get_gap(gcomp_topk_bitreader *br, unsigned b, uint6
     return 1;
 }
 
-/* One pair's gap and value field (vbits <= 32) in the common case: both within the bits
+/* One pair's gap and value field (1 <= vbits <= 32) in the common case: both within the bits
  * already loaded after one refill. Returns 0 (having consumed nothing) when they are not, or
  * when q >= qmax; the caller then takes the general path. */
 static inline int gcomp_topk_get_pair_fast(gcomp_topk_bitreader *br, unsigned b, uint64_t qmax, unsigned vbits,
@@ -254,7 +254,7 @@ static inline int gcomp_topk_get_pair_fast(gcomp_topk_bitreader *br, unsigned b,
     gcomp_topk_refill(br);
     q = gcomp_topk_leading_ones(br->acc);
     if (q >= br->avail || q + 1 + b + vbits > br->avail || q >= qmax) return 0;
-    acc = br->acc >> (q + 1); /* q + 1 <= avail - 1 <= 62 */
+    acc = br->acc >> (q + 1); /* avail <= 64 and vbits >= 1, so q + 1 <= 63 */
     *gap = (uint64_t)q << b | (acc & (((uint64_t)1 << b) - 1));
     acc >>= b;
     *field = acc & (((uint64_t)1 << vbits) - 1);

@@ -448,7 +448,8 @@ static void test_targeted(void **state)
             }
             /* the first block's header: a Rice parameter over 63 or an exponent offset wider
              * than the value type's exponent must be refused; other values only change the
-             * stream's meaning (any result but a crash or a write to acc on CORRUPT) */
+             * stream's meaning (SUCCESS or CORRUPT, and no crash; test_topk checks that a
+             * CORRUPT decode leaves acc alone) */
             for (unsigned field = 0; field < 3; field++) {
                 const unsigned limit = field == 0 ? 63 : strstr(sc->spec, "fp16") ? (field == 1 ? 31 : 5)
                                                                                   : (field == 1 ? 255 : 8);

@@ -236,7 +236,8 @@ static uint64_t read_bits(const uint8_t *p, size_t pos, unsigned w)
     return v;
 }
 
-/* topk.h: u64 k, gap blocks of 128 (u8 width, packed LSB first), values in index order. The
+/* topk.h, format 2: u64 k, blocks of 128 pairs (u8 Rice parameter, u8 exponent base, u8 offset
+ * width, then Rice gaps and sign/offset/mantissa values in one LSB-first stream). The
  * kept set is recomputed here: the k largest (bits & 0x7fffffff), ties to the lower index. */
 static float g_x[GOLDEN_COUNT];
 

@@ -669,6 +669,25 @@ static void test_huge_gaps(void **state)
     expect_corrupt(b.p, b.n, 0, 20);
     free(b.p);
 
+    /* a quotient that would wrap: with b = 63, q = 2 makes q << 63 overflow to 0, leaving gap 5
+     * (a valid index) unless the decoder bounds q first; q = 0 is the same pair, valid */
+    for (unsigned quot = 0; quot <= 2; quot++) {
+        float few[20] = {0};
+        uint8_t wrap[8 + 3 + 13] = {0};
+        size_t bit = quot + 1;
+        gcomp_store_u64(wrap, 1);
+        wrap[8] = 63, wrap[9] = 0, wrap[10] = 8;
+        put_bits(wrap + 11, 0, (UINT64_C(1) << quot) - 1, quot + 1); /* quot ones, then a zero */
+        put_bits(wrap + 11, bit, 5, 63);
+        put_bits(wrap + 11, bit + 64, 127, 8); /* sign 0 at bit + 63, exponent 127: 1.0f */
+        if (quot == 0) {
+            assert_int_equal(vt->decode_add(&q, 0, wrap, sizeof wrap - 1, few, 20), GCOMP_SUCCESS);
+            assert_true(few[5] == 1.0f);
+        } else {
+            expect_corrupt(wrap, sizeof wrap, 0, 20);
+        }
+    }
+
     /* a long unary run (b = 0): fine when the index fits, refused when it does not */
     {
         uint64_t far[2] = {1000, 3};
@@ -773,7 +792,7 @@ static void test_corrupt_fields(void **state)
     expect_corrupt(b.p, b.n, 0, 10);
     free(b.p);
 
-    /* k larger than the bytes could hold, and so large that k * bits overflows */
+    /* k larger than the bytes could hold (3 pairs need at least 75 bits), and k past count */
     b.n = 16;
     b.p = calloc(16, 1);
     gcomp_store_u64(b.p, 3);
