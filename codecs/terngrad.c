@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "codecs/bitstream.h"
 #include "codecs/terngrad.h"
 
 #define TILE GCOMP_TG_TILE
@@ -399,46 +400,8 @@ gcomp_result gcomp__tg_codes_unpack(const uint8_t *codes, size_t bytes, size_t n
  * a W-bit code. 240 elements are a whole number of groups for every g (1, 2, 3 or 5) and,
  * since 240 / g is a multiple of 8, a whole number of bytes: blocks of 240 are packed with
  * W known at compile time and a table from code to digits (W <= 8, up to 127 ranks); the
- * last partial block and wider sums go through the bit reader/writer below. */
+ * last partial block and wider sums go through the bit streams of bitstream.h. */
 #define SUM_BLOCK 240
-
-typedef struct bitio {
-    uint8_t *wp;
-    const uint8_t *rp;
-    uint64_t acc;
-    unsigned have;
-} bitio;
-
-static inline uint64_t bit_read(bitio *b, unsigned w)
-{
-    uint64_t v;
-    while (b->have < w) {
-        b->acc |= (uint64_t)*b->rp++ << b->have;
-        b->have += 8;
-    }
-    v = b->acc & ((1ull << w) - 1);
-    b->acc >>= w;
-    b->have -= w;
-    return v;
-}
-
-static inline void bit_write(bitio *b, uint64_t v, unsigned w)
-{
-    b->acc |= v << b->have;
-    b->have += w;
-    while (b->have >= 8) {
-        *b->wp++ = (uint8_t)b->acc;
-        b->acc >>= 8;
-        b->have -= 8;
-    }
-}
-
-static inline void bit_flush(bitio *b)
-{
-    if (b->have) *b->wp++ = (uint8_t)b->acc;
-    b->acc = 0;
-    b->have = 0;
-}
 
 /* Sums of m ranks as packed: digits of base L, g per code of w bits. */
 typedef struct sum_fmt {
@@ -541,13 +504,12 @@ static void block_pack_w(const sum_fmt *f, const int16_t *sums, uint8_t *out)
 /* Any n <= SUM_BLOCK sums (the last block, or sums wider than 8 bits), group by group. */
 static uint64_t slow_unpack(const sum_fmt *f, const uint8_t *in, size_t n, int16_t *out)
 {
-    bitio r = {0};
+    gcomp_bitreader r = {in, 0, (size_t)gcomp_tg_sum_bytes(n, f->m), 0, 0};
     uint64_t bad = 0;
-    r.rp = in;
     for (size_t i = 0; i < n; i += f->g) {
         unsigned k = n - i < f->g ? (unsigned)(n - i) : f->g;
-        uint64_t lim = k == f->g ? f->lg : gcomp_tg_sum_pow(f->m, k);
-        uint64_t c = bit_read(&r, k == f->g ? f->w : gcomp_tg_bits_below(lim));
+        uint64_t lim = k == f->g ? f->lg : gcomp_tg_sum_pow(f->m, k), c = 0;
+        bad |= !gcomp_bits_get(&r, k == f->g ? f->w : gcomp_tg_bits_below(lim), &c); /* cannot end early: sized */
         bad |= c >= lim;
         for (unsigned j = 0; j < k; j++, c /= f->L) out[i + j] = (int16_t)((int64_t)(c % f->L) - (int64_t)f->m);
     }
@@ -556,15 +518,14 @@ static uint64_t slow_unpack(const sum_fmt *f, const uint8_t *in, size_t n, int16
 
 static void slow_pack(const sum_fmt *f, const int16_t *sums, size_t n, uint8_t *out)
 {
-    bitio w = {0};
-    w.wp = out;
+    gcomp_bitwriter w = {out, 0, 0, 0};
     for (size_t i = 0; i < n; i += f->g) {
         unsigned k = n - i < f->g ? (unsigned)(n - i) : f->g;
         uint64_t c = 0;
         for (unsigned j = k; j-- > 0;) c = c * f->L + (uint64_t)(sums[i + j] + (int32_t)f->m);
-        bit_write(&w, c, k == f->g ? f->w : gcomp_tg_bits_below(gcomp_tg_sum_pow(f->m, k)));
+        gcomp_bits_put(&w, c, k == f->g ? f->w : gcomp_tg_bits_below(gcomp_tg_sum_pow(f->m, k)));
     }
-    bit_flush(&w);
+    gcomp_bits_flush(&w);
 }
 
 static uint64_t unpack_block_any(const sum_fmt *f, const uint8_t *in, size_t n, int16_t *out)

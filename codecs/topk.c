@@ -599,7 +599,7 @@ static size_t block_write(const topk_block *bl, int fp16, uint8_t *out)
     const gcomp_topk_vfmt f = gcomp_topk_value_format(fp16);
     const unsigned sign_at = f.ebits + f.mbits, vbits = 1 + bl->ew + f.mbits;
     const uint32_t emask = (1u << f.ebits) - 1, mmask = (1u << f.mbits) - 1;
-    gcomp_topk_bitwriter bw = {out + 3, 0, 0, 0};
+    gcomp_bitwriter bw = {out + 3, 0, 0, 0};
     out[0] = (uint8_t)bl->b;
     out[1] = (uint8_t)bl->e0;
     out[2] = (uint8_t)bl->ew;
@@ -608,9 +608,9 @@ static size_t block_write(const topk_block *bl, int fp16, uint8_t *out)
         uint64_t field = (v >> sign_at & 1u) | (uint64_t)((v >> f.mbits & emask) - bl->e0) << 1 |
                          (uint64_t)(v & mmask) << (1 + bl->ew);
         gcomp_topk_put_gap(&bw, bl->gaps[j], bl->b);
-        gcomp_topk_put(&bw, field, vbits);
+        gcomp_bits_put(&bw, field, vbits);
     }
-    return 3 + gcomp_topk_flush(&bw);
+    return 3 + gcomp_bits_flush(&bw);
 }
 
 /* Bytes of the whole body, without writing anything. */
@@ -714,14 +714,14 @@ static gcomp_result read_block(const uint8_t *body, size_t bytes, size_t *pos, u
     const gcomp_topk_vfmt f = gcomp_topk_value_format(fp16);
     const uint32_t emask = (1u << f.ebits) - 1, mmask = (1u << f.mbits) - 1;
     unsigned b, e0, ew, pad, vbits;
-    gcomp_topk_bitreader br;
+    gcomp_bitreader br;
     uint64_t bidx[GCOMP_TOPK_BLOCK];
     float bval[GCOMP_TOPK_BLOCK];
     if (bytes - *pos < 3) return corrupt_block(first, "the body ends inside its header");
     b = body[*pos], e0 = body[*pos + 1], ew = body[*pos + 2];
     if (b > 63) return corrupt_block(first, "Rice parameter over 63");
     if (e0 > emask || ew > f.ebits) return corrupt_block(first, "exponent base or width out of range");
-    br = (gcomp_topk_bitreader){body, *pos + 3, bytes, 0, 0};
+    br = (gcomp_bitreader){body, *pos + 3, bytes, 0, 0};
     vbits = 1 + ew + f.mbits;
     for (unsigned t = 0; t < m; t++) {
         uint64_t gap, field;
@@ -734,7 +734,7 @@ static gcomp_result read_block(const uint8_t *body, size_t bytes, size_t *pos, u
         if (!gcomp_topk_get_pair_fast(&br, b, qmax, vbits, &gap, &field)) {
             if (!gcomp_topk_get_gap(&br, b, qmax, &gap))
                 return corrupt_block(first, "index out of range, or the block is truncated");
-            if (!gcomp_topk_get(&br, vbits, &field)) return corrupt_block(first, "the block is truncated");
+            if (!gcomp_bits_get(&br, vbits, &field)) return corrupt_block(first, "the block is truncated");
         }
         if (gap >= count - *next) return corrupt_block(first, "index out of range");
         e = e0 + (uint32_t)(field >> 1 & ((1u << ew) - 1));

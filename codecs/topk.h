@@ -40,6 +40,7 @@
 #ifndef GCOMP_CODECS_TOPK_H
 #define GCOMP_CODECS_TOPK_H
 
+#include "bitstream.h"
 #include "gcomp_codec.h"
 
 #define GCOMP_WIRE_ID_TOPK 7 /* format 2; 5 was format 1 (6 is zstd) */
@@ -125,86 +126,20 @@ static inline size_t gcomp_topk_block_max_bytes(unsigned m, unsigned gap_width, 
     return 3 + ((size_t)m * (gap_width + 1 + 1 + f.ebits + f.mbits) + 7) / 8;
 }
 
-/* ---- bit streams, least-significant bit first ------------------------------------------ */
-
-typedef struct gcomp_topk_bitwriter {
-    uint8_t *out;
-    size_t pos;   /* bytes written */
-    uint64_t acc; /* bits not yet written */
-    unsigned fill; /* how many, < 32 between calls */
-} gcomp_topk_bitwriter;
-
-/* Appends the low w bits of v (w <= 32; higher bits of v must be zero). */
-static inline void gcomp_topk_put(gcomp_topk_bitwriter *bw, uint64_t v, unsigned w)
-{
-    bw->acc |= v << bw->fill;
-    bw->fill += w;
-    if (bw->fill >= 32) {
-        gcomp_store_u32(bw->out + bw->pos, (uint32_t)bw->acc);
-        bw->pos += 4;
-        bw->acc >>= 32;
-        bw->fill -= 32;
-    }
-}
+/* ---- Rice-coded gaps on the bit streams of bitstream.h ---------------------------------- */
 
 /* One Rice-coded gap. */
-static inline void gcomp_topk_put_gap(gcomp_topk_bitwriter *bw, uint64_t gap, unsigned b)
+static inline void gcomp_topk_put_gap(gcomp_bitwriter *bw, uint64_t gap, unsigned b)
 {
     uint64_t q = gap >> b;
-    for (; q >= 32; q -= 32) gcomp_topk_put(bw, 0xffffffffu, 32);
-    gcomp_topk_put(bw, ((uint64_t)1 << q) - 1, (unsigned)q + 1); /* q ones, then a zero */
+    for (; q >= 32; q -= 32) gcomp_bits_put(bw, 0xffffffffu, 32);
+    gcomp_bits_put(bw, ((uint64_t)1 << q) - 1, (unsigned)q + 1); /* q ones, then a zero */
     if (b > 32) {
-        gcomp_topk_put(bw, gap & 0xffffffffu, 32);
-        gcomp_topk_put(bw, (gap >> 32) & (((uint64_t)1 << (b - 32)) - 1), b - 32);
+        gcomp_bits_put(bw, gap & 0xffffffffu, 32);
+        gcomp_bits_put(bw, (gap >> 32) & (((uint64_t)1 << (b - 32)) - 1), b - 32);
     } else if (b) {
-        gcomp_topk_put(bw, gap & (((uint64_t)1 << b) - 1), b);
+        gcomp_bits_put(bw, gap & (((uint64_t)1 << b) - 1), b);
     }
-}
-
-/* Writes the last partial bytes (zero-padded). Returns the bytes written in all. */
-static inline size_t gcomp_topk_flush(gcomp_topk_bitwriter *bw)
-{
-    for (; bw->fill > 0; bw->fill = bw->fill > 8 ? bw->fill - 8 : 0) {
-        bw->out[bw->pos++] = (uint8_t)bw->acc;
-        bw->acc >>= 8;
-    }
-    bw->acc = 0;
-    return bw->pos;
-}
-
-typedef struct gcomp_topk_bitreader {
-    const uint8_t *in;
-    size_t pos, end; /* next byte to load, and the end of what may be read */
-    uint64_t acc;    /* bits loaded but not consumed; above them, zeros or the stream's next bits */
-    unsigned avail;  /* how many */
-} gcomp_topk_bitreader;
-
-/* Loads whole bytes so that at least 56 bits are available, or all that is left. Away from the
- * end this is one unaligned 8-byte load and no branch on the data: bytes already in acc are
- * loaded again at the same place, which changes nothing. */
-static inline void gcomp_topk_refill(gcomp_topk_bitreader *br)
-{
-    if (br->end - br->pos >= 8) {
-        br->acc |= gcomp_load_u64(br->in + br->pos) << br->avail;
-        br->pos += (63 - br->avail) >> 3;
-        br->avail |= 56; /* = avail + 8 x the bytes taken */
-        return;
-    }
-    while (br->avail <= 56 && br->pos < br->end) {
-        br->acc |= (uint64_t)br->in[br->pos++] << br->avail;
-        br->avail += 8;
-    }
-}
-
-/* Takes w bits (w <= 32). Returns 0 when the input ended first. */
-static inline int gcomp_topk_get(gcomp_topk_bitreader *br, unsigned w, uint64_t *v)
-{
-    if (br->avail < w) gcomp_topk_refill(br);
-    if (br->avail < w) return 0;
-    *v = br->acc & (((uint64_t)1 << w) - 1);
-    br->acc >>= w;
-    br->avail -= w;
-    return 1;
 }
 
 /* How many one-bits acc starts with (64 when all are). */
@@ -216,12 +151,12 @@ static inline unsigned gcomp_topk_leading_ones(uint64_t acc)
 /* Takes a Rice-coded gap, refusing (returns 0) a truncated one and one of q >= qmax, where
  * qmax bounds what the caller can accept (so corrupt input cannot make us count forever, and
  * q << b cannot overflow when qmax <= 2^64 >> b). */
-static inline int gcomp_topk_get_gap(gcomp_topk_bitreader *br, unsigned b, uint64_t qmax, uint64_t *gap)
+static inline int gcomp_topk_get_gap(gcomp_bitreader *br, unsigned b, uint64_t qmax, uint64_t *gap)
 {
     uint64_t q = 0, lo = 0, hi = 0;
     for (;;) {
         unsigned ones;
-        if (br->avail == 0) gcomp_topk_refill(br);
+        if (br->avail == 0) gcomp_bits_refill(br);
         if (br->avail == 0) return 0;
         ones = gcomp_topk_leading_ones(br->acc);
         if (ones > br->avail) ones = br->avail; /* what lies above avail is not loaded yet */
@@ -234,9 +169,9 @@ static inline int gcomp_topk_get_gap(gcomp_topk_bitreader *br, unsigned b, uint6
     br->acc >>= 1; /* the terminating zero */
     br->avail -= 1;
     if (b > 32) {
-        if (!gcomp_topk_get(br, 32, &lo) || !gcomp_topk_get(br, b - 32, &hi)) return 0;
+        if (!gcomp_bits_get(br, 32, &lo) || !gcomp_bits_get(br, b - 32, &hi)) return 0;
         lo |= hi << 32;
-    } else if (b && !gcomp_topk_get(br, b, &lo)) {
+    } else if (b && !gcomp_bits_get(br, b, &lo)) {
         return 0;
     }
     *gap = q << b | lo;
@@ -246,12 +181,12 @@ static inline int gcomp_topk_get_gap(gcomp_topk_bitreader *br, unsigned b, uint6
 /* One pair's gap and value field (1 <= vbits <= 32) in the common case: both within the bits
  * already loaded after one refill. Returns 0 (having consumed nothing) when they are not, or
  * when q >= qmax; the caller then takes the general path. */
-static inline int gcomp_topk_get_pair_fast(gcomp_topk_bitreader *br, unsigned b, uint64_t qmax, unsigned vbits,
+static inline int gcomp_topk_get_pair_fast(gcomp_bitreader *br, unsigned b, uint64_t qmax, unsigned vbits,
                                            uint64_t *gap, uint64_t *field)
 {
     unsigned q;
     uint64_t acc;
-    gcomp_topk_refill(br);
+    gcomp_bits_refill(br);
     q = gcomp_topk_leading_ones(br->acc);
     if (q >= br->avail || q + 1 + b + vbits > br->avail || q >= qmax) return 0;
     acc = br->acc >> (q + 1); /* avail <= 64 and vbits >= 1, so q + 1 <= 63 */

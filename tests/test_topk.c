@@ -514,8 +514,8 @@ static void test_bitstream(void **state)
     uint8_t out[4096], ref[4096];
     (void)state;
     for (int round = 0; round < 200; round++) {
-        gcomp_topk_bitwriter bw = {out, 0, 0, 0};
-        gcomp_topk_bitreader br;
+        gcomp_bitwriter bw = {out, 0, 0, 0};
+        gcomp_bitreader br;
         uint64_t v[64], gaps[64];
         unsigned w[64], b[64];
         size_t bit = 0, bytes;
@@ -527,7 +527,7 @@ static void test_bitstream(void **state)
             b[j] = (unsigned)(tu_next(&seed) % 64);
             gaps[j] = tu_next(&seed) >> (r >> 40 & 63); /* any size */
             if ((gaps[j] >> b[j]) > 300) gaps[j] = (gaps[j] & ((UINT64_C(1) << b[j]) - 1)) | (UINT64_C(299) << b[j]);
-            gcomp_topk_put(&bw, v[j], w[j]);
+            gcomp_bits_put(&bw, v[j], w[j]);
             gcomp_topk_put_gap(&bw, gaps[j], b[j]);
             put_bits(ref, bit, v[j], w[j]);
             bit += w[j];
@@ -536,13 +536,13 @@ static void test_bitstream(void **state)
             put_bits(ref, bit, gaps[j], b[j]);
             bit += b[j];
         }
-        bytes = gcomp_topk_flush(&bw);
+        bytes = gcomp_bits_flush(&bw);
         assert_int_equal(bytes, (bit + 7) / 8);
         assert_memory_equal(out, ref, bytes);
-        br = (gcomp_topk_bitreader){out, 0, bytes, 0, 0};
+        br = (gcomp_bitreader){out, 0, bytes, 0, 0};
         for (unsigned j = 0; j < 64; j++) {
             uint64_t got = 0, gap = 0;
-            assert_true(gcomp_topk_get(&br, w[j], &got));
+            assert_true(gcomp_bits_get(&br, w[j], &got));
             assert_int_equal(got, v[j]);
             assert_true(gcomp_topk_get_gap(&br, b[j], UINT64_MAX, &gap));
             assert_int_equal(gap, gaps[j]);
@@ -550,21 +550,21 @@ static void test_bitstream(void **state)
         /* past the end: only padding is left */
         {
             uint64_t got;
-            assert_false(gcomp_topk_get(&br, 9, &got));
+            assert_false(gcomp_bits_get(&br, 9, &got));
         }
     }
     /* a gap whose quotient reaches qmax is refused before the run of ones ends */
     {
-        gcomp_topk_bitwriter bw = {out, 0, 0, 0};
-        gcomp_topk_bitreader br;
+        gcomp_bitwriter bw = {out, 0, 0, 0};
+        gcomp_bitreader br;
         uint64_t gap;
         gcomp_topk_put_gap(&bw, 1000, 0);
-        br = (gcomp_topk_bitreader){out, 0, gcomp_topk_flush(&bw), 0, 0};
+        br = (gcomp_bitreader){out, 0, gcomp_bits_flush(&bw), 0, 0};
         assert_false(gcomp_topk_get_gap(&br, 0, 1000, &gap));
-        br = (gcomp_topk_bitreader){out, 0, bw.pos, 0, 0};
+        br = (gcomp_bitreader){out, 0, bw.pos, 0, 0};
         assert_true(gcomp_topk_get_gap(&br, 0, 1001, &gap));
         assert_int_equal(gap, 1000);
-        br = (gcomp_topk_bitreader){out, 0, bw.pos - 1, 0, 0}; /* the zero is cut off */
+        br = (gcomp_bitreader){out, 0, bw.pos - 1, 0, 0}; /* the zero is cut off */
         assert_false(gcomp_topk_get_gap(&br, 0, UINT64_MAX, &gap));
     }
     /* the Rice choice */
