@@ -32,7 +32,7 @@
  *
  * Format 1 (wire id 5, until 2026-11) wrote each block's gaps in one fixed width and the values
  * as plain fp32/fp16 after all indices: 5.2 bytes a pair at ratio 0.01 on Gaussian data where
- * format 2 takes 4.0 (bench/codec_perf, 64 MiB: 97x instead of 77x). A format-1 payload is
+ * format 2 takes 4.1 (`bench/codec_perf -s 64M`: 97x instead of 77x, i.e. 400 / cr bytes). A format-1 payload is
  * refused as coming from an unknown codec.
  *
  * Error feedback: r_out = x for every element not kept, x - decode(value) for kept ones.
