@@ -409,10 +409,11 @@ typedef struct sum_fmt {
     unsigned g, w;
     uint64_t lg; /* L^g: every code is below it */
     size_t block_bytes;
-    int8_t (*digits)[8]; /* code -> its g digits as sums (digit - m), when w <= 8 */
+    int16_t (*digits)[8]; /* code -> its g digits as sums (digit - m), when w <= 8: int16 like
+                           * the output, so a code's digits are one fixed-size copy */
 } sum_fmt;
 
-static void sum_fmt_init(sum_fmt *f, uint32_t m, int8_t (*table)[8])
+static void sum_fmt_init(sum_fmt *f, uint32_t m, int16_t (*table)[8])
 {
     f->m = m;
     f->L = 2 * m + 1;
@@ -422,7 +423,7 @@ static void sum_fmt_init(sum_fmt *f, uint32_t m, int8_t (*table)[8])
     f->block_bytes = SUM_BLOCK / f->g * f->w / 8;
     f->digits = f->w <= 8 ? table : NULL; /* marks the block path; read only when g > 1 */
     for (unsigned c = 0; f->digits && f->g > 1 && c < 256; c++)
-        for (unsigned k = 0, v = c; k < f->g; k++, v /= f->L) f->digits[c][k] = (int8_t)((int)(v % f->L) - (int)m);
+        for (unsigned k = 0, v = c; k < f->g; k++, v /= f->L) f->digits[c][k] = (int16_t)((int)(v % f->L) - (int)m);
 }
 
 /* One block: codes of width w, g digits each (compile-time constants in the common cases)
@@ -432,18 +433,27 @@ static inline __attribute__((always_inline)) uint64_t block_unpack(const unsigne
 {
     const uint64_t mask = (1ull << w) - 1, lg = f->lg;
     const int32_t m = (int32_t)f->m;
+    const size_t groups = SUM_BLOCK / g / 8; /* of 8 codes in exactly w bytes, little-endian host */
     uint64_t bad = 0;
-    for (size_t gi = 0; gi < SUM_BLOCK / g / 8; gi++) {
-        uint64_t word = 0;
-        memcpy(&word, in + gi * w, w); /* 8 codes in exactly w bytes, little-endian host */
+    for (size_t gi = 0; gi < groups; gi++) {
+        /* Whole 8-byte loads (a w-byte copy is assembled on the stack and stalls the load
+         * that reads it back): bytes past the group belong to the next groups and are never
+         * looked at; groups within 8 bytes of the block's end load the 8 bytes that end where
+         * they end, so nothing past the block is read. */
+        uint64_t word;
+        if (gi * w + 8 <= groups * w) {
+            memcpy(&word, in + gi * w, 8);
+        } else {
+            memcpy(&word, in + gi * w + w - 8, 8);
+            word >>= 8 * (8 - w);
+        }
         for (unsigned k = 0; k < 8; k++) {
             uint64_t c = (word >> (k * w)) & mask;
             bad |= c >= lg;
             if (g == 1) {
                 out[gi * 8 + k] = (int16_t)((int32_t)c - m);
             } else {
-                const int8_t *d = f->digits[c];
-                for (unsigned j = 0; j < g; j++) out[(gi * 8 + k) * g + j] = d[j];
+                memcpy(out + (gi * 8 + k) * g, f->digits[c], g * sizeof(int16_t));
             }
         }
     }
@@ -463,7 +473,10 @@ static inline __attribute__((always_inline)) void block_pack(const unsigned w, c
             for (unsigned j = g; j-- > 0;) c = c * L + (uint64_t)(uint32_t)(s[j] + m);
             word |= c << (k * w);
         }
-        memcpy(out + gi * w, &word, w);
+        /* a whole 8-byte store where it stays inside the block: the bytes past this group
+         * are zero and the next groups' stores overwrite them */
+        if (gi * w + 8 <= SUM_BLOCK / g / 8 * w) memcpy(out + gi * w, &word, 8);
+        else memcpy(out + gi * w, &word, w);
     }
 }
 
@@ -542,7 +555,7 @@ static void pack_block_any(const sum_fmt *f, const int16_t *sums, size_t n, uint
 gcomp_result gcomp__tg_sums_add_pack(const uint8_t *in, size_t in_bytes, uint32_t m_in, const int8_t *t, size_t n,
                                      uint8_t *out)
 {
-    int8_t tab_in[256][8], tab_out[256][8];
+    int16_t tab_in[256][8], tab_out[256][8];
     int16_t blk[SUM_BLOCK];
     sum_fmt fi, fo;
     uint64_t bad = 0;
@@ -564,7 +577,7 @@ gcomp_result gcomp__tg_sums_add_pack(const uint8_t *in, size_t in_bytes, uint32_
 
 gcomp_result gcomp__tg_sums_unpack(const uint8_t *in, size_t bytes, size_t n, uint32_t m, int16_t *out)
 {
-    int8_t tab[256][8];
+    int16_t tab[256][8];
     sum_fmt f;
     uint64_t bad = 0;
     if (m == 0) return gcomp_codec_fail(GCOMP_ERR_INVALID_ARG, "terngrad: sums of 0 ranks");

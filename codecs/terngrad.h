@@ -91,7 +91,7 @@ static inline GCOMP_TG_HD uint32_t gcomp_tg_salt(uint64_t key, uint32_t index_hi
 /* u_i as a float in [0, 1): 24 random bits, exactly representable. */
 static inline GCOMP_TG_HD float gcomp_tg_uniform_salted(uint32_t salt, uint32_t index_lo)
 {
-    return (float)(gcomp_mix32(index_lo ^ salt) >> 8) * 0x1p-24f;
+    return (float)(int32_t)(gcomp_mix32(index_lo ^ salt) >> 8) * 0x1p-24f; /* < 2^24: exact; signed converts faster */
 }
 
 static inline GCOMP_TG_HD float gcomp_tg_uniform(uint64_t key, uint64_t i)

@@ -177,11 +177,13 @@ gcomp_result gcomp_codec_fail(gcomp_result rc, const char *fmt, ...)
 #endif
     ;
 
-/* Put on a codec's hot loop functions: the compiler builds them for AVX2 and for the baseline
- * ISA and the loader picks one per machine. Results are identical either way: gcomp builds
- * with -ffp-contract=off (no FMA), and the loops use only correctly rounded IEEE operations. */
+/* Put on a codec's hot loop functions: the compiler builds them for AVX-512 (x86-64-v4), for
+ * AVX2 and for the baseline ISA, and the loader picks one per machine. Results are identical
+ * either way: gcomp builds with -ffp-contract=off (no FMA), and the loops use only correctly
+ * rounded IEEE operations. The golden-file test checks it: natively (AVX-512 where the CPU has
+ * it) and under valgrind, whose virtual CPU has no AVX-512 (the AVX2 clone). */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__CUDACC__) && !defined(GCOMP_NO_SIMD_CLONES)
-#define GCOMP_SIMD_CLONES __attribute__((target_clones("avx2", "default")))
+#define GCOMP_SIMD_CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
 #else
 #define GCOMP_SIMD_CLONES
 #endif
