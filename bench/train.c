@@ -124,12 +124,14 @@ static void choose_blas_core(char **argv, const char **note)
     *note = getenv("GCOMP_TRAIN_BLAS_NOTE");
     if (getenv("OPENBLAS_CORETYPE") || !core) return;
     for (size_t i = 0; i < sizeof pre_avx2 / sizeof *pre_avx2; i++) old |= strcasecmp(core, pre_avx2[i]) == 0;
+#if defined(__x86_64__) && defined(__GNUC__)
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
         __builtin_cpu_supports("avx512dq"))
         want = "SkylakeX";
     else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
         want = "Haswell";
+#endif
     if (!old || !want) return;
     char self[4096];
     ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
@@ -426,6 +428,7 @@ int main(int argc, char **argv)
                         o.batch, total, o.min_bytes, o.bucket_bytes, nb);
                 json_num(jf, "lr", o.lr, ", ");
                 json_str(jf, "lr_schedule", o.schedule, ", ");
+                json_str(jf, "blas_core", openblas_get_corename(), ", ");
                 json_num(jf, "momentum", o.momentum, ", ");
                 json_num(jf, "wd", o.wd, ", ");
                 fprintf(jf, "\"seed\": %llu, \"params\": %zu, ", o.seed, np);

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The reduced sweep CI runs: 2 ranks, 2 codecs, a tenth of an epoch of real Fashion-MNIST
 # training. Checks that the CSV, the markdown table and the plots are written, that every
-# point learned (test accuracy far above the 10 % of chance), and that --seed LIST averages.
+# point learned (test accuracy far above the 10 % of chance), that the trainer used OpenBLAS
+# kernels fit for the CPU, and that --seed LIST averages.
 set -euo pipefail
 root=$1; trainer=$2
 out=$(mktemp -d); trap 'rm -rf "$out"' EXIT
@@ -21,6 +22,26 @@ for r in rows:
     print(f"{r['spec']}: test accuracy {acc:.2f} %, {float(r['cr']):.1f}x fewer wire bytes")
     if acc < 50.0:
         sys.exit(f"{r['spec']}: accuracy {acc} % is not well above chance (10 %)")
+PY
+# The trainer ran the best OpenBLAS kernels this CPU allows: an x86 CPU with AVX2 must not be
+# left on a pre-AVX2 kernel (bench/train: choose_blas_core), unless the user chose one.
+/usr/bin/python3 - "$out/points" <<'PY'
+import glob, json, os, sys
+old = {"prescott", "core2", "penryn", "dunnington", "nehalem", "sandybridge", "atom", "katmai",
+       "coppermine", "northwood", "banias", "unknown"}
+flags = set()
+for line in open("/proc/cpuinfo"):
+    if line.startswith("flags"):
+        flags = set(line.split(":", 1)[1].split())
+        break
+for path in sorted(glob.glob(sys.argv[1] + "/*.json")):
+    core = json.load(open(path))["blas_core"]
+    log = open(path[:-5] + ".log").read()
+    if "# BLAS: OpenBLAS, %s kernels" % core not in log:
+        sys.exit("%s: the log does not name the BLAS kernels (%s)" % (path, core))
+    if {"avx2", "fma"} <= flags and core.lower() in old and "OPENBLAS_CORETYPE" not in os.environ:
+        sys.exit("%s: OpenBLAS ran its %s kernels on a CPU with AVX2" % (path, core))
+    print("%s: OpenBLAS %s kernels" % (os.path.basename(path), core))
 PY
 # Several seeds: one aggregated row per setting (the mean), every run in results_by_seed.csv.
 /usr/bin/python3 "$root/bench/sweep" --ranks 2 --epochs 0.02 --codec none --seed 1,2 \

@@ -2,8 +2,8 @@ set terminal svg size 1000,700 dynamic
 set output "/work/main/docs/sweep/accuracy_vs_bytes.svg"
 
 set logscale x
-set xrange [4348.67:5.64811e+06]
-set yrange [79.23:90.19]
+set xrange [4350.3:5.64811e+06]
+set yrange [77.54:90.44]
 set xlabel "wire bytes per step per rank (log scale)"
 set ylabel "test accuracy (%)"
 set title "Fashion-MNIST mlp, 3 epochs, 4 ranks"

@@ -1,0 +1,16 @@
+set terminal pngcairo size 1000,700
+set output "/work/main/docs/sweep_1gbit_fused/run2/accuracy_vs_bytes.png"
+
+set logscale x
+set xrange [7332.17:5.64427e+06]
+set yrange [84.6:90.14]
+set xlabel "wire bytes per step per rank (log scale)"
+set ylabel "test accuracy (%)"
+set title "Fashion-MNIST mlp, 3 epochs, 4 ranks, 1gbit links"
+set format x "%.0s %cB"
+set grid
+set key bottom right box opaque
+plot "/work/main/docs/sweep_1gbit_fused/run2/accuracy_vs_bytes.dat" index 0 using 1:2 with points pt 7 ps 1.5 lc rgb "#1f77b4" title "error feedback", \
+     '' index 0 using 4:5:3 with labels center font ",9" notitle, \
+     '' index 1 using 1:2 with points pt 6 ps 1.5 lc rgb "#d62728" title "no error feedback", \
+     '' index 1 using 4:5:3 with labels center font ",9" notitle
