@@ -110,8 +110,8 @@ static double parse_num(const char *opt, const char *s)
 
 /* OpenBLAS picks its kernels from the CPU model when it loads. A model newer than the library
  * falls back to an SSE3 "Prescott" kernel: on the project VM (family 6 model 207, OpenBLAS
- * 0.3.21) its sgemm runs at 28 GFLOPS where the AVX-512 "SkylakeX" one reaches 100, and the
- * trainer's compute time is mostly sgemm. The core type can only be chosen before the library
+ * 0.3.21) that makes the forward/backward/update 2.5x slower than the AVX-512 "SkylakeX"
+ * kernels (docs/SWEEP.md, BLAS kernels). The core type can only be chosen before the library
  * loads, so when OpenBLAS settled for a pre-AVX2 kernel on a CPU with AVX2 (or AVX-512) and
  * the user did not set OPENBLAS_CORETYPE, this process re-runs itself with it set (before
  * MPI_Init, so the MPI launch is untouched). Sets *note to what was done, for the log. */
