@@ -465,7 +465,8 @@ static inline __attribute__((always_inline)) void block_pack(const unsigned w, c
                                                                const sum_fmt *f, const int16_t *sums, uint8_t *out)
 {
     const int32_t m = (int32_t)f->m;
-    for (size_t gi = 0; gi < SUM_BLOCK / g / 8; gi++) {
+    const size_t groups = SUM_BLOCK / g / 8;
+    for (size_t gi = 0; gi < groups; gi++) {
         uint64_t word = 0;
         for (unsigned k = 0; k < 8; k++) {
             const int16_t *s = sums + (gi * 8 + k) * g;
@@ -475,7 +476,7 @@ static inline __attribute__((always_inline)) void block_pack(const unsigned w, c
         }
         /* a whole 8-byte store where it stays inside the block: the bytes past this group
          * are zero and the next groups' stores overwrite them */
-        if (gi * w + 8 <= SUM_BLOCK / g / 8 * w) memcpy(out + gi * w, &word, 8);
+        if (gi * w + 8 <= groups * w) memcpy(out + gi * w, &word, 8);
         else memcpy(out + gi * w, &word, w);
     }
 }
