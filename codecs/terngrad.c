@@ -409,10 +409,12 @@ typedef struct sum_fmt {
     unsigned g, w;
     uint64_t lg; /* L^g: every code is below it */
     size_t block_bytes;
-    int16_t (*digits)[8]; /* code -> its g digits as sums (digit - m), when w <= 8: int16 like
-                           * the output, so a code's digits are one fixed-size copy */
+    int16_t (*digits)[8]; /* code -> its g digits as sums (digit - m), when w <= 8 and the
+                           * caller unpacks: int16 like the output, so a code's digits are one
+                           * fixed-size copy. Codes from lg up (invalid) map to zeros. */
 } sum_fmt;
 
+/* table == NULL: the format only packs (block_pack computes its codes). */
 static void sum_fmt_init(sum_fmt *f, uint32_t m, int16_t (*table)[8])
 {
     f->m = m;
@@ -421,40 +423,55 @@ static void sum_fmt_init(sum_fmt *f, uint32_t m, int16_t (*table)[8])
     f->lg = gcomp_tg_sum_pow(m, f->g);
     f->w = gcomp_tg_bits_below(f->lg);
     f->block_bytes = SUM_BLOCK / f->g * f->w / 8;
-    f->digits = f->w <= 8 ? table : NULL; /* marks the block path; read only when g > 1 */
-    for (unsigned c = 0; f->digits && f->g > 1 && c < 256; c++)
-        for (unsigned k = 0, v = c; k < f->g; k++, v /= f->L) f->digits[c][k] = (int16_t)((int)(v % f->L) - (int)m);
+    f->digits = f->w <= 8 ? table : NULL; /* marks the block path */
+    if (!f->digits) return;
+    /* count through the codes in base L, digit 0 lowest: no division per entry */
+    int16_t d[8];
+    for (unsigned k = 0; k < 8; k++) d[k] = (int16_t)-(int32_t)m;
+    for (uint64_t c = 0; c < 256; c++) {
+        if (c >= f->lg) {
+            memset(f->digits[c], 0, sizeof f->digits[c]);
+            continue;
+        }
+        memcpy(f->digits[c], d, sizeof d);
+        for (unsigned k = 0; k < f->g && ++d[k] > (int32_t)m; k++) d[k] = (int16_t)-(int32_t)m;
+    }
+}
+
+/* Whole 8-byte loads (a w-byte copy is assembled on the stack and stalls the load that reads
+ * it back): the word of group gi of a block of `groups` groups of w bytes holds its 8 codes
+ * in its low 8w bits. Bytes past the group belong to the next groups and are never looked
+ * at; groups within 8 bytes of the block's end load the 8 bytes that end where they end, so
+ * nothing past the block is read. */
+static inline __attribute__((always_inline)) uint64_t group_word(const uint8_t *in, size_t gi, unsigned w,
+                                                                   size_t groups)
+{
+    uint64_t word;
+    if (gi * w + 8 <= groups * w) {
+        memcpy(&word, in + gi * w, 8);
+        return word;
+    }
+    memcpy(&word, in + gi * w + w - 8, 8);
+    return word >> (8 * (8 - w));
 }
 
 /* One block: codes of width w, g digits each (compile-time constants in the common cases)
- * -> sums, through the digit table. Returns nonzero on an invalid code. */
-static inline __attribute__((always_inline)) uint64_t block_unpack(const unsigned w, const unsigned g, const sum_fmt *f,
-                                                                     const uint8_t *in, int16_t *out)
+ * -> out, g elements of es bytes per code copied from row c of tab (rows of 8 elements).
+ * The int16 digit table gives the sums; a float table gives values of the sums. Returns
+ * nonzero on an invalid code. */
+static inline __attribute__((always_inline)) uint64_t block_lookup(const unsigned w, const unsigned g, const size_t es,
+                                                                     uint64_t lg, const void *tab, const uint8_t *in,
+                                                                     void *out)
 {
-    const uint64_t mask = (1ull << w) - 1, lg = f->lg;
-    const int32_t m = (int32_t)f->m;
+    const uint64_t mask = (1ull << w) - 1;
     const size_t groups = SUM_BLOCK / g / 8; /* of 8 codes in exactly w bytes, little-endian host */
     uint64_t bad = 0;
     for (size_t gi = 0; gi < groups; gi++) {
-        /* Whole 8-byte loads (a w-byte copy is assembled on the stack and stalls the load
-         * that reads it back): bytes past the group belong to the next groups and are never
-         * looked at; groups within 8 bytes of the block's end load the 8 bytes that end where
-         * they end, so nothing past the block is read. */
-        uint64_t word;
-        if (gi * w + 8 <= groups * w) {
-            memcpy(&word, in + gi * w, 8);
-        } else {
-            memcpy(&word, in + gi * w + w - 8, 8);
-            word >>= 8 * (8 - w);
-        }
+        uint64_t word = group_word(in, gi, w, groups);
         for (unsigned k = 0; k < 8; k++) {
             uint64_t c = (word >> (k * w)) & mask;
             bad |= c >= lg;
-            if (g == 1) {
-                out[gi * 8 + k] = (int16_t)((int32_t)c - m);
-            } else {
-                memcpy(out + (gi * 8 + k) * g, f->digits[c], g * sizeof(int16_t));
-            }
+            memcpy((uint8_t *)out + (gi * 8 + k) * g * es, (const uint8_t *)tab + c * 8 * es, g * es);
         }
     }
     return bad;
@@ -500,13 +517,20 @@ static inline __attribute__((always_inline)) void block_pack(const unsigned w, c
             }                                                                                  \
     }
 
-#define UNPACK_X(w, g, L, f, in, out, bad) bad = block_unpack(w, g, f, in, out) /* digits by table: no L */
+#define LOOKUP_X(w, g, L, f, es, tab, in, out, bad) bad = block_lookup(w, g, es, (f)->lg, tab, in, out) /* no L */
 #define PACK_X(w, g, L, f, sums, out) block_pack(w, g, L, f, sums, out)
 
 static uint64_t block_unpack_w(const sum_fmt *f, const uint8_t *in, int16_t *out)
 {
     uint64_t bad = 0;
-    SUM_FORMATS(UNPACK_X, f, in, out, bad)
+    SUM_FORMATS(LOOKUP_X, f, sizeof(int16_t), f->digits, in, out, bad)
+    return bad;
+}
+
+static uint64_t block_values_w(const sum_fmt *f, const float (*tab)[8], const uint8_t *in, float *out)
+{
+    uint64_t bad = 0;
+    SUM_FORMATS(LOOKUP_X, f, sizeof(float), tab, in, out, bad)
     return bad;
 }
 
@@ -549,14 +573,14 @@ static uint64_t unpack_block_any(const sum_fmt *f, const uint8_t *in, size_t n, 
 
 static void pack_block_any(const sum_fmt *f, const int16_t *sums, size_t n, uint8_t *out)
 {
-    if (n == SUM_BLOCK && f->digits) block_pack_w(f, sums, out);
+    if (n == SUM_BLOCK && f->w <= 8) block_pack_w(f, sums, out);
     else slow_pack(f, sums, n, out);
 }
 
 gcomp_result gcomp__tg_sums_add_pack(const uint8_t *in, size_t in_bytes, uint32_t m_in, const int8_t *t, size_t n,
                                      uint8_t *out)
 {
-    int16_t tab_in[256][8], tab_out[256][8];
+    int16_t tab_in[256][8];
     int16_t blk[SUM_BLOCK];
     sum_fmt fi, fo;
     uint64_t bad = 0;
@@ -564,7 +588,7 @@ gcomp_result gcomp__tg_sums_add_pack(const uint8_t *in, size_t in_bytes, uint32_
         return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "terngrad: %zu bytes of sums for %zu elements of %u ranks", in_bytes, n, m_in);
     if (m_in >= 32767) return gcomp_codec_fail(GCOMP_ERR_UNSUPPORTED, "terngrad: sums of %u ranks do not fit int16", m_in + 1);
     if (m_in) sum_fmt_init(&fi, m_in, tab_in);
-    sum_fmt_init(&fo, m_in + 1, tab_out);
+    sum_fmt_init(&fo, m_in + 1, NULL);
     for (size_t a = 0, b = 0; a < n; a += SUM_BLOCK, b++) {
         size_t len = n - a < SUM_BLOCK ? n - a : SUM_BLOCK;
         if (m_in) bad |= unpack_block_any(&fi, in + b * fi.block_bytes, len, blk);
@@ -589,6 +613,33 @@ gcomp_result gcomp__tg_sums_unpack(const uint8_t *in, size_t bytes, size_t n, ui
     for (size_t a = 0, b = 0; a < n; a += SUM_BLOCK, b++) {
         size_t len = n - a < SUM_BLOCK ? n - a : SUM_BLOCK;
         bad |= unpack_block_any(&f, in + b * f.block_bytes, len, out + a);
+    }
+    if (bad) return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "terngrad: a packed group of sums of %u ranks is out of range", m);
+    return GCOMP_SUCCESS;
+}
+
+gcomp_result gcomp__tg_sums_values(const uint8_t *in, size_t bytes, size_t n, uint32_t m, const float *value, float *out)
+{
+    int16_t tab[256][8], blk[SUM_BLOCK];
+    float ftab[256][8];
+    sum_fmt f;
+    uint64_t bad = 0;
+    if (m == 0) return gcomp_codec_fail(GCOMP_ERR_INVALID_ARG, "terngrad: sums of 0 ranks");
+    if (m > 32767) return gcomp_codec_fail(GCOMP_ERR_UNSUPPORTED, "terngrad: sums of %u ranks do not fit int16", m);
+    if (bytes != gcomp_tg_sum_bytes(n, m))
+        return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "terngrad: %zu bytes of sums for %zu elements of %u ranks", bytes, n, m);
+    sum_fmt_init(&f, m, tab);
+    for (unsigned c = 0; f.digits && c < 256; c++) /* invalid codes (digits 0) are reported, not used */
+        for (unsigned k = 0; k < 8; k++) ftab[c][k] = value[tab[c][k] + (int32_t)m];
+    for (size_t a = 0, b = 0; a < n; a += SUM_BLOCK, b++) {
+        size_t len = n - a < SUM_BLOCK ? n - a : SUM_BLOCK;
+        const uint8_t *src = in + b * f.block_bytes;
+        if (len == SUM_BLOCK && f.digits) {
+            bad |= block_values_w(&f, (const float (*)[8])ftab, src, out + a);
+            continue;
+        }
+        bad |= slow_unpack(&f, src, len, blk);
+        for (size_t i = 0; i < len; i++) out[a + i] = value[blk[i] + (int32_t)m];
     }
     if (bad) return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "terngrad: a packed group of sums of %u ranks is out of range", m);
     return GCOMP_SUCCESS;

@@ -183,6 +183,9 @@ gcomp_result gcomp__tg_sums_add_pack(const uint8_t *in, size_t in_bytes, uint32_
                                      uint8_t *out);
 /* out[i] = sum i of m ranks, checked to lie in [-m, m]. */
 gcomp_result gcomp__tg_sums_unpack(const uint8_t *in, size_t bytes, size_t n, uint32_t m, int16_t *out);
+/* out[i] = value[sum_i + m] (value has 2m + 1 entries): the final sums straight to floats
+ * through a table, one pass, no int16 array in between. Same checks as sums_unpack. */
+gcomp_result gcomp__tg_sums_values(const uint8_t *in, size_t bytes, size_t n, uint32_t m, const float *value, float *out);
 /* t[i] in {-1, 0, +1}: the codes encode_scaled would pack for these scales (one per bucket
  * of the range), with the residual update fused in (r_out may alias r_in or be NULL). */
 gcomp_result gcomp__tg_ternarise(const gcomp_terngrad_params *p, const gcomp_encode_ctx *ctx, const float *g,

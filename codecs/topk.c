@@ -32,6 +32,7 @@
  * candidate (about 1.7% of n at ratio 0.01; never more than max(k + n/8, ~n/7) + 16 entries).
  */
 #include "topk.h"
+#include "divide.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -257,16 +258,18 @@ pass1_loop(topk_select *s, const float *g, const float *r, float *xo, size_t n, 
     for (; i + TOPK_GROUP <= n; i += TOPK_GROUP) {
         float xb[TOPK_GROUP];
         uint32_t any = 0;
-        for (size_t j = 0; j < TOPK_GROUP; j += 2) {
+        if (spec) { /* two plain loops (x, then an OR reduction over its bits): both vectorise */
+            uint32_t kb[TOPK_GROUP];
+            for (size_t j = 0; j < TOPK_GROUP; j++) xb[j] = x_at(g, r, i + j);
+            memcpy(kb, xb, sizeof kb);
+            for (size_t j = 0; j < TOPK_GROUP; j++) any |= t0 - 1 - gcomp_topk_key(kb[j]);
+        }
+        for (size_t j = 0; hist && j < TOPK_GROUP; j += 2) { /* two sub-histograms: fewer store-to-load stalls */
             float a = x_at(g, r, i + j), b = x_at(g, r, i + j + 1);
-            uint32_t ka = key_of(a), kb = key_of(b);
             xb[j] = a;
             xb[j + 1] = b;
-            if (hist) {
-                h0[ka >> shift]++;
-                h1[kb >> shift]++;
-            }
-            if (spec) any |= (t0 - 1 - ka) | (t0 - 1 - kb);
+            h0[key_of(a) >> shift]++;
+            h1[key_of(b) >> shift]++;
         }
         if (xo) store_group(xo + i, xb, stream);
         /* the candidates come from xb: r may alias xo and already hold x instead of r */
@@ -294,8 +297,8 @@ pass1_loop(topk_select *s, const float *g, const float *r, float *xo, size_t n, 
     return c;
 }
 
-static size_t pass1_chunk(topk_select *s, const float *g, const float *r, float *xo, size_t n,
-                          size_t base, int spec, uint32_t t0, size_t c)
+GCOMP_SIMD_CLONES static size_t pass1_chunk(topk_select *s, const float *g, const float *r, float *xo, size_t n,
+                                            size_t base, int spec, uint32_t t0, size_t c)
 {
     if (spec) {
         if (r && xo) return pass1_loop(s, g, r, xo, n, base, 1, t0, c);
@@ -825,7 +828,7 @@ gcomp_result gcomp__topk_body_pairs(uint32_t flags, const uint8_t *body, size_t 
  * once, streamed past the cache when the result is large (as in pass 1). */
 #define TOPK_SUM_BLOCK 4096
 
-void gcomp__topk_sum_pairs(const gcomp_topk_pairs *lists, int n, float *result, size_t count)
+void gcomp__topk_sum_pairs(const gcomp_topk_pairs *lists, int n, float *result, size_t count, float divisor)
 {
     size_t cur[GCOMP_TOPK_MAX_LISTS] = {0};
     const int stream = count >= TOPK_STREAM_MIN_N;
@@ -839,6 +842,7 @@ void gcomp__topk_sum_pairs(const gcomp_topk_pairs *lists, int n, float *result, 
             for (; c < l->k && l->idx[c] < end; c++) buf[l->idx[c] - b0] += l->val[c];
             cur[j] = c;
         }
+        if (divisor != 1.0f) gcomp_divide_f32(buf, len, divisor);
         if (stream && ((uintptr_t)(result + b0) & 15) == 0)
             for (; q + TOPK_GROUP <= len; q += TOPK_GROUP) store_group(result + b0 + q, buf + q, 1);
         memcpy(result + b0 + q, buf + q, (len - q) * sizeof *buf);

@@ -213,11 +213,12 @@ typedef struct gcomp_topk_pairs {
     size_t k;
 } gcomp_topk_pairs;
 
-/* result[0..count) = the sum of the n lists, each element summed from 0.0f in list order:
- * bit for bit what zeroing the result and calling decode_add for each list in order gives,
- * but writing the result once, in order, instead of zeroing it and then scattering into it.
+/* result[0..count) = the sum of the n lists, each element summed from 0.0f in list order,
+ * then divided by divisor (1: SUM; the rank count: AVG): bit for bit what zeroing the result,
+ * calling decode_add for each list in order and dividing gives, but writing the result once,
+ * in order, instead of zeroing it, scattering into it and passing over it again.
  * n <= GCOMP_TOPK_MAX_LISTS. */
-void gcomp__topk_sum_pairs(const gcomp_topk_pairs *lists, int n, float *result, size_t count);
+void gcomp__topk_sum_pairs(const gcomp_topk_pairs *lists, int n, float *result, size_t count, float divisor);
 
 extern const gcomp_codec_vtable gcomp__codec_topk;
 

@@ -14,6 +14,7 @@
 #include <time.h>
 
 #include "engine.h"
+#include "codecs/divide.h"
 
 double gcomp__now(void)
 {
@@ -309,8 +310,7 @@ static gcomp_result run_bypass(gcomp_comm *c, const void *send, void *recv, size
         prepare_input(c, send, count, dtype, 1.0f, &x);
     }
     GCOMP_CHECK(transport_failed(c, c->tp->allreduce_sum_f32(c->tp, buf, count, deadline)));
-    if (op == GCOMP_AVG)
-        for (size_t i = 0; i < count; i++) buf[i] /= (float)c->tp->size;
+    if (op == GCOMP_AVG) gcomp_divide_f32(buf, count, (float)c->tp->size);
     store_output(buf, recv, count, dtype);
     return GCOMP_SUCCESS;
 }
@@ -336,13 +336,13 @@ static gcomp_result run_compressed(gcomp_comm *c, gcomp__call *call, const call_
     gcomp_result rc;
     prepare_input(c, send, count, dtype, plan->prescale, &call->x);
     call->result = dtype == GCOMP_F32 ? (float *)recv : (float *)c->res;
+    call->divisor = op == GCOMP_AVG && plan->sched != GCOMP_SCHED_DENSE ? (float)c->tp->size : 1.0f;
     if (plan->sched == GCOMP_SCHED_INTEGER) rc = gcomp__sched_integer(call);
     else if (plan->sched == GCOMP_SCHED_SPARSE) rc = gcomp__sched_sparse(call);
     else rc = gcomp__sched_dense(call, c->codec, 1);
     GCOMP_CHECK(transport_failed(c, rc));
     GCOMP_CHECK(agree_outcome(c, call));
-    if (op == GCOMP_AVG && plan->sched != GCOMP_SCHED_DENSE)
-        for (size_t i = 0; i < count; i++) call->result[i] /= (float)c->tp->size;
+    if (call->divisor != 1.0f && !call->divided) gcomp_divide_f32(call->result, count, call->divisor);
     /* keep the old residual if this rank's input was not finite */
     if (call->nonfinite) call->st->nonfinite_calls++;
     else if (plan->res && call->r_out != call->r_in) gcomp__residual_commit(plan->res);

@@ -102,6 +102,8 @@ typedef struct gcomp__call {
     uint64_t step;
     double deadline;
     gcomp_comm_stats *st; /* this call's numbers, added to key and comm stats */
+    float divisor;      /* AVG on the integer and sparse schedules: result = sum / divisor (else 1) */
+    int divided;        /* the schedule applied divisor in its last pass over the result */
     int nonfinite;
     /* A local failure after the ranks agreed to run (a corrupt payload): the rank keeps
      * stepping the ring with empty messages so nobody waits for it, and the end-of-call

@@ -39,6 +39,7 @@ typedef struct int_ctx {
     uint64_t *keys;         /* their bits, for the allreduce-max */
     int8_t *t;              /* one chunk of this rank's codes as -1/0/+1 */
     int16_t *sums;          /* one chunk of final sums */
+    float *values;          /* 2N + 1 results of a sum under the one scale (nb == 1) */
     uint8_t *raw;           /* packed sums after the byte stages are undone (zstd) */
     uint8_t *raw_out;       /* packed sums before the byte stages */
     uint8_t *slots;         /* n message slots of msg_cap bytes */
@@ -78,7 +79,7 @@ static gcomp_result layout(gcomp__call *call, int_ctx *d)
     d->msg_cap = (gcomp__codec_stages_bound(c->codec, (size_t)gcomp_tg_sum_bytes(max_chunk, (uint32_t)n)) + 7) & ~(size_t)7;
 
     /* sbuf: scales | keys;  acc: sums | t;  tmp: raw | raw_out;  pay: slots | sizes */
-    GCOMP_CHECK(gcomp__reserve(&c->sbuf, &c->sbuf_cap, 16 * d->nb + 16));
+    GCOMP_CHECK(gcomp__reserve(&c->sbuf, &c->sbuf_cap, 16 * d->nb + 16 + 4 * (2 * (size_t)n + 1)));
     GCOMP_CHECK(gcomp__reserve(&c->acc, &c->acc_cap, max_chunk * (sizeof(int16_t) + sizeof(int8_t)) + 16));
     GCOMP_CHECK(gcomp__reserve(&c->tmp, &c->tmp_cap, 2 * d->msg_cap));
     GCOMP_CHECK(gcomp__reserve(&c->rbuf, &c->rbuf_cap, d->msg_cap));
@@ -87,6 +88,7 @@ static gcomp_result layout(gcomp__call *call, int_ctx *d)
     off = (4 * d->nb + 7) & ~(size_t)7;
     d->scales = (float *)base;
     d->keys = (uint64_t *)(base + off);
+    d->values = (float *)(base + off + 8 * d->nb);
     d->sums = c->acc;
     d->t = (int8_t *)((uint8_t *)c->acc + ((max_chunk * sizeof(int16_t) + 15) & ~(size_t)15));
     d->raw = c->tmp;
@@ -180,14 +182,24 @@ static gcomp_result hop(int_ctx *d, int j, const uint8_t *in, size_t in_bytes, u
     return GCOMP_SUCCESS;
 }
 
-/* result[chunk j] = scale * (final sum of N ranks), bucket by bucket. */
+/* The 2N + 1 results a sum of N ranks can give under scale s: the same expression as the
+ * bucketed path of finish, so both give the same bits. */
+static void sum_values(const int_ctx *d, float s, float *value)
+{
+    int32_t n = d->call->comm->tp->size;
+    for (int32_t k = -n; k <= n; k++) value[k + n] = (float)k * s / d->call->divisor;
+}
+
+/* result[chunk j] = scale * (final sum of N ranks) / divisor. With one scale, straight from
+ * the packed sums through a table of the 2N + 1 possible results (one pass over the chunk);
+ * with buckets, through the int16 sums, bucket by bucket. */
 static gcomp_result finish(int_ctx *d, int j)
 {
     gcomp_comm *c = d->call->comm;
     uint32_t n_ranks = (uint32_t)c->tp->size;
     size_t lo, hi, bytes = d->slot_bytes[j];
     const uint8_t *src = slot(d, j);
-    float *res = d->call->result;
+    float *res = d->call->result, div = d->call->divisor;
     double t0 = gcomp__now();
     chunk_of(d, j, &lo, &hi);
     if (d->staged) {
@@ -195,13 +207,19 @@ static gcomp_result finish(int_ctx *d, int j)
                                                (size_t)gcomp_tg_sum_bytes(hi - lo, n_ranks), &bytes));
         src = d->raw;
     }
-    GCOMP_CHECK(gcomp__tg_sums_unpack(src, bytes, hi - lo, n_ranks, d->sums));
-    c->tp->progress(c->tp);
-    for (size_t i = lo; i < hi;) {
-        size_t b = i / d->bucket, end = (b + 1) * d->bucket < hi ? (b + 1) * d->bucket : hi;
-        float s = d->scales[b];
-        for (; i < end; i++) res[i] = (float)d->sums[i - lo] * s;
+    if (d->nb == 1) {
+        sum_values(d, d->scales[0], d->values);
+        GCOMP_CHECK(gcomp__tg_sums_values(src, bytes, hi - lo, n_ranks, d->values, res + lo));
+    } else {
+        GCOMP_CHECK(gcomp__tg_sums_unpack(src, bytes, hi - lo, n_ranks, d->sums));
+        c->tp->progress(c->tp);
+        for (size_t i = lo; i < hi;) {
+            size_t b = i / d->bucket, end = (b + 1) * d->bucket < hi ? (b + 1) * d->bucket : hi;
+            float s = d->scales[b];
+            for (; i < end; i++) res[i] = (float)d->sums[i - lo] * s / div;
+        }
     }
+    d->call->divided = 1;
     d->call->st->decode_s += gcomp__now() - t0;
     return GCOMP_SUCCESS;
 }

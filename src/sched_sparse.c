@@ -132,7 +132,8 @@ static gcomp_result unpack_pairs(gcomp__call *call, const uint8_t *payload, size
 static void sum_pairs(gcomp__call *call, const gcomp_topk_pairs *lists)
 {
     double t0 = gcomp__now();
-    if (!call->error) gcomp__topk_sum_pairs(lists, call->comm->tp->size, call->result, call->count);
+    if (!call->error) gcomp__topk_sum_pairs(lists, call->comm->tp->size, call->result, call->count, call->divisor);
+    call->divided = 1;
     call->st->decode_s += gcomp__now() - t0;
 }
 

@@ -182,6 +182,44 @@ static void test_codecs(void)
     check_codec_count("topk:ratio=0.05", 100003, GCOMP_AVG);
 }
 
+/* AVG is SUM divided by the rank count, bit for bit, on every schedule: the integer ring and
+ * the sparse gather divide inside their last pass over the result (multiplying by 1/N when N
+ * is a power of two), the dense ring pre-scales (compared within a bound in test_codecs). */
+static void check_avg_is_sum_over_n(const char *spec, size_t n)
+{
+    gcomp_comm *cs = make_comm(spec, 0, 1), *ca = make_comm(spec, 0, 1);
+    float *x = malloc(n * sizeof(float)), *ys = malloc(n * sizeof(float)), *ya = malloc(n * sizeof(float));
+    size_t bad = 0;
+    for (int call = 0; call < 4; call++) { /* other scales, and the residuals of both at work */
+        fill_input(x, n, rank, call);
+        x[5] = 3e-39f * (float)(rank + 1); /* subnormal sums: where a sloppy reciprocal would round differently */
+        CHECK(gcomp_allreduce(cs, x, ys, n, GCOMP_F32, GCOMP_SUM, 1, NULL) == GCOMP_SUCCESS, "%s sum: %s", spec,
+              gcomp_last_error());
+        CHECK(gcomp_allreduce(ca, x, ya, n, GCOMP_F32, GCOMP_AVG, 1, NULL) == GCOMP_SUCCESS, "%s avg: %s", spec,
+              gcomp_last_error());
+        for (size_t i = 0; i < n; i++) {
+            float want = ys[i] / (float)size;
+            bad += memcmp(&want, &ya[i], sizeof want) != 0;
+        }
+    }
+    CHECK(bad == 0, "%s n=%zu: AVG differs from SUM / %d at %zu elements", spec, n, size, bad);
+    free(x);
+    free(ys);
+    free(ya);
+    gcomp_comm_destroy(cs);
+    gcomp_comm_destroy(ca);
+}
+
+static void test_avg(void)
+{
+    static const char *specs[] = {"terngrad", "terngrad:bucket=512", "terngrad+zstd", "topk:ratio=0.05",
+                                  "topk:ratio=0.01,values=fp16"};
+    for (size_t s = 0; s < sizeof specs / sizeof specs[0]; s++) {
+        check_avg_is_sum_over_n(specs[s], 100003);
+        check_avg_is_sum_over_n(specs[s], 4099);
+    }
+}
+
 /* count 0 works and does nothing; small tensors bypass and are exact. */
 static void test_zero_and_bypass(void)
 {
@@ -322,6 +360,7 @@ int main(int argc, char **argv)
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     CHECK(gcomp_codec_register(&randk_vt) == GCOMP_SUCCESS, "register randk: %s", gcomp_last_error());
     test_codecs();
+    test_avg();
     test_zero_and_bypass();
     test_error_feedback();
     test_mismatch();

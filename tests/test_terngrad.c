@@ -380,6 +380,7 @@ static void check_sums_wire_bytes(int N)
     int8_t t[NMAX];
     int32_t sum[NMAX] = {0};
     int16_t got[NMAX];
+    static float value[2 * M + 1], vals_bad[NMAX];
     size_t bytes = 0;
     assert_true(N <= NMAX);
     for (uint32_t m = 0; m < M; m++) {
@@ -398,6 +399,12 @@ static void check_sums_wire_bytes(int N)
         assert_memory_equal(out, want, bytes);
         assert_int_equal(gcomp__tg_sums_unpack(out, bytes, N, mo, got), GCOMP_SUCCESS);
         for (int i = 0; i < N; i++) assert_int_equal(got[i], sum[i]);
+        /* straight to values: a distinct value per possible sum, so any digit slip shows */
+        for (uint32_t k = 0; k < 2 * mo + 1; k++) value[k] = (float)k * 0.37f - 1e3f;
+        float *vals = malloc((size_t)N * sizeof *vals);
+        assert_int_equal(gcomp__tg_sums_values(out, bytes, N, mo, value, vals), GCOMP_SUCCESS);
+        for (int i = 0; i < N; i++) assert_true(vals[i] == value[sum[i] + (int32_t)mo]);
+        free(vals);
         free(in);
         free(out);
         /* an invalid code (L^g, if the width holds it) in a full block, and in the tail, is
@@ -407,6 +414,7 @@ static void check_sums_wire_bytes(int N)
                 long grp = where ? (long)(((size_t)N - 1) / 240 * 240 / gcomp_tg_sum_group(mo)) : 3;
                 pack_plain(sum, N, mo, bad, grp);
                 assert_int_equal(gcomp__tg_sums_unpack(bad, bytes, N, mo, got), GCOMP_ERR_CORRUPT);
+                assert_int_equal(gcomp__tg_sums_values(bad, bytes, N, mo, value, vals_bad), GCOMP_ERR_CORRUPT);
                 assert_int_equal(gcomp__tg_sums_add_pack(bad, bytes, mo, t, N, packed[m & 1]), GCOMP_ERR_CORRUPT);
             }
     }

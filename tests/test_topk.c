@@ -6,6 +6,7 @@
 
 #include "test_util.h"
 
+#include "codecs/divide.h"
 #include "codecs/topk.h"
 #include "gcomp_codec.h"
 
@@ -894,8 +895,16 @@ static void check_sum_pairs(size_t n, int fp16, int lists, size_t misalign)
         free(g);
     }
     memset(got, 0xff, n * sizeof *got); /* NaN garbage: every element must be written */
-    gcomp__topk_sum_pairs(pl, lists, got, n);
+    gcomp__topk_sum_pairs(pl, lists, got, n, 1.0f);
     assert_memory_equal(got, want, n * sizeof *got);
+    for (float d = 3.0f; d <= 4.0f; d += 1.0f) { /* AVG: divided, or times 1/4, bit for bit as dividing */
+        memset(got, 0xff, n * sizeof *got);
+        gcomp__topk_sum_pairs(pl, lists, got, n, d);
+        for (size_t i = 0; i < n; i++) {
+            float w = want[i] / d;
+            assert_memory_equal(&got[i], &w, sizeof w);
+        }
+    }
     for (int j = 0; j < lists; j++) {
         free(idx[j]);
         free(val[j]);
@@ -903,6 +912,30 @@ static void check_sum_pairs(size_t n, int fp16, int lists, size_t misalign)
     free(base);
     free(want);
     free(got_mem);
+}
+
+/* gcomp_divide_f32 equals x / d bit for bit: powers of two take the reciprocal path, others
+ * divide; subnormal results, signed zeros, infinities, NaN and the largest floats included. */
+static void test_divide_f32(void **state)
+{
+    static const float d[] = {1, 2, 3, 4, 5, 7, 8, 1024, 6, 0.5f};
+    float edge[] = {0.0f, -0.0f, 1e-45f, -1e-45f, 3e-39f, 1.17549435e-38f, 1.5e-38f, 3.4028235e38f, -3.4028235e38f,
+                    INFINITY, -INFINITY, NAN, 1.0f, -7.0f, 0.1f};
+    size_t ne = sizeof edge / sizeof edge[0], n = ne + 1000;
+    float *x = tu_gauss_array(n, 77), *y = malloc(n * sizeof *y);
+    (void)state;
+    memcpy(x, edge, sizeof edge);
+    for (size_t i = ne; i < n; i++) x[i] = ldexpf(x[i], (int)(i % 300) - 150); /* many exponents */
+    for (size_t k = 0; k < sizeof d / sizeof d[0]; k++) {
+        memcpy(y, x, n * sizeof *y);
+        gcomp_divide_f32(y, n, d[k]);
+        for (size_t i = 0; i < n; i++) {
+            float w = x[i] / d[k];
+            assert_memory_equal(&y[i], &w, sizeof w);
+        }
+    }
+    free(x);
+    free(y);
 }
 
 static void test_sum_pairs(void **state)
@@ -989,7 +1022,7 @@ int main(void)
         cmocka_unit_test(test_corrupt_fields),
         cmocka_unit_test(test_truncations),
         cmocka_unit_test(test_buffer_too_small),
-        cmocka_unit_test(test_sum_pairs), cmocka_unit_test(test_public_api),
+        cmocka_unit_test(test_sum_pairs), cmocka_unit_test(test_divide_f32), cmocka_unit_test(test_public_api),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
