@@ -1,6 +1,6 @@
 /*
  * fuzz_integer_sums — the integer-ring helpers of codecs/terngrad.h on arbitrary bytes:
- * gcomp__tg_codes_unpack, gcomp__tg_sums_unpack and gcomp__tg_sums_add_pack.
+ * gcomp__tg_codes_unpack, gcomp__tg_sums_unpack, gcomp__tg_sums_values and gcomp__tg_sums_add_pack.
  *
  * Input: mode byte, m (u16 little-endian), an adjust byte, then the data.
  *   mode % 3 == 0: codes_unpack(data, len, n) with n = 4 len - (adjust & 3), or with bit 7 of
@@ -11,6 +11,7 @@
  *   mode % 3 == 1: sums_unpack(data, len, n, m) with n the most sums len holds (minus
  *                  adjust & 7), or a mismatched n with bit 7 set. On success every sum is in
  *                  [-m, m], and add_pack of zero codes re-packs them for m + 1 ranks unchanged.
+ *                  sums_values gives the same result code and value[sum + m] for each sum.
  *   mode % 3 == 2: sums_add_pack(in, in_bytes, m_in = m % 32767, t, n, out): t from the first
  *                  n data bytes (% 3 - 1), `in` the rest, sized exactly for n sums of m_in
  *                  ranks unless bit 7 of adjust is set. out is exactly gcomp_tg_sum_bytes(n,
@@ -92,6 +93,14 @@ static void mode_unpack(const uint8_t *in, size_t len, uint32_t m, uint8_t adjus
     n = adjust & 0x80 ? ((size_t)adjust * 977u + len) % (most + 17) : most - (most < (adjust & 7u) ? most : (adjust & 7u));
     out = xmalloc(n * sizeof *out);
     rc = gcomp__tg_sums_unpack(in, len, n, m, out);
+    if (m >= 1 && m <= 32767) { /* straight to values: the same verdict, and value[sum + m] */
+        float *value = xmalloc((2 * (size_t)m + 1) * sizeof *value), *vals = xmalloc(n * sizeof *vals);
+        for (size_t k = 0; k < 2 * (size_t)m + 1; k++) value[k] = (float)k;
+        FUZZ_CHECK(gcomp__tg_sums_values(in, len, n, m, value, vals) == rc);
+        for (size_t i = 0; rc == GCOMP_SUCCESS && i < n; i++) FUZZ_CHECK(vals[i] == (float)(out[i] + (int32_t)m));
+        free(vals);
+        free(value);
+    }
     if (m == 0) { /* sums of no rank: a caller error, refused before reading anything */
         FUZZ_CHECK(rc == GCOMP_ERR_INVALID_ARG);
     } else if (m > 32767) {
