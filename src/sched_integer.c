@@ -10,8 +10,8 @@
  *    rank ternarises a chunk (with the shared scales, residual fused) just before it needs
  *    its codes, while the previous message is on the wire.
  * 3. Allgather: the final integer sums (m = N) are forwarded unchanged; every rank computes
- *    result = scale * sum, so every rank holds the same bits. Turning one chunk into floats
- *    overlaps the transfer of the next.
+ *    result = scale * sum (/ N for AVG, in the same pass), so every rank holds the same bits.
+ *    Turning one chunk into floats overlaps the transfer of the next.
  *
  * Codes never leave the rank, so a chunk is ternarised on its own (the RNG is keyed by the
  * global element index, so the codes equal those of a whole-tensor encode). Chunks start at
@@ -210,6 +210,7 @@ static gcomp_result finish(int_ctx *d, int j)
     if (d->nb == 1) {
         sum_values(d, d->scales[0], d->values);
         GCOMP_CHECK(gcomp__tg_sums_values(src, bytes, hi - lo, n_ranks, d->values, res + lo));
+        c->tp->progress(c->tp);
     } else {
         GCOMP_CHECK(gcomp__tg_sums_unpack(src, bytes, hi - lo, n_ranks, d->sums));
         c->tp->progress(c->tp);
