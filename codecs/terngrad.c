@@ -600,15 +600,22 @@ gcomp_result gcomp__tg_sums_add_pack(const uint8_t *in, size_t in_bytes, uint32_
     return GCOMP_SUCCESS;
 }
 
+/* The arguments of unpacking n final sums of m ranks from `bytes` bytes. */
+static gcomp_result check_final_sums(size_t bytes, size_t n, uint32_t m)
+{
+    if (m == 0) return gcomp_codec_fail(GCOMP_ERR_INVALID_ARG, "terngrad: sums of 0 ranks");
+    if (m > 32767) return gcomp_codec_fail(GCOMP_ERR_UNSUPPORTED, "terngrad: sums of %u ranks do not fit int16", m);
+    if (bytes != gcomp_tg_sum_bytes(n, m))
+        return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "terngrad: %zu bytes of sums for %zu elements of %u ranks", bytes, n, m);
+    return GCOMP_SUCCESS;
+}
+
 gcomp_result gcomp__tg_sums_unpack(const uint8_t *in, size_t bytes, size_t n, uint32_t m, int16_t *out)
 {
     int16_t tab[256][8];
     sum_fmt f;
     uint64_t bad = 0;
-    if (m == 0) return gcomp_codec_fail(GCOMP_ERR_INVALID_ARG, "terngrad: sums of 0 ranks");
-    if (m > 32767) return gcomp_codec_fail(GCOMP_ERR_UNSUPPORTED, "terngrad: sums of %u ranks do not fit int16", m);
-    if (bytes != gcomp_tg_sum_bytes(n, m))
-        return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "terngrad: %zu bytes of sums for %zu elements of %u ranks", bytes, n, m);
+    GCOMP_CHECK_TG(check_final_sums(bytes, n, m));
     sum_fmt_init(&f, m, tab);
     for (size_t a = 0, b = 0; a < n; a += SUM_BLOCK, b++) {
         size_t len = n - a < SUM_BLOCK ? n - a : SUM_BLOCK;
@@ -624,10 +631,7 @@ gcomp_result gcomp__tg_sums_values(const uint8_t *in, size_t bytes, size_t n, ui
     float ftab[256][8];
     sum_fmt f;
     uint64_t bad = 0;
-    if (m == 0) return gcomp_codec_fail(GCOMP_ERR_INVALID_ARG, "terngrad: sums of 0 ranks");
-    if (m > 32767) return gcomp_codec_fail(GCOMP_ERR_UNSUPPORTED, "terngrad: sums of %u ranks do not fit int16", m);
-    if (bytes != gcomp_tg_sum_bytes(n, m))
-        return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "terngrad: %zu bytes of sums for %zu elements of %u ranks", bytes, n, m);
+    GCOMP_CHECK_TG(check_final_sums(bytes, n, m));
     sum_fmt_init(&f, m, tab);
     for (unsigned c = 0; f.digits && c < 256; c++) /* invalid codes (digits 0) are reported, not used */
         for (unsigned k = 0; k < 8; k++) ftab[c][k] = value[tab[c][k] + (int32_t)m];
