@@ -16,30 +16,11 @@
 #include <string.h>
 
 #include "gcomp_codec.h"
+#include "codecs/common.h"
 
 #define GCOMP_WIRE_ID_NONE 1
 #define GCOMP_WIRE_ID_FP16 2
 #define GCOMP_WIRE_ID_BF16 3
-
-#if defined(__CUDACC__)
-#define GCOMP_HD __host__ __device__
-#else
-#define GCOMP_HD
-#endif
-
-static inline GCOMP_HD uint32_t gcomp_f32_bits(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-
-static inline GCOMP_HD float gcomp_bits_f32(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
 
 /* f32 -> f16, round to nearest even. Written branch-free (selects) so loops vectorise. */
 static inline GCOMP_HD uint16_t gcomp_f16_from_bits(uint32_t x)

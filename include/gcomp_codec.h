@@ -24,7 +24,10 @@
 extern "C" {
 #endif
 
-#define GCOMP_CODEC_ABI_VERSION 1
+/* ABI 2 (2026-11): the vtable gained `cuda`, an optional pointer to the codec's CUDA ops
+ * (gcomp_codec_cuda_ops below), which replaces the GCOMP_CAP_CUDA bit. A codec built for
+ * ABI 1 must be rebuilt. */
+#define GCOMP_CODEC_ABI_VERSION 2
 
 /* Wire ids: 1..127 are reserved for built-in codecs (never reused); 128..65535 are free for
  * user codecs. 0 is invalid. */
@@ -35,7 +38,7 @@ enum {
     GCOMP_CAP_SUMMABLE = 1u << 0,   /* dense: decode, add in fp32, re-encode at each hop */
     GCOMP_CAP_INTEGER = 1u << 1,    /* integer codes under a shared scale (integer ring) */
     GCOMP_CAP_SPARSE = 1u << 2,     /* (index, value) payloads forwarded unchanged */
-    GCOMP_CAP_CUDA = 1u << 3,       /* has a CUDA implementation, bit-identical to this one */
+    /* 1u << 3 was GCOMP_CAP_CUDA (ABI 1): a non-NULL vtable.cuda says it now */
     GCOMP_CAP_BYTE_STAGE = 1u << 4, /* lossless byte stage after an element codec */
     /* encode writes r_out only when the whole result is finite (it knows before writing),
      * so the library may pass r_out == r_in and skip the second residual buffer */
@@ -69,6 +72,87 @@ typedef struct gcomp_encode_ctx {
     uint64_t overflow;   /* OUT: add the number of finite inputs that became +-inf */
     void *state;         /* the codec's state_create() result for this codec object, or NULL */
 } gcomp_encode_ctx;
+
+/* ---- CUDA implementation (optional): the same functions on device memory ----------------
+ * Pointers are device pointers of the current CUDA device; the stream comes last; nothing
+ * allocates (scratch comes from the library, sized by scratch_bytes). Every function only
+ * enqueues work on `stream` and never synchronises the host, so a fixed-size codec's encode
+ * and decode can be captured in a CUDA graph. What the host would learn from a CPU call (body
+ * size, header flags, non-finite, overflow, a corrupt body) lands in a gcomp_cuda_status
+ * block in device memory, which the library reads only when it must. Output must equal the
+ * CPU vtable's bit for bit for the same seed, step, rank and input (build with --fmad=false;
+ * share the per-element arithmetic through the GCOMP_HD helpers of codecs/common.h). */
+typedef struct gcomp_cuda_status {
+    uint64_t body_bytes; /* encode: bytes of the body written */
+    uint64_t overflow;   /* encode: finite inputs that became +-inf */
+    uint32_t flags;      /* encode: the header's flags word */
+    uint32_t nonfinite;  /* encode: 1 when the result is not finite: the residual must be kept */
+    uint32_t error;      /* decode: the first gcomp_result != 0 found (GCOMP_ERR_CORRUPT); a
+                          * kernel that sees error != 0 on entry writes nothing */
+    uint32_t reserved;
+} gcomp_cuda_status;
+
+/* One key's error-feedback state on the device, in device memory. Kernels take the current
+ * residual, the step (which keys stochastic rounding) and where to write from here, so a
+ * captured graph replays correctly: after an encode the library's commit kernel flips `cur`
+ * (double-buffered codecs) and advances `step`, unless status->nonfinite -- without the host. */
+typedef struct gcomp_cuda_residual {
+    float *buf[2];     /* buf[cur] is the residual; buf[cur ^ 1] the output of double-buffered
+                        * codecs (NULL for GCOMP_CAP_RESIDUAL_IN_PLACE ones) */
+    uint64_t step;
+    uint32_t cur;
+    uint32_t reserved;
+} gcomp_cuda_residual;
+
+struct gcomp_codec_vtable;
+
+typedef struct gcomp_codec_cuda_ops {
+    /* Device scratch an encode of count elements needs (0 if none). */
+    size_t (*scratch_bytes)(const void *params, size_t count);
+    /* x = g + residual (res NULL: x = g, and the step is ctx->step); body = encode(x) written
+     * to body (capacity cap >= max_body_bytes); with res, the residual updated as the CPU
+     * encode does (in place, or into buf[cur ^ 1]); status filled. ctx->offset and ctx->rank
+     * as on the CPU; ctx->state is unused. */
+    gcomp_result (*encode)(const void *params, const gcomp_encode_ctx *ctx, const float *g,
+                           const gcomp_cuda_residual *res, size_t count, uint8_t *body, size_t cap,
+                           void *scratch, gcomp_cuda_status *status, struct CUstream_st *stream);
+    /* acc[i] += decode(body)[i]. payload points at the whole payload (32-byte header, then the
+     * body) in device memory, cap its capacity: the kernels read flags and body_bytes from the
+     * header, which the library has already checked on the device (magic, version, wire id,
+     * count, body_bytes <= cap - 32; a failed check sets status->error first). A corrupt body
+     * sets status->error and leaves acc untouched. */
+    gcomp_result (*decode_add)(const void *params, const uint8_t *payload, size_t cap, float *acc,
+                               size_t count, gcomp_cuda_status *status, struct CUstream_st *stream);
+
+    /* ---- integer ring (GCOMP_CAP_INTEGER), optional: same meaning as the CPU entries ---- */
+    /* scales[j] (device) = local scale of bucket j of x = g + residual */
+    gcomp_result (*local_scales)(const void *params, const float *g, const gcomp_cuda_residual *res,
+                                 size_t count, float *scales, void *scratch, struct CUstream_st *stream);
+    /* codes t[0..n) in {-1, 0, +1} (int8) of elements ctx->offset .. ctx->offset + n of the
+     * tensor (g and the residual point at the tensor's element 0), under the shared scales
+     * (device, one per bucket of the tensor), residual updated in place unless a scale is
+     * not finite (then status->nonfinite = 1 and the residual is not touched). */
+    gcomp_result (*ternarise)(const void *params, const gcomp_encode_ctx *ctx, const float *g,
+                              const gcomp_cuda_residual *res, size_t n, const float *scales, int8_t *t,
+                              gcomp_cuda_status *status, struct CUstream_st *stream);
+    /* out = (packed sums of m_in ranks in `in`) + t, packed for m_in + 1 ranks (format of the
+     * codec's header); m_in = 0: no input. A corrupt `in` sets status->error. */
+    gcomp_result (*sums_add_pack)(const uint8_t *in, uint32_t m_in, const int8_t *t, size_t n, uint8_t *out,
+                                  gcomp_cuda_status *status, struct CUstream_st *stream);
+    /* out[i] = value of the final sum i of m ranks: scale(i) * sum / divisor, with the scale
+     * of element lo + i (scales as in ternarise; lo = the chunk's first element index). */
+    gcomp_result (*sums_values)(const void *params, const uint8_t *in, size_t lo, size_t n, uint32_t m,
+                                const float *scales, float divisor, float *out, gcomp_cuda_status *status,
+                                struct CUstream_st *stream);
+
+    /* ---- sparse gather (GCOMP_CAP_SPARSE), optional ---- */
+    /* result[0..count) = (sum over j < n, in rank order from 0.0f, of decode(payloads[j])) /
+     * divisor; payloads (a device array of n device pointers) as in decode_add, each of
+     * capacity cap. scratch: scratch_bytes(params, count) * n is enough. */
+    gcomp_result (*sum_payloads)(const void *params, const uint8_t *const *payloads, int n, size_t cap,
+                                 float *result, size_t count, float divisor, void *scratch,
+                                 gcomp_cuda_status *status, struct CUstream_st *stream);
+} gcomp_codec_cuda_ops;
 
 typedef struct gcomp_codec_vtable {
     uint32_t abi_version; /* GCOMP_CODEC_ABI_VERSION */
@@ -127,6 +211,9 @@ typedef struct gcomp_codec_vtable {
     gcomp_result (*stage_decode)(const void *params, void *state, uint32_t flags,
                                  const uint8_t *in, size_t n, uint8_t *out, size_t cap,
                                  size_t *written);
+
+    /* ---- optional CUDA implementation (ABI 2); NULL: host memory only ---- */
+    const gcomp_codec_cuda_ops *cuda;
 } gcomp_codec_vtable;
 
 /* Register a codec. The vtable must outlive every use (normally a static const).

@@ -1,0 +1,95 @@
+/*
+ * common.h — helpers shared by the CPU reference (codecs/<codec>.c) and the CUDA kernels (cuda/<codec>.cu),
+ * so both compute every element the same way: one GCOMP_HD macro, float bit casts,
+ * little-endian loads and stores, bit counts. Free of compiler builtins nvcc's device side lacks.
+ * Codec-specific helpers (half/bfloat rounding, the TernGrad RNG, Rice codes) live in their
+ * codec's header and use these.
+ */
+#ifndef GCOMP_CODECS_COMMON_H
+#define GCOMP_CODECS_COMMON_H
+
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__CUDACC__)
+#define GCOMP_HD __host__ __device__
+#else
+#define GCOMP_HD
+#endif
+
+/* The CUDA ops table of a built-in codec, or NULL when the library is built without CUDA:
+ * the only #ifdef a codec's vtable needs (cuda/<codec>.cu defines gcomp__cuda_ops_<name>). */
+#if defined(GCOMP_WITH_CUDA)
+#define GCOMP_CUDA_OPS(name) (&gcomp__cuda_ops_##name)
+#define GCOMP_DECLARE_CUDA_OPS(name) extern const gcomp_codec_cuda_ops gcomp__cuda_ops_##name
+#else
+#define GCOMP_CUDA_OPS(name) NULL
+#define GCOMP_DECLARE_CUDA_OPS(name) struct gcomp__cuda_ops_unused_##name
+#endif
+
+static inline GCOMP_HD uint32_t gcomp_f32_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+static inline GCOMP_HD float gcomp_bits_f32(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* Little-endian loads and stores at any alignment (bodies are byte streams). */
+static inline GCOMP_HD void gcomp_le_store_u32(uint8_t *p, uint32_t v)
+{
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+    p[2] = (uint8_t)(v >> 16);
+    p[3] = (uint8_t)(v >> 24);
+}
+static inline GCOMP_HD uint32_t gcomp_le_load_u32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static inline GCOMP_HD void gcomp_le_store_u64(uint8_t *p, uint64_t v)
+{
+    gcomp_le_store_u32(p, (uint32_t)v);
+    gcomp_le_store_u32(p + 4, (uint32_t)(v >> 32));
+}
+static inline GCOMP_HD uint64_t gcomp_le_load_u64(const uint8_t *p)
+{
+    return (uint64_t)gcomp_le_load_u32(p) | (uint64_t)gcomp_le_load_u32(p + 4) << 32;
+}
+
+/* Trailing zero bits of v != 0 (64 for v == 0). */
+static inline GCOMP_HD unsigned gcomp_ctz64(uint64_t v)
+{
+#if defined(__CUDA_ARCH__)
+    return v ? (unsigned)(__ffsll((long long)v) - 1) : 64u;
+#elif defined(__GNUC__)
+    return v ? (unsigned)__builtin_ctzll(v) : 64u;
+#else
+    unsigned n = 0;
+    if (!v) return 64u;
+    while (!(v & 1)) v >>= 1, n++;
+    return n;
+#endif
+}
+
+/* Bit length of v (0 for v == 0). */
+static inline GCOMP_HD unsigned gcomp_bit_length64(uint64_t v)
+{
+#if defined(__CUDA_ARCH__)
+    return 64u - (unsigned)__clzll((long long)v);
+#elif defined(__GNUC__)
+    return v ? 64u - (unsigned)__builtin_clzll(v) : 0u;
+#else
+    unsigned w = 0;
+    while (v) w++, v >>= 1;
+    return w;
+#endif
+}
+
+#endif

@@ -1,0 +1,1 @@
+/* cuda/terngrad.cu — CUDA kernels of the terngrad codec (being written). */

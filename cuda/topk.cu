@@ -1,0 +1,1 @@
+/* cuda/topk.cu — CUDA kernels of the topk codec (being written). */
