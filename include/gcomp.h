@@ -248,6 +248,28 @@ int gcomp_comm_size(const gcomp_comm *comm);
 /* The canonical codec spec the communicator uses. */
 const char *gcomp_comm_codec(const gcomp_comm *comm);
 
+/* The communicator's resolved configuration: every field set (from the struct it was created
+ * with, the environment, then defaults); out->codec points at the canonical spec, owned by
+ * the communicator. Errors: GCOMP_ERR_INVALID_ARG (NULL argument). */
+gcomp_result gcomp_comm_config_get(const gcomp_comm *comm, gcomp_config *out);
+
+/* Residual checkpoints: this rank's error-feedback state (every key's residual and step) as a
+ * versioned little-endian blob, to store with the trainer's checkpoint. Not collective: each
+ * rank saves and loads its own. Save with buf NULL sets *written to the size needed; else
+ * buf must hold cap >= that many bytes (GCOMP_ERR_BUFFER_TOO_SMALL). Load replaces the whole
+ * state (keys the blob does not name start from zero) and is all or nothing: it refuses a blob
+ * saved with another codec spec, by another rank or communicator size, or with a key whose
+ * count differs from the one this communicator already uses (GCOMP_ERR_MISMATCH), a damaged
+ * or truncated blob (GCOMP_ERR_CORRUPT, checksummed), a newer format version
+ * (GCOMP_ERR_UNSUPPORTED), and a communicator with error feedback off
+ * (GCOMP_ERR_INVALID_ARG). The _file variants write (through a temporary file renamed over
+ * path) and read a file; I/O failures are GCOMP_ERR_INVALID_ARG naming the path.
+ * Not thread-safe with calls on the same communicator. */
+gcomp_result gcomp_comm_residuals_save(gcomp_comm *comm, void *buf, size_t cap, size_t *written);
+gcomp_result gcomp_comm_residuals_load(gcomp_comm *comm, const void *buf, size_t bytes);
+gcomp_result gcomp_comm_residuals_save_file(gcomp_comm *comm, const char *path);
+gcomp_result gcomp_comm_residuals_load_file(gcomp_comm *comm, const char *path);
+
 /* ------------------------------------------------------------------------------------ */
 /* Half-precision helpers (round to nearest even; NaN stays NaN).                          */
 /* ------------------------------------------------------------------------------------ */

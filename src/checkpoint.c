@@ -1,0 +1,277 @@
+/*
+ * checkpoint.c — save and load a communicator's error-feedback state (every key's residual
+ * and step), so a trainer that resumes from a checkpoint continues bit for bit.
+ *
+ * Format, version 1, all integers little-endian:
+ *
+ *   offset  size  field
+ *   0       8     magic "GCOMPRES"
+ *   8       4     version (1)
+ *   12      4     flags (0; a reader refuses bits it does not know)
+ *   16      4     rank of the communicator that saved it
+ *   20      4     size (ranks) of that communicator
+ *   24      4     spec_len, then spec_len bytes: the canonical codec spec (no NUL)
+ *   ..      8     n_keys, then n_keys records in ascending key order:
+ *                   u64 key, u64 count, u64 step, count x f32 residual (IEEE bits)
+ *   end-8   8     FNV-1a 64 of every byte before it
+ *
+ * A residual is specific to its rank (it holds what this rank's codec dropped), to the codec
+ * and to the tensor it belongs to, so a load refuses a file from another rank, another
+ * communicator size or another codec, and a key whose element count differs from the one the
+ * communicator already knows. The checksum turns a truncated or damaged file into
+ * GCOMP_ERR_CORRUPT instead of a silently wrong residual. A load is all or nothing: every
+ * check passes before anything is changed.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codecs/common.h"
+#include "engine.h"
+
+#define CKPT_MAGIC "GCOMPRES"
+#define CKPT_VERSION 1u
+#define CKPT_FIXED 28u  /* magic .. spec_len */
+#define CKPT_RECORD 24u /* key, count, step */
+
+static uint64_t fnv1a(const uint8_t *p, size_t n)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+}
+
+static int cmp_residual(const void *a, const void *b)
+{
+    uint64_t x = (*(gcomp__residual *const *)a)->key, y = (*(gcomp__residual *const *)b)->key;
+    return x < y ? -1 : x > y;
+}
+
+/* The residuals of the communicator in ascending key order (a stable file for the same
+ * state). The caller frees *out. */
+static gcomp_result sorted_residuals(gcomp_comm *comm, gcomp__residual ***out, size_t *n)
+{
+    const gcomp__residual_store *s = gcomp__codec_residuals(comm->codec);
+    gcomp__residual **v = malloc((s->used ? s->used : 1) * sizeof *v);
+    size_t k = 0;
+    if (!v) return gcomp__fail(GCOMP_ERR_NOMEM, "residual checkpoint: out of memory");
+    for (size_t i = 0; i < s->cap; i++)
+        if (s->slots[i]) v[k++] = s->slots[i];
+    qsort(v, k, sizeof *v, cmp_residual);
+    *out = v;
+    *n = k;
+    return GCOMP_SUCCESS;
+}
+
+static size_t blob_bytes(const char *spec, gcomp__residual *const *v, size_t n)
+{
+    size_t bytes = CKPT_FIXED + strlen(spec) + 8 + 8;
+    for (size_t i = 0; i < n; i++) bytes += CKPT_RECORD + v[i]->count * sizeof(float);
+    return bytes;
+}
+
+static void put_floats(uint8_t *p, const float *src, size_t count)
+{
+    for (size_t i = 0; i < count; i++) gcomp_le_store_u32(p + 4 * i, gcomp_f32_bits(src[i]));
+}
+
+gcomp_result gcomp_comm_residuals_save(gcomp_comm *comm, void *buf, size_t cap, size_t *written)
+{
+    const char *spec;
+    gcomp__residual **v = NULL;
+    size_t n = 0, need;
+    uint8_t *p = buf;
+    if (!comm || !written) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_residuals_save: NULL comm or written");
+    spec = gcomp_codec_spec(comm->codec);
+    GCOMP_CHECK(sorted_residuals(comm, &v, &n));
+    need = blob_bytes(spec, v, n);
+    *written = need;
+    if (!buf) {
+        free(v);
+        return GCOMP_SUCCESS;
+    }
+    if (cap < need) {
+        free(v);
+        return gcomp__fail(GCOMP_ERR_BUFFER_TOO_SMALL, "gcomp_comm_residuals_save: needs %zu bytes, buffer has %zu", need, cap);
+    }
+    memcpy(p, CKPT_MAGIC, 8);
+    gcomp_le_store_u32(p + 8, CKPT_VERSION);
+    gcomp_le_store_u32(p + 12, 0);
+    gcomp_le_store_u32(p + 16, (uint32_t)gcomp_comm_rank(comm));
+    gcomp_le_store_u32(p + 20, (uint32_t)gcomp_comm_size(comm));
+    gcomp_le_store_u32(p + 24, (uint32_t)strlen(spec));
+    memcpy(p + CKPT_FIXED, spec, strlen(spec));
+    p += CKPT_FIXED + strlen(spec);
+    gcomp_le_store_u64(p, n);
+    p += 8;
+    for (size_t i = 0; i < n; i++) {
+        const gcomp__residual *r = v[i];
+        gcomp_le_store_u64(p, r->key);
+        gcomp_le_store_u64(p + 8, r->count);
+        gcomp_le_store_u64(p + 16, r->step);
+        put_floats(p + CKPT_RECORD, r->buf[r->cur], r->count);
+        p += CKPT_RECORD + r->count * sizeof(float);
+    }
+    gcomp_le_store_u64(p, fnv1a(buf, need - 8));
+    free(v);
+    return GCOMP_SUCCESS;
+}
+
+/* The count the communicator already associates with key (0 when it knows none). */
+static size_t known_count(gcomp_comm *comm, uint64_t key)
+{
+    const gcomp__residual *r = gcomp__residual_find(gcomp__codec_residuals(comm->codec), key);
+    if (r) return r->count;
+    for (const gcomp__key *k = comm->keys; k; k = k->next)
+        if (k->key == key) return k->count;
+    return 0;
+}
+
+/* Header checks: everything that makes the file another communicator's. */
+static gcomp_result check_header(gcomp_comm *comm, const uint8_t *p, size_t bytes, size_t *pos)
+{
+    const char *spec = gcomp_codec_spec(comm->codec);
+    uint32_t version, flags, rank, size, spec_len;
+    if (bytes < CKPT_FIXED + 16 || memcmp(p, CKPT_MAGIC, 8) != 0)
+        return gcomp__fail(GCOMP_ERR_CORRUPT, "residual checkpoint: not a gcomp residual checkpoint (bad magic or %zu bytes)", bytes);
+    if (fnv1a(p, bytes - 8) != gcomp_le_load_u64(p + bytes - 8))
+        return gcomp__fail(GCOMP_ERR_CORRUPT, "residual checkpoint: checksum mismatch (truncated or damaged, %zu bytes)", bytes);
+    version = gcomp_le_load_u32(p + 8);
+    flags = gcomp_le_load_u32(p + 12);
+    rank = gcomp_le_load_u32(p + 16);
+    size = gcomp_le_load_u32(p + 20);
+    spec_len = gcomp_le_load_u32(p + 24);
+    if (version != CKPT_VERSION || flags != 0)
+        return gcomp__fail(GCOMP_ERR_UNSUPPORTED, "residual checkpoint: format version %u flags %#x, this library reads version %u",
+                           version, flags, CKPT_VERSION);
+    if (spec_len > bytes - CKPT_FIXED - 16)
+        return gcomp__fail(GCOMP_ERR_CORRUPT, "residual checkpoint: spec length %u runs past the end", spec_len);
+    if (spec_len != strlen(spec) || memcmp(p + CKPT_FIXED, spec, spec_len) != 0)
+        return gcomp__fail(GCOMP_ERR_MISMATCH, "residual checkpoint: saved with codec '%.*s', this communicator uses '%s'",
+                           (int)(spec_len > 200 ? 200 : spec_len), (const char *)p + CKPT_FIXED, spec);
+    if ((int)rank != gcomp_comm_rank(comm) || (int)size != gcomp_comm_size(comm))
+        return gcomp__fail(GCOMP_ERR_MISMATCH, "residual checkpoint: saved by rank %u of %u, this is rank %d of %d", rank, size,
+                           gcomp_comm_rank(comm), gcomp_comm_size(comm));
+    *pos = CKPT_FIXED + spec_len;
+    return GCOMP_SUCCESS;
+}
+
+/* Walk the records without changing anything; with apply, install them. */
+static gcomp_result walk_records(gcomp_comm *comm, const uint8_t *p, size_t bytes, size_t pos, int apply)
+{
+    gcomp__residual_store *s = gcomp__codec_residuals(comm->codec);
+    int in_place = (gcomp__codec_chain(comm->codec)->stages[0].vt->caps & GCOMP_CAP_RESIDUAL_IN_PLACE) != 0;
+    size_t end = bytes - 8;
+    uint64_t n = gcomp_le_load_u64(p + pos), prev = 0;
+    pos += 8;
+    for (uint64_t i = 0; i < n; i++) {
+        uint64_t key, count, step;
+        size_t known;
+        if (end - pos < CKPT_RECORD) return gcomp__fail(GCOMP_ERR_CORRUPT, "residual checkpoint: record %llu runs past the end", (unsigned long long)i);
+        key = gcomp_le_load_u64(p + pos);
+        count = gcomp_le_load_u64(p + pos + 8);
+        step = gcomp_le_load_u64(p + pos + 16);
+        pos += CKPT_RECORD;
+        if (i > 0 && key <= prev) return gcomp__fail(GCOMP_ERR_CORRUPT, "residual checkpoint: keys out of order or repeated at key %llu", (unsigned long long)key);
+        if (count > (end - pos) / sizeof(float))
+            return gcomp__fail(GCOMP_ERR_CORRUPT, "residual checkpoint: key %llu declares %llu elements, more than the file holds",
+                               (unsigned long long)key, (unsigned long long)count);
+        known = known_count(comm, key);
+        if (known && known != count)
+            return gcomp__fail(GCOMP_ERR_MISMATCH, "residual checkpoint: key %llu has %llu elements in the file, %zu in this communicator",
+                               (unsigned long long)key, (unsigned long long)count, known);
+        if (apply) {
+            gcomp__residual *r;
+            GCOMP_CHECK(gcomp__residual_acquire(s, key, (size_t)count, !in_place, &r));
+            for (size_t j = 0; j < count; j++) r->buf[r->cur][j] = gcomp_bits_f32(gcomp_le_load_u32(p + pos + 4 * j));
+            r->step = step;
+        }
+        pos += (size_t)count * sizeof(float);
+        prev = key;
+    }
+    if (pos != end) return gcomp__fail(GCOMP_ERR_CORRUPT, "residual checkpoint: %zu bytes after the last record", end - pos);
+    return GCOMP_SUCCESS;
+}
+
+gcomp_result gcomp_comm_residuals_load(gcomp_comm *comm, const void *buf, size_t bytes)
+{
+    size_t pos = 0;
+    if (!comm || (!buf && bytes)) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_residuals_load: NULL comm or buffer");
+    if (!comm->cfg.error_feedback)
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_residuals_load: the communicator has error feedback off (GCOMP_EF=0)");
+    GCOMP_CHECK(check_header(comm, buf, bytes, &pos));
+    GCOMP_CHECK(walk_records(comm, buf, bytes, pos, 0));
+    /* The state becomes exactly the file's: keys it does not name start from zero again. */
+    gcomp__residual_store_free(gcomp__codec_residuals(comm->codec));
+    return walk_records(comm, buf, bytes, pos, 1);
+}
+
+gcomp_result gcomp_comm_residuals_save_file(gcomp_comm *comm, const char *path)
+{
+    char tmp[4096];
+    size_t bytes = 0;
+    void *buf;
+    FILE *f;
+    gcomp_result rc;
+    if (!path) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_residuals_save_file: NULL path");
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_residuals_save_file: path is too long");
+    GCOMP_CHECK(gcomp_comm_residuals_save(comm, NULL, 0, &bytes));
+    if (!(buf = malloc(bytes))) return gcomp__fail(GCOMP_ERR_NOMEM, "residual checkpoint: cannot allocate %zu bytes", bytes);
+    rc = gcomp_comm_residuals_save(comm, buf, bytes, &bytes);
+    if (rc == GCOMP_SUCCESS) {
+        /* write beside, then rename: a crash mid-write never leaves a half file at path */
+        f = fopen(tmp, "wb");
+        if (!f) rc = gcomp__fail(GCOMP_ERR_INVALID_ARG, "cannot create '%s': %s", tmp, strerror(errno));
+        else {
+            int bad = fwrite(buf, 1, bytes, f) != bytes;
+            bad |= fclose(f) != 0;
+            if (bad || rename(tmp, path) != 0) {
+                rc = gcomp__fail(GCOMP_ERR_INVALID_ARG, "cannot write '%s': %s", path, strerror(errno));
+                remove(tmp);
+            }
+        }
+    }
+    free(buf);
+    return rc;
+}
+
+gcomp_result gcomp_comm_residuals_load_file(gcomp_comm *comm, const char *path)
+{
+    FILE *f;
+    long len;
+    void *buf = NULL;
+    gcomp_result rc;
+    if (!path) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_residuals_load_file: NULL path");
+    if (!(f = fopen(path, "rb"))) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "cannot open '%s': %s", path, strerror(errno));
+    if (fseek(f, 0, SEEK_END) != 0 || (len = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) {
+        fclose(f);
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "cannot read '%s': %s", path, strerror(errno));
+    }
+    if (len > 0 && !(buf = malloc((size_t)len))) {
+        fclose(f);
+        return gcomp__fail(GCOMP_ERR_NOMEM, "residual checkpoint: cannot allocate %ld bytes", len);
+    }
+    if (len > 0 && fread(buf, 1, (size_t)len, f) != (size_t)len)
+        rc = gcomp__fail(GCOMP_ERR_INVALID_ARG, "cannot read '%s'", path);
+    else
+        rc = gcomp_comm_residuals_load(comm, buf, (size_t)len);
+    fclose(f);
+    free(buf);
+    return rc;
+}
+
+/* The resolved configuration (every field set). Lives here rather than in engine.c because
+ * only the interposer and bindings need it. */
+gcomp_result gcomp_comm_config_get(const gcomp_comm *comm, gcomp_config *out)
+{
+    if (!comm || !out) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_config_get: NULL argument");
+    out->codec = gcomp_codec_spec(comm->codec);
+    out->min_bytes = comm->cfg.min_bytes;
+    out->error_feedback = comm->cfg.error_feedback;
+    out->seed = (int64_t)comm->cfg.seed;
+    out->timeout_ms = comm->cfg.timeout_ms;
+    out->debug = comm->cfg.debug;
+    return GCOMP_SUCCESS;
+}
