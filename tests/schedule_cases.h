@@ -1,0 +1,72 @@
+/*
+ * schedule_cases.h — one allreduce case per schedule, shared by the loopback-transport test
+ * (test_loop.c, 1 to 8 thread-ranks) and the MPI test (test_mpi_allreduce.c, 2 to 5 ranks
+ * under mpirun). Both hash every rank's results over a few steps (error feedback on) and
+ * compare with the checked-in table of tests/golden/schedules_expected.h, so a schedule gives
+ * the same bits over threads and over real MPI ranks.
+ */
+#ifndef GCOMP_TEST_SCHEDULE_CASES_H
+#define GCOMP_TEST_SCHEDULE_CASES_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "gcomp.h"
+
+typedef struct schedule_case {
+    const char *name;     /* the table key */
+    const char *spec;
+    size_t count;
+    gcomp_op op;
+    int64_t min_bytes;
+    int integer_input;    /* inputs are small integers: every sum order gives the same bits */
+    const char *schedule; /* gcomp_schedule_name of what runs at 2 ranks and more */
+} schedule_case;
+
+#define SCHEDULE_STEPS 3
+
+static const schedule_case schedule_cases[] = {
+    {"dense_fp16", "fp16", 10007, GCOMP_SUM, 0, 0, "dense-ring"},
+    {"dense_none_avg", "none", 4099, GCOMP_AVG, 0, 0, "dense-ring"},
+    {"integer_terngrad_avg", "terngrad", 10007, GCOMP_AVG, 0, 0, "integer-ring"},
+    {"integer_terngrad_bucket", "terngrad:bucket=512", 5003, GCOMP_SUM, 0, 0, "integer-ring"},
+    {"sparse_topk", "topk:ratio=0.01", 10007, GCOMP_SUM, 0, 0, "sparse-gather"},
+    {"sparse_as_dense_topk", "topk:ratio=1", 3001, GCOMP_SUM, 0, 0, "sparse-as-dense-ring"},
+    {"bypass_small", "terngrad", 1000, GCOMP_SUM, 65536, 1, "bypass"},
+};
+#define SCHEDULE_N_CASES (sizeof schedule_cases / sizeof schedule_cases[0])
+
+static inline uint64_t sc_splitmix(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* The input of rank r at step t: Gaussian-ish floats, or small integers. */
+static inline void sc_fill(const schedule_case *c, float *x, int r, int t)
+{
+    uint64_t s = 1000003ull * (uint64_t)r + 7919ull * (uint64_t)t + 17;
+    for (size_t i = 0; i < c->count; i++) {
+        if (c->integer_input) {
+            x[i] = (float)((int)(sc_splitmix(&s) % 201) - 100);
+        } else {
+            double u = 0;
+            for (int k = 0; k < 4; k++) u += (double)(sc_splitmix(&s) >> 11) * 0x1p-53;
+            x[i] = (float)((u - 2.0) * 1.7);
+        }
+    }
+}
+
+static inline uint64_t sc_hash(uint64_t h, const void *p, size_t n)
+{
+    const uint8_t *b = (const uint8_t *)p;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
+}
+
+#define SC_HASH_INIT 0xcbf29ce484222325ull
+
+#endif

@@ -1,0 +1,195 @@
+/*
+ * test_loop.c — every schedule over the loopback transport (src/transport_loop.c): 1 to 8
+ * ranks as threads of this process, no mpirun. Each case of schedule_cases.h runs a few steps
+ * with error feedback; every rank's results must be bit-identical, and equal to the
+ * checked-in hashes that test_mpi_allreduce also checks under mpirun. Then the agreement and
+ * failure paths: a mismatch, a local failure after agreement, a stopped peer.
+ *
+ * GCOMP_LOOP_PRINT=1 prints the hash table instead of checking it (to regenerate
+ * tests/golden/schedules_expected.h after an intended change of a schedule's arithmetic).
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <cmocka.h>
+
+#include "engine.h"
+#include "transport_loop.h"
+#include "schedule_cases.h"
+#include "golden/schedules_expected.h"
+
+#define MAX_RANKS 8
+
+typedef struct rank_job {
+    gcomp__loop_world *w;
+    int rank, size;
+    const schedule_case *c;
+    gcomp_result rc;    /* first failure */
+    uint64_t hash;      /* of every step's result */
+    gcomp_schedule sched;
+} rank_job;
+
+static void *run_case(void *arg)
+{
+    rank_job *j = arg;
+    const schedule_case *c = j->c;
+    gcomp_config cfg = gcomp_config_default();
+    gcomp_comm *comm = NULL;
+    gcomp_comm_stats st;
+    float *x = malloc(c->count * sizeof(float)), *y = malloc(c->count * sizeof(float));
+    cfg.codec = c->spec;
+    cfg.min_bytes = c->min_bytes;
+    cfg.seed = 7;
+    cfg.timeout_ms = 20000;
+    j->hash = SC_HASH_INIT;
+    j->rc = gcomp__comm_create_loop(j->w, j->rank, &cfg, &comm);
+    for (int t = 0; t < SCHEDULE_STEPS && j->rc == GCOMP_SUCCESS; t++) {
+        sc_fill(c, x, j->rank, t);
+        j->rc = gcomp_allreduce(comm, x, y, c->count, GCOMP_F32, c->op, 42, NULL);
+        j->hash = sc_hash(j->hash, y, c->count * sizeof(float));
+    }
+    if (j->rc == GCOMP_SUCCESS && gcomp_comm_stats_get(comm, &st) == GCOMP_SUCCESS) j->sched = st.last_schedule;
+    if (j->rc != GCOMP_SUCCESS) fprintf(stderr, "rank %d: %s\n", j->rank, gcomp_last_error());
+    gcomp_comm_destroy(comm);
+    free(x);
+    free(y);
+    return NULL;
+}
+
+/* Run fn on n thread-ranks of a fresh world; jobs[r] is rank r's. */
+static void run_world(int n, void *(*fn)(void *), rank_job *jobs)
+{
+    pthread_t th[MAX_RANKS];
+    gcomp__loop_world *w = NULL;
+    assert_int_equal(gcomp__loop_world_create(n, &w), GCOMP_SUCCESS);
+    for (int r = 0; r < n; r++) {
+        jobs[r].w = w;
+        jobs[r].rank = r;
+        jobs[r].size = n;
+        assert_int_equal(pthread_create(&th[r], NULL, fn, &jobs[r]), 0);
+    }
+    for (int r = 0; r < n; r++) pthread_join(th[r], NULL);
+    gcomp__loop_world_destroy(w);
+}
+
+static uint64_t expected_hash(const char *name, int ranks)
+{
+    for (size_t i = 0; i < sizeof schedules_expected / sizeof schedules_expected[0]; i++)
+        if (strcmp(schedules_expected[i].name, name) == 0 && schedules_expected[i].ranks == ranks)
+            return schedules_expected[i].hash;
+    return 0;
+}
+
+static void test_every_schedule(void **state)
+{
+    int print = getenv("GCOMP_LOOP_PRINT") != NULL;
+    (void)state;
+    for (size_t ci = 0; ci < SCHEDULE_N_CASES; ci++) {
+        const schedule_case *c = &schedule_cases[ci];
+        for (int n = 1; n <= MAX_RANKS; n++) {
+            rank_job jobs[MAX_RANKS];
+            memset(jobs, 0, sizeof jobs);
+            for (int r = 0; r < n; r++) jobs[r].c = c;
+            run_world(n, run_case, jobs);
+            for (int r = 0; r < n; r++) {
+                assert_int_equal(jobs[r].rc, GCOMP_SUCCESS);
+                /* bit-identical on every rank */
+                assert_true(jobs[r].hash == jobs[0].hash);
+                assert_string_equal(gcomp_schedule_name(jobs[r].sched), n == 1 ? "bypass" : c->schedule);
+            }
+            if (print) {
+                printf("    {\"%s\", %d, 0x%016llxull},\n", c->name, n, (unsigned long long)jobs[0].hash);
+            } else {
+                uint64_t want = expected_hash(c->name, n);
+                if (want != jobs[0].hash)
+                    fail_msg("%s at %d ranks: hash 0x%016llx, expected 0x%016llx", c->name, n,
+                             (unsigned long long)jobs[0].hash, (unsigned long long)want);
+            }
+        }
+    }
+}
+
+/* ---- agreement and failure paths -------------------------------------------------------- */
+
+enum { VARIANT_MISMATCH = 1, VARIANT_LOCAL_FAILURE = 2, VARIANT_STOPPED_PEER = 3 };
+
+static int g_variant;
+
+static void *run_fault(void *arg)
+{
+    rank_job *j = arg;
+    gcomp_config cfg = gcomp_config_default();
+    gcomp_comm *comm = NULL;
+    size_t n = 20000;
+    float *x = calloc(n + 1, sizeof(float)), *y = calloc(n + 1, sizeof(float));
+    for (size_t i = 0; i <= n; i++) x[i] = (float)(i % 7) - 3.0f;
+    cfg.codec = "fp16";
+    cfg.min_bytes = 0;
+    cfg.timeout_ms = g_variant == VARIANT_STOPPED_PEER ? 300 : 20000;
+    j->rc = gcomp__comm_create_loop(j->w, j->rank, &cfg, &comm);
+    if (j->rc == GCOMP_SUCCESS) {
+        size_t count = n;
+        if (g_variant == VARIANT_MISMATCH && j->rank == 1) count = n + 1;
+        if (g_variant == VARIANT_LOCAL_FAILURE && j->rank == 0) gcomp__comm_inject_fault(comm, GCOMP__FAULT_TRUNCATE_WIRE);
+        if (g_variant == VARIANT_STOPPED_PEER && j->rank == j->size - 1) usleep(1200 * 1000);
+        j->rc = gcomp_allreduce(comm, x, y, count, GCOMP_F32, GCOMP_SUM, 1, NULL);
+        /* after a mismatch or a local failure the communicator still works */
+        if (g_variant != VARIANT_STOPPED_PEER && j->rc != GCOMP_SUCCESS) {
+            gcomp_result again = gcomp_allreduce(comm, x, y, n, GCOMP_F32, GCOMP_SUM, 1, NULL);
+            if (again != GCOMP_SUCCESS) j->rc = GCOMP_ERR_INTERNAL;
+        }
+    }
+    gcomp_comm_destroy(comm);
+    free(x);
+    free(y);
+    return NULL;
+}
+
+static void run_fault_variant(int variant, int n, gcomp_result want)
+{
+    rank_job jobs[MAX_RANKS];
+    double t0 = gcomp__now();
+    memset(jobs, 0, sizeof jobs);
+    g_variant = variant;
+    run_world(n, run_fault, jobs);
+    for (int r = 0; r < n; r++) {
+        if (jobs[r].rc != want)
+            fail_msg("variant %d, %d ranks: rank %d returned %s, expected %s", variant, n, r,
+                     gcomp_result_name(jobs[r].rc), gcomp_result_name(want));
+    }
+    assert_true(gcomp__now() - t0 < 10.0); /* no hang: everyone returned well within the deadline */
+}
+
+static void test_mismatch(void **state)
+{
+    (void)state;
+    for (int n = 2; n <= 5; n++) run_fault_variant(VARIANT_MISMATCH, n, GCOMP_ERR_MISMATCH);
+}
+
+static void test_local_failure_after_agreement(void **state)
+{
+    (void)state;
+    for (int n = 2; n <= 5; n++) run_fault_variant(VARIANT_LOCAL_FAILURE, n, GCOMP_ERR_CORRUPT);
+}
+
+static void test_stopped_peer_times_out(void **state)
+{
+    (void)state;
+    run_fault_variant(VARIANT_STOPPED_PEER, 3, GCOMP_ERR_TIMEOUT);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_every_schedule),
+        cmocka_unit_test(test_mismatch),
+        cmocka_unit_test(test_local_failure_after_agreement),
+        cmocka_unit_test(test_stopped_peer_times_out),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
