@@ -92,4 +92,26 @@ static inline GCOMP_HD unsigned gcomp_bit_length64(uint64_t v)
 #endif
 }
 
+/* ---- RNG mixers (TernGrad's counter-based RNG; see codecs/terngrad.h) -------------------- */
+
+/* The splitmix64 finaliser. */
+static inline GCOMP_HD uint64_t gcomp_mix64(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+/* The "lowbias32" integer hash. */
+static inline GCOMP_HD uint32_t gcomp_mix32(uint32_t x)
+{
+    x ^= x >> 16;
+    x *= 0x7feb352du;
+    x ^= x >> 15;
+    x *= 0x846ca68bu;
+    x ^= x >> 16;
+    return x;
+}
+
 #endif

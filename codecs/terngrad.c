@@ -101,14 +101,21 @@ GCOMP_SIMD_CLONES static double rms_block_sum(const float *g, const float *r, ui
 
 /* Sum of squares of x = g + r in the fixed order of terngrad.h (squares in double, a
  * halving-stride tree inside each block of GCOMP_TG_RMS_BLOCK elements, zero-padded, block
- * sums added in block order), and max |x| as bits, in one pass over the data. */
+ * sums added in block order within each group of GCOMP_TG_RMS_GROUP blocks, group sums added
+ * in group order), and max |x| as bits, in one pass over the data. */
 static double sumsq_and_max(const float *g, const float *r, size_t n, uint32_t *maxbits)
 {
-    double total = 0, t[GCOMP_TG_RMS_BLOCK];
-    size_t b = 0;
+    double total = 0, group = 0, t[GCOMP_TG_RMS_BLOCK];
+    size_t b = 0, in_group = 0;
     *maxbits = 0;
-    for (; b + GCOMP_TG_RMS_BLOCK <= n; b += GCOMP_TG_RMS_BLOCK)
-        total += rms_block_sum(g + b, r ? r + b : NULL, maxbits);
+    for (; b + GCOMP_TG_RMS_BLOCK <= n; b += GCOMP_TG_RMS_BLOCK) {
+        group += rms_block_sum(g + b, r ? r + b : NULL, maxbits);
+        if (++in_group == GCOMP_TG_RMS_GROUP) { /* a whole group: the GPU sums groups in parallel */
+            total += group;
+            group = 0;
+            in_group = 0;
+        }
+    }
     if (b < n) { /* the last, partial block, zero-padded */
         size_t m = n - b;
         for (size_t k = 0; k < GCOMP_TG_RMS_BLOCK; k++) {
@@ -121,9 +128,9 @@ static double sumsq_and_max(const float *g, const float *r, size_t n, uint32_t *
         }
         for (size_t w = GCOMP_TG_RMS_BLOCK / 2; w >= 1; w /= 2)
             for (size_t k = 0; k < w; k++) t[k] += t[k + w];
-        total += t[0];
+        group += t[0];
     }
-    return total;
+    return total + group; /* + 0 when n ends a group: changes nothing (sums are >= 0) */
 }
 
 double gcomp__tg_rms(const float *g, const float *r, size_t n)

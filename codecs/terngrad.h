@@ -5,8 +5,16 @@
  * x = g + r. Elements are grouped into buckets of B elements (bucket=B), or one bucket for
  * the whole tensor (bucket=0, the paper's default). Bucket j has a scale s_j:
  *   s_j = max |x_i| over the bucket, or with clip=c > 0, min(max |x_i|, c * rms_j)
- * where rms_j = sqrt(sum x_i^2 / m_j) (see gcomp_tg_rms for the exact summation order, which
- * CUDA must reproduce). The engine may replace s_j by the max over all ranks before quantising.
+ * where rms_j = sqrt(ss_j / m_j), computed in double as clip * sqrt(ss_j / m_j) and compared
+ * with max |x| before rounding to float. ss_j, the sum of x_i^2 over the bucket, is summed in
+ * this exact order (the CUDA kernels reproduce it): squares in double; the bucket is cut into
+ * blocks of GCOMP_TG_RMS_BLOCK (256) elements from its start, the last one zero-padded; inside
+ * a block a halving-stride tree (t[k] = x[k]^2 + x[k+128]^2, then t[k] += t[k+w] for w = 64,
+ * 32, ..., 1); block sums are added one after the other, from 0, within each group of
+ * GCOMP_TG_RMS_GROUP (1024) consecutive blocks; the group sums are added one after the other,
+ * from 0, in group order. (Up to 1024 blocks, 262,144 elements, this is one sequential sum of
+ * the block sums; the groups let a GPU sum a large tensor in parallel.) The engine may replace
+ * s_j by the max over all ranks before quantising.
  * Each element becomes a code t_i in {-1, 0, +1}:
  *   y_i = clamp(x_i, -s_j, s_j);  u_i = gcomp_tg_uniform(key, i);
  *   t_i = sign(y_i) if u_i * s_j < |y_i| else 0        (all in fp32, no FMA)
@@ -43,16 +51,12 @@
 #ifndef GCOMP_CODECS_TERNGRAD_H
 #define GCOMP_CODECS_TERNGRAD_H
 
+#include "codecs/common.h"
 #include "gcomp_codec.h"
 
-#if defined(__CUDACC__)
-#define GCOMP_TG_HD __host__ __device__
-#else
-#define GCOMP_TG_HD
-#endif
-
 #define GCOMP_WIRE_ID_TERNGRAD 4
-#define GCOMP_TG_RMS_BLOCK 256 /* elements per block of the deterministic rms sum */
+#define GCOMP_TG_RMS_BLOCK 256  /* elements per block of the deterministic rms sum */
+#define GCOMP_TG_RMS_GROUP 1024 /* blocks per group of that sum (see gcomp__tg_rms) */
 #define GCOMP_TG_TILE 1024     /* elements per tile of the planar code layout */
 
 typedef struct gcomp_terngrad_params {
@@ -60,47 +64,29 @@ typedef struct gcomp_terngrad_params {
     double clip;    /* clip at clip * rms (default 2.5, the paper's value); 0 = no clipping */
 } gcomp_terngrad_params;
 
-static inline GCOMP_TG_HD uint64_t gcomp_mix64(uint64_t x)
-{
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
-
-static inline GCOMP_TG_HD uint32_t gcomp_mix32(uint32_t x)
-{
-    x ^= x >> 16;
-    x *= 0x7feb352du;
-    x ^= x >> 15;
-    x *= 0x846ca68bu;
-    x ^= x >> 16;
-    return x;
-}
-
-static inline GCOMP_TG_HD uint64_t gcomp_tg_key(uint64_t seed, uint64_t step, uint32_t rank)
+static inline GCOMP_HD uint64_t gcomp_tg_key(uint64_t seed, uint64_t step, uint32_t rank)
 {
     return gcomp_mix64(gcomp_mix64(gcomp_mix64(seed) ^ step) ^ (uint64_t)rank);
 }
 
-static inline GCOMP_TG_HD uint32_t gcomp_tg_salt(uint64_t key, uint32_t index_hi)
+static inline GCOMP_HD uint32_t gcomp_tg_salt(uint64_t key, uint32_t index_hi)
 {
     return (uint32_t)key ^ gcomp_mix32(index_hi + (uint32_t)(key >> 32));
 }
 
 /* u_i as a float in [0, 1): 24 random bits, exactly representable. */
-static inline GCOMP_TG_HD float gcomp_tg_uniform_salted(uint32_t salt, uint32_t index_lo)
+static inline GCOMP_HD float gcomp_tg_uniform_salted(uint32_t salt, uint32_t index_lo)
 {
     return (float)(int32_t)(gcomp_mix32(index_lo ^ salt) >> 8) * 0x1p-24f; /* < 2^24: exact; signed converts faster */
 }
 
-static inline GCOMP_TG_HD float gcomp_tg_uniform(uint64_t key, uint64_t i)
+static inline GCOMP_HD float gcomp_tg_uniform(uint64_t key, uint64_t i)
 {
     return gcomp_tg_uniform_salted(gcomp_tg_salt(key, (uint32_t)(i >> 32)), (uint32_t)i);
 }
 
 /* The code of one element given its scale: 0, 1 (+1) or 2 (-1). */
-static inline GCOMP_TG_HD uint32_t gcomp_tg_code(float x, float s, float u)
+static inline GCOMP_HD uint32_t gcomp_tg_code(float x, float s, float u)
 {
     float y = x > s ? s : (x < -s ? -s : x);
     float mag = y < 0 ? -y : y;
@@ -109,7 +95,7 @@ static inline GCOMP_TG_HD uint32_t gcomp_tg_code(float x, float s, float u)
 }
 
 /* Number of scales for n elements. */
-static inline GCOMP_TG_HD uint64_t gcomp_tg_num_scales(const gcomp_terngrad_params *p, uint64_t n)
+static inline GCOMP_HD uint64_t gcomp_tg_num_scales(const gcomp_terngrad_params *p, uint64_t n)
 {
     if (n == 0) return 0;
     if (p->bucket <= 0) return 1;
@@ -117,7 +103,7 @@ static inline GCOMP_TG_HD uint64_t gcomp_tg_num_scales(const gcomp_terngrad_para
 }
 
 /* The fewest bits that hold every value in 0..v-1 (0 for v <= 1). */
-static inline GCOMP_TG_HD unsigned gcomp_tg_bits_below(uint64_t v)
+static inline GCOMP_HD unsigned gcomp_tg_bits_below(uint64_t v)
 {
     unsigned b = 0;
     while (b < 64 && (1ull << b) < v) b++;
@@ -126,10 +112,10 @@ static inline GCOMP_TG_HD unsigned gcomp_tg_bits_below(uint64_t v)
 
 /* ceil(log2(2m + 1)): bits of one sum of m ternary codes on its own (g = 1); no group
  * takes more than this per digit. */
-static inline GCOMP_TG_HD unsigned gcomp_tg_sum_bits(uint32_t m) { return gcomp_tg_bits_below(2ull * m + 1); }
+static inline GCOMP_HD unsigned gcomp_tg_sum_bits(uint32_t m) { return gcomp_tg_bits_below(2ull * m + 1); }
 
 /* Digits per group for sums of m ranks (see the format above). */
-static inline GCOMP_TG_HD unsigned gcomp_tg_sum_group(uint32_t m)
+static inline GCOMP_HD unsigned gcomp_tg_sum_group(uint32_t m)
 {
     uint64_t L = 2ull * m + 1, p = L;
     unsigned best = 1, best_w = gcomp_tg_bits_below(L);
@@ -146,7 +132,7 @@ static inline GCOMP_TG_HD unsigned gcomp_tg_sum_group(uint32_t m)
 }
 
 /* L^k for the digits of sums of m ranks (k <= 8, L^k <= 256, or k = 1). */
-static inline GCOMP_TG_HD uint64_t gcomp_tg_sum_pow(uint32_t m, unsigned k)
+static inline GCOMP_HD uint64_t gcomp_tg_sum_pow(uint32_t m, unsigned k)
 {
     uint64_t p = 1;
     while (k--) p *= 2ull * m + 1;
@@ -154,7 +140,7 @@ static inline GCOMP_TG_HD uint64_t gcomp_tg_sum_pow(uint32_t m, unsigned k)
 }
 
 /* Bytes of n packed sums of m codes. */
-static inline GCOMP_TG_HD uint64_t gcomp_tg_sum_bytes(uint64_t n, uint32_t m)
+static inline GCOMP_HD uint64_t gcomp_tg_sum_bytes(uint64_t n, uint32_t m)
 {
     unsigned g = gcomp_tg_sum_group(m);
     uint64_t bits = n / g * gcomp_tg_bits_below(gcomp_tg_sum_pow(m, g)) + gcomp_tg_bits_below(gcomp_tg_sum_pow(m, (unsigned)(n % g)));
@@ -162,7 +148,7 @@ static inline GCOMP_TG_HD uint64_t gcomp_tg_sum_bytes(uint64_t n, uint32_t m)
 }
 
 /* The most sums of m codes whose packing fits in `bytes`. */
-static inline GCOMP_TG_HD uint64_t gcomp_tg_sums_fit(uint64_t bytes, uint32_t m)
+static inline GCOMP_HD uint64_t gcomp_tg_sums_fit(uint64_t bytes, uint32_t m)
 {
     unsigned b = gcomp_tg_sum_bits(m);
     uint64_t n;
@@ -194,5 +180,6 @@ gcomp_result gcomp__tg_ternarise(const gcomp_terngrad_params *p, const gcomp_enc
 double gcomp__tg_rms(const float *g, const float *r, size_t n);
 
 extern const gcomp_codec_vtable gcomp__codec_terngrad;
+GCOMP_DECLARE_CUDA_OPS(terngrad);
 
 #endif
