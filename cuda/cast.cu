@@ -1,0 +1,1 @@
+/* cuda/cast.cu — CUDA kernels of the cast codecs (being written). */

@@ -1,0 +1,2 @@
+/* codec_device.c — the codec object's path for device buffers (being written). */
+#include "device.h"
