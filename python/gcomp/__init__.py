@@ -1,0 +1,474 @@
+"""gcomp: compressed gradient allreduce, from Python.
+
+A thin ctypes binding over libgcomp.so (no compiled extension). See gcomp._lib for how the
+library is found (GCOMP_LIBRARY, next to the package, the checkout's build tree, the system).
+
+    from mpi4py import MPI            # initialises MPI with MPI_THREAD_MULTIPLE
+    import gcomp
+    comm = gcomp.Comm(MPI.COMM_WORLD, codec="terngrad")
+    comm.allreduce(grad, op="avg", key=0)        # numpy array or CPU torch tensor, in place
+    comm.allreduce(grad, out=result, key=0)      # out of place
+    comm.stats()                                 # dict of counters
+    comm.close()
+
+Buffers: C-contiguous float32 or float16 numpy arrays, or contiguous CPU torch tensors of
+float32, float16 or bfloat16. Anything else is refused with TypeError/ValueError before any C
+call. Failures inside the library raise GcompError carrying the code name and
+gcomp_last_error(). A closed Comm or Codec raises ValueError, like a closed file.
+"""
+import atexit
+import ctypes
+import os
+import threading
+import weakref
+
+from . import _lib
+
+__all__ = ["GcompError", "Codec", "Comm", "init_mpi", "codec_names", "F32", "F16", "BF16",
+           "SUM", "AVG", "KEY_NONE", "library_path"]
+
+F32, F16, BF16 = 0, 1, 2
+SUM, AVG = 0, 1
+KEY_NONE = (1 << 64) - 1
+library_path = _lib.path
+
+_SCHEDULES = {i: _lib.schedule_name(i).decode() for i in range(6)}
+
+
+class GcompError(RuntimeError):
+    """A gcomp C call failed. .code is the gcomp_result value, .name its enum name
+    (e.g. "GCOMP_ERR_INVALID_SPEC"), .detail the text of gcomp_last_error()."""
+
+    def __init__(self, code, what):
+        self.code = int(code)
+        self.name = _lib.result_name(code).decode()
+        self.detail = _lib.last_error().decode(errors="replace")
+        super().__init__("%s: %s: %s" % (what, self.name, self.detail))
+
+
+def _check(rc, what):
+    if rc != 0:
+        raise GcompError(rc, what)
+
+
+def codec_names():
+    """Names of the registered codecs (built-in and user-registered)."""
+    names, i = [], 0
+    while True:
+        n = _lib.codec_name_at(i)
+        if n is None:
+            return names
+        names.append(n.decode())
+        i += 1
+
+
+# ---- buffers -------------------------------------------------------------------------------
+
+class _Buf:
+    """A checked view of a caller buffer: pointer, element count, gcomp dtype."""
+    __slots__ = ("ptr", "count", "dtype", "obj")
+
+    def __init__(self, ptr, count, dtype, obj):
+        self.ptr, self.count, self.dtype, self.obj = ptr, count, dtype, obj
+
+
+_NP_DTYPES = {"float32": F32, "float16": F16}
+_TORCH_DTYPES = {"torch.float32": F32, "torch.float16": F16, "torch.bfloat16": BF16}
+_DTYPE_NAMES = {F32: "float32", F16: "float16", BF16: "bfloat16"}
+
+
+def _is_torch(x):
+    return type(x).__module__.split(".")[0] == "torch"
+
+
+def _buf(x, what, writable):
+    """Check x and return a _Buf, raising TypeError/ValueError with a clear message."""
+    if _is_torch(x):
+        if x.device.type != "cpu":
+            raise NotImplementedError(
+                "%s: a %s tensor; gcomp's Python binding handles host (CPU) tensors only: the "
+                "CUDA path needs the NCCL communicator and a stream argument, which are not "
+                "wrapped yet" % (what, x.device.type))
+        dt = _TORCH_DTYPES.get(str(x.dtype))
+        if dt is None:
+            raise TypeError("%s: dtype %s not supported (float32, float16, bfloat16)"
+                            % (what, x.dtype))
+        if not x.is_contiguous():
+            raise ValueError("%s: tensor is not contiguous (call .contiguous() first)" % what)
+        return _Buf(x.data_ptr(), x.numel(), dt, x)
+    try:
+        import numpy as np
+    except ImportError:  # pragma: no cover - numpy is a dependency
+        np = None
+    if np is not None and isinstance(x, np.ndarray):
+        dt = _NP_DTYPES.get(x.dtype.name)
+        if dt is None:
+            raise TypeError("%s: dtype %s not supported (float32, float16; bfloat16 through "
+                            "torch tensors)" % (what, x.dtype))
+        if not x.flags.c_contiguous:
+            raise ValueError("%s: array is not C-contiguous (use numpy.ascontiguousarray)" % what)
+        if writable and not x.flags.writeable:
+            raise ValueError("%s: array is read-only" % what)
+        return _Buf(x.ctypes.data, x.size, dt, x)
+    raise TypeError("%s: expected a numpy.ndarray or a torch.Tensor, got %s"
+                    % (what, type(x).__name__))
+
+
+def _key(key):
+    if key is None:
+        return KEY_NONE
+    if isinstance(key, bool) or not isinstance(key, int) or not 0 <= key < KEY_NONE:
+        raise ValueError("key must be None or an int in [0, 2**64 - 1), got %r" % (key,))
+    return key
+
+
+def _op(op):
+    ops = {"sum": SUM, "avg": AVG, SUM: SUM, AVG: AVG}
+    try:
+        return ops[op.lower() if isinstance(op, str) else op]
+    except (KeyError, TypeError):
+        raise ValueError("op must be 'sum' or 'avg', got %r" % (op,)) from None
+
+
+def _dtype_arg(dtype):
+    names = {"float32": F32, "float16": F16, "bfloat16": BF16, F32: F32, F16: F16, BF16: BF16}
+    try:
+        return names[dtype]
+    except (KeyError, TypeError):
+        raise ValueError("dtype must be 'float32', 'float16' or 'bfloat16', got %r"
+                         % (dtype,)) from None
+
+
+def _stats_dict(s, fields):
+    d = {n: getattr(s, n) for n, _ in fields}
+    if "last_schedule" in d:
+        d["last_schedule"] = _SCHEDULES.get(d["last_schedule"], str(d["last_schedule"]))
+    return d
+
+
+# ---- codecs --------------------------------------------------------------------------------
+
+class Codec:
+    """A codec chain without a communicator, e.g. Codec("topk:ratio=0.01").
+
+    encode() returns the payload as bytes; decode() returns a new float32 numpy array (or
+    fills `out`); decode_add() accumulates into a float32 array. Not thread-safe."""
+
+    def __init__(self, spec, seed=0, rank=0, error_feedback=True):
+        if not isinstance(spec, str):
+            raise TypeError("spec must be a str, got %s" % type(spec).__name__)
+        self._h = None
+        opts = _lib.CodecOptions(int(seed), int(rank), 1 if error_feedback else 0)
+        h = ctypes.c_void_p()
+        _check(_lib.codec_create(spec.encode(), ctypes.byref(opts), ctypes.byref(h)),
+               "gcomp_codec_create(%r)" % spec)
+        self._h = h
+
+    def _handle(self):
+        if self._h is None:
+            raise ValueError("gcomp.Codec used after close()")
+        return self._h
+
+    @property
+    def spec(self):
+        return _lib.codec_spec(self._handle()).decode()
+
+    def max_encoded_bytes(self, count):
+        return _lib.codec_max_encoded_bytes(self._handle(), count)
+
+    def encode(self, x, key=None):
+        h = self._handle()
+        b = _buf(x, "Codec.encode", writable=False)
+        k = _key(key)
+        cap = _lib.codec_max_encoded_bytes(h, b.count)
+        dst = ctypes.create_string_buffer(max(cap, 1))
+        written = ctypes.c_size_t()
+        _check(_lib.codec_encode(h, k, b.ptr, b.count, b.dtype, dst, cap, ctypes.byref(written)),
+               "gcomp_codec_encode")
+        return dst.raw[:written.value]
+
+    def decode(self, payload, count=None, dtype="float32", out=None):
+        """Decode payload into `out` (overwritten) or a new numpy array of `count` float32
+        (or float16) elements."""
+        h = self._handle()
+        if not isinstance(payload, (bytes, bytearray, memoryview)):
+            raise TypeError("payload must be bytes-like, got %s" % type(payload).__name__)
+        if out is None:
+            import numpy as np
+            if count is None:
+                raise ValueError("decode: give count or out")
+            dt = _dtype_arg(dtype)
+            if dt == BF16:
+                raise ValueError("decode: numpy has no bfloat16; pass a torch.bfloat16 out")
+            out = np.empty(int(count), dtype=_DTYPE_NAMES[dt])
+        b = _buf(out, "Codec.decode out", writable=True)
+        if count is not None and count != b.count:
+            raise ValueError("decode: count %d != out's %d elements" % (count, b.count))
+        data = bytes(payload)
+        _check(_lib.codec_decode(h, data, len(data), b.ptr, b.count, b.dtype), "gcomp_codec_decode")
+        return out
+
+    def decode_add(self, payload, acc):
+        """Decode payload and add it into acc (a float32 array or tensor) in place."""
+        h = self._handle()
+        b = _buf(acc, "Codec.decode_add acc", writable=True)
+        if b.dtype != F32:
+            raise TypeError("decode_add: acc must be float32, got %s" % _DTYPE_NAMES[b.dtype])
+        data = bytes(payload)
+        _check(_lib.codec_decode_add(h, data, len(data), b.ptr, b.count), "gcomp_codec_decode_add")
+        return acc
+
+    def residual(self, key, count):
+        import numpy as np
+        out = np.empty(int(count), dtype=np.float32)
+        _check(_lib.codec_residual_get(self._handle(), _key(key), out.ctypes.data, out.size),
+               "gcomp_codec_residual_get")
+        return out
+
+    def set_residual(self, key, values):
+        b = _buf(values, "Codec.set_residual", writable=False)
+        if b.dtype != F32:
+            raise TypeError("set_residual: values must be float32")
+        _check(_lib.codec_residual_set(self._handle(), _key(key), b.ptr, b.count),
+               "gcomp_codec_residual_set")
+
+    def reset_residual(self, key):
+        _check(_lib.codec_residual_reset(self._handle(), _key(key)), "gcomp_codec_residual_reset")
+
+    def stats(self):
+        s = _lib.CodecStats()
+        _check(_lib.codec_stats(self._handle(), ctypes.byref(s)), "gcomp_codec_stats")
+        return _stats_dict(s, _lib.CodecStats._fields_)
+
+    def stats_reset(self):
+        _check(_lib.codec_stats_reset(self._handle()), "gcomp_codec_stats_reset")
+
+    def close(self):
+        if self._h is not None:
+            _lib.codec_destroy(self._h)
+            self._h = None
+
+    def __del__(self):
+        if getattr(self, "_h", None) is not None:
+            self.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+# ---- MPI and communicators -----------------------------------------------------------------
+
+def init_mpi():
+    """Initialise MPI through mpi4py if nobody has (mpi4py asks for MPI_THREAD_MULTIPLE by
+    default, which the DDP hook's worker thread needs) and return mpi4py's MPI module."""
+    from mpi4py import MPI  # importing initialises MPI (mpi4py.rc.initialize)
+    if not MPI.Is_initialized():
+        MPI.Init_thread(MPI.THREAD_MULTIPLE)
+    return MPI
+
+
+def _mpi_handle(mpi_comm):
+    MPI = init_mpi()
+    if not isinstance(mpi_comm, MPI.Comm):
+        raise TypeError("expected an mpi4py communicator (MPI.Comm), got %s"
+                        % type(mpi_comm).__name__)
+    if mpi_comm == MPI.COMM_NULL:
+        raise ValueError("MPI.COMM_NULL is not a communicator")
+    if MPI.Get_library_version().find("Open MPI") < 0:
+        raise NotImplementedError("gcomp's Python binding passes MPI_Comm as a pointer, which "
+                                  "is Open MPI's ABI; this MPI is: "
+                                  + MPI.Get_library_version().splitlines()[0])
+    return MPI._handleof(mpi_comm)
+
+
+_live_comms = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all():
+    # Python's atexit handlers run before mpi4py's MPI_Finalize (registered with Py_AtExit):
+    # free every communicator's MPI duplicate while MPI still exists.
+    for c in list(_live_comms):
+        c.close()
+
+
+class Comm:
+    """A gcomp communicator over an MPI communicator (collective to create).
+
+    Comm(mpi_comm=None, codec=None, min_bytes=None, error_feedback=None, seed=None,
+         timeout_ms=None, debug=None)
+
+    mpi_comm: an mpi4py communicator (default MPI.COMM_WORLD). Settings left None are filled
+    from GCOMP_* environment variables, then the library defaults (see gcomp.h's
+    gcomp_config). Calls on one Comm must come from one thread at a time."""
+
+    def __init__(self, mpi_comm=None, codec=None, min_bytes=None, error_feedback=None, seed=None,
+                 timeout_ms=None, debug=None):
+        if _lib.comm_create_mpi is None:
+            raise NotImplementedError("%s was built without MPI (gcomp_comm_create_mpi missing)"
+                                      % _lib.path)
+        MPI = init_mpi()
+        handle = _mpi_handle(MPI.COMM_WORLD if mpi_comm is None else mpi_comm)
+        cfg = _lib.config_default()
+        self._codec_bytes = None
+        if codec is not None:
+            if not isinstance(codec, str):
+                raise TypeError("codec must be a spec string, got %s" % type(codec).__name__)
+            self._codec_bytes = codec.encode()  # kept alive until the call returns
+            cfg.codec = self._codec_bytes
+        if min_bytes is not None:
+            cfg.min_bytes = int(min_bytes)
+        if error_feedback is not None:
+            cfg.error_feedback = 1 if error_feedback else 0
+        if seed is not None:
+            cfg.seed = int(seed)
+        if timeout_ms is not None:
+            cfg.timeout_ms = int(timeout_ms)
+        if debug is not None:
+            cfg.debug = 1 if debug else 0
+        h = ctypes.c_void_p()
+        self._h = None
+        self._lock = threading.Lock()
+        _check(_lib.comm_create_mpi(handle, ctypes.byref(cfg), ctypes.byref(h)),
+               "gcomp_comm_create_mpi")
+        self._h = h
+        _live_comms.add(self)
+
+    def _handle(self):
+        if self._h is None:
+            raise ValueError("gcomp.Comm used after close()")
+        return self._h
+
+    @property
+    def rank(self):
+        return _lib.comm_rank(self._handle())
+
+    @property
+    def size(self):
+        return _lib.comm_size(self._handle())
+
+    @property
+    def codec(self):
+        return _lib.comm_codec(self._handle()).decode()
+
+    @property
+    def closed(self):
+        return self._h is None
+
+    def allreduce(self, x, out=None, op="sum", key=None):
+        """Reduce x over all ranks into out (default: x itself, in place) and return out.
+
+        Collective: every rank calls it with the same count, dtype, op and codec. key names
+        the tensor for error feedback (an int; None: no error feedback). Blocking, with the
+        GIL released while the library works."""
+        h = self._handle()
+        s = _buf(x, "Comm.allreduce input", writable=out is None)
+        if out is None:
+            r = s
+        else:
+            r = _buf(out, "Comm.allreduce out", writable=True)
+            if r.count != s.count:
+                raise ValueError("Comm.allreduce: out has %d elements, input %d"
+                                 % (r.count, s.count))
+            if r.dtype != s.dtype:
+                raise TypeError("Comm.allreduce: out is %s, input %s"
+                                % (_DTYPE_NAMES[r.dtype], _DTYPE_NAMES[s.dtype]))
+        o, k = _op(op), _key(key)
+        _check(_lib.allreduce(h, s.ptr, r.ptr, s.count, s.dtype, o, k, None), "gcomp_allreduce")
+        return x if out is None else out
+
+    def stats(self, key=None):
+        """Counters of all calls (key None) or of one key, as a dict."""
+        s = _lib.CommStats()
+        if key is None:
+            _check(_lib.comm_stats_get(self._handle(), ctypes.byref(s)), "gcomp_comm_stats_get")
+        else:
+            _check(_lib.comm_key_stats(self._handle(), _key(key), ctypes.byref(s)),
+                   "gcomp_comm_key_stats")
+        return _stats_dict(s, _lib.CommStats._fields_)
+
+    def stats_reset(self):
+        _check(_lib.comm_stats_reset(self._handle()), "gcomp_comm_stats_reset")
+
+    def save_residuals(self):
+        """The communicator's residuals (every key) as bytes, in the library's versioned
+        checkpoint format."""
+        return _residuals_save(self._handle())
+
+    def load_residuals(self, data):
+        """Replace the communicator's residuals by a save_residuals() blob. The library checks
+        the codec, keys and counts and refuses a mismatch (GcompError)."""
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TypeError("load_residuals: expected bytes, got %s" % type(data).__name__)
+        _residuals_load(self._handle(), bytes(data))
+
+    def save_residuals_file(self, path):
+        """save_residuals() into a file (written to a temporary file renamed over path)."""
+        _need(_lib.comm_residuals_save_file, "gcomp_comm_residuals_save_file")
+        _check(_lib.comm_residuals_save_file(self._handle(), os.fsencode(path)),
+               "gcomp_comm_residuals_save_file")
+
+    def load_residuals_file(self, path):
+        _need(_lib.comm_residuals_load_file, "gcomp_comm_residuals_load_file")
+        _check(_lib.comm_residuals_load_file(self._handle(), os.fsencode(path)),
+               "gcomp_comm_residuals_load_file")
+
+    def config(self):
+        """The resolved configuration (after the environment and defaults), as a dict."""
+        _need(_lib.comm_config_get, "gcomp_comm_config_get")
+        c = _lib.Config()
+        _check(_lib.comm_config_get(self._handle(), ctypes.byref(c)), "gcomp_comm_config_get")
+        d = {n: getattr(c, n) for n, _ in _lib.Config._fields_}
+        d["codec"] = d["codec"].decode()
+        d["error_feedback"] = bool(d["error_feedback"])
+        d["debug"] = bool(d["debug"])
+        return d
+
+    def close(self):
+        """Free the communicator (not collective). Later calls raise ValueError."""
+        if self._h is not None:
+            _lib.comm_destroy(self._h)
+            self._h = None
+            _live_comms.discard(self)
+
+    destroy = close
+
+    def __del__(self):
+        try:
+            if getattr(self, "_h", None) is not None:
+                self.close()
+        except Exception:  # interpreter shutdown: nothing left to report to
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+# ---- residual checkpoints ------------------------------------------------------------------
+# Optional symbols: a library older than the checkpoint API loads, and these say what is
+# missing instead of failing at import.
+
+def _need(fn, name):
+    if fn is None:
+        raise NotImplementedError("%s is not exported by %s (a library older than the "
+                                  "residual checkpoint API)" % (name, _lib.path))
+
+
+def _residuals_save(h):
+    _need(_lib.comm_residuals_save, "gcomp_comm_residuals_save")
+    n = ctypes.c_size_t()
+    _check(_lib.comm_residuals_save(h, None, 0, ctypes.byref(n)), "gcomp_comm_residuals_save")
+    buf = ctypes.create_string_buffer(n.value)
+    _check(_lib.comm_residuals_save(h, buf, n.value, ctypes.byref(n)), "gcomp_comm_residuals_save")
+    return buf.raw[:n.value]
+
+
+def _residuals_load(h, data):
+    _need(_lib.comm_residuals_load, "gcomp_comm_residuals_load")
+    _check(_lib.comm_residuals_load(h, data, len(data)), "gcomp_comm_residuals_load")

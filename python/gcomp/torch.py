@@ -1,0 +1,207 @@
+"""gcomp.torch: a PyTorch DDP communication hook that runs gcomp's compressed allreduce.
+
+    import gcomp.torch
+    state = gcomp.torch.GcompHookState(codec="terngrad", start_iter=10)
+    ddp_model.register_comm_hook(state, gcomp.torch.hook)
+
+How it works
+  - Host (CPU) gradient buckets go through gcomp over MPI: launch the trainer with mpirun.
+    The state's gcomp communicator is created over an mpi4py communicator (default
+    MPI.COMM_WORLD; importing mpi4py initialises MPI with MPI_THREAD_MULTIPLE). Creating the
+    state is collective over that communicator.
+  - The first `start_iter` iterations run a plain dist.all_reduce on DDP's process group (like
+    PowerSGD's start_powerSGD_iter): DDP rebuilds its buckets after the first iteration, and
+    compressing before then would spend error feedback on a layout that goes away.
+  - Later buckets are queued to ONE worker thread, which runs the gcomp calls in the order DDP
+    issued them (the same on every rank: DDP launches buckets in index order) with the GIL
+    released (ctypes), and completes each bucket's torch.futures.Future; so communication
+    overlaps the rest of the backward pass. The result is the average over ranks (GCOMP_AVG).
+  - Error feedback: one residual per bucket, key = (generation << 32) | bucket index. A
+    bucket's generation goes up, which starts a fresh residual, whenever its layout (element
+    count, dtype and the shapes of its parameters in order) differs from the last time that
+    index was seen, i.e. when DDP rebuilds its buckets. The signature uses shapes, not object
+    identities, so it means the same thing in a resumed process.
+  - no_sync() and gradient accumulation: DDP just calls the hook less often; the iteration
+    counter counts hook rounds (calls with bucket.is_last()), and residuals stay per bucket.
+  - state_dict()/load_state_dict() (and pickling) carry the counters, the bucket layouts and
+    the residuals (through the library's residual checkpoint), so a resumed run continues
+    bit for bit.
+  - CUDA buckets raise NotImplementedError: they need gcomp's NCCL communicator (unique id
+    shared over the torch process group) and stream-ordered calls, which are not wrapped yet.
+"""
+import queue
+import threading
+
+import torch
+import torch.distributed as dist
+
+import gcomp
+
+__all__ = ["GcompHookState", "hook"]
+
+_STATE_VERSION = 1
+
+
+class GcompHookState:
+    """State of the gcomp DDP communication hook.
+
+    codec: gcomp codec spec ("terngrad", "topk:ratio=0.01", "fp16", ... "+zstd").
+    start_iter: iterations of plain allreduce before compressing (default 10).
+    comm: mpi4py communicator the gcomp communicator is built over (default MPI.COMM_WORLD);
+        it must hold the same processes, in the same rank order, as DDP's process group.
+    process_group: torch process group for the plain-allreduce iterations (default: the
+        default group).
+    min_bytes, error_feedback, seed, timeout_ms: as gcomp.Comm (None: GCOMP_* environment,
+        then library defaults). min_bytes defaults to 0 here so every bucket is compressed.
+    """
+
+    def __init__(self, codec="terngrad", start_iter=10, comm=None, process_group=None,
+                 min_bytes=0, error_feedback=None, seed=None, timeout_ms=None):
+        if not isinstance(start_iter, int) or start_iter < 0:
+            raise ValueError("start_iter must be an int >= 0, got %r" % (start_iter,))
+        self._config = dict(codec=codec, start_iter=start_iter, min_bytes=min_bytes,
+                            error_feedback=error_feedback, seed=seed, timeout_ms=timeout_ms)
+        self.start_iter = start_iter
+        self.process_group = process_group
+        self.iter = 0
+        self._layout = {}  # bucket index -> (generation, signature)
+        self.comm = gcomp.Comm(comm, codec=codec, min_bytes=min_bytes,
+                               error_feedback=error_feedback, seed=seed, timeout_ms=timeout_ms)
+        self._ef = self.comm.config()["error_feedback"]
+        self._queue = queue.Queue()
+        self._thread = threading.Thread(target=self._work, name="gcomp-ddp-hook", daemon=True)
+        self._thread.start()
+
+    # ---- the worker ------------------------------------------------------------------------
+
+    def _work(self):
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            fn, fut = item
+            try:
+                result = fn()
+            except BaseException as exc:  # noqa: B902 - handed to the waiting side
+                fut.set_exception(exc)
+            else:
+                fut.set_result(result)
+
+    def _submit(self, fn):
+        if self._thread is None:
+            raise ValueError("GcompHookState used after close()")
+        fut = torch.futures.Future()
+        self._queue.put((fn, fut))
+        return fut
+
+    def _call(self, fn):
+        """Run fn on the worker thread, after every queued allreduce, and return its value."""
+        return self._submit(fn).wait()
+
+    # ---- bucket bookkeeping ----------------------------------------------------------------
+
+    def _key(self, bucket, tensor):
+        idx = bucket.index()
+        sig = (tensor.numel(), str(tensor.dtype),
+               tuple(tuple(p.shape) for p in bucket.parameters()))
+        gen, old = self._layout.get(idx, (-1, None))
+        if old != sig:
+            gen += 1
+            self._layout[idx] = (gen, sig)
+        return (gen << 32) | idx
+
+    # ---- public ----------------------------------------------------------------------------
+
+    def stats(self):
+        """gcomp's counters for the compressed iterations (a dict, see gcomp.Comm.stats)."""
+        return self._call(self.comm.stats)
+
+    def stats_reset(self):
+        self._call(self.comm.stats_reset)
+
+    def state_dict(self):
+        """Everything a resumed run needs, residuals included. Call between iterations; it
+        waits for queued allreduces first. Each rank saves its own (residuals differ)."""
+        return {
+            "version": _STATE_VERSION,
+            "codec": self.comm.codec,
+            "start_iter": self.start_iter,
+            "iter": self.iter,
+            "layout": {i: (g, s) for i, (g, s) in self._layout.items()},
+            # None with error feedback off: there is nothing to carry, and the library
+            # refuses to load residuals into such a communicator.
+            "residuals": self._call(self.comm.save_residuals) if self._ef else None,
+        }
+
+    def load_state_dict(self, sd):
+        if sd.get("version") != _STATE_VERSION:
+            raise ValueError("GcompHookState.load_state_dict: state version %r, expected %d"
+                             % (sd.get("version"), _STATE_VERSION))
+        if sd["codec"] != self.comm.codec:
+            raise ValueError("GcompHookState.load_state_dict: saved with codec %r, this state "
+                             "uses %r" % (sd["codec"], self.comm.codec))
+        if (sd["residuals"] is None) == self._ef:
+            raise ValueError("GcompHookState.load_state_dict: saved with error feedback %s, "
+                             "this state has it %s" % ("off" if sd["residuals"] is None else "on",
+                                                       "on" if self._ef else "off"))
+        if self._ef:
+            self._call(lambda: self.comm.load_residuals(sd["residuals"]))
+        self.start_iter = sd["start_iter"]
+        self.iter = sd["iter"]
+        self._layout = {int(i): (g, tuple(s) if not isinstance(s, tuple) else s)
+                        for i, (g, s) in sd["layout"].items()}
+
+    def __getstate__(self):
+        # Pickling is a checkpoint; unpickling re-creates the communicator over
+        # MPI.COMM_WORLD and the default process group (collective), as PowerSGDState does.
+        return {"config": self._config, "state": self.state_dict()}
+
+    def __setstate__(self, d):
+        self.__init__(**d["config"])
+        self.load_state_dict(d["state"])
+
+    def close(self):
+        """Stop the worker and free the communicator (after queued work has finished)."""
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
+        self.comm.close()
+
+    def __del__(self):
+        try:
+            if getattr(self, "_thread", None) is not None:
+                self.close()
+        except Exception:
+            pass
+
+
+def _plain_allreduce(state, tensor):
+    group = state.process_group if state.process_group is not None else dist.group.WORLD
+    n = dist.get_world_size(group)
+    fut = dist.all_reduce(tensor, group=group, async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0].div_(n))
+
+
+def hook(state, bucket):
+    """DDP communication hook: average the bucket over ranks with gcomp; returns a
+    torch.futures.Future holding the averaged bucket tensor."""
+    tensor = bucket.buffer()
+    if tensor.device.type != "cpu":
+        raise NotImplementedError(
+            "gcomp.torch.hook: bucket on %s; the hook handles CPU buckets only (over MPI). "
+            "CUDA buckets need gcomp's NCCL communicator and stream-ordered calls from Python, "
+            "which are not wrapped yet" % tensor.device)
+    compress = state.iter >= state.start_iter
+    if bucket.is_last():
+        state.iter += 1
+    key = state._key(bucket, tensor)
+    if not compress:
+        return _plain_allreduce(state, tensor)
+    comm = state.comm
+
+    def run():
+        comm.allreduce(tensor, op="avg", key=key)
+        return tensor
+
+    return state._submit(run)

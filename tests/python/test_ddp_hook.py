@@ -1,0 +1,173 @@
+"""2-rank DDP (gloo) of a small MLP on real Fashion-MNIST with gcomp's comm hook.
+
+Run: timeout 300 mpirun -np 2 /usr/bin/python3 tests/python/test_ddp_hook.py
+(PYTHONPATH=python, GCOMP_LIBRARY=build/libgcomp.so).
+
+Checks, for terngrad and top-k: after every step the parameters hash the same on both ranks;
+the loss falls; the steps past start_iter ran gcomp's compressed schedule; a step with
+gradient accumulation under no_sync keeps the ranks identical; a run resumed from a
+checkpoint (model, optimizer, hook state with residuals, through pickle) takes bit-identical
+steps, and one resumed without the residuals does not (so the check can fail).
+"""
+import os
+import pickle
+import sys
+import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from mpi4py import MPI  # noqa: E402  (initialises MPI, thread level multiple)
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
+
+import gcomp.torch  # noqa: E402
+from ddp_common import fashion_mnist, init_dist, param_hash  # noqa: E402
+
+WORLD = MPI.COMM_WORLD
+BATCH = 32
+
+
+def log(*a):
+    if WORLD.rank == 0:
+        print(*a, flush=True)
+
+
+def make_ddp(find_unused_parameters=False):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(784, 64), torch.nn.ReLU(),
+                                torch.nn.Linear(64, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 10))
+    # DDP fills buckets from the last parameter back and closes its first one past 1 MB: the
+    # last two layers (1.2 MB) make bucket 0, the first layer bucket 1; two keys, and the
+    # issue order matters. find_unused_parameters=True keeps DDP from rebuilding its buckets
+    # after the first iteration (torch 1.13's Reducer::should_rebuild_buckets).
+    ddp = DDP(model, find_unused_parameters=find_unused_parameters)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    return ddp, opt
+
+
+class Data:
+    def __init__(self, rank, size, n=1024):
+        x, y = fashion_mnist("train", n)
+        self.x, self.y = torch.from_numpy(x[rank::size]), torch.from_numpy(y[rank::size])
+
+    def batch(self, step, half=None):
+        n = len(self.x)
+        i = (step * BATCH) % (n - BATCH + 1)
+        x, y = self.x[i:i + BATCH], self.y[i:i + BATCH]
+        if half is not None:
+            h = BATCH // 2
+            x, y = (x[:h], y[:h]) if half == 0 else (x[h:], y[h:])
+        return x, y
+
+
+def step(ddp, opt, data, s, accumulate=False):
+    """One optimiser step; with accumulate, two micro-batches, the first under no_sync."""
+    opt.zero_grad()
+    lossf = torch.nn.functional.cross_entropy
+    if accumulate:
+        with ddp.no_sync():
+            x, y = data.batch(s, 0)
+            (lossf(ddp(x), y) / 2).backward()
+        x, y = data.batch(s, 1)
+        loss = lossf(ddp(x), y) / 2
+        loss.backward()
+        loss = loss * 2
+    else:
+        x, y = data.batch(s)
+        loss = lossf(ddp(x), y)
+        loss.backward()
+    opt.step()
+    return WORLD.allreduce(float(loss), op=MPI.SUM) / WORLD.size
+
+
+def same_everywhere(ddp, what):
+    hashes = WORLD.allgather(param_hash(ddp.module))
+    assert len(set(hashes)) == 1, "%s: parameters differ across ranks: %s" % (what, hashes)
+    return hashes[0]
+
+
+def train_check(codec, data, steps=40, start_iter=3):
+    ddp, opt = make_ddp()
+    state = gcomp.torch.GcompHookState(codec=codec, start_iter=start_iter)
+    ddp.register_comm_hook(state, gcomp.torch.hook)
+    losses = []
+    for s in range(steps):
+        losses.append(step(ddp, opt, data, s, accumulate=(s % 7 == 6)))
+        same_everywhere(ddp, "%s step %d" % (codec, s))
+    st = state.stats()
+    first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
+    log("%-18s loss %.3f -> %.3f, compressed calls %d, last schedule %s, wire/raw %.4f"
+        % (codec, first, last, st["compressed_calls"], st["last_schedule"],
+           st["wire_bytes"] / max(st["raw_bytes"], 1)))
+    assert last < 0.8 * first, "%s: loss did not fall: %.3f -> %.3f" % (codec, first, last)
+    assert st["compressed_calls"] > 0 and st["wire_bytes"] < st["raw_bytes"], st
+    # plain allreduce for start_iter rounds; then every bucket goes through gcomp
+    assert state.iter == steps, (state.iter, steps)
+    state.close()
+
+
+def resume_check(codec, data, before=12, after=6, start_iter=2):
+    # Bit-for-bit resume needs the resumed DDP to bucket the gradients as the saved one did;
+    # a DDP that rebuilds its buckets after its first iteration starts the resumed process
+    # with its initial layout instead (the hook then resets those buckets' residuals). Hence
+    # a DDP that keeps one layout: see make_ddp.
+    ddp, opt = make_ddp(find_unused_parameters=True)
+    state = gcomp.torch.GcompHookState(codec=codec, start_iter=start_iter)
+    ddp.register_comm_hook(state, gcomp.torch.hook)
+    for s in range(before):
+        step(ddp, opt, data, s)
+    ckpt = pickle.dumps({"model": ddp.module.state_dict(), "opt": opt.state_dict(),
+                         "hook": state})  # pickling the hook state = its state_dict()
+    ref = []
+    for s in range(before, before + after):
+        step(ddp, opt, data, s)
+        ref.append(same_everywhere(ddp, "%s reference step %d" % (codec, s)))
+    state.close()
+
+    def resumed(with_residuals):
+        ddp2, opt2 = make_ddp(find_unused_parameters=True)
+        c = pickle.loads(ckpt)  # re-creates the hook state (collective) with its residuals
+        ddp2.module.load_state_dict(c["model"])
+        opt2.load_state_dict(c["opt"])
+        hook_state = c["hook"]
+        if not with_residuals:
+            fresh = gcomp.torch.GcompHookState(codec=codec, start_iter=start_iter)
+            fresh.iter, fresh._layout = hook_state.iter, dict(hook_state._layout)
+            hook_state.close()
+            hook_state = fresh
+        ddp2.register_comm_hook(hook_state, gcomp.torch.hook)
+        got = []
+        for s in range(before, before + after):
+            step(ddp2, opt2, data, s)
+            got.append(same_everywhere(ddp2, "%s resumed step %d" % (codec, s)))
+        hook_state.close()
+        return got
+
+    got = resumed(True)
+    assert got == ref, "%s: resumed run diverged at step %d" % (
+        codec, before + next(i for i in range(after) if got[i] != ref[i]))
+    assert resumed(False) != ref, "%s: dropping the residuals changed nothing" % codec
+    log("%-18s resume from step %d: %d steps bit-identical; without residuals they differ"
+        % (codec, before, after))
+
+
+def main():
+    rank, size = init_dist(WORLD)
+    torch.set_num_threads(1)
+    data = Data(rank, size)
+    for codec in ("terngrad", "topk:ratio=0.05"):
+        train_check(codec, data)
+        resume_check(codec, data)
+    dist.destroy_process_group()
+    log("test_ddp_hook: OK")
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except BaseException:
+        traceback.print_exc()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        WORLD.Abort(1)
