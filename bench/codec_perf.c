@@ -1,5 +1,6 @@
 /*
- * codec_perf — single-threaded CPU throughput, compression ratio and error of gcomp codecs.
+ * codec_perf — single-threaded CPU throughput, compression ratio and error of gcomp codecs;
+ * with --device cuda the same on CUDA device buffers (codec_perf_cuda.c).
  *
  * For every codec spec and every buffer size it reports: compression ratio, relative error,
  * encode/decode time, effective encode/decode bandwidth, and the memcpy bandwidth of the
@@ -13,7 +14,7 @@
  *   memcpy : source read + destination write = 2 x size
  * GB/s = charged bytes / seconds / 1e9.
  *
- * Uses only the public API (gcomp.h).
+ * Uses only the public API (gcomp.h); the CUDA mode also calls the CUDA runtime.
  */
 #define _GNU_SOURCE /* sched_getaffinity, getopt_long */
 #include <errno.h>
@@ -28,14 +29,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "codec_perf.h"
 #include "gcomp.h"
 
-#define KIB ((size_t)1 << 10)
-#define MIB ((size_t)1 << 20)
-#define GIB ((size_t)1 << 30)
-#define MAX_ITERS 1000
-#define MAX_SPECS 64
-#define BENCH_KEY 1               /* any key but GCOMP_KEY_NONE enables the residual */
 #define DATA_SEED 0x5eed0f9c0a7ULL /* fixed: every run sees the same tensor */
 /* A timed sample lasts at least this long, so tiny sizes are not dominated by the clock. */
 #define MIN_SAMPLE_S 1e-3
@@ -44,20 +40,6 @@
 static const char *const default_specs[] = {
     "none", "fp16", "bf16", "terngrad", "terngrad:bucket=4096", "topk:ratio=0.01",
     "topk:ratio=0.001", "topk:ratio=0.01,values=fp16", "fp16+zstd:level=1",
-};
-
-enum dist { DIST_GAUSS, DIST_HEAVY };
-enum stat { STAT_MEDIAN, STAT_BEST };
-
-struct config {
-    const char *specs[MAX_SPECS];
-    size_t nspecs;
-    size_t min_bytes, max_bytes, factor;
-    int min_set, max_set;
-    int iters, warmup, ef, json;
-    enum dist dist;
-    enum stat stat;
-    double scale;
 };
 
 /* Allocated once at the largest size and reused by every row (smaller sizes use a prefix). */
@@ -76,12 +58,6 @@ struct row {
     double enc_gbps, dec_gbps, memcpy_gbps;
 };
 
-struct machine {
-    char cpu[256];
-    char arch[128];
-    long nproc;
-};
-
 /* ---------------------------------------------------------------------------------------- */
 /* Command line                                                                              */
 /* ---------------------------------------------------------------------------------------- */
@@ -93,6 +69,7 @@ static void usage(FILE *f, const char *prog)
         "\n"
         "Measures gcomp codecs on one CPU thread: compression ratio, relative error, encode and\n"
         "decode time and bandwidth, against memcpy of the same buffer in the same run.\n"
+        "With --device cuda: the same on GPU buffers, against cudaMemcpyAsync device to device.\n"
         "\n"
         "SPEC is a codec spec such as 'topk:ratio=0.01,values=fp16' or 'fp16+zstd:level=1'\n"
         "(positional, or repeated --codec SPEC). Default: none fp16 bf16 terngrad\n"
@@ -105,6 +82,18 @@ static void usage(FILE *f, const char *prog)
         "                        other follows it if needed\n"
         "  -f, --stepfactor N    multiply the size by N (integer >= 2) between rows (default 2)\n"
         "  -s, --size SIZE       one size only (same as -b SIZE -e SIZE)\n"
+        "  With --device cuda and none of -b/-e/-s/-f: 16M 64M 256M 1G (-b 16M -e 1G -f 4).\n"
+        "\n"
+        "Device:\n"
+        "  --device cpu|cuda     cpu (default): host buffers, one thread. cuda: buffers on the\n"
+        "                        current CUDA device; calls run on a stream and are timed with\n"
+        "                        CUDA events (encode with gcomp_codec_encode_async, decode with\n"
+        "                        gcomp_codec_decode_add_async), memcpy is cudaMemcpyAsync device\n"
+        "                        to device. Before timing a spec, its device payloads, residual\n"
+        "                        and decode are compared byte for byte with the CPU reference\n"
+        "                        (two steps of error feedback at the first size); a spec that\n"
+        "                        differs is reported and not timed (exit status 1). Specs the\n"
+        "                        device path does not support (+zstd) are skipped with a note.\n"
         "\n"
         "Timing:\n"
         "  -n, --iters N         timed samples (1..%d, default 5)\n"
@@ -139,6 +128,8 @@ static void usage(FILE *f, const char *prog)
         "                       (the whole accumulator, even for sparse codecs)\n"
         "              memcpy = source read + destination write = 2 x size\n"
         "  enc/memcpy  enc_GB/s / memcpy_GB/s (JSON key enc_vs_memcpy)\n"
+        "  cuda mode: copy_GB/s is the device-to-device copy, enc/copy and dec/copy the ratios\n"
+        "            (JSON keys copy_GBps, enc_ratio, dec_ratio; enc_GBps, dec_GBps; device)\n"
         "\n"
         "Exit status: 0 ok, 1 a codec call failed, 2 bad usage or a bad spec.\n",
         prog, MAX_ITERS);
@@ -190,7 +181,7 @@ static int add_spec(struct config *cfg, const char *prog, const char *spec)
     return 0;
 }
 
-enum { OPT_EF = 256, OPT_DIST, OPT_JSON, OPT_CODEC, OPT_STAT, OPT_SCALE };
+enum { OPT_EF = 256, OPT_DIST, OPT_JSON, OPT_CODEC, OPT_STAT, OPT_SCALE, OPT_DEVICE };
 
 /* One option; returns 0, or the exit status (2) on a bad value. */
 static int parse_option(struct config *cfg, const char *prog, int c, const char *arg)
@@ -214,6 +205,7 @@ static int parse_option(struct config *cfg, const char *prog, int c, const char 
     case 'f':
         if (parse_long(arg, 2, 1L << 20, &v)) return bad_value(prog, "-f", arg, "an integer >= 2");
         cfg->factor = (size_t)v;
+        cfg->factor_set = 1;
         return 0;
     case 'n':
         if (parse_long(arg, 1, MAX_ITERS, &v)) return bad_value(prog, "-n", arg, "1..1000");
@@ -242,6 +234,11 @@ static int parse_option(struct config *cfg, const char *prog, int c, const char 
         cfg->scale = strtod(arg, &end);
         if (errno || end == arg || *end || !isfinite(cfg->scale) || cfg->scale <= 0)
             return bad_value(prog, "--scale", arg, "a positive finite number");
+        return 0;
+    case OPT_DEVICE:
+        if (strcmp(arg, "cpu") == 0) cfg->device = DEVICE_CPU;
+        else if (strcmp(arg, "cuda") == 0) cfg->device = DEVICE_CUDA;
+        else return bad_value(prog, "--device", arg, "cpu or cuda");
         return 0;
     case OPT_JSON:
         cfg->json = 1;
@@ -287,7 +284,8 @@ static int parse_args(int argc, char **argv, struct config *cfg)
         {"ef", required_argument, 0, OPT_EF},     {"dist", required_argument, 0, OPT_DIST},
         {"stat", required_argument, 0, OPT_STAT}, {"scale", required_argument, 0, OPT_SCALE},
         {"codec", required_argument, 0, OPT_CODEC}, {"json", no_argument, 0, OPT_JSON},
-        {"help", no_argument, 0, 'h'},           {0, 0, 0, 0},
+        {"device", required_argument, 0, OPT_DEVICE}, {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
     };
     const char *prog = argv[0];
     int c, rc;
@@ -307,6 +305,19 @@ static int parse_args(int argc, char **argv, struct config *cfg)
     if (cfg->nspecs == 0)
         for (size_t i = 0; i < sizeof default_specs / sizeof *default_specs; i++)
             cfg->specs[cfg->nspecs++] = default_specs[i];
+    /* GPUs are timed where their memory system is the limit: 16M .. 1G unless told. */
+    if (cfg->device == DEVICE_CUDA && !cfg->min_set && !cfg->max_set && !cfg->factor_set) {
+        cfg->min_bytes = 16 * MIB;
+        cfg->max_bytes = GIB;
+        cfg->factor = 4;
+    }
+#ifndef GCOMP_BENCH_CUDA
+    if (cfg->device == DEVICE_CUDA) {
+        fprintf(stderr, "%s: --device cuda: this codec_perf was built without CUDA "
+                        "(configure with -DGCOMP_WITH_CUDA=ON)\n", prog);
+        return 2;
+    }
+#endif
     if ((rc = check_sizes(cfg, prog)) != 0) return rc;
     return -1;
 }
@@ -342,14 +353,14 @@ static double student_t3(uint64_t *s)
     return z / sqrt((a * a + b * b + c * c) / 3.0);
 }
 
-static void fill_data(float *x, size_t count, enum dist dist, double scale)
+void fill_data(float *x, size_t count, enum dist dist, double scale)
 {
     uint64_t s = DATA_SEED;
     for (size_t i = 0; i < count; i++)
         x[i] = (float)(scale * (dist == DIST_HEAVY ? student_t3(&s) : normal(&s)));
 }
 
-static double rel_error(const float *x, const float *xhat, size_t count)
+double rel_error(const float *x, const float *xhat, size_t count)
 {
     double num = 0, den = 0;
     for (size_t i = 0; i < count; i++) {
@@ -420,14 +431,14 @@ static int op_memcpy(void *p)
     return 0;
 }
 
-static int cmp_double(const void *a, const void *b)
+int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
 }
 
 /* Calls per sample so that a sample lasts >= MIN_SAMPLE_S, from one warmup call's time. */
-static long reps_for(double one_call_s)
+long reps_for(double one_call_s)
 {
     if (one_call_s <= 0) return 1;
     double r = ceil(MIN_SAMPLE_S / one_call_s);
@@ -458,7 +469,7 @@ static double time_op(op_fn fn, void *ctx, const struct config *cfg)
 /* One row: one spec at one size                                                            */
 /* ---------------------------------------------------------------------------------------- */
 
-static gcomp_codec *make_codec(const char *spec, int ef)
+gcomp_codec *make_codec(const char *spec, int ef)
 {
     gcomp_codec_options opts = gcomp_codec_options_default();
     opts.error_feedback = ef;
@@ -481,7 +492,7 @@ static int first_encode(struct enc_ctx *enc, float *acc, struct row *row)
     return 0;
 }
 
-static double gbps(double bytes, double s) { return s > 0 ? bytes / s / 1e9 : 0.0; }
+double gbps(double bytes, double s) { return s > 0 ? bytes / s / 1e9 : 0.0; }
 
 /* Fills row; returns 0, or the failing call's result (gcomp_last_error() has the detail). */
 static int run_row(const struct config *cfg, struct buffers *buf, const char *spec,
@@ -606,9 +617,9 @@ static void describe_machine(struct machine *m)
 /* Output                                                                                    */
 /* ---------------------------------------------------------------------------------------- */
 
-static const char *dist_name(enum dist d) { return d == DIST_HEAVY ? "heavy" : "gauss"; }
+const char *dist_name(enum dist d) { return d == DIST_HEAVY ? "heavy" : "gauss"; }
 
-static void fmt_size(size_t bytes, char *out, size_t n)
+void fmt_size(size_t bytes, char *out, size_t n)
 {
     if (bytes % GIB == 0) snprintf(out, n, "%zuG", bytes / GIB);
     else if (bytes % MIB == 0) snprintf(out, n, "%zuM", bytes / MIB);
@@ -616,7 +627,7 @@ static void fmt_size(size_t bytes, char *out, size_t n)
     else snprintf(out, n, "%zu", bytes);
 }
 
-static int spec_width(const struct config *cfg)
+int spec_width(const struct config *cfg)
 {
     size_t w = 4;
     for (size_t i = 0; i < cfg->nspecs; i++)
@@ -648,7 +659,7 @@ static void print_row_table(const struct config *cfg, const struct row *r)
            r->memcpy_gbps > 0 ? r->enc_gbps / r->memcpy_gbps : 0.0);
 }
 
-static void json_string(const char *key, const char *s)
+void json_string(const char *key, const char *s)
 {
     printf("\"%s\":\"", key);
     for (; *s; s++) {
@@ -661,7 +672,7 @@ static void json_string(const char *key, const char *s)
 }
 
 /* JSON has no inf/nan: a non-finite value (a broken codec) is written as null. */
-static void json_number(const char *key, double v)
+void json_number(const char *key, double v)
 {
     if (isfinite(v)) printf(",\"%s\":%.6g", key, v);
     else printf(",\"%s\":null", key);
@@ -693,7 +704,7 @@ static void print_row_json(const struct config *cfg, const struct machine *m, co
 }
 
 /* Big tensors take seconds per row; say what is running, on a terminal only. */
-static void progress(const char *what, const char *spec, size_t bytes)
+void progress(const char *what, const char *spec, size_t bytes)
 {
     char size[32];
     if (bytes < 64 * MIB || !isatty(STDERR_FILENO)) return;
@@ -701,7 +712,7 @@ static void progress(const char *what, const char *spec, size_t bytes)
     fprintf(stderr, "\r%s %s %s ...\033[K", what, spec, size);
 }
 
-static void progress_done(size_t bytes)
+void progress_done(size_t bytes)
 {
     if (bytes >= 64 * MIB && isatty(STDERR_FILENO)) fprintf(stderr, "\r\033[K");
 }
@@ -743,6 +754,12 @@ int main(int argc, char **argv)
     size_t payload_cap;
     if ((rc = check_specs(&cfg, argv[0], &payload_cap)) != 0) return rc;
 
+    struct machine m;
+    describe_machine(&m);
+#ifdef GCOMP_BENCH_CUDA
+    if (cfg.device == DEVICE_CUDA) return codec_perf_cuda(&cfg, &m, payload_cap, argv[0]);
+#endif
+
     struct buffers buf = {0};
     if (alloc_buffers(&buf, cfg.max_bytes, payload_cap)) {
         fprintf(stderr, "%s: out of memory for %zu-byte buffers\n", argv[0], cfg.max_bytes);
@@ -753,8 +770,6 @@ int main(int argc, char **argv)
     fill_data(buf.grad, cfg.max_bytes / sizeof(float), cfg.dist, cfg.scale);
     progress_done(cfg.max_bytes);
 
-    struct machine m;
-    describe_machine(&m);
     rc = run_all(&cfg, &buf, &m, argv[0]);
     free_buffers(&buf);
     return rc;

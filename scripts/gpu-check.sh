@@ -1,0 +1,257 @@
+#!/usr/bin/env bash
+# gpu-check.sh — the one command to run on a GPU machine (CUDA 13 nvcc, cmake; torch optional).
+#
+# Builds gcomp with CUDA into build-gpu (no MPI), prints the GPU and toolkit, runs the cuda
+# tests (ctest -L cuda), each cuda test again under compute-sanitizer memcheck, the device
+# codec table (codec_perf --device cuda), the PyTorch peers (bench/torch_peers.py), and ends
+# with a pass/fail line per step. A failing step is reported and the next one still runs.
+# Exit status: 0 when every step passed, 1 otherwise.
+#
+# Usage: scripts/gpu-check.sh [STEP ...]
+#   STEP: env deps build test sanitize perf torch cpu (default: all but cpu, in that order;
+#   build is incremental, so `scripts/gpu-check.sh perf torch` re-runs the benches only).
+# Environment:
+#   OUT=DIR                 each step's log DIR/NN-step.log, codec_perf_cuda.json,
+#                           torch_peers.json and summary.txt go there (else build-gpu/logs)
+#   GPU_CHECK_BUILD=DIR     build directory (default build-gpu)
+#   GPU_CHECK_ALL_ARCHS=1   build for sm_80 as well as sm_90 (default: sm_90 only, faster)
+#   GPU_CHECK_PERF_ARGS=..  extra codec_perf arguments (e.g. "-s 256M" for one size)
+#   GPU_CHECK_PYTHON=PATH   the python with torch (default: the first of python3,
+#                           /usr/bin/python3 that imports torch with CUDA)
+# The tests read GCOMP_TEST_QUICK=1 (set here for the sanitizer run only): they then skip their
+# largest (64 Mi element) cases, which memcheck would make slow.
+#
+# Libraries: the build needs libzstd and the tests cmocka. When pkg-config does not find them,
+# the script uses .gpu-deps/ (Debian packages unpacked by scripts/gpu-deps.sh on a machine with
+# apt; carry the folder with the tree), exposing only the missing ones.
+set -u -o pipefail
+cd "$(dirname "$0")/.." || exit 1
+ROOT=$(pwd)
+BUILD=${GPU_CHECK_BUILD:-build-gpu}
+case $BUILD in /*) ;; *) BUILD=$ROOT/$BUILD ;; esac
+LOGS=${OUT:-$BUILD/logs}
+mkdir -p "$LOGS" || { echo "gpu-check: cannot create $LOGS" >&2; exit 1; }
+ARCHS=90
+[ "${GPU_CHECK_ALL_ARCHS:-0}" = 1 ] && ARCHS="90;80"
+ALL_STEPS=(env deps build test sanitize perf torch)
+STEPS=("$@")
+[ ${#STEPS[@]} -eq 0 ] && STEPS=("${ALL_STEPS[@]}")
+T_START=$SECONDS
+
+declare -a SUMMARY=()
+STEP_NO=0
+BUILD_OK=1
+
+# step NAME CMD...: runs CMD with its output on the terminal and in the step's log; records
+# PASS/FAIL (CMD's status) or SKIP (status 77) and the seconds it took.
+step() {
+  local name=$1; shift
+  STEP_NO=$((STEP_NO + 1))
+  local log; log=$(printf '%s/%02d-%s.log' "$LOGS" "$STEP_NO" "$name")
+  local t0=$SECONDS rc
+  echo
+  echo "==== [$STEP_NO] $name ($(date -u +%H:%M:%S) UTC) ===="
+  "$@" 2>&1 | tee "$log"
+  rc=${PIPESTATUS[0]}
+  local verdict=PASS
+  [ "$rc" -eq 77 ] && verdict=SKIP
+  [ "$rc" -ne 0 ] && [ "$rc" -ne 77 ] && verdict="FAIL (status $rc)"
+  SUMMARY+=("$(printf '%-9s %-22s %4ds  %s' "$name" "$verdict" $((SECONDS - t0)) "${log#"$ROOT"/}")")
+  echo "==== [$STEP_NO] $name: $verdict in $((SECONDS - t0)) s ===="
+  return "$rc"
+}
+
+skip_step() {
+  SUMMARY+=("$(printf '%-9s %-22s %4s   %s' "$1" "SKIP" "-" "$2")")
+  echo; echo "==== $1: skipped: $2 ===="
+}
+
+# ---- steps ---------------------------------------------------------------------------------
+
+do_env() {
+  echo "date: $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
+  if git -C "$ROOT" rev-parse HEAD >/dev/null 2>&1; then
+    echo "commit: $(git -C "$ROOT" rev-parse HEAD) ($(git -C "$ROOT" status --porcelain | wc -l) changed files)"
+  else
+    echo "commit: unknown (no .git here; say which commit was copied)"
+  fi
+  echo "host: $(uname -srm), $(nproc) CPUs"
+  nvidia-smi || echo "nvidia-smi failed"
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,clocks.max.mem \
+    --format=csv 2>/dev/null || true
+  command -v nvcc >/dev/null || export PATH=/usr/local/cuda/bin:$PATH
+  nvcc --version || { echo "nvcc not found"; return 1; }
+  cmake --version | head -1
+  command -v ninja >/dev/null && echo "ninja $(ninja --version)"
+  command -v compute-sanitizer >/dev/null && compute-sanitizer --version | tail -1
+  nvidia-smi -L >/dev/null 2>&1 || { echo "no GPU visible to nvidia-smi"; return 1; }
+}
+
+# Exposes the packages of .gpu-deps that pkg-config cannot find on this machine, each under
+# its own prefix in the build directory (so a present libzstd is not shadowed by ours).
+use_gpu_dep() { # PC_NAME LIB_GLOB HEADER...
+  local pc=$1 lib=$2; shift 2
+  local src; src=$(ls -d "$ROOT"/.gpu-deps/root/usr/lib/*-linux-gnu 2>/dev/null | head -1)
+  if [ -z "$src" ] || [ ! -f "$src/pkgconfig/$pc.pc" ]; then
+    echo "$pc: missing here and not in .gpu-deps/ (run scripts/gpu-deps.sh where apt works," \
+         "then carry .gpu-deps/ with the tree)"
+    return 1
+  fi
+  local prefix=$BUILD/gpu-deps/$pc
+  rm -rf "$prefix"; mkdir -p "$prefix/lib/pkgconfig" "$prefix/include"
+  cp -L "$src"/$lib "$prefix/lib/"
+  local h; for h in "$@"; do cp -L "$ROOT/.gpu-deps/root/usr/include/$h" "$prefix/include/"; done
+  local version; version=$(sed -n 's/^Version: *//p' "$src/pkgconfig/$pc.pc")
+  local libname=${pc#lib}
+  cat >"$prefix/lib/pkgconfig/$pc.pc" <<EOF
+prefix=$prefix
+libdir=\${prefix}/lib
+includedir=\${prefix}/include
+Name: $pc
+Description: $pc from .gpu-deps (scripts/gpu-deps.sh)
+Version: $version
+Libs: -L\${libdir} -l$libname
+Cflags: -I\${includedir}
+EOF
+  export PKG_CONFIG_PATH=$prefix/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
+  export LD_LIBRARY_PATH=$prefix/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  echo "$pc: using .gpu-deps ($version) from $prefix"
+}
+
+do_deps() {
+  command -v pkg-config >/dev/null || { echo "pkg-config not found"; return 1; }
+  local rc=0
+  if pkg-config --exists libzstd; then echo "libzstd: system $(pkg-config --modversion libzstd)"
+  else use_gpu_dep libzstd 'libzstd.so*' zstd.h zdict.h zstd_errors.h || rc=1; fi
+  if pkg-config --exists cmocka; then echo "cmocka: system $(pkg-config --modversion cmocka)"
+  else use_gpu_dep cmocka 'libcmocka.so*' cmocka.h cmocka_pbc.h || rc=1; fi
+  return $rc
+}
+
+do_build() {
+  local gen=()
+  command -v ninja >/dev/null && gen=(-G Ninja)
+  # a generator other than the cache's cannot be reused: start that build directory afresh
+  if [ -f "$BUILD/CMakeCache.txt" ] && ! grep -q "CMAKE_GENERATOR:INTERNAL=${gen[1]:-Unix Makefiles}" "$BUILD/CMakeCache.txt"; then
+    rm -rf "$BUILD/CMakeCache.txt" "$BUILD/CMakeFiles"
+  fi
+  echo "+ cmake -S . -B $BUILD ${gen[*]} -DGCOMP_WITH_MPI=OFF -DGCOMP_WITH_CUDA=ON -DGCOMP_CUDA_ARCHS=$ARCHS"
+  cmake -S "$ROOT" -B "$BUILD" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DGCOMP_WITH_MPI=OFF \
+    -DGCOMP_WITH_CUDA=ON "-DGCOMP_CUDA_ARCHS=$ARCHS" "-DCMAKE_CUDA_ARCHITECTURES=$ARCHS" \
+    -DBUILD_TESTING=ON || return 1
+  cmake --build "$BUILD" -j"$(nproc)"
+}
+
+do_test() {
+  local out rc
+  out=$(cd "$BUILD" && ctest -L cuda --output-on-failure --timeout 900 2>&1)
+  rc=$?
+  echo "$out"
+  # On a GPU machine a skipped cuda test means the test did not find the device: a failure.
+  if echo "$out" | grep -q -e '\*\*\*Skipped' -e 'Not Run'; then
+    echo "gpu-check: a cuda test was skipped or not run on a machine with a GPU"; return 1
+  fi
+  echo "$out" | grep -q "No tests were found" && { echo "gpu-check: no cuda tests"; return 1; }
+  return $rc
+}
+
+do_sanitize() {
+  command -v compute-sanitizer >/dev/null || { echo "compute-sanitizer not found"; return 1; }
+  local t rc=0 n=0 r
+  for t in "$BUILD"/tests/test_cuda_*; do
+    [ -x "$t" ] && [ -f "$t" ] || continue
+    n=$((n + 1))
+    echo "+ GCOMP_TEST_QUICK=1 compute-sanitizer --tool memcheck --error-exitcode=1 ${t#"$ROOT"/}"
+    GCOMP_TEST_QUICK=1 timeout 400 compute-sanitizer --tool memcheck --error-exitcode=1 \
+      --leak-check no "$t"
+    r=$?
+    case $r in
+      0) echo "-- $(basename "$t"): clean" ;;
+      77) echo "-- $(basename "$t"): SKIPPED (no device seen under the sanitizer)"; rc=1 ;;
+      124) echo "-- $(basename "$t"): TIMED OUT after 400 s"; rc=1 ;;
+      *) echo "-- $(basename "$t"): FAILED (status $r)"; rc=1 ;;
+    esac
+  done
+  [ $n -gt 0 ] || { echo "no test_cuda_* executables in $BUILD/tests"; return 1; }
+  return $rc
+}
+
+do_perf() {
+  local bin=$BUILD/bench/codec_perf rc=0
+  [ -x "$bin" ] || { echo "$bin not built"; return 1; }
+  # shellcheck disable=SC2086 # GPU_CHECK_PERF_ARGS is a list of words
+  echo "+ codec_perf --device cuda ${GPU_CHECK_PERF_ARGS:-}"
+  "$bin" --device cuda ${GPU_CHECK_PERF_ARGS:-} || rc=1
+  echo "+ codec_perf --device cuda --json ${GPU_CHECK_PERF_ARGS:-} > ${LOGS#"$ROOT"/}/codec_perf_cuda.json"
+  # shellcheck disable=SC2086
+  "$bin" --device cuda --json ${GPU_CHECK_PERF_ARGS:-} >"$LOGS/codec_perf_cuda.json" || rc=1
+  return $rc
+}
+
+find_torch_python() {
+  local py
+  for py in ${GPU_CHECK_PYTHON:-} python3 /usr/bin/python3; do
+    command -v "$py" >/dev/null || continue
+    "$py" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null \
+      && { echo "$py"; return 0; }
+  done
+  return 1
+}
+
+do_torch() {
+  local py lib
+  py=$(find_torch_python) || { echo "no python with torch and CUDA found"; return 77; }
+  lib=$BUILD/libgcomp.so
+  [ -e "$lib" ] || { echo "$lib not built"; return 1; }
+  echo "+ $py bench/torch_peers.py --lib ${lib#"$ROOT"/} --json ${LOGS#"$ROOT"/}/torch_peers.json"
+  "$py" "$ROOT/bench/torch_peers.py" --lib "$lib" --json "$LOGS/torch_peers.json"
+}
+
+do_cpu() {
+  cd "$BUILD" && ctest -L unit -E '^install$' -j"$(nproc)" --output-on-failure --timeout 300
+}
+
+# ---- run -----------------------------------------------------------------------------------
+
+want() { local s; for s in "${STEPS[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
+
+for s in "${STEPS[@]}"; do
+  case $s in env|deps|build|test|sanitize|perf|torch|cpu) ;;
+    *) echo "gpu-check: unknown step '$s' (steps: ${ALL_STEPS[*]} cpu)" >&2; exit 2 ;;
+  esac
+done
+
+command -v nvcc >/dev/null || export PATH=/usr/local/cuda/bin:$PATH
+want env && step env do_env
+# deps sets PKG_CONFIG_PATH / LD_LIBRARY_PATH for the later steps: it runs in this shell (a
+# pipeline would run it in a subshell), its output still goes to the terminal and its log.
+if want deps || want build || want test || want sanitize || want cpu; then
+  STEP_NO=$((STEP_NO + 1)); t0=$SECONDS
+  deps_log=$(printf '%s/%02d-deps.log' "$LOGS" "$STEP_NO")
+  echo; echo "==== [$STEP_NO] deps ===="
+  do_deps >"$deps_log" 2>&1; rc=$?
+  cat "$deps_log"
+  v=PASS; [ $rc -ne 0 ] && v="FAIL (status $rc)"
+  SUMMARY+=("$(printf '%-9s %-22s %4ds  %s' deps "$v" $((SECONDS - t0)) "${deps_log#"$ROOT"/}")")
+fi
+if want build; then step build do_build || BUILD_OK=0; fi
+if [ $BUILD_OK = 1 ]; then
+  want test && step test do_test
+  want sanitize && step sanitize do_sanitize
+  want perf && step perf do_perf
+  want torch && step torch do_torch
+  want cpu && step cpu do_cpu
+else
+  for s in test sanitize perf torch cpu; do want $s && skip_step $s "the build failed"; done
+fi
+
+echo
+echo "==== gpu-check summary ($((SECONDS - T_START)) s; logs in ${LOGS}) ===="
+status=0
+for line in "${SUMMARY[@]}"; do
+  echo "$line"
+  case $line in *FAIL*) status=1 ;; esac
+done
+printf '%s\n' "${SUMMARY[@]}" >"$LOGS/summary.txt"
+[ $status = 0 ] && echo "gpu-check: all steps passed" || echo "gpu-check: SOME STEPS FAILED"
+exit $status
