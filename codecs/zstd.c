@@ -40,11 +40,14 @@ static void zstd_destroy(void *state)
     free(s);
 }
 
-/* The raw fallback needs n bytes, so the bound is the larger of the two. */
+/* The raw fallback needs n bytes, so the bound is the larger of the two. Past zstd's
+ * largest input ZSTD_compressBound says 0 (an error): SIZE_MAX then tells the library that
+ * no buffer can hold the result (gcomp_codec_max_encoded_bytes returns 0). */
 static size_t zstd_bound(const void *params, size_t n)
 {
     size_t b = ZSTD_compressBound(n);
     (void)params;
+    if (b == 0 || ZSTD_isError(b)) return SIZE_MAX;
     return b > n ? b : n;
 }
 

@@ -58,8 +58,9 @@ const char *gcomp_strerror(gcomp_result rc);
 /* The enum name of a result code, e.g. "GCOMP_ERR_CORRUPT". */
 const char *gcomp_result_name(gcomp_result rc);
 
-/* Detail of the last failure on the calling thread, e.g.
- * "spec 'topk:ratio=2': ratio=2 is out of range [1e-06, 1]". Thread-local storage owned by
+/* Detail of the last failure on the calling thread, the reason first, e.g.
+ * "topk: ratio=2 is out of range [1e-06, 1] (spec 'topk:ratio=2')". User text in a message
+ * is shortened and its control characters escaped (\xNN). Thread-local storage owned by
  * the library; valid until the next failing gcomp call on this thread. Never NULL. */
 const char *gcomp_last_error(void);
 
@@ -94,9 +95,18 @@ typedef struct gcomp_codec_options {
 gcomp_codec_options gcomp_codec_options_default(void);
 
 /* Create a codec chain from a spec string, e.g. "terngrad", "topk:ratio=0.01,values=fp16",
- * "fp16+zstd:level=1". Grammar: name[:key=value[,key=value]*][+name[:...]]*.
+ * "fp16+zstd:level=1". Grammar: name[:key=value[,key=value]*][+name[:...]]*, at most 4
+ * stages and 511 characters, no whitespace or control characters.
+ * A '+' separates stages, except inside a number: a value's first character ("ratio=+0.5")
+ * and the sign right after the exponent letter of a number ("clip=1e+3", "0x1p+4") belong
+ * to the value. Integer parameters are parsed and bounded as 64-bit integers; numbers are
+ * decimal or hex floats (strtod), subnormals included; a value that overflows a double
+ * (1e400) or underflows to zero (1e-400) is out of range, as is one outside the
+ * parameter's bounds; inf and nan are refused.
  * The first stage must be an element codec (none, fp16, bf16, terngrad, topk or a
  * registered one); later stages must be byte stages (zstd).
+ * top-k keeps k = ceil(ratio * count) elements (at least 1, at most count) of each tensor,
+ * or exactly k when k > 0 is given; the canonical spec's "k=0" means "k from ratio".
  * opts may be NULL (defaults). On success *out owns the object; free with
  * gcomp_codec_destroy. Errors: GCOMP_ERR_INVALID_ARG (NULL spec/out),
  * GCOMP_ERR_INVALID_SPEC (unknown codec or key, malformed or out-of-range value; the
@@ -104,15 +114,23 @@ gcomp_codec_options gcomp_codec_options_default(void);
 gcomp_result gcomp_codec_create(const char *spec, const gcomp_codec_options *opts,
                                 gcomp_codec **out);
 
+/* Free the object and its residuals. Accepts NULL. Destroying an object twice or using it
+ * after destroy is undefined, like free(). */
 void gcomp_codec_destroy(gcomp_codec *codec);
 
 /* The canonical spec of the chain with every parameter spelled out, e.g.
  * "topk:ratio=0.01,k=0,values=fp32". Owned by the codec object. */
 const char *gcomp_codec_spec(const gcomp_codec *codec);
 
+/* Largest count the codec API accepts (encode refuses more with GCOMP_ERR_INVALID_ARG):
+ * no buffer of this many elements fits in memory anyway, and below it no codec's bound
+ * arithmetic can wrap. */
+#define GCOMP_MAX_COUNT (SIZE_MAX / 64)
+
 /* Upper bound on the encoded size (header included) of count elements. Like
  * ZSTD_compressBound: size the output buffer of gcomp_codec_encode with it.
- * Returns 0 if codec is NULL. */
+ * Returns 0, with gcomp_last_error() set, if codec is NULL or the bound does not fit in a
+ * size_t (count > GCOMP_MAX_COUNT, or a user codec's bound that large). */
 size_t gcomp_codec_max_encoded_bytes(const gcomp_codec *codec, size_t count);
 
 /* Encode count elements of src (dtype) into dst (capacity dst_cap bytes). *written receives
@@ -122,8 +140,12 @@ size_t gcomp_codec_max_encoded_bytes(const gcomp_codec *codec, size_t count);
  * with a key advances that key's step, which keys the stochastic rounding.
  * If src holds NaN/Inf, the payload decodes to a non-finite result and the residual is left
  * untouched. count may be 0.
- * Errors: GCOMP_ERR_INVALID_ARG (NULL pointers with count > 0, bad dtype),
- * GCOMP_ERR_BUFFER_TOO_SMALL, GCOMP_ERR_NOMEM. Not thread-safe on the same codec object. */
+ * A dst_cap of gcomp_codec_max_encoded_bytes() always suffices (and is required with
+ * error feedback on for codecs that update the residual in place, terngrad); a smaller
+ * dst is encoded into scratch first. A failing call writes nothing to dst.
+ * Errors: GCOMP_ERR_INVALID_ARG (NULL pointers with count > 0, bad dtype,
+ * count > GCOMP_MAX_COUNT), GCOMP_ERR_BUFFER_TOO_SMALL, GCOMP_ERR_NOMEM.
+ * Not thread-safe on the same codec object. */
 gcomp_result gcomp_codec_encode(gcomp_codec *codec, uint64_t key, const void *src, size_t count,
                                 gcomp_dtype dtype, void *dst, size_t dst_cap, size_t *written);
 
@@ -223,6 +245,10 @@ typedef struct gcomp_comm_stats {
  * (send == recv is in place). stream must be NULL for host memory (CUDA streams go with the
  * NCCL communicator). key names the tensor for error feedback (e.g. a layer index); calls
  * with the same key must have the same count, or the residual is reset.
+ * Error feedback covers each rank's own encode of its input. On the dense ring
+ * (GCOMP_SCHED_DENSE: none, fp16, bf16) the partial sums are decoded and
+ * re-encoded at every hop (and GCOMP_SCHED_SPARSE_AS_DENSE, top-k on that ring), and the
+ * rounding of those re-encodes is not fed back.
  * Every rank gets a bitwise-identical result. Blocking; returns when recv holds the result.
  * Errors (on every rank): GCOMP_ERR_INVALID_ARG (NULL buffer with count > 0, bad dtype/op,
  * on any rank), GCOMP_ERR_MISMATCH (ranks disagree on count, dtype, op, codec or library
@@ -234,7 +260,8 @@ gcomp_result gcomp_allreduce(gcomp_comm *comm, const void *send, void *recv, siz
                              gcomp_op op, uint64_t key, struct CUstream_st *stream);
 
 /* Free the communicator and its residuals; does not touch the user's MPI/NCCL communicator.
- * Not collective. Accepts NULL. */
+ * Not collective. Accepts NULL. Destroying a communicator twice or using it after destroy
+ * is undefined, like free(). */
 void gcomp_comm_destroy(gcomp_comm *comm);
 
 gcomp_result gcomp_comm_stats_get(const gcomp_comm *comm, gcomp_comm_stats *out);

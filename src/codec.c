@@ -63,19 +63,36 @@ void gcomp_codec_destroy(gcomp_codec *c)
 
 const char *gcomp_codec_spec(const gcomp_codec *c) { return c ? c->chain.canonical : ""; }
 
-/* Largest payload the first `stages` stages of the chain can produce for count elements. */
+/* Largest payload the first `stages` stages of the chain can produce for count elements,
+ * or 0 when it would not fit in a size_t. Codecs see only counts up to GCOMP_MAX_COUNT, for
+ * which their own products cannot wrap (gcomp_codec.h); the header additions are checked
+ * here, and a stage bound of SIZE_MAX (zstd past its largest input) means "none". */
 static size_t bound_of_prefix(const gcomp__chain *ch, size_t stages, size_t count)
 {
     const gcomp__stage *el = &ch->stages[0];
-    size_t bytes = GCOMP_HEADER_BYTES + el->vt->max_body_bytes(el->params, count);
-    for (size_t i = 1; i < stages; i++)
-        bytes = GCOMP_HEADER_BYTES + ch->stages[i].vt->stage_bound(ch->stages[i].params, bytes);
+    size_t bytes;
+    if (count > GCOMP_MAX_COUNT) return 0;
+    bytes = el->vt->max_body_bytes(el->params, count);
+    for (size_t i = 0; i < stages; i++) {
+        if (i > 0) bytes = ch->stages[i].vt->stage_bound(ch->stages[i].params, bytes);
+        if (bytes > SIZE_MAX - GCOMP_HEADER_BYTES) return 0;
+        bytes += GCOMP_HEADER_BYTES;
+    }
     return bytes;
 }
 
 size_t gcomp_codec_max_encoded_bytes(const gcomp_codec *c, size_t count)
 {
-    return c ? bound_of_prefix(&c->chain, c->chain.n_stages, count) : 0;
+    size_t bound;
+    if (!c) {
+        gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_codec_max_encoded_bytes: codec is NULL");
+        return 0;
+    }
+    bound = bound_of_prefix(&c->chain, c->chain.n_stages, count);
+    if (!bound)
+        gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_codec_max_encoded_bytes: %s cannot bound %zu elements in a size_t%s",
+                    c->chain.canonical, count, count > GCOMP_MAX_COUNT ? " (more than GCOMP_MAX_COUNT)" : "");
+    return bound;
 }
 
 static void widen_to_f32(const void *src, gcomp_dtype dtype, size_t count, float *dst)
@@ -90,7 +107,9 @@ static void widen_to_f32(const void *src, gcomp_dtype dtype, size_t count, float
 static gcomp_result check_buffers(const char *fn, const void *a, const void *b, size_t count)
 {
     if (count > 0 && (!a || !b)) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "%s: NULL buffer with count %zu", fn, count);
-    if (count > SIZE_MAX / 8) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "%s: count %zu is too large", fn, count);
+    if (count > GCOMP_MAX_COUNT)
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "%s: count %zu is more than GCOMP_MAX_COUNT (%zu)", fn, count,
+                           (size_t)GCOMP_MAX_COUNT);
     return GCOMP_SUCCESS;
 }
 
@@ -152,17 +171,38 @@ static gcomp_result encode_byte_stages(gcomp_codec *c, const uint8_t *in, size_t
     return GCOMP_SUCCESS;
 }
 
-/* Run the element codec and every byte stage; intermediate payloads live in scratch. */
+/* Run the element codec and every byte stage; intermediate payloads live in scratch.
+ * A failed encode writes nothing to dst: with dst_cap >= the bound (the usual case) every
+ * stage succeeds, so the last one writes straight into dst; a smaller dst gets the payload
+ * copied from scratch only once it is known to fit. */
 static gcomp_result encode_chain(gcomp_codec *c, gcomp_encode_ctx *ctx, const float *x, const float *r_in,
                                  float *r_out, size_t count, gcomp_dtype dtype, uint8_t *dst, size_t cap,
                                  size_t *written)
 {
-    size_t n = c->chain.n_stages, bytes = 0;
-    if (n == 1) return encode_element(c, ctx, x, r_in, r_out, count, dtype, dst, cap, written);
-    for (int b = 0; b < 2; b++)
-        GCOMP_CHECK(gcomp__reserve(&c->stage_buf[b], &c->stage_cap[b], bound_of_prefix(&c->chain, n, count)));
+    size_t n = c->chain.n_stages, bytes = 0, bound = bound_of_prefix(&c->chain, n, count);
+    int direct = cap >= bound;
+    uint8_t *out;
+    if (!bound)
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "encode: %s cannot bound %zu elements in a size_t", c->chain.canonical,
+                           count);
+    if (direct && n == 1) return encode_element(c, ctx, x, r_in, r_out, count, dtype, dst, cap, written);
+    for (int b = 0; b < 2; b++) GCOMP_CHECK(gcomp__reserve(&c->stage_buf[b], &c->stage_cap[b], bound));
     GCOMP_CHECK(encode_element(c, ctx, x, r_in, r_out, count, dtype, c->stage_buf[0], c->stage_cap[0], &bytes));
-    return encode_byte_stages(c, c->stage_buf[0], bytes, count, dtype, dst, cap, written);
+    if (n > 1) {
+        /* the last stage writes into dst, or into the scratch buffer its input is not in */
+        out = direct ? dst : c->stage_buf[(n - 1) & 1];
+        GCOMP_CHECK(encode_byte_stages(c, c->stage_buf[0], bytes, count, dtype, out, direct ? cap : bound, &bytes));
+    } else {
+        out = c->stage_buf[0];
+    }
+    if (!direct) {
+        if (bytes > cap)
+            return gcomp__fail(GCOMP_ERR_BUFFER_TOO_SMALL, "encode: the %s payload is %zu bytes, the output holds %zu "
+                               "(gcomp_codec_max_encoded_bytes() = %zu always fits)", c->chain.canonical, bytes, cap, bound);
+        memcpy(dst, out, bytes);
+    }
+    *written = bytes;
+    return GCOMP_SUCCESS;
 }
 
 gcomp_result gcomp_codec_encode(gcomp_codec *c, uint64_t key, const void *src, size_t count, gcomp_dtype dtype,
@@ -189,9 +229,10 @@ gcomp_result gcomp_codec_encode(gcomp_codec *c, uint64_t key, const void *src, s
     ctx.rank = c->opts.rank;
     if (c->opts.error_feedback && key != GCOMP_KEY_NONE) {
         int in_place = (c->chain.stages[0].vt->caps & GCOMP_CAP_RESIDUAL_IN_PLACE) != 0;
-        /* an in-place residual is updated by the element codec: a byte stage must not fail
-         * after that, so the output must hold the bound before anything is touched */
-        if (in_place && c->chain.n_stages > 1 && dst_cap < gcomp_codec_max_encoded_bytes(c, count))
+        /* an in-place residual is updated by the element codec: nothing may fail after
+         * that (a byte stage, the copy out of scratch), so the output must hold the bound
+         * before anything is touched */
+        if (in_place && dst_cap < gcomp_codec_max_encoded_bytes(c, count))
             return gcomp__fail(GCOMP_ERR_BUFFER_TOO_SMALL, "gcomp_codec_encode: %s needs an output of "
                                "gcomp_codec_max_encoded_bytes() = %zu bytes, got %zu", c->chain.canonical,
                                gcomp_codec_max_encoded_bytes(c, count), dst_cap);

@@ -3,6 +3,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "internal.h"
 
@@ -40,6 +41,30 @@ static gcomp_result vfail(gcomp_result rc, const char *fmt, va_list ap)
     if (gcomp__debug_enabled())
         fprintf(stderr, "gcomp: %s: %s\n", gcomp_result_name(rc), last_error);
     return rc;
+}
+
+/* Messages echo user text (specs, values, environment variables): control and non-ASCII
+ * bytes become \xNN so a message stays one printable line, and text past max_chars is cut
+ * with "..." so the reason, printed first, is never pushed out of the 512-byte buffer. */
+const char *gcomp__quote(char *out, size_t cap, const char *s, size_t max_chars)
+{
+    size_t o = 0, i = 0;
+    if (!cap) return out;
+    if (!s) s = "(null)";
+    for (; s[i] && i < max_chars; i++) {
+        unsigned char ch = (unsigned char)s[i];
+        int printable = ch >= 0x20 && ch < 0x7f && ch != '\\';
+        size_t need = printable ? 1 : 4;
+        if (o + need + 4 > cap) break; /* room for "..." and the NUL */
+        if (printable) out[o++] = (char)ch;
+        else o += (size_t)snprintf(out + o, cap - o, "\\x%02x", ch);
+    }
+    if (s[i] && o + 4 <= cap) {
+        memcpy(out + o, "...", 3);
+        o += 3;
+    }
+    out[o < cap ? o : cap - 1] = '\0';
+    return out;
 }
 
 gcomp_result gcomp__fail(gcomp_result rc, const char *fmt, ...)

@@ -14,6 +14,9 @@ gcomp_result gcomp__fail(gcomp_result rc, const char *fmt, ...) __attribute__((f
 /* Debug log to stderr when GCOMP_DEBUG is set. */
 void gcomp__debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 int gcomp__debug_enabled(void);
+/* s made safe to echo in a message: control/non-ASCII bytes as \xNN, at most max_chars
+ * characters of s then "..."; written to out (cap bytes), which is returned. */
+const char *gcomp__quote(char *out, size_t cap, const char *s, size_t max_chars);
 
 /* Propagate a failure; at debug level, log where it passed through. */
 #define GCOMP_CHECK(x)                                                                      \

@@ -3,6 +3,7 @@
  * of the library. Built-ins are registered on first use; users add theirs with
  * gcomp_codec_register(). Wire ids below GCOMP_WIRE_ID_USER_MIN belong to built-ins.
  */
+#include <math.h>
 #include <pthread.h>
 #include <string.h>
 
@@ -27,6 +28,108 @@ static int valid_name(const char *s)
     return 1;
 }
 
+/* A parameter table is trusted by the parser, which writes each field at its offset and
+ * reads enum names by index: everything that could send it out of bounds is refused here. */
+#define MAX_PARAMS 64        /* the parser keeps a 64-bit "seen" mask */
+#define MAX_PARAMS_SIZE 4096 /* bytes of a params struct */
+#define MAX_CHOICES 64       /* an enum's choices must end with NULL within this many */
+
+/* Choices and keys are spelled in specs: no separator, '=' or whitespace may appear. */
+static int spellable(const char *s)
+{
+    if (!s || !*s || strlen(s) > 32) return 0;
+    for (; *s; s++)
+        if ((unsigned char)*s <= ' ' || (unsigned char)*s >= 0x7f || strchr("+:,=", *s)) return 0;
+    return 1;
+}
+
+static size_t param_size(gcomp_param_type t)
+{
+    switch (t) {
+    case GCOMP_PARAM_INT: return sizeof(int64_t);
+    case GCOMP_PARAM_DOUBLE: return sizeof(double);
+    case GCOMP_PARAM_ENUM: return sizeof(int);
+    }
+    return 0;
+}
+
+static size_t param_align(gcomp_param_type t)
+{
+    return t == GCOMP_PARAM_INT ? _Alignof(int64_t) : t == GCOMP_PARAM_DOUBLE ? _Alignof(double) : _Alignof(int);
+}
+
+static gcomp_result check_enum(const gcomp_codec_vtable *vt, const gcomp_param_def *p)
+{
+    size_t n = 0;
+    if (!p->choices) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "codec '%s': enum parameter '%s' has no choices", vt->name, p->name);
+    while (n < MAX_CHOICES && p->choices[n]) {
+        if (!spellable(p->choices[n]))
+            return gcomp__fail(GCOMP_ERR_INVALID_ARG, "codec '%s': parameter '%s': choice %zu is empty, longer than 32 "
+                               "characters or holds whitespace or one of + : , =", vt->name, p->name, n);
+        for (size_t j = 0; j < n; j++)
+            if (strcmp(p->choices[j], p->choices[n]) == 0)
+                return gcomp__fail(GCOMP_ERR_INVALID_ARG, "codec '%s': parameter '%s': choice '%s' appears twice",
+                                   vt->name, p->name, p->choices[n]);
+        n++;
+    }
+    if (n == MAX_CHOICES)
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "codec '%s': parameter '%s': choices must end with NULL within %d "
+                           "entries", vt->name, p->name, MAX_CHOICES - 1);
+    if (n == 0) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "codec '%s': enum parameter '%s' has no choices", vt->name, p->name);
+    if (!(p->def >= 0 && p->def < (double)n && p->def == (double)(int)p->def))
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "codec '%s': parameter '%s': default %g is not the index of one of its "
+                           "%zu choices", vt->name, p->name, p->def, n);
+    return GCOMP_SUCCESS;
+}
+
+static gcomp_result check_bounds(const gcomp_codec_vtable *vt, const gcomp_param_def *p)
+{
+    const double two63 = 9223372036854775808.0;
+    if (isnan(p->min) || isnan(p->max) || !(p->min <= p->max))
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "codec '%s': parameter '%s': bounds [%g, %g] are not min <= max",
+                           vt->name, p->name, p->min, p->max);
+    if (!isfinite(p->def) || p->def < p->min || p->def > p->max)
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "codec '%s': parameter '%s': default %g is outside [%g, %g]",
+                           vt->name, p->name, p->def, p->min, p->max);
+    /* an integer default must be an int64_t; [min, max] then holds at least that integer */
+    if (p->type == GCOMP_PARAM_INT && (p->def != floor(p->def) || p->def < -two63 || p->def >= two63))
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "codec '%s': integer parameter '%s': default %g is not an int64_t",
+                           vt->name, p->name, p->def);
+    return GCOMP_SUCCESS;
+}
+
+static gcomp_result check_params(const gcomp_codec_vtable *vt)
+{
+    if (vt->n_params > MAX_PARAMS)
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "codec '%s': %zu parameters, at most %d", vt->name, vt->n_params,
+                           MAX_PARAMS);
+    if (vt->params_size > MAX_PARAMS_SIZE)
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "codec '%s': params_size %zu is over %d bytes", vt->name,
+                           vt->params_size, MAX_PARAMS_SIZE);
+    for (size_t i = 0; i < vt->n_params; i++) {
+        const gcomp_param_def *p = &vt->params[i];
+        size_t size = param_size(p->type);
+        if (!valid_name(p->name))
+            return gcomp__fail(GCOMP_ERR_INVALID_ARG, "codec '%s': parameter %zu: name must be 1-32 chars of [a-z0-9_]",
+                               vt->name, i);
+        for (size_t j = 0; j < i; j++)
+            if (strcmp(vt->params[j].name, p->name) == 0)
+                return gcomp__fail(GCOMP_ERR_INVALID_ARG, "codec '%s': parameter '%s' appears twice", vt->name, p->name);
+        if (!size)
+            return gcomp__fail(GCOMP_ERR_INVALID_ARG, "codec '%s': parameter '%s' has unknown type %d", vt->name, p->name,
+                               (int)p->type);
+        /* written as "size <= params_size - offset" so that a huge offset cannot wrap */
+        if (p->offset > vt->params_size || size > vt->params_size - p->offset)
+            return gcomp__fail(GCOMP_ERR_INVALID_ARG, "codec '%s': parameter '%s': %zu bytes at offset %zu do not fit "
+                               "in params_size %zu", vt->name, p->name, size, p->offset, vt->params_size);
+        if (p->offset % param_align(p->type))
+            return gcomp__fail(GCOMP_ERR_INVALID_ARG, "codec '%s': parameter '%s': offset %zu is not aligned for its "
+                               "type", vt->name, p->name, p->offset);
+        GCOMP_CHECK(p->type == GCOMP_PARAM_ENUM ? check_enum(vt, p) : check_bounds(vt, p));
+    }
+    return GCOMP_SUCCESS;
+}
+
 static gcomp_result check_vtable(const gcomp_codec_vtable *vt)
 {
     if (vt->abi_version != GCOMP_CODEC_ABI_VERSION)
@@ -46,12 +149,7 @@ static gcomp_result check_vtable(const gcomp_codec_vtable *vt)
     }
     if ((vt->caps & GCOMP_CAP_INTEGER) && (!vt->num_scales || !vt->local_scales || !vt->encode_scaled))
         return gcomp__fail(GCOMP_ERR_INVALID_ARG, "INTEGER codec '%s' lacks its scale functions", vt->name);
-    for (size_t i = 0; i < vt->n_params; i++) {
-        const gcomp_param_def *p = &vt->params[i];
-        if (!p->name || p->offset >= vt->params_size || (p->type == GCOMP_PARAM_ENUM && !p->choices))
-            return gcomp__fail(GCOMP_ERR_INVALID_ARG, "codec '%s': parameter %zu is malformed", vt->name, i);
-    }
-    return GCOMP_SUCCESS;
+    return check_params(vt);
 }
 
 static gcomp_result add_locked(const gcomp_codec_vtable *vt)

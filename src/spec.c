@@ -2,19 +2,40 @@
  * spec.c — the one spec parser for every codec:
  *     spec   := stage ('+' stage)*
  *     stage  := name (':' key '=' value (',' key '=' value)*)?
+ * A '+' separates stages, except inside a number: a value's first character ("ratio=+0.5")
+ * or right after the exponent letter of a number ("1e+3", "0x1p+4") belongs to the value.
  * Each stage's keys are looked up in its codec's parameter table; the value is parsed by
- * the table's type and checked against its bounds. Any error names the stage, key or value.
+ * the table's type (integers as integers, compared with integer bounds) and checked against
+ * its bounds. A message gives the reason first, then a shortened, escaped quote of the spec.
  */
 #include <errno.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "internal.h"
 
+#define QUOTE_SPEC 64 /* characters of the spec a message quotes */
+#define QUOTE_TEXT 32 /* characters of a name, key or value a message quotes */
+
+/* Fail with "<reason> (spec '<spec, shortened and escaped>')": the reason comes first so a
+ * long spec cannot push it out of gcomp_last_error()'s buffer. */
+static gcomp_result spec_fail(gcomp_result rc, const char *spec, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static gcomp_result spec_fail(gcomp_result rc, const char *spec, const char *fmt, ...)
+{
+    char reason[384], q[4 * QUOTE_SPEC + 8];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(reason, sizeof reason, fmt, ap);
+    va_end(ap);
+    return gcomp__fail(rc, "%s (spec '%s')", reason, gcomp__quote(q, sizeof q, spec, QUOTE_SPEC));
+}
+
 /* Shortest "%.*g" that reads back as the same double, so canonical specs stay readable.
- * The exponent's '+' is dropped ("1e+20" -> "1e20"): '+' separates stages in a spec. */
+ * The exponent's '+' is dropped ("1e+20" -> "1e20"): shorter, and reads the same. */
 static void format_double(char *out, size_t cap, double v)
 {
     char *plus;
@@ -24,6 +45,26 @@ static void format_double(char *out, size_t cap, double v)
     }
     plus = strstr(out, "e+");
     if (plus) memmove(plus + 1, plus + 2, strlen(plus + 2) + 1);
+}
+
+/* The integers within an INT parameter's double bounds, exactly: [ceil(min), floor(max)]
+ * clamped to int64_t. (Doubles of magnitude >= 2^53 are integers, so the casts are exact
+ * where it matters; the registry has checked min <= max and that neither is NaN.) */
+static void int_bounds(const gcomp_param_def *p, int64_t *lo, int64_t *hi)
+{
+    const double two63 = 9223372036854775808.0;
+    if (p->min < -two63) *lo = INT64_MIN;
+    else if (p->min >= two63) *lo = INT64_MAX;
+    else {
+        *lo = (int64_t)p->min;
+        if ((double)*lo < p->min) (*lo)++;
+    }
+    if (p->max >= two63) *hi = INT64_MAX;
+    else if (p->max < -two63) *hi = INT64_MIN;
+    else {
+        *hi = (int64_t)p->max;
+        if ((double)*hi > p->max) (*hi)--;
+    }
 }
 
 static const gcomp_param_def *find_param(const gcomp_codec_vtable *vt, const char *key)
@@ -43,127 +84,268 @@ static void set_default(const gcomp_param_def *p, void *params)
     }
 }
 
-static gcomp_result parse_value(const char *spec, const char *codec, const gcomp_param_def *p,
-                                const char *val, void *params)
+static gcomp_result parse_int(const char *spec, const char *codec, const gcomp_param_def *p, const char *val,
+                              int64_t *out)
+{
+    char qv[4 * QUOTE_TEXT + 8];
+    char *end = NULL;
+    long long v;
+    int64_t lo, hi;
+    const char *digits = val + (*val == '+' || *val == '-');
+    gcomp__quote(qv, sizeof qv, val, QUOTE_TEXT);
+    int_bounds(p, &lo, &hi);
+    errno = 0;
+    v = strtoll(val, &end, 10);
+    if (*digits < '0' || *digits > '9' || *end)
+        return spec_fail(GCOMP_ERR_INVALID_SPEC, spec, "%s: %s='%s' is not an integer", codec, p->name, qv);
+    if (errno == ERANGE || v < lo || v > hi)
+        return spec_fail(GCOMP_ERR_INVALID_SPEC, spec, "%s: %s=%s is out of range [%lld, %lld]", codec, p->name, qv,
+                         (long long)lo, (long long)hi);
+    *out = v;
+    return GCOMP_SUCCESS;
+}
+
+static gcomp_result parse_double(const char *spec, const char *codec, const gcomp_param_def *p, const char *val,
+                                 double *out)
+{
+    char qv[4 * QUOTE_TEXT + 8], lo[32], hi[32];
+    char *end = NULL;
+    double v;
+    int range_err;
+    gcomp__quote(qv, sizeof qv, val, QUOTE_TEXT);
+    format_double(lo, sizeof lo, p->min);
+    format_double(hi, sizeof hi, p->max);
+    errno = 0;
+    v = strtod(val, &end);
+    range_err = errno == ERANGE;
+    if (end == val || *end)
+        return spec_fail(GCOMP_ERR_INVALID_SPEC, spec, "%s: %s='%s' is not a number", codec, p->name, qv);
+    /* ERANGE with a finite non-zero result is a subnormal: a valid double, kept. Overflow
+     * (+-HUGE_VAL) and underflow to zero are values a double cannot hold: out of range. */
+    if (range_err && (isinf(v) || v == 0.0))
+        return spec_fail(GCOMP_ERR_INVALID_SPEC, spec, "%s: %s=%s is out of range [%s, %s] (%s)", codec, p->name, qv,
+                         lo, hi, v == 0.0 ? "too small for a double: it underflows to 0" : "too large for a double");
+    if (!isfinite(v))
+        return spec_fail(GCOMP_ERR_INVALID_SPEC, spec, "%s: %s='%s' is not a finite number", codec, p->name, qv);
+    if (v < p->min || v > p->max)
+        return spec_fail(GCOMP_ERR_INVALID_SPEC, spec, "%s: %s=%s is out of range [%s, %s]", codec, p->name, qv, lo,
+                         hi);
+    *out = v;
+    return GCOMP_SUCCESS;
+}
+
+static gcomp_result parse_enum(const char *spec, const char *codec, const gcomp_param_def *p, const char *val,
+                               int *out)
+{
+    char qv[4 * QUOTE_TEXT + 8], list[160] = "";
+    size_t len = 0;
+    for (int i = 0; p->choices[i]; i++) {
+        if (strcmp(p->choices[i], val) == 0) {
+            *out = i;
+            return GCOMP_SUCCESS;
+        }
+        if (len < sizeof list)
+            len += (size_t)snprintf(list + len, sizeof list - len, "%s%s", i ? ", " : "", p->choices[i]);
+    }
+    return spec_fail(GCOMP_ERR_INVALID_SPEC, spec, "%s: %s='%s' is not one of the allowed values (%s)", codec, p->name,
+                     gcomp__quote(qv, sizeof qv, val, QUOTE_TEXT), list);
+}
+
+static gcomp_result parse_value(const char *spec, const char *codec, const gcomp_param_def *p, const char *val,
+                                void *params)
 {
     char *field = (char *)params + p->offset;
-    char *end = NULL;
-    if (!*val) return gcomp__fail(GCOMP_ERR_INVALID_SPEC, "spec '%s': %s: '%s' has an empty value", spec, codec, p->name);
-    errno = 0;
-    if (p->type == GCOMP_PARAM_INT) {
-        long long v = strtoll(val, &end, 10);
-        if (*end || errno)
-            return gcomp__fail(GCOMP_ERR_INVALID_SPEC, "spec '%s': %s: %s='%s' is not an integer", spec, codec, p->name, val);
-        if ((double)v < p->min || (double)v > p->max)
-            return gcomp__fail(GCOMP_ERR_INVALID_SPEC, "spec '%s': %s: %s=%lld is out of range [%.15g, %.15g]",
-                               spec, codec, p->name, v, p->min, p->max);
-        *(int64_t *)field = v;
-    } else if (p->type == GCOMP_PARAM_DOUBLE) {
-        double v = strtod(val, &end);
-        if (*end || errno || !isfinite(v))
-            return gcomp__fail(GCOMP_ERR_INVALID_SPEC, "spec '%s': %s: %s='%s' is not a finite number", spec, codec, p->name, val);
-        if (v < p->min || v > p->max)
-            return gcomp__fail(GCOMP_ERR_INVALID_SPEC, "spec '%s': %s: %s=%s is out of range [%.15g, %.15g]",
-                               spec, codec, p->name, val, p->min, p->max);
-        *(double *)field = v;
-    } else {
-        for (int i = 0; p->choices[i]; i++) {
-            if (strcmp(p->choices[i], val) == 0) {
-                *(int *)field = i;
-                return GCOMP_SUCCESS;
-            }
-        }
-        return gcomp__fail(GCOMP_ERR_INVALID_SPEC, "spec '%s': %s: %s='%s' is not one of the allowed values", spec, codec,
-                           p->name, val);
+    if (!*val) return spec_fail(GCOMP_ERR_INVALID_SPEC, spec, "%s: '%s' has an empty value", codec, p->name);
+    switch (p->type) {
+    case GCOMP_PARAM_INT: {
+        int64_t v;
+        GCOMP_CHECK(parse_int(spec, codec, p, val, &v));
+        memcpy(field, &v, sizeof v);
+        break;
+    }
+    case GCOMP_PARAM_DOUBLE: {
+        double v;
+        GCOMP_CHECK(parse_double(spec, codec, p, val, &v));
+        memcpy(field, &v, sizeof v);
+        break;
+    }
+    case GCOMP_PARAM_ENUM: {
+        int v;
+        GCOMP_CHECK(parse_enum(spec, codec, p, val, &v));
+        memcpy(field, &v, sizeof v);
+        break;
+    }
     }
     return GCOMP_SUCCESS;
 }
 
-/* Parse "key=value,key=value" (modified in place) into params. */
-static gcomp_result parse_params(const char *spec, const gcomp_codec_vtable *vt, char *list, void *params)
+/* Parse "key=value,key=value" (modified in place) into params. base is the start of the
+ * parser's copy of the spec, so positions in messages count from the spec's start. */
+static gcomp_result parse_params(const char *spec, const char *base, const gcomp_codec_vtable *vt, char *list,
+                                 void *params)
 {
-    uint64_t seen = 0;
-    char *save = NULL;
-    if (!*list) return gcomp__fail(GCOMP_ERR_INVALID_SPEC, "spec '%s': %s: ':' must be followed by key=value", spec, vt->name);
-    for (char *kv = strtok_r(list, ",", &save); kv; kv = strtok_r(NULL, ",", &save)) {
-        char *eq = strchr(kv, '=');
+    uint64_t seen = 0; /* the registry allows at most 64 parameters */
+    char *kv = list;
+    if (!*list) return spec_fail(GCOMP_ERR_INVALID_SPEC, spec, "%s: ':' must be followed by key=value", vt->name);
+    while (kv) {
+        char *comma = strchr(kv, ',');
+        char *eq;
         const gcomp_param_def *p;
-        if (!eq) return gcomp__fail(GCOMP_ERR_INVALID_SPEC, "spec '%s': %s: '%s' is not key=value", spec, vt->name, kv);
+        char qk[4 * QUOTE_TEXT + 8];
+        if (comma) *comma = '\0';
+        if (!*kv)
+            return spec_fail(GCOMP_ERR_INVALID_SPEC, spec, "empty element at character %zu", (size_t)(kv - base) + 1);
+        eq = strchr(kv, '=');
+        if (!eq)
+            return spec_fail(GCOMP_ERR_INVALID_SPEC, spec, "%s: '%s' is not key=value", vt->name,
+                             gcomp__quote(qk, sizeof qk, kv, QUOTE_TEXT));
         *eq = '\0';
+        if (!*kv)
+            return spec_fail(GCOMP_ERR_INVALID_SPEC, spec, "%s: no key before '=' at character %zu", vt->name,
+                             (size_t)(eq - base) + 1);
+        gcomp__quote(qk, sizeof qk, kv, QUOTE_TEXT);
         p = find_param(vt, kv);
-        if (!p) return gcomp__fail(GCOMP_ERR_INVALID_SPEC, "spec '%s': codec '%s' has no parameter '%s'", spec, vt->name, kv);
+        if (!p) return spec_fail(GCOMP_ERR_INVALID_SPEC, spec, "codec '%s' has no parameter '%s'", vt->name, qk);
         if (seen & (1ull << (p - vt->params)))
-            return gcomp__fail(GCOMP_ERR_INVALID_SPEC, "spec '%s': %s: '%s' is given twice", spec, vt->name, kv);
+            return spec_fail(GCOMP_ERR_INVALID_SPEC, spec, "%s: '%s' is given twice", vt->name, qk);
         seen |= 1ull << (p - vt->params);
         GCOMP_CHECK(parse_value(spec, vt->name, p, eq + 1, params));
+        kv = comma ? comma + 1 : NULL;
     }
-    /* strtok_r skips empty tokens: catch "a=1,,b=2" and a trailing comma here. */
     return GCOMP_SUCCESS;
 }
 
-static void append_canonical(gcomp__chain *c, const gcomp_codec_vtable *vt, const void *params)
+/* Append "name:key=value,..." (or "+name..." after the first stage) to the canonical spec;
+ * a canonical spec that would not fit is refused rather than cut (it would not parse back). */
+static gcomp_result append_canonical(const char *spec, gcomp__chain *c, const gcomp_codec_vtable *vt,
+                                     const void *params)
 {
     size_t len = strlen(c->canonical);
     char *out = c->canonical + len;
     size_t cap = sizeof c->canonical - len;
     int n = snprintf(out, cap, "%s%s", len ? "+" : "", vt->name);
-    for (size_t i = 0; i < vt->n_params && n > 0 && (size_t)n < cap; i++) {
+    for (size_t i = 0; i < vt->n_params && n >= 0 && (size_t)n < cap; i++) {
         const gcomp_param_def *p = &vt->params[i];
         const char *field = (const char *)params + p->offset;
         char val[64];
-        if (p->type == GCOMP_PARAM_INT) snprintf(val, sizeof val, "%lld", (long long)*(const int64_t *)field);
-        else if (p->type == GCOMP_PARAM_DOUBLE) format_double(val, sizeof val, *(const double *)field);
-        else snprintf(val, sizeof val, "%s", p->choices[*(const int *)field]);
+        if (p->type == GCOMP_PARAM_INT) {
+            int64_t v;
+            memcpy(&v, field, sizeof v);
+            snprintf(val, sizeof val, "%lld", (long long)v);
+        } else if (p->type == GCOMP_PARAM_DOUBLE) {
+            double v;
+            memcpy(&v, field, sizeof v);
+            format_double(val, sizeof val, v);
+        } else {
+            int v;
+            memcpy(&v, field, sizeof v);
+            snprintf(val, sizeof val, "%s", p->choices[v]);
+        }
         n += snprintf(out + n, cap - (size_t)n, "%s%s=%s", i ? "," : ":", p->name, val);
     }
+    if (n < 0 || (size_t)n >= cap) {
+        c->canonical[len] = '\0';
+        return spec_fail(GCOMP_ERR_INVALID_SPEC, spec, "the canonical spec would be longer than %d characters",
+                         GCOMP_SPEC_MAX - 1);
+    }
+    return GCOMP_SUCCESS;
 }
 
-static gcomp_result parse_stage(const char *spec, char *text, size_t idx, gcomp__chain *c)
+static gcomp_result parse_stage(const char *spec, const char *base, char *text, size_t idx, gcomp__chain *c)
 {
     char *colon = strchr(text, ':');
     const gcomp_codec_vtable *vt;
     gcomp__stage *st = &c->stages[idx];
+    char qn[4 * QUOTE_TEXT + 8];
     if (colon) *colon = '\0';
-    if (!*text) return gcomp__fail(GCOMP_ERR_INVALID_SPEC, "spec '%s': stage %zu has no codec name", spec, idx + 1);
+    if (!*text) return spec_fail(GCOMP_ERR_INVALID_SPEC, spec, "stage %zu has no codec name", idx + 1);
+    gcomp__quote(qn, sizeof qn, text, QUOTE_TEXT);
     vt = gcomp_codec_find(text);
-    if (!vt) return gcomp__fail(GCOMP_ERR_INVALID_SPEC, "spec '%s': unknown codec '%s'", spec, text);
+    if (!vt) return spec_fail(GCOMP_ERR_INVALID_SPEC, spec, "unknown codec '%s'", qn);
     if (idx == 0 && (vt->caps & GCOMP_CAP_BYTE_STAGE))
-        return gcomp__fail(GCOMP_ERR_INVALID_SPEC, "spec '%s': '%s' is a byte stage; it must follow an element codec (e.g. fp16+%s)",
-                           spec, vt->name, vt->name);
+        return spec_fail(GCOMP_ERR_INVALID_SPEC, spec,
+                         "'%s' is a byte stage; it must follow an element codec (e.g. fp16+%s)", vt->name, vt->name);
     if (idx > 0 && !(vt->caps & GCOMP_CAP_BYTE_STAGE))
-        return gcomp__fail(GCOMP_ERR_INVALID_SPEC, "spec '%s': '%s' is an element codec; only byte stages (zstd) may follow '+'",
-                           spec, vt->name);
+        return spec_fail(GCOMP_ERR_INVALID_SPEC, spec, "'%s' is an element codec; only byte stages (zstd) may follow '+'",
+                         vt->name);
     st->vt = vt;
     st->params = calloc(1, vt->params_size ? vt->params_size : 1);
-    if (!st->params) return gcomp__fail(GCOMP_ERR_NOMEM, "spec '%s': out of memory", spec);
+    if (!st->params) return spec_fail(GCOMP_ERR_NOMEM, spec, "out of memory");
     c->n_stages = idx + 1;
     for (size_t i = 0; i < vt->n_params; i++) set_default(&vt->params[i], st->params);
-    if (colon) GCOMP_CHECK(parse_params(spec, vt, colon + 1, st->params));
+    if (colon) GCOMP_CHECK(parse_params(spec, base, vt, colon + 1, st->params));
     if (vt->check_params) {
-        char msg[256] = "";
+        char msg[256] = "", qm[4 * 200 + 8];
         if (vt->check_params(st->params, msg, sizeof msg) != GCOMP_SUCCESS)
-            return gcomp__fail(GCOMP_ERR_INVALID_SPEC, "spec '%s': %s: %s", spec, vt->name, msg);
+            return spec_fail(GCOMP_ERR_INVALID_SPEC, spec, "%s: %s", vt->name, gcomp__quote(qm, sizeof qm, msg, 200));
     }
     if (vt->state_create) {
         st->state = vt->state_create(st->params);
-        if (!st->state) return gcomp__fail(GCOMP_ERR_NOMEM, "spec '%s': %s: cannot create its state", spec, vt->name);
+        if (!st->state) return spec_fail(GCOMP_ERR_NOMEM, spec, "%s: cannot create its state", vt->name);
     }
-    append_canonical(c, vt, st->params);
+    return append_canonical(spec, c, vt, st->params);
+}
+
+/* Whether the '+' at p belongs to the number whose text starts at v (just after '='): it is
+ * the number's sign (p == v), or the sign of its exponent -- the text before p is an
+ * optional sign, digits and '.', then 'e'/'E' (or a hex float "0x..." then 'p'/'P'). */
+static int plus_in_number(const char *v, const char *p)
+{
+    const char *s = v;
+    int hex = 0, digits = 0;
+    if (p == v) return 1;
+    if (*s == '+' || *s == '-') s++;
+    if (s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) {
+        hex = 1;
+        s += 2;
+    }
+    for (; s < p - 1; s++) {
+        int dec = *s >= '0' && *s <= '9';
+        int hexd = dec || (*s >= 'a' && *s <= 'f') || (*s >= 'A' && *s <= 'F');
+        if (*s == '.') continue;
+        if (!(hex ? hexd : dec)) return 0;
+        digits++;
+    }
+    if (!digits || s != p - 1) return 0;
+    return hex ? (p[-1] == 'p' || p[-1] == 'P') : (p[-1] == 'e' || p[-1] == 'E');
+}
+
+/* Cut buf (a copy of spec) into stages at the separating '+'s; refuse empty stages and more
+ * than GCOMP_MAX_STAGES before anything is parsed. */
+static gcomp_result split_stages(const char *spec, char *buf, char *stages[GCOMP_MAX_STAGES], size_t *n)
+{
+    const char *value = NULL; /* start of the value being scanned, NULL outside a value */
+    char *start = buf;
+    size_t count = 0;
+    for (char *p = buf;; p++) {
+        if (*p == '=' && !value) value = p + 1;
+        else if (*p == ',') value = NULL;
+        else if (*p == '+' && value && plus_in_number(value, p)) continue;
+        if (*p != '+' && *p != '\0') continue;
+        if (p == start) return spec_fail(GCOMP_ERR_INVALID_SPEC, spec, "empty element at character %zu", (size_t)(p - buf) + 1);
+        if (count == GCOMP_MAX_STAGES)
+            return spec_fail(GCOMP_ERR_INVALID_SPEC, spec, "more than %d stages", GCOMP_MAX_STAGES);
+        stages[count++] = start;
+        value = NULL;
+        if (*p == '\0') break;
+        *p = '\0';
+        start = p + 1;
+    }
+    *n = count;
     return GCOMP_SUCCESS;
 }
 
-/* Catch empty pieces that strtok would silently skip: "a++b", "a:x=1,,y=2", trailing ',' '+'. */
-static gcomp_result check_punctuation(const char *spec)
+static gcomp_result check_characters(const char *spec)
 {
     size_t len = strlen(spec);
     if (len == 0) return gcomp__fail(GCOMP_ERR_INVALID_SPEC, "empty codec spec");
-    if (len >= GCOMP_SPEC_MAX) return gcomp__fail(GCOMP_ERR_INVALID_SPEC, "spec is longer than %d characters", GCOMP_SPEC_MAX - 1);
+    if (len >= GCOMP_SPEC_MAX)
+        return spec_fail(GCOMP_ERR_INVALID_SPEC, spec, "spec is longer than %d characters", GCOMP_SPEC_MAX - 1);
     for (size_t i = 0; i < len; i++) {
-        char ch = spec[i], next = spec[i + 1];
-        if ((ch == '+' || ch == ',') && (next == '+' || next == ',' || next == '\0' || i == 0))
-            return gcomp__fail(GCOMP_ERR_INVALID_SPEC, "spec '%s': empty element at character %zu", spec, i + 1);
-        if (ch == ' ' || ch == '\t')
-            return gcomp__fail(GCOMP_ERR_INVALID_SPEC, "spec '%s': whitespace is not allowed", spec);
+        unsigned char ch = (unsigned char)spec[i];
+        if (ch <= ' ' || ch == 0x7f)
+            return spec_fail(GCOMP_ERR_INVALID_SPEC, spec, "whitespace or control character 0x%02x at character %zu", ch,
+                             i + 1);
     }
     return GCOMP_SUCCESS;
 }
@@ -171,22 +353,16 @@ static gcomp_result check_punctuation(const char *spec)
 gcomp_result gcomp__chain_parse(const char *spec, gcomp__chain *out)
 {
     char buf[GCOMP_SPEC_MAX];
-    char *save = NULL;
-    size_t idx = 0;
+    char *stages[GCOMP_MAX_STAGES];
+    size_t n = 0;
     gcomp_result rc = GCOMP_SUCCESS;
 
     memset(out, 0, sizeof *out);
     if (!spec) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "codec spec is NULL");
-    GCOMP_CHECK(check_punctuation(spec));
+    GCOMP_CHECK(check_characters(spec));
     strcpy(buf, spec);
-    for (char *st = strtok_r(buf, "+", &save); st; st = strtok_r(NULL, "+", &save), idx++) {
-        if (idx == GCOMP_MAX_STAGES) {
-            rc = gcomp__fail(GCOMP_ERR_INVALID_SPEC, "spec '%s': more than %d stages", spec, GCOMP_MAX_STAGES);
-            break;
-        }
-        rc = parse_stage(spec, st, idx, out);
-        if (rc != GCOMP_SUCCESS) break;
-    }
+    GCOMP_CHECK(split_stages(spec, buf, stages, &n));
+    for (size_t i = 0; i < n && rc == GCOMP_SUCCESS; i++) rc = parse_stage(spec, buf, stages[i], i, out);
     if (rc != GCOMP_SUCCESS) gcomp__chain_free(out);
     return rc;
 }

@@ -1,4 +1,6 @@
 /* test_errors.c — result codes, messages, dtype sizes and argument checking of the API. */
+#include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "test_util.h"
@@ -102,12 +104,92 @@ static void test_zero_count(void **state)
     }
 }
 
+/* Issue 13 item 10: a bound that does not fit in a size_t is 0 with a message, never a
+ * wrapped small number, and encode refuses such counts before touching anything. */
+static void test_bound_overflow(void **state)
+{
+    static const struct {
+        const char *spec;
+        size_t num, den; /* the bound is at least count * num / den bytes */
+    } specs[] = {{"none", 4, 1},         {"fp16", 2, 1},        {"bf16", 2, 1},
+                 {"terngrad", 1, 4},     {"terngrad:bucket=8", 1, 4}, {"topk:ratio=1", 4, 1},
+                 {"topk", 0, 1},         {"topk:k=1", 0, 1},    {"fp16+zstd", 2, 1},
+                 {"none+zstd+zstd+zstd", 4, 1}};
+    const size_t huge[] = {(size_t)1 << 62, SIZE_MAX / 8 + 1, SIZE_MAX / 4, SIZE_MAX - 1, SIZE_MAX,
+                           GCOMP_MAX_COUNT + 1};
+    float x[4] = {0};
+    uint8_t buf[64];
+    (void)state;
+    for (size_t s = 0; s < sizeof specs / sizeof specs[0]; s++) {
+        gcomp_codec *c = tu_codec(specs[s].spec);
+        size_t bound;
+        for (size_t h = 0; h < sizeof huge / sizeof huge[0]; h++) {
+            size_t w = 99;
+            if (gcomp_codec_max_encoded_bytes(c, huge[h]) != 0)
+                fail_msg("%s: bound of %zu elements is %zu, not 0", specs[s].spec, huge[h],
+                         gcomp_codec_max_encoded_bytes(c, huge[h]));
+            assert_non_null(strstr(gcomp_last_error(), "GCOMP_MAX_COUNT"));
+            /* the pointers are never read: the count is refused first */
+            assert_int_equal(gcomp_codec_encode(c, 1, x, huge[h], GCOMP_F32, buf, sizeof buf, &w), GCOMP_ERR_INVALID_ARG);
+            assert_int_equal(w, 0);
+        }
+        /* the largest accepted count has a bound that did not wrap */
+        bound = gcomp_codec_max_encoded_bytes(c, GCOMP_MAX_COUNT);
+        if (bound == 0 || bound / 2 < GCOMP_MAX_COUNT / specs[s].den / 2 * specs[s].num)
+            fail_msg("%s: bound of GCOMP_MAX_COUNT elements is %zu", specs[s].spec, bound);
+        gcomp_codec_destroy(c);
+    }
+}
+
+/* Issue 13 item 11: an encode that fails with GCOMP_ERR_BUFFER_TOO_SMALL writes nothing to
+ * dst, whatever stage found the buffer too small; an exactly sized buffer smaller than the
+ * bound gets the same payload as a bound-sized one. */
+static void test_failed_encode_writes_nothing(void **state)
+{
+    static const char *const specs[] = {"none+zstd", "fp16+zstd", "bf16+zstd:level=19", "topk:ratio=0.5+zstd",
+                                        "topk:ratio=0.5", "topk:k=3,values=fp16", "terngrad", "none",
+                                        "fp16+zstd+zstd"};
+    const size_t n = 1000;
+    float *x = tu_gauss_array(n, 5);
+    (void)state;
+    for (size_t s = 0; s < sizeof specs / sizeof specs[0]; s++) {
+        gcomp_codec *c = tu_codec(specs[s]);
+        size_t bound = gcomp_codec_max_encoded_bytes(c, n), need = 0, w;
+        uint8_t *ref = malloc(bound), *dst = malloc(bound);
+        int deterministic = strncmp(specs[s], "terngrad", 8) != 0; /* terngrad's step advances (+zstd would vary in size) */
+        const size_t caps[] = {0, 16, 31, 32, 33, 100, bound / 3, bound / 2};
+        assert_int_equal(gcomp_codec_encode(c, GCOMP_KEY_NONE, x, n, GCOMP_F32, ref, bound, &need), GCOMP_SUCCESS);
+        for (size_t k = 0; k <= sizeof caps / sizeof caps[0]; k++) {
+            size_t cap = k < sizeof caps / sizeof caps[0] ? caps[k] : need - 1;
+            if (cap >= need) continue;
+            memset(dst, 0xab, bound);
+            w = 99;
+            assert_int_equal(gcomp_codec_encode(c, GCOMP_KEY_NONE, x, n, GCOMP_F32, dst, cap, &w),
+                             GCOMP_ERR_BUFFER_TOO_SMALL);
+            assert_int_equal(w, 0);
+            for (size_t i = 0; i < bound; i++)
+                if (dst[i] != 0xab) fail_msg("%s: cap %zu: byte %zu of dst was written", specs[s], cap, i);
+        }
+        /* exactly the payload's size: fits, the same bytes as with the bound */
+        memset(dst, 0xab, bound);
+        assert_int_equal(gcomp_codec_encode(c, GCOMP_KEY_NONE, x, n, GCOMP_F32, dst, need, &w), GCOMP_SUCCESS);
+        assert_int_equal(w, need);
+        if (deterministic) assert_memory_equal(dst, ref, need);
+        for (size_t i = need; i < bound; i++) assert_int_equal(dst[i], 0xab);
+        free(ref);
+        free(dst);
+        gcomp_codec_destroy(c);
+    }
+    free(x);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_result_strings), cmocka_unit_test(test_dtype_size),
         cmocka_unit_test(test_null_arguments), cmocka_unit_test(test_buffer_too_small),
         cmocka_unit_test(test_half_dtypes),    cmocka_unit_test(test_zero_count),
+        cmocka_unit_test(test_bound_overflow), cmocka_unit_test(test_failed_encode_writes_nothing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -3,6 +3,8 @@
 
 #include "test_util.h"
 
+#define GCOMP_SPEC_MAX_TEST 1024
+
 static void expect_canonical(const char *spec, const char *canonical)
 {
     gcomp_codec *c = tu_codec(spec);
@@ -47,7 +49,7 @@ static void test_errors_name_the_problem(void **state)
     (void)state;
     expect_error("bogus", "unknown codec 'bogus'");
     expect_error("topk:foo=1", "no parameter 'foo'");
-    expect_error("topk:ratio=abc", "ratio='abc' is not a finite number");
+    expect_error("topk:ratio=abc", "ratio='abc' is not a number");
     expect_error("topk:ratio=nan", "not a finite number");
     expect_error("topk:ratio=", "empty value");
     expect_error("topk:ratio=2", "ratio=2 is out of range");
@@ -72,6 +74,74 @@ static void test_errors_name_the_problem(void **state)
     expect_error(":ratio=1", "no codec name");
 }
 
+/* Issue 13 item 9: what the parser got wrong, each case refused or accepted as it should. */
+static void test_numbers(void **state)
+{
+    (void)state;
+    /* an empty element right after ':' */
+    expect_error("topk:,ratio=0.1", "empty element at character 6");
+    /* integers are compared as integers: 2^62 is the bound, 2^62 + 1 is past it */
+    expect_canonical("topk:k=4611686018427387904", "topk:ratio=0.01,k=4611686018427387904,values=fp32");
+    expect_error("topk:k=4611686018427387905", "k=4611686018427387905 is out of range [0, 4611686018427387904]");
+    expect_error("topk:k=9223372036854775808", "is out of range [0, 4611686018427387904]"); /* past int64 */
+    expect_error("topk:k=-1", "k=-1 is out of range [0, 4611686018427387904]");
+    expect_error("topk:k=+", "is not an integer");
+    expect_error("topk:k=0x10", "is not an integer");
+    /* a '+' inside a number is part of it; a '+' before a codec name separates stages */
+    expect_canonical("topk:ratio=+0.5", "topk:ratio=0.5,k=0,values=fp32");
+    expect_canonical("topk:k=+7", "topk:ratio=0.01,k=7,values=fp32");
+    expect_canonical("terngrad:clip=1e+3", "terngrad:bucket=0,clip=1e03");
+    expect_canonical("terngrad:clip=1E+2,bucket=4", "terngrad:bucket=4,clip=1e02");
+    expect_canonical("terngrad:clip=0x1p+3", "terngrad:bucket=0,clip=8");
+    expect_canonical("terngrad:clip=1e+2+zstd", "terngrad:bucket=0,clip=1e02+zstd:level=1");
+    expect_canonical("topk:ratio=+0.5+zstd:level=+3", "topk:ratio=0.5,k=0,values=fp32+zstd:level=3");
+    expect_canonical("topk:ratio=0.5+zstd", "topk:ratio=0.5,k=0,values=fp32+zstd:level=1");
+    expect_error("topk:ratio=1e+", "ratio='1e+' is not a number");
+    expect_error("topk:ratio=1e+3x", "ratio='1e+3x' is not a number");
+    /* subnormals are finite numbers; under- and overflow are out of range */
+    expect_canonical("terngrad:clip=4.9e-324", "terngrad:bucket=0,clip=5e-324");
+    expect_error("topk:ratio=4.9e-324", "ratio=4.9e-324 is out of range [1e-06, 1]");
+    expect_error("terngrad:clip=1e-400", "clip=1e-400 is out of range [0, 1e03] (too small for a double");
+    expect_error("terngrad:clip=1e400", "clip=1e400 is out of range [0, 1e03] (too large for a double");
+    expect_error("terngrad:clip=-1e400", "out of range");
+    expect_error("terngrad:clip=inf", "clip='inf' is not a finite number");
+    expect_error("terngrad:clip=-nan", "is not a finite number");
+}
+
+/* Issue 13 item 12: the reason comes first, the quoted spec is shortened and escaped. */
+static void test_messages(void **state)
+{
+    char spec[GCOMP_SPEC_MAX_TEST];
+    gcomp_codec *c = NULL;
+    (void)state;
+    /* none + 100 x "+zstd" is 504 characters: the reason must still be there */
+    strcpy(spec, "none");
+    for (int i = 0; i < 100; i++) strcat(spec, "+zstd");
+    expect_error(spec, "more than 4 stages");
+    assert_true(strncmp(gcomp_last_error(), "more than 4 stages", 18) == 0);
+    assert_non_null(strstr(gcomp_last_error(), "..."));
+    assert_true(strlen(gcomp_last_error()) < 200);
+    /* a long value is cut too, and the reason is still first */
+    strcpy(spec, "topk:ratio=");
+    for (int i = 0; i < 400; i++) strcat(spec, "1");
+    expect_error(spec, "is out of range [1e-06, 1]");
+    assert_true(strncmp(gcomp_last_error(), "topk: ratio=111", 15) == 0);
+    /* control characters are escaped, never echoed */
+    expect_error("fp16\n+zstd", "control character 0x0a at character 5");
+    assert_non_null(strstr(gcomp_last_error(), "fp16\\x0a+zstd"));
+    assert_null(strchr(gcomp_last_error(), '\n'));
+    expect_error("fp16+zstd\x1b[31m", "control character 0x1b");
+    assert_null(strchr(gcomp_last_error(), 0x1b));
+    expect_error("topk:values=\x7f", "control character 0x7f");
+    expect_error("topk:values=fp8\xff", "is not one of the allowed values (fp32, fp16)");
+    assert_non_null(strstr(gcomp_last_error(), "fp8\\xff"));
+    /* integer bounds print as integers, double bounds in their shortest form */
+    expect_error("fp16+zstd:level=20", "level=20 is out of range [-7, 19]");
+    expect_error("topk:ratio=2", "topk: ratio=2 is out of range [1e-06, 1] (spec 'topk:ratio=2')");
+    assert_int_equal(gcomp_codec_create("topk:ratio=0.5", NULL, &c), GCOMP_SUCCESS);
+    gcomp_codec_destroy(c);
+}
+
 static void test_long_spec(void **state)
 {
     char spec[1024];
@@ -88,6 +158,8 @@ int main(void)
         cmocka_unit_test(test_valid_specs),
         cmocka_unit_test(test_errors_name_the_problem),
         cmocka_unit_test(test_long_spec),
+        cmocka_unit_test(test_numbers),
+        cmocka_unit_test(test_messages),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

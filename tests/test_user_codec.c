@@ -6,6 +6,8 @@
  * carries the key of its choice in the body. A second user codec, xormask, is a byte stage
  * (payload bytes XOR 0x5a) to show a user stage in a chain.
  */
+#include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -417,6 +419,167 @@ static void test_register_errors(void **state)
     }
 }
 
+/* ---- issue 13 item 8: parameter tables are validated at registration ------------------------ */
+
+typedef struct ptab_params {
+    int64_t i;
+    double d;
+    int e;
+} ptab_params;
+
+typedef struct small_params { /* 12 bytes: an int64 at offset 8 would run 4 bytes past it */
+    int32_t a, b, c;
+} small_params;
+
+static const char *const two_choices[] = {"lo", "hi", NULL};
+static const char *const no_choices[] = {NULL};
+static const char *const comma_choice[] = {"a,b", NULL};
+static const char *const empty_choice[] = {"", NULL};
+static const char *const dup_choices[] = {"x", "x", NULL};
+static const char *const many_choices[64] = {
+    "c0", "c1", "c2", "c3", "c4", "c5", "c6", "c7", "c8", "c9", "c10", "c11", "c12", "c13", "c14", "c15",
+    "c16", "c17", "c18", "c19", "c20", "c21", "c22", "c23", "c24", "c25", "c26", "c27", "c28", "c29", "c30", "c31",
+    "c32", "c33", "c34", "c35", "c36", "c37", "c38", "c39", "c40", "c41", "c42", "c43", "c44", "c45", "c46", "c47",
+    "c48", "c49", "c50", "c51", "c52", "c53", "c54", "c55", "c56", "c57", "c58", "c59", "c60", "c61", "c62", "c63",
+}; /* no NULL within 64 entries */
+
+#define P_INT(name, off, lo, hi, def) {name, GCOMP_PARAM_INT, off, lo, hi, def, NULL, "test"}
+#define P_DBL(name, off, lo, hi, def) {name, GCOMP_PARAM_DOUBLE, off, lo, hi, def, NULL, "test"}
+#define P_ENUM(name, off, choices, def) {name, GCOMP_PARAM_ENUM, off, 0, 0, def, choices, "test"}
+
+/* A byte stage (it never reads its params) with the given table: only the table is tested. */
+static gcomp_codec_vtable table_vt(const char *name, uint16_t id, const gcomp_param_def *params, size_t n,
+                                   size_t size)
+{
+    gcomp_codec_vtable v = xormask_vt;
+    v.name = name;
+    v.wire_id = id;
+    v.params = params;
+    v.n_params = n;
+    v.params_size = size;
+    return v;
+}
+
+static void test_register_param_tables(void **state)
+{
+    static const gcomp_param_def int_past_end[] = {P_INT("x", 8, 0, 100, 1)};
+    static const gcomp_param_def dbl_past_end[] = {P_DBL("x", 8, 0, 100, 1)};
+    static const gcomp_param_def enum_past_end[] = {P_ENUM("x", 12, two_choices, 0)};
+    static const gcomp_param_def offset_wraps[] = {P_INT("x", SIZE_MAX - 3, 0, 100, 1)};
+    static const gcomp_param_def misaligned[] = {P_INT("x", 4, 0, 100, 1)};
+    static const gcomp_param_def enum_def_past[] = {P_ENUM("e", offsetof(ptab_params, e), two_choices, 5)};
+    static const gcomp_param_def enum_def_neg[] = {P_ENUM("e", offsetof(ptab_params, e), two_choices, -1)};
+    static const gcomp_param_def enum_def_frac[] = {P_ENUM("e", offsetof(ptab_params, e), two_choices, 0.5)};
+    static const gcomp_param_def enum_null[] = {P_ENUM("e", offsetof(ptab_params, e), NULL, 0)};
+    static const gcomp_param_def enum_empty[] = {P_ENUM("e", offsetof(ptab_params, e), no_choices, 0)};
+    static const gcomp_param_def enum_unterminated[] = {P_ENUM("e", offsetof(ptab_params, e), many_choices, 0)};
+    static const gcomp_param_def enum_comma[] = {P_ENUM("e", offsetof(ptab_params, e), comma_choice, 0)};
+    static const gcomp_param_def enum_empty_name[] = {P_ENUM("e", offsetof(ptab_params, e), empty_choice, 0)};
+    static const gcomp_param_def enum_dup[] = {P_ENUM("e", offsetof(ptab_params, e), dup_choices, 0)};
+    static const gcomp_param_def min_gt_max[] = {P_INT("i", 0, 10, 1, 5)};
+    static const gcomp_param_def nan_bound[] = {P_DBL("d", 8, 0, NAN, 0)};
+    static const gcomp_param_def def_below[] = {P_DBL("d", 8, 1, 2, 0.5)};
+    static const gcomp_param_def def_above[] = {P_INT("i", 0, 1, 2, 3)};
+    static const gcomp_param_def def_nan[] = {P_DBL("d", 8, -INFINITY, INFINITY, NAN)};
+    static const gcomp_param_def def_frac[] = {P_INT("i", 0, 0, 10, 2.5)};
+    static const gcomp_param_def dup_names[] = {P_INT("i", 0, 0, 10, 1), P_DBL("i", 8, 0, 1, 0)};
+    static const gcomp_param_def bad_name[] = {P_INT("Bad", 0, 0, 10, 1)};
+    static const gcomp_param_def eq_name[] = {P_INT("a=b", 0, 0, 10, 1)};
+    static const gcomp_param_def null_name[] = {P_INT(NULL, 0, 0, 10, 1)};
+    static const gcomp_param_def bad_type[] = {{"i", (gcomp_param_type)7, 0, 0, 10, 1, NULL, "test"}};
+    static gcomp_param_def too_many[65];
+    static const struct {
+        const char *what;
+        const gcomp_param_def *params;
+        size_t n, size;
+    } bad[] = {
+        {"int64 at offset 8 of a 12-byte struct", int_past_end, 1, sizeof(small_params)},
+        {"double at offset 8 of a 12-byte struct", dbl_past_end, 1, sizeof(small_params)},
+        {"int at offset 12 of a 12-byte struct", enum_past_end, 1, sizeof(small_params)},
+        {"an offset that wraps", offset_wraps, 1, sizeof(ptab_params)},
+        {"a misaligned int64", misaligned, 1, sizeof(ptab_params)},
+        {"an enum default past its choices", enum_def_past, 1, sizeof(ptab_params)},
+        {"a negative enum default", enum_def_neg, 1, sizeof(ptab_params)},
+        {"a fractional enum default", enum_def_frac, 1, sizeof(ptab_params)},
+        {"an enum without choices", enum_null, 1, sizeof(ptab_params)},
+        {"an enum with an empty choice list", enum_empty, 1, sizeof(ptab_params)},
+        {"choices without NULL within 64", enum_unterminated, 1, sizeof(ptab_params)},
+        {"a choice holding ','", enum_comma, 1, sizeof(ptab_params)},
+        {"an empty choice", enum_empty_name, 1, sizeof(ptab_params)},
+        {"a choice given twice", enum_dup, 1, sizeof(ptab_params)},
+        {"min > max", min_gt_max, 1, sizeof(ptab_params)},
+        {"a NaN bound", nan_bound, 1, sizeof(ptab_params)},
+        {"a default below min", def_below, 1, sizeof(ptab_params)},
+        {"a default above max", def_above, 1, sizeof(ptab_params)},
+        {"a NaN default", def_nan, 1, sizeof(ptab_params)},
+        {"a fractional integer default", def_frac, 1, sizeof(ptab_params)},
+        {"a parameter name given twice", dup_names, 2, sizeof(ptab_params)},
+        {"an upper-case name", bad_name, 1, sizeof(ptab_params)},
+        {"a name holding '='", eq_name, 1, sizeof(ptab_params)},
+        {"a NULL name", null_name, 1, sizeof(ptab_params)},
+        {"an unknown type", bad_type, 1, sizeof(ptab_params)},
+        {"65 parameters", too_many, 65, 65 * sizeof(double)},
+        {"a params struct of 1 MiB", int_past_end, 1, (size_t)1 << 20},
+    };
+    static gcomp_codec_vtable vts[sizeof bad / sizeof bad[0]];
+    static char names[sizeof bad / sizeof bad[0]][16];
+    (void)state;
+    for (size_t i = 0; i < 65; i++) {
+        static char pn[65][8];
+        snprintf(pn[i], sizeof pn[i], "p%zu", i);
+        too_many[i] = (gcomp_param_def)P_DBL(pn[i], i * sizeof(double), 0, 1, 0);
+    }
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        gcomp_result rc;
+        snprintf(names[i], sizeof names[i], "ptab%zu", i);
+        vts[i] = table_vt(names[i], (uint16_t)(400 + i), bad[i].params, bad[i].n, bad[i].size);
+        rc = gcomp_codec_register(&vts[i]);
+        if (rc == GCOMP_SUCCESS) {
+            /* what a wrongly accepted table did before: parsing a spec wrote past the struct or
+             * read past the choices (ASan reports it here) */
+            char spec[64];
+            gcomp_codec *c = NULL;
+            snprintf(spec, sizeof spec, "none+%s", names[i]);
+            if (gcomp_codec_create(spec, NULL, &c) == GCOMP_SUCCESS) gcomp_codec_destroy(c);
+            snprintf(spec, sizeof spec, "none+%s:x=5", names[i]);
+            if (gcomp_codec_create(spec, NULL, &c) == GCOMP_SUCCESS) gcomp_codec_destroy(c);
+            fail_msg("a table with %s was registered", bad[i].what);
+        }
+        if (rc != GCOMP_ERR_INVALID_ARG) fail_msg("%s: %s", bad[i].what, gcomp_result_name(rc));
+        assert_non_null(strstr(gcomp_last_error(), names[i]));
+        assert_null(gcomp_codec_find(names[i]));
+    }
+}
+
+/* A table that uses every type at its edges registers, and its values parse as declared. */
+static void test_register_valid_table(void **state)
+{
+    static const gcomp_param_def params[] = {
+        P_INT("i", offsetof(ptab_params, i), -9223372036854775808.0, 9223372036854775807.0, -5),
+        P_DBL("d", offsetof(ptab_params, d), 0, 1, 0.25),
+        P_ENUM("e", offsetof(ptab_params, e), two_choices, 1),
+    };
+    static gcomp_codec_vtable v;
+    gcomp_codec *c = NULL;
+    (void)state;
+    v = table_vt("ptab_ok", 450, params, 3, sizeof(ptab_params));
+    assert_int_equal(gcomp_codec_register(&v), GCOMP_SUCCESS);
+    c = codec_with("none+ptab_ok", 0, 0);
+    assert_string_equal(gcomp_codec_spec(c), "none+ptab_ok:i=-5,d=0.25,e=hi");
+    gcomp_codec_destroy(c);
+    /* the whole int64 range, exactly; subnormals are numbers */
+    c = codec_with("none+ptab_ok:i=-9223372036854775808,d=4.9e-324,e=lo", 0, 0);
+    assert_string_equal(gcomp_codec_spec(c), "none+ptab_ok:i=-9223372036854775808,d=5e-324,e=lo");
+    gcomp_codec_destroy(c);
+    c = codec_with("none+ptab_ok:i=9223372036854775807", 0, 0);
+    assert_string_equal(gcomp_codec_spec(c), "none+ptab_ok:i=9223372036854775807,d=0.25,e=hi");
+    gcomp_codec_destroy(c);
+    assert_int_equal(gcomp_codec_create("none+ptab_ok:i=9223372036854775808", NULL, &c), GCOMP_ERR_INVALID_SPEC);
+    assert_non_null(strstr(gcomp_last_error(), "out of range [-9223372036854775808, 9223372036854775807]"));
+    assert_int_equal(gcomp_codec_create("none+ptab_ok:d=1e-400", NULL, &c), GCOMP_ERR_INVALID_SPEC);
+    assert_non_null(strstr(gcomp_last_error(), "out of range [0, 1]"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -424,6 +587,7 @@ int main(void)
         cmocka_unit_test(test_default_and_bad_params), cmocka_unit_test(test_deterministic_choice),
         cmocka_unit_test(test_error_feedback),      cmocka_unit_test(test_chains),
         cmocka_unit_test(test_corrupt_payloads),    cmocka_unit_test(test_register_errors),
+        cmocka_unit_test(test_register_param_tables), cmocka_unit_test(test_register_valid_table),
     };
     return cmocka_run_group_tests(tests, group_setup, NULL);
 }
