@@ -1,0 +1,375 @@
+/*
+ * mpi_allreduce.c — libgcomp_mpi.so: compressed MPI_Allreduce for unmodified MPI programs.
+ *
+ *   GCOMP_CODEC=terngrad LD_PRELOAD=/path/libgcomp_mpi.so mpirun ... ./trainer
+ *
+ * The library defines MPI_Allreduce (C) and the Fortran entry points of Open MPI's mpif.h /
+ * `use mpi` (mpi_allreduce_ and its spellings) and `use mpi_f08` (ompi_allreduce_f, which its
+ * wrapper calls). A call is compressed only when all of these hold, and each depends only on
+ * the call's arguments and the environment, so every rank decides the same way:
+ *   - GCOMP_CODEC is set and not empty (opt-in);
+ *   - the datatype is predefined MPI_FLOAT (or Fortran's MPI_REAL / MPI_REAL4 of 4 bytes) and
+ *     the op is predefined MPI_SUM;
+ *   - the communicator is an intracommunicator with more than one rank;
+ *   - count * 4 >= the communicator's min_bytes (GCOMP_MIN_BYTES, default 65536);
+ *   - MPI is initialised and MPI_Finalize has not begun.
+ * Everything else goes to PMPI_Allreduce (or Open MPI's own Fortran binding) with the
+ * caller's arguments untouched, so its result is exactly MPI's. MPI_Iallreduce and the other
+ * collectives are not intercepted at all.
+ *
+ * One gcomp communicator per MPI communicator, created collectively at the first float sum
+ * on it (all ranks reach that call together, since the decision above is the same on every
+ * rank) and kept as an attribute of that communicator: its delete callback destroys the
+ * gcomp communicator when the program frees the MPI one (MPI_Comm_free from any language)
+ * and, at MPI_Finalize, an attribute on MPI_COMM_SELF (deleted first, while MPI still works)
+ * destroys whatever is left and writes the summary.
+ *
+ * Error feedback: the residual key is (communicator, receive buffer address, count). A trainer
+ * that reduces each gradient in its own long-lived buffer gets one residual per tensor. A
+ * buffer that comes back with a different count is a buffer whose contents change meaning
+ * (Horovod's fusion buffer: which tensors share a fused call varies from step to step): its
+ * residual would feed one tensor's error into another, so from then on that address is
+ * reduced without error feedback (still compressed), and the summary counts those calls.
+ *
+ * Environment (read once, here): GCOMP_CODEC (opt-in; the rest of gcomp's GCOMP_* variables
+ * configure the communicator as usual), GCOMP_DEBUG (any value but "0": one summary line per
+ * rank on stderr at MPI_Finalize), GCOMP_STATS_FILE (the same as JSON, one file per rank: %r
+ * in the path becomes the MPI_COMM_WORLD rank, else ".rank<N>" is appended).
+ *
+ * Uses gcomp's public API only.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <mpi.h>
+
+#include "gcomp.h"
+#include "gcomp_mpi.h"
+
+#define EXPORT __attribute__((visibility("default")))
+
+/* Why a call went to MPI (the summary counts each). */
+enum {
+    PASS_DISABLED, /* GCOMP_CODEC unset, or MPI not initialised / finalising */
+    PASS_TYPE,     /* not predefined MPI_FLOAT (other types, derived datatypes) */
+    PASS_OP,       /* not predefined MPI_SUM (MPI_MAX, user ops) */
+    PASS_COMM,     /* intercommunicator, one rank, or a gcomp communicator that failed */
+    PASS_SMALL,    /* count * 4 below min_bytes */
+    PASS_REASONS
+};
+static const char *const pass_names[PASS_REASONS] = {"disabled", "datatype", "op", "communicator", "small"};
+
+/* One MPI communicator's gcomp side. */
+typedef struct ip_comm {
+    MPI_Comm comm;
+    gcomp_comm *g;     /* NULL when creation failed: every call on comm passes through */
+    int64_t min_bytes;
+    /* recv buffers seen with more than one count (fusion buffers): no error feedback */
+    struct seen { const void *buf; size_t count; int shared; } *seen;
+    size_t n_seen, cap_seen;
+    struct ip_comm *prev, *next;
+} ip_comm;
+
+/* Process-wide state. The counters are atomics because a MPI_THREAD_MULTIPLE program may
+ * reduce on several communicators from several threads; each communicator's own state is
+ * only touched by its (necessarily serialised) collective calls. */
+static struct {
+    pthread_mutex_t lock; /* setup, the list of communicators */
+    int ready;            /* keyvals created, finalize hook set */
+    int finalizing;
+    int enabled, debug;
+    const char *stats_file;
+    int comm_keyval, self_keyval;
+    ip_comm *live;
+    uint64_t compressed, passed[PASS_REASONS], no_ef_calls;
+    /* stats of gcomp communicators already destroyed */
+    uint64_t raw_bytes, wire_bytes, baseline_bytes;
+    char codec[256];
+} S = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+/* Calls that gcomp itself makes to MPI pass straight through. */
+static _Thread_local int inside_gcomp;
+
+static void bump(uint64_t *c) { __atomic_fetch_add(c, 1, __ATOMIC_RELAXED); }
+
+static int world_rank(void)
+{
+    int r = 0;
+    PMPI_Comm_rank(MPI_COMM_WORLD, &r);
+    return r;
+}
+
+static void add_stats(const gcomp_comm *g)
+{
+    gcomp_comm_stats st;
+    if (!g || gcomp_comm_stats_get(g, &st) != GCOMP_SUCCESS) return;
+    S.raw_bytes += st.raw_bytes;
+    S.wire_bytes += st.wire_bytes;
+    S.baseline_bytes += st.baseline_bytes;
+}
+
+static int comm_delete(MPI_Comm comm, int keyval, void *val, void *extra)
+{
+    ip_comm *c = val;
+    (void)comm, (void)keyval, (void)extra;
+    pthread_mutex_lock(&S.lock);
+    if (c->prev) c->prev->next = c->next;
+    else S.live = c->next;
+    if (c->next) c->next->prev = c->prev;
+    add_stats(c->g);
+    pthread_mutex_unlock(&S.lock);
+    inside_gcomp++;
+    gcomp_comm_destroy(c->g);
+    inside_gcomp--;
+    free(c->seen);
+    free(c);
+    return MPI_SUCCESS;
+}
+
+static void summary_line(char *out, size_t cap)
+{
+    uint64_t passed = 0;
+    for (int i = 0; i < PASS_REASONS; i++) passed += S.passed[i];
+    snprintf(out, cap,
+             "gcomp_mpi: rank %d: codec %s, MPI_Allreduce calls: %" PRIu64 " compressed (%" PRIu64
+             " without error feedback), %" PRIu64 " passed through (disabled %" PRIu64 ", datatype %" PRIu64 ", op %" PRIu64
+             ", communicator %" PRIu64 ", small %" PRIu64 "); %" PRIu64 " bytes sent instead of %" PRIu64 " (%" PRId64
+             " saved)",
+             world_rank(), S.enabled ? S.codec : "(off)", S.compressed, S.no_ef_calls, passed, S.passed[PASS_DISABLED],
+             S.passed[PASS_TYPE], S.passed[PASS_OP], S.passed[PASS_COMM], S.passed[PASS_SMALL], S.wire_bytes,
+             S.baseline_bytes, (int64_t)(S.baseline_bytes - S.wire_bytes));
+}
+
+static void write_stats_file(void)
+{
+    char path[4096];
+    const char *r = strstr(S.stats_file, "%r");
+    int rank = world_rank(), size = 0;
+    uint64_t passed = 0;
+    FILE *f;
+    PMPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (r) snprintf(path, sizeof path, "%.*s%d%s", (int)(r - S.stats_file), S.stats_file, rank, r + 2);
+    else snprintf(path, sizeof path, "%s.rank%d", S.stats_file, rank);
+    if (!(f = fopen(path, "w"))) {
+        fprintf(stderr, "gcomp_mpi: cannot write GCOMP_STATS_FILE '%s'\n", path);
+        return;
+    }
+    for (int i = 0; i < PASS_REASONS; i++) passed += S.passed[i];
+    fprintf(f, "{\"rank\": %d, \"size\": %d, \"codec\": \"%s\", \"calls_compressed\": %" PRIu64
+               ", \"calls_compressed_without_ef\": %" PRIu64 ", \"calls_passed_through\": %" PRIu64 ", \"passed_through\": {",
+            rank, size, S.enabled ? S.codec : "", S.compressed, S.no_ef_calls, passed);
+    for (int i = 0; i < PASS_REASONS; i++)
+        fprintf(f, "%s\"%s\": %" PRIu64, i ? ", " : "", pass_names[i], S.passed[i]);
+    fprintf(f, "}, \"raw_bytes\": %" PRIu64 ", \"wire_bytes\": %" PRIu64 ", \"baseline_bytes\": %" PRIu64
+               ", \"bytes_saved\": %" PRId64 "}\n",
+            S.raw_bytes, S.wire_bytes, S.baseline_bytes, (int64_t)(S.baseline_bytes - S.wire_bytes));
+    fclose(f);
+}
+
+/* MPI_Finalize deletes MPI_COMM_SELF's attributes first, with MPI still working: free every
+ * gcomp communicator left, then report. */
+static int self_delete(MPI_Comm comm, int keyval, void *val, void *extra)
+{
+    char line[512];
+    (void)comm, (void)keyval, (void)val, (void)extra;
+    S.finalizing = 1;
+    while (S.live) {
+        ip_comm *c = S.live;
+        /* the callback unlinks and frees it; call it by hand if MPI would not */
+        if (PMPI_Comm_delete_attr(c->comm, S.comm_keyval) != MPI_SUCCESS || S.live == c) comm_delete(MPI_COMM_NULL, 0, c, NULL);
+    }
+    if (S.debug) {
+        summary_line(line, sizeof line);
+        fprintf(stderr, "%s\n", line);
+    }
+    if (S.stats_file && *S.stats_file) write_stats_file();
+    return MPI_SUCCESS;
+}
+
+/* Read the environment and hook MPI_Finalize, once MPI is up. */
+static int setup(void)
+{
+    int init = 0, fin = 0;
+    if (__atomic_load_n(&S.ready, __ATOMIC_ACQUIRE)) return 1;
+    if (PMPI_Initialized(&init) != MPI_SUCCESS || !init || PMPI_Finalized(&fin) != MPI_SUCCESS || fin) return 0;
+    pthread_mutex_lock(&S.lock);
+    if (!S.ready) {
+        const char *codec = getenv("GCOMP_CODEC"), *debug = getenv("GCOMP_DEBUG");
+        S.enabled = codec && *codec;
+        snprintf(S.codec, sizeof S.codec, "%s", S.enabled ? codec : "");
+        S.debug = debug && *debug && strcmp(debug, "0") != 0;
+        S.stats_file = getenv("GCOMP_STATS_FILE");
+        PMPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, comm_delete, &S.comm_keyval, NULL);
+        PMPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, self_delete, &S.self_keyval, NULL);
+        PMPI_Comm_set_attr(MPI_COMM_SELF, S.self_keyval, NULL);
+        __atomic_store_n(&S.ready, 1, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&S.lock);
+    return 1;
+}
+
+/* The gcomp communicator of comm, created at its first compressible call (collective). */
+static ip_comm *comm_state(MPI_Comm comm)
+{
+    ip_comm *c = NULL;
+    int flag = 0;
+    gcomp_config cfg = gcomp_config_default(), got;
+    PMPI_Comm_get_attr(comm, S.comm_keyval, &c, &flag);
+    if (flag) return c;
+    if (!(c = calloc(1, sizeof *c))) return NULL;
+    c->comm = comm;
+    cfg.debug = S.debug; /* gcomp's own GCOMP_DEBUG is 0/1; ours accepts INFO too */
+    inside_gcomp++;
+    if (gcomp_comm_create_mpi(comm, &cfg, &c->g) != GCOMP_SUCCESS) {
+        /* the creation agrees across ranks: every rank lands here and passes through */
+        fprintf(stderr, "gcomp_mpi: rank %d: no compression on this communicator: %s\n", world_rank(), gcomp_last_error());
+        c->g = NULL;
+    } else if (gcomp_comm_config_get(c->g, &got) == GCOMP_SUCCESS) {
+        c->min_bytes = got.min_bytes;
+    }
+    inside_gcomp--;
+    pthread_mutex_lock(&S.lock);
+    c->next = S.live;
+    if (S.live) S.live->prev = c;
+    S.live = c;
+    pthread_mutex_unlock(&S.lock);
+    PMPI_Comm_set_attr(comm, S.comm_keyval, c);
+    return c;
+}
+
+/* The residual key of a call, or GCOMP_KEY_NONE for a buffer whose count has changed. */
+static uint64_t residual_key(ip_comm *c, const void *buf, size_t n)
+{
+    struct seen *s = NULL;
+    uint64_t k = (uint64_t)(uintptr_t)buf * 0x9e3779b97f4a7c15ull ^ (uint64_t)n;
+    for (size_t i = 0; i < c->n_seen && !s; i++)
+        if (c->seen[i].buf == buf) s = &c->seen[i];
+    if (!s) {
+        if (c->n_seen == c->cap_seen) {
+            size_t cap = c->cap_seen ? 2 * c->cap_seen : 16;
+            struct seen *p = realloc(c->seen, cap * sizeof *p);
+            if (!p) return GCOMP_KEY_NONE;
+            c->seen = p;
+            c->cap_seen = cap;
+        }
+        s = &c->seen[c->n_seen++];
+        *s = (struct seen){buf, n, 0};
+    } else if (!s->shared && s->count != n) {
+        s->shared = 1;
+        if (S.debug)
+            fprintf(stderr, "gcomp_mpi: rank %d: buffer %p reduced with %zu then %zu floats (a fusion buffer?): "
+                            "no error feedback for it from now on\n", world_rank(), buf, s->count, n);
+    }
+    if (s->shared) return GCOMP_KEY_NONE;
+    return k == GCOMP_KEY_NONE ? 0 : k;
+}
+
+static int is_float(MPI_Datatype type)
+{
+    int size = 0;
+    if (type != MPI_FLOAT && type != MPI_REAL && type != MPI_REAL4) return 0;
+    return PMPI_Type_size(type, &size) == MPI_SUCCESS && size == 4;
+}
+
+/* Which reason sends this call to MPI, or -1 to compress it; sets *out for compression. */
+static int classify(int n, MPI_Datatype type, MPI_Op op, MPI_Comm comm, ip_comm **out)
+{
+    int inter = 0, size = 0;
+    if (inside_gcomp || !setup() || !S.enabled || S.finalizing) return PASS_DISABLED;
+    if (!is_float(type)) return PASS_TYPE;
+    if (op != MPI_SUM) return PASS_OP;
+    if (comm == MPI_COMM_NULL || PMPI_Comm_test_inter(comm, &inter) != MPI_SUCCESS || inter) return PASS_COMM;
+    if (PMPI_Comm_size(comm, &size) != MPI_SUCCESS || size < 2) return PASS_COMM;
+    if (n <= 0) return PASS_SMALL;
+    *out = comm_state(comm);
+    if (!*out || !(*out)->g) return PASS_COMM;
+    if ((int64_t)n * 4 < (*out)->min_bytes) return PASS_SMALL;
+    return -1;
+}
+
+static int compressed_allreduce(ip_comm *c, const void *send, void *recv, int n)
+{
+    uint64_t key = residual_key(c, recv, (size_t)n);
+    gcomp_result rc;
+    if (send == MPI_IN_PLACE) send = recv;
+    inside_gcomp++;
+    rc = gcomp_allreduce(c->g, send, recv, (size_t)n, GCOMP_F32, GCOMP_SUM, key, NULL);
+    inside_gcomp--;
+    if (rc == GCOMP_SUCCESS) {
+        bump(&S.compressed);
+        if (key == GCOMP_KEY_NONE) bump(&S.no_ef_calls);
+        return MPI_SUCCESS;
+    }
+    /* gcomp reports a failure on every rank: hand it to the communicator's error handler,
+     * as MPI would (the default handler aborts the job) */
+    fprintf(stderr, "gcomp_mpi: rank %d: compressed MPI_Allreduce of %d floats failed: %s: %s\n", world_rank(), n,
+            gcomp_result_name(rc), gcomp_last_error());
+    PMPI_Comm_call_errhandler(c->comm, MPI_ERR_OTHER);
+    return MPI_ERR_OTHER;
+}
+
+EXPORT int MPI_Allreduce(const void *sendbuf, void *recvbuf, int count_, MPI_Datatype type, MPI_Op op, MPI_Comm comm)
+{
+    ip_comm *c = NULL;
+    int why = classify(count_, type, op, comm, &c);
+    if (why < 0) return compressed_allreduce(c, sendbuf, recvbuf, count_);
+    if (!inside_gcomp && S.ready) bump(&S.passed[why]);
+    return PMPI_Allreduce(sendbuf, recvbuf, count_, type, op, comm);
+}
+
+/* ---- Fortran (Open MPI): mpif.h and `use mpi` call mpi_allreduce_, whose body
+ * (ompi_allreduce_f) goes to PMPI_Allreduce directly, past MPI_Allreduce; `use mpi_f08`
+ * calls ompi_allreduce_f. Both are replaced here; what is not compressed goes to Open MPI's
+ * own binding, found behind this library. ---- */
+typedef void fortran_allreduce_fn(char *, char *, MPI_Fint *, MPI_Fint *, MPI_Fint *, MPI_Fint *, MPI_Fint *);
+
+/* Fortran's MPI_IN_PLACE is the address of a common block, under one of these names. */
+static int fortran_in_place(const void *p)
+{
+    static const char *const names[] = {"mpi_fortran_in_place_", "mpi_fortran_in_place", "mpi_fortran_in_place__",
+                                        "MPI_FORTRAN_IN_PLACE"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        void *s = dlsym(RTLD_DEFAULT, names[i]);
+        if (s && s == p) return 1;
+    }
+    return 0;
+}
+
+static void fortran_allreduce(char *send, char *recv, MPI_Fint *n, MPI_Fint *type, MPI_Fint *op, MPI_Fint *comm,
+                              MPI_Fint *ierr)
+{
+    static fortran_allreduce_fn *real;
+    MPI_Comm c_comm = PMPI_Comm_f2c(*comm);
+    ip_comm *c = NULL;
+    int why = classify((int)*n, PMPI_Type_f2c(*type), PMPI_Op_f2c(*op), c_comm, &c);
+    if (why < 0) {
+        int rc = compressed_allreduce(c, fortran_in_place(send) ? MPI_IN_PLACE : send, recv, (int)*n);
+        if (ierr) *ierr = (MPI_Fint)rc;
+        return;
+    }
+    if (!inside_gcomp && S.ready) bump(&S.passed[why]);
+    if (!real) real = (fortran_allreduce_fn *)dlsym(RTLD_NEXT, "ompi_allreduce_f");
+    if (!real) {
+        fprintf(stderr, "gcomp_mpi: Open MPI's Fortran MPI_Allreduce (ompi_allreduce_f) not found\n");
+        if (ierr) *ierr = MPI_ERR_INTERN;
+        return;
+    }
+    real(send, recv, n, type, op, comm, ierr);
+}
+
+#define FORTRAN_ENTRY(name)                                                                                      \
+    EXPORT void name(char *s, char *r, MPI_Fint *n, MPI_Fint *t, MPI_Fint *o, MPI_Fint *c, MPI_Fint *e) \
+    {                                                                                                            \
+        fortran_allreduce(s, r, n, t, o, c, e);                                                                  \
+    }
+FORTRAN_ENTRY(ompi_allreduce_f)
+FORTRAN_ENTRY(mpi_allreduce_)
+FORTRAN_ENTRY(mpi_allreduce)
+FORTRAN_ENTRY(mpi_allreduce__)
+FORTRAN_ENTRY(MPI_ALLREDUCE)

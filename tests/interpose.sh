@@ -1,0 +1,35 @@
+#!/bin/bash
+# interpose.sh — run an unmodified MPI program under LD_PRELOAD=libgcomp_mpi.so and check
+# its GCOMP_STATS_FILE against the calls the program says should have been compressed and
+# passed through (see interpose_prog.c, interpose_mpi4py.py, interpose_f.f90).
+#
+#   interpose.sh NP CODEC LIB -- COMMAND...
+# CODEC "none" runs without GCOMP_CODEC (the interposer loaded but off: every call passes).
+# The command's stdout must hold "rank R expects compressed=C passed=P no_ef=E" per rank.
+set -euo pipefail
+np=$1 codec=$2 lib=$3
+shift 4
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+env_args=(-x LD_PRELOAD="$lib" -x GCOMP_STATS_FILE="$out/stats_%r.json" -x GCOMP_DEBUG=INFO)
+[ "$codec" != none ] && env_args+=(-x GCOMP_CODEC="$codec")
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+timeout 240 mpirun --oversubscribe -np "$np" "${env_args[@]}" "$@" >"$out/stdout" 2>"$out/stderr" || {
+    echo "FAIL: mpirun exited with $?"; cat "$out/stdout" "$out/stderr"; exit 1; }
+cat "$out/stdout"
+grep "^gcomp_mpi: rank" "$out/stderr" || true
+fail=0
+for ((r = 0; r < np; r++)); do
+    exp=$(grep "^rank $r expects" "$out/stdout") || { echo "FAIL: rank $r printed no expectation"; fail=1; continue; }
+    f="$out/stats_$r.json"
+    [ -f "$f" ] || { echo "FAIL: no stats file for rank $r"; fail=1; continue; }
+    got=$(/usr/bin/python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("compressed=%d passed=%d no_ef=%d" % (d["calls_compressed"], d["calls_passed_through"], d["calls_compressed_without_ef"]))' "$f")
+    if [ "${exp#rank $r expects }" != "$got" ]; then
+        echo "FAIL: rank $r: program expects ${exp#rank $r expects }, stats file says $got"; cat "$f"; fail=1
+    else
+        echo "rank $r stats file: $got (as expected)"
+    fi
+    grep -q "^gcomp_mpi: rank $r: " "$out/stderr" || { echo "FAIL: no GCOMP_DEBUG summary line from rank $r"; fail=1; }
+done
+[ $fail -eq 0 ] && echo "PASS: $np ranks, codec $codec"
+exit $fail

@@ -1,0 +1,82 @@
+! interpose_f.f90 -- a Fortran `use mpi` program that knows nothing of gcomp, run by
+! interpose.sh under LD_PRELOAD=libgcomp_mpi.so. Open MPI's Fortran MPI_ALLREDUCE goes to
+! PMPI_Allreduce directly, past the C MPI_Allreduce; the interposer replaces the Fortran
+! entry points too, so a large MPI_REAL sum is compressed (in place too) and the rest passes
+! through. References come from PMPI_ALLREDUCE, which nobody replaces.
+! usage: interpose_f exact|lossy  (lossy: GCOMP_CODEC is set)
+program interpose_f
+  use mpi
+  implicit none
+  integer, parameter :: n = 40000, nsmall = 1000
+  real, allocatable :: x(:), got(:), ref(:)
+  double precision, allocatable :: dx(:), dgot(:), dref(:)
+  integer :: rank, nranks, ierr, i, failures, total, ncomp, npass
+  character(len=16) :: mode
+  logical :: lossy
+
+  call get_command_argument(1, mode)
+  lossy = trim(mode) == 'lossy'
+  call MPI_Init(ierr)
+  call MPI_Comm_rank(MPI_COMM_WORLD, rank, ierr)
+  call MPI_Comm_size(MPI_COMM_WORLD, nranks, ierr)
+  allocate(x(n), got(n), ref(n), dx(n), dgot(n), dref(n))
+  do i = 1, n
+    x(i) = sin(0.37 * i + 1.3 * rank) * (1 + mod(i, 7))
+    dx(i) = x(i)
+  end do
+  failures = 0
+  ncomp = 0
+  npass = 0
+
+  ! a large real sum: compressed when lossy
+  call PMPI_Allreduce(x, ref, n, MPI_REAL, MPI_SUM, MPI_COMM_WORLD, ierr)
+  call MPI_Allreduce(x, got, n, MPI_REAL, MPI_SUM, MPI_COMM_WORLD, ierr)
+  call check_real('real sum', lossy)
+  ! the same in place
+  got = x
+  call MPI_Allreduce(MPI_IN_PLACE, got, n, MPI_REAL, MPI_SUM, MPI_COMM_WORLD, ierr)
+  call check_real('in-place real sum', lossy)
+  if (lossy) then
+    ncomp = ncomp + 2
+  else
+    npass = npass + 2
+  end if
+
+  ! pass-through: a small buffer, MPI_MAX, double precision
+  call PMPI_Allreduce(x, ref, nsmall, MPI_REAL, MPI_SUM, MPI_COMM_WORLD, ierr)
+  call MPI_Allreduce(x, got, nsmall, MPI_REAL, MPI_SUM, MPI_COMM_WORLD, ierr)
+  if (any(got(1:nsmall) /= ref(1:nsmall))) call fail('small real sum differs from PMPI_Allreduce')
+  call PMPI_Allreduce(x, ref, n, MPI_REAL, MPI_MAX, MPI_COMM_WORLD, ierr)
+  call MPI_Allreduce(x, got, n, MPI_REAL, MPI_MAX, MPI_COMM_WORLD, ierr)
+  if (any(got /= ref)) call fail('real max differs from PMPI_Allreduce')
+  call PMPI_Allreduce(dx, dref, n, MPI_DOUBLE_PRECISION, MPI_SUM, MPI_COMM_WORLD, ierr)
+  call MPI_Allreduce(dx, dgot, n, MPI_DOUBLE_PRECISION, MPI_SUM, MPI_COMM_WORLD, ierr)
+  if (any(dgot /= dref)) call fail('double precision sum differs from PMPI_Allreduce')
+  npass = npass + 3
+
+  print '(a,i0,a,i0,a,i0,a)', 'rank ', rank, ' expects compressed=', ncomp, ' passed=', npass, ' no_ef=0'
+  call PMPI_Allreduce(failures, total, 1, MPI_INTEGER, MPI_SUM, MPI_COMM_WORLD, ierr)
+  if (rank == 0) print '(a,l1,a,i0)', 'interpose_f lossy=', lossy, ' failures=', total
+  call MPI_Finalize(ierr)
+  if (total /= 0) stop 1
+
+contains
+
+  subroutine fail(msg)
+    character(len=*), intent(in) :: msg
+    print '(a,i0,a,a)', 'rank ', rank, ': FAIL ', msg
+    failures = failures + 1
+  end subroutine fail
+
+  ! lossy: differs from MPI's sum (compressed) but within a loose bound; else bit-exact
+  subroutine check_real(what, compressed)
+    character(len=*), intent(in) :: what
+    logical, intent(in) :: compressed
+    if (compressed) then
+      if (all(got == ref)) call fail(what // ': identical to PMPI_Allreduce, not compressed')
+      if (maxval(abs(got - ref)) > 2.0 * nranks * 7.0) call fail(what // ': error beyond the codec bound')
+    else
+      if (any(got /= ref)) call fail(what // ': differs from PMPI_Allreduce')
+    end if
+  end subroutine check_real
+end program interpose_f

@@ -1,0 +1,209 @@
+/*
+ * test_mpi_checkpoint.c — residual checkpoints under real Open MPI ranks (ctest runs it
+ * with 2 and 3 ranks).
+ *
+ *  - Resume: a communicator runs STEPS calls on two keys and saves after STEPS - 1 of them;
+ *    a fresh communicator loads that and runs the last step: its result is bitwise identical
+ *    to the uninterrupted run's, for every lossy codec (the residual and the step that keys
+ *    TernGrad's rounding both come back), through a buffer and through a file. Without the
+ *    load the fresh communicator's step differs (the check can fail).
+ *  - Refusals, each leaving the state as it was: another codec, another key count, another
+ *    rank's file, a truncated blob (every length), a flipped byte, a newer version, a buffer
+ *    too small, error feedback off, an unwritable path.
+ * Checks are per rank; rank 0 prints the totals and the exit code is nonzero if any failed.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <mpi.h>
+
+#include "gcomp.h"
+#include "gcomp_mpi.h"
+
+#define N1 50000 /* 200000 bytes: compressed (min_bytes 65536) */
+#define N2 30000
+#define STEPS 4
+
+static int rank, size, n_pass, n_fail;
+
+#define CHECK(cond, ...)                                                                   \
+    do {                                                                                   \
+        if (cond) {                                                                        \
+            n_pass++;                                                                      \
+        } else {                                                                           \
+            n_fail++;                                                                      \
+            fprintf(stderr, "rank %d: FAIL %s:%d: ", rank, __FILE__, __LINE__);            \
+            fprintf(stderr, __VA_ARGS__);                                                  \
+            fputc('\n', stderr);                                                           \
+        }                                                                                  \
+    } while (0)
+
+static void fill(float *x, size_t n, int r, int step, int key)
+{
+    uint64_t s = 1000003ull * (uint64_t)r + 7919ull * (uint64_t)step + 104729ull * (uint64_t)key + 1;
+    for (size_t i = 0; i < n; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        x[i] = (float)((double)(s >> 11) * 0x1p-53 - 0.5) * 3.0f;
+    }
+}
+
+static gcomp_comm *make_comm(const char *codec, int ef)
+{
+    gcomp_config cfg = gcomp_config_default();
+    gcomp_comm *c = NULL;
+    cfg.codec = codec;
+    cfg.error_feedback = ef;
+    cfg.min_bytes = 65536;
+    if (gcomp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &c) != GCOMP_SUCCESS) {
+        fprintf(stderr, "rank %d: cannot create a '%s' communicator: %s\n", rank, codec, gcomp_last_error());
+        MPI_Abort(MPI_COMM_WORLD, 2);
+    }
+    return c;
+}
+
+/* One training step: both keys, in place, input from (rank, step). */
+static void step(gcomp_comm *c, int t, float *a, float *b)
+{
+    gcomp_result r1, r2;
+    fill(a, N1, rank, t, 1);
+    fill(b, N2, rank, t, 2);
+    r1 = gcomp_allreduce(c, a, a, N1, GCOMP_F32, GCOMP_SUM, 1, NULL);
+    r2 = gcomp_allreduce(c, b, b, N2, GCOMP_F32, GCOMP_SUM, 2, NULL);
+    CHECK(r1 == GCOMP_SUCCESS && r2 == GCOMP_SUCCESS, "step %d: %s", t, gcomp_last_error());
+}
+
+static void *save(gcomp_comm *c, size_t *bytes)
+{
+    void *blob;
+    size_t need = 0;
+    CHECK(gcomp_comm_residuals_save(c, NULL, 0, &need) == GCOMP_SUCCESS, "size query: %s", gcomp_last_error());
+    blob = malloc(need);
+    CHECK(gcomp_comm_residuals_save(c, blob, need, bytes) == GCOMP_SUCCESS && *bytes == need, "save: %s",
+          gcomp_last_error());
+    return blob;
+}
+
+static void test_resume(const char *codec, int via_file)
+{
+    float *a = malloc(N1 * 4), *b = malloc(N2 * 4), *a2 = malloc(N1 * 4), *b2 = malloc(N2 * 4);
+    char path[256];
+    size_t bytes = 0;
+    void *blob = NULL;
+    gcomp_comm *c = make_comm(codec, 1), *fresh;
+    snprintf(path, sizeof path, "/tmp/gcomp_ckpt_%d_%d.bin", (int)getpid(), rank);
+    for (int t = 0; t < STEPS - 1; t++) step(c, t, a, b);
+    if (via_file) CHECK(gcomp_comm_residuals_save_file(c, path) == GCOMP_SUCCESS, "save_file: %s", gcomp_last_error());
+    else blob = save(c, &bytes);
+    step(c, STEPS - 1, a, b); /* the uninterrupted run's next step */
+
+    fresh = make_comm(codec, 1);
+    if (via_file) {
+        CHECK(gcomp_comm_residuals_load_file(fresh, path) == GCOMP_SUCCESS, "load_file: %s", gcomp_last_error());
+        unlink(path);
+    } else {
+        CHECK(gcomp_comm_residuals_load(fresh, blob, bytes) == GCOMP_SUCCESS, "load: %s", gcomp_last_error());
+    }
+    step(fresh, STEPS - 1, a2, b2);
+    CHECK(memcmp(a, a2, N1 * 4) == 0 && memcmp(b, b2, N2 * 4) == 0,
+          "%s (%s): the resumed step differs from the uninterrupted one", codec, via_file ? "file" : "buffer");
+    gcomp_comm_destroy(fresh);
+
+    /* the check can fail: without the load the same step differs */
+    fresh = make_comm(codec, 1);
+    step(fresh, STEPS - 1, a2, b2);
+    CHECK(memcmp(a, a2, N1 * 4) != 0, "%s: a fresh communicator without the residuals gave the same result", codec);
+    gcomp_comm_destroy(fresh);
+    gcomp_comm_destroy(c);
+    free(blob), free(a), free(b), free(a2), free(b2);
+}
+
+/* A refused load returns want and leaves the communicator's state byte for byte as it was. */
+static void expect_refused(gcomp_comm *c, const void *blob, size_t bytes, gcomp_result want, const char *what)
+{
+    size_t n0 = 0, n1 = 0;
+    void *before = save(c, &n0), *after;
+    gcomp_result rc = gcomp_comm_residuals_load(c, blob, bytes);
+    CHECK(rc == want, "%s: got %s (%s), want %s", what, gcomp_result_name(rc), gcomp_last_error(), gcomp_result_name(want));
+    CHECK(strlen(gcomp_last_error()) > 10, "%s: no message", what);
+    after = save(c, &n1);
+    CHECK(n0 == n1 && memcmp(before, after, n0) == 0, "%s: a refused load changed the state", what);
+    free(before), free(after);
+}
+
+static uint64_t fnv1a(const uint8_t *p, size_t n)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+}
+
+static void test_refusals(void)
+{
+    float *a = malloc(N1 * 4), *b = malloc(N2 * 4);
+    gcomp_comm *c = make_comm("terngrad", 1), *other = make_comm("topk", 1), *small = make_comm("terngrad", 1),
+               *noef = make_comm("terngrad", 0);
+    size_t bytes = 0, tmp = 0;
+    uint8_t *blob, *copy, *rank0;
+    step(c, 0, a, b);
+    step(other, 0, a, b);
+    blob = save(c, &bytes);
+    copy = malloc(bytes);
+
+    CHECK(bytes > (size_t)(N1 + N2) * 4, "blob of %zu bytes holds both residuals", bytes);
+    CHECK(gcomp_comm_residuals_save(c, copy, bytes - 1, &tmp) == GCOMP_ERR_BUFFER_TOO_SMALL, "short buffer accepted");
+
+    expect_refused(other, blob, bytes, GCOMP_ERR_MISMATCH, "another codec");
+    CHECK(strstr(gcomp_last_error(), "terngrad") != NULL, "the message names the file's codec: %s", gcomp_last_error());
+
+    /* key 1 with another count in this communicator */
+    fill(a, N1, rank, 0, 1);
+    CHECK(gcomp_allreduce(small, a, a, N1 / 2, GCOMP_F32, GCOMP_SUM, 1, NULL) == GCOMP_SUCCESS, "%s", gcomp_last_error());
+    expect_refused(small, blob, bytes, GCOMP_ERR_MISMATCH, "another count for key 1");
+
+    for (size_t len = 0; len < bytes; len += len < 64 ? 1 : 4099) expect_refused(c, blob, len, GCOMP_ERR_CORRUPT, "truncated");
+    expect_refused(c, blob, bytes - 1, GCOMP_ERR_CORRUPT, "one byte short");
+
+    memcpy(copy, blob, bytes);
+    copy[bytes / 2] ^= 0x10;
+    expect_refused(c, copy, bytes, GCOMP_ERR_CORRUPT, "a flipped bit in the data");
+
+    memcpy(copy, blob, bytes);
+    copy[8] = 2; /* version 2, checksum made valid again */
+    {
+        uint64_t h = fnv1a(copy, bytes - 8);
+        for (int i = 0; i < 8; i++) copy[bytes - 8 + i] = (uint8_t)(h >> (8 * i));
+    }
+    expect_refused(c, copy, bytes, GCOMP_ERR_UNSUPPORTED, "a newer format version");
+
+    CHECK(gcomp_comm_residuals_load(noef, blob, bytes) == GCOMP_ERR_INVALID_ARG, "loaded into a communicator without EF");
+    CHECK(gcomp_comm_residuals_save_file(c, "/nonexistent-dir/x.bin") == GCOMP_ERR_INVALID_ARG, "unwritable path accepted");
+    CHECK(gcomp_comm_residuals_load_file(c, "/nonexistent-dir/x.bin") == GCOMP_ERR_INVALID_ARG, "missing file accepted");
+
+    /* rank 0's blob on the other ranks (all blobs have the same size: same keys and counts) */
+    rank0 = malloc(bytes);
+    memcpy(rank0, blob, bytes);
+    MPI_Bcast(rank0, (int)bytes, MPI_BYTE, 0, MPI_COMM_WORLD);
+    if (rank != 0) expect_refused(c, rank0, bytes, GCOMP_ERR_MISMATCH, "another rank's residuals");
+    else CHECK(gcomp_comm_residuals_load(c, rank0, bytes) == GCOMP_SUCCESS, "own blob refused: %s", gcomp_last_error());
+
+    gcomp_comm_destroy(c), gcomp_comm_destroy(other), gcomp_comm_destroy(small), gcomp_comm_destroy(noef);
+    free(blob), free(copy), free(rank0), free(a), free(b);
+}
+
+int main(int argc, char **argv)
+{
+    static const char *const codecs[] = {"terngrad", "topk:ratio=0.01", "fp16", "bf16+zstd"};
+    int fails = 0;
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    for (size_t i = 0; i < sizeof codecs / sizeof codecs[0]; i++) test_resume(codecs[i], 0);
+    test_resume("terngrad", 1);
+    test_refusals();
+    MPI_Allreduce(&n_fail, &fails, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    if (rank == 0) printf("test_mpi_checkpoint (%d ranks): %d checks passed on rank 0, %d failed on all ranks\n", size, n_pass, fails);
+    MPI_Finalize();
+    return fails ? 1 : 0;
+}
