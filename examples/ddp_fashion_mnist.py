@@ -1,0 +1,245 @@
+#!/usr/bin/env python3
+"""PyTorch DDP (gloo) on Fashion-MNIST: uncompressed DDP, torch's fp16 and PowerSGD hooks and
+gcomp's hook (TernGrad, top-k, fp16), one after the other in one invocation.
+
+    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+    PYTHONPATH=python GCOMP_LIBRARY=build/libgcomp.so \
+    mpirun --oversubscribe -np 4 /usr/bin/python3 examples/ddp_fashion_mnist.py --epochs 1
+
+Launched by mpirun: torch.distributed (gloo) takes its rank and size from Open MPI's
+environment, and gcomp's hook moves host tensors over MPI (mpi4py initialises MPI with
+MPI_THREAD_MULTIPLE). Every setting trains the same MLP (784-256-128-10, as bench/train's
+--model mlp) from the same initial weights on the same batches: global batch 128 split over
+the ranks, SGD with momentum 0.9, learning rate 0.05 with a cosine decay.
+
+Printed per setting (rank 0): test accuracy on the 10,000 test images, wall time of the
+training loop (evaluation excluded), milliseconds per step, and the bytes one rank sends per
+step once compression is on (after the first --start-iter steps, which every hook runs as a
+plain allreduce):
+  - gcomp: measured, gcomp's stats (wire_bytes, headers included) over the compressed steps;
+  - uncompressed DDP and torch's hooks: computed from the bucket contents as a ring
+    allreduce would send them, 2(N-1)/N x payload bytes: fp32 gradients (none), fp16 ones
+    (fp16_compress_hook), and for powerSGD_hook the P and Q factors of every matrix it
+    compresses (n x r and m x r, fp32, r = min(n, m, rank)) plus the tensors it sends
+    uncompressed (vectors, and matrices where (n + m) r x 2 > n m). gcomp's stats count
+    bytes the same way (baseline_bytes = 2(N-1)/N x raw), so the columns compare.
+"""
+import argparse
+import gzip
+import hashlib
+import os
+import socket
+import struct
+import sys
+import time
+
+from mpi4py import MPI
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+try:
+    import gcomp.torch
+except ImportError:  # run from the checkout without PYTHONPATH
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+    import gcomp.torch
+
+WORLD = MPI.COMM_WORLD
+SETTINGS = ["none", "torch-fp16", "torch-powersgd", "gcomp-terngrad", "gcomp-topk", "gcomp-fp16"]
+GCOMP_SPECS = {"gcomp-terngrad": "terngrad", "gcomp-topk": "topk:ratio=0.01", "gcomp-fp16": "fp16"}
+
+
+def parse():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--epochs", type=float, default=1.0, help="epochs per setting [1]")
+    p.add_argument("--quick", action="store_true",
+                   help="a smoke run: 12,800 training and 2,000 test images")
+    p.add_argument("--settings", default=",".join(SETTINGS),
+                   help="comma-separated subset of: " + ", ".join(SETTINGS))
+    p.add_argument("--start-iter", type=int, default=10,
+                   help="plain allreduce steps before compressing (PowerSGD and gcomp) [10]")
+    p.add_argument("--powersgd-rank", type=int, default=4, help="PowerSGD matrix rank [4]")
+    p.add_argument("--batch", type=int, default=128, help="global batch [128]")
+    p.add_argument("--lr", type=float, default=0.05, help="peak learning rate [0.05]")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
+    a = p.parse_args()
+    a.settings = [s for s in a.settings.split(",") if s]
+    bad = [s for s in a.settings if s not in SETTINGS]
+    if bad:
+        p.error("unknown setting(s) %s" % ", ".join(bad))
+    return a
+
+
+# ---- data --------------------------------------------------------------------------------
+
+def read_idx(path, count):
+    with gzip.open(path, "rb") as f:
+        magic, n = struct.unpack(">II", f.read(8))
+        dims = struct.unpack(">%dI" % ((magic & 0xFF) - 1), f.read(4 * ((magic & 0xFF) - 1)))
+        n = n if count is None else min(n, count)
+        per = int(np.prod(dims)) if dims else 1
+        return np.frombuffer(f.read(n * per), dtype=np.uint8).reshape((n,) + dims)
+
+
+def load(data, split, count):
+    pre = "train" if split == "train" else "t10k"
+    x = read_idx(os.path.join(data, pre + "-images-idx3-ubyte.gz"), count)
+    y = read_idx(os.path.join(data, pre + "-labels-idx1-ubyte.gz"), count)
+    x = (x.reshape(len(x), -1).astype(np.float32) / 255.0 - 0.2860) / 0.3530
+    return torch.from_numpy(x), torch.from_numpy(y.astype(np.int64))
+
+
+# ---- bytes on the wire -------------------------------------------------------------------
+
+def ring_bytes(payload, n):
+    return 2.0 * (n - 1) / n * payload
+
+
+def powersgd_payload(model, rank, min_compression_rate=2.0):
+    """Bytes powerSGD_hook allreduces per step: as torch 1.13's hook decides per tensor."""
+    total = 0
+    for p in model.parameters():
+        if p.dim() <= 1:
+            total += 4 * p.numel()
+            continue
+        n, m = p.shape[0], p.numel() // p.shape[0]
+        r = min(n, m, rank)
+        if (n + m) * r * min_compression_rate < n * m:  # psgd._should_compress
+            total += 4 * (n + m) * r
+        else:
+            total += 4 * p.numel()
+    return total
+
+
+# ---- one setting -------------------------------------------------------------------------
+
+def make_model(seed):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(784, 256), torch.nn.ReLU(),
+                               torch.nn.Linear(256, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+
+
+def param_hash(model):
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().numpy().tobytes())
+    return h.hexdigest()
+
+
+def run(setting, a, train, test):
+    rank, size = dist.get_rank(), dist.get_world_size()
+    model = make_model(a.seed)
+    ddp = DDP(model)
+    state = None
+    if setting == "torch-fp16":
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif setting == "torch-powersgd":
+        state = psgd.PowerSGDState(process_group=None, matrix_approximation_rank=a.powersgd_rank,
+                                   start_powerSGD_iter=a.start_iter, random_seed=a.seed)
+        ddp.register_comm_hook(state, psgd.powerSGD_hook)
+    elif setting.startswith("gcomp-"):
+        state = gcomp.torch.GcompHookState(codec=GCOMP_SPECS[setting], start_iter=a.start_iter,
+                                           seed=a.seed)
+        ddp.register_comm_hook(state, gcomp.torch.hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=a.lr, momentum=0.9)
+
+    x, y = train
+    local = a.batch // size
+    steps_per_epoch = len(x) // a.batch
+    steps = max(1, int(round(a.epochs * steps_per_epoch)))
+    gen = torch.Generator().manual_seed(a.seed)
+    perm = None
+    dist.barrier()
+    t0 = time.perf_counter()
+    for s in range(steps):
+        if s % steps_per_epoch == 0:
+            perm = torch.randperm(len(x), generator=gen)
+        lr = 0.5 * a.lr * (1 + np.cos(np.pi * s / steps))
+        for g in opt.param_groups:
+            g["lr"] = lr
+        i = (s % steps_per_epoch) * a.batch + rank * local
+        idx = perm[i:i + local]
+        opt.zero_grad()
+        loss = F.cross_entropy(ddp(x[idx]), y[idx])
+        loss.backward()
+        opt.step()
+        if s == a.start_iter - 1 and setting.startswith("gcomp-"):
+            state.stats_reset()
+    dist.barrier()
+    wall = time.perf_counter() - t0
+
+    with torch.no_grad():
+        acc = (model(test[0]).argmax(1) == test[1]).float().mean().item() * 100
+    same = len(set(WORLD.allgather(param_hash(model)))) == 1
+    nparams = sum(p.numel() for p in model.parameters())
+    if setting.startswith("gcomp-"):
+        st = state.stats()
+        compressed = max(1, steps - a.start_iter)
+        wire = st["wire_bytes"] / compressed
+        how = "measured (gcomp stats)"
+        state.close()
+    elif setting == "torch-fp16":
+        wire, how = ring_bytes(2 * nparams, size), "computed"
+    elif setting == "torch-powersgd":
+        wire, how = ring_bytes(powersgd_payload(model, a.powersgd_rank), size), "computed"
+    else:
+        wire, how = ring_bytes(4 * nparams, size), "computed"
+    return dict(setting=setting, acc=acc, wall=wall, steps=steps, wire=wire, how=how, same=same,
+                loss=float(loss))
+
+
+def init_dist():
+    rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", WORLD.rank))
+    size = int(os.environ.get("OMPI_COMM_WORLD_SIZE", WORLD.size))
+    port = None
+    if rank == 0:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    port = WORLD.bcast(port, root=0)
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port, rank=rank,
+                            world_size=size)
+
+
+def main():
+    a = parse()
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    init_dist()
+    size = dist.get_world_size()
+    if a.batch % size:
+        sys.exit("--batch %d must be a multiple of the %d ranks" % (a.batch, size))
+    train = load(a.data, "train", 12800 if a.quick else None)
+    test = load(a.data, "test", 2000 if a.quick else None)
+    rows = []
+    for setting in a.settings:
+        rows.append(run(setting, a, train, test))
+        r = rows[-1]
+        if WORLD.rank == 0:
+            print("# %-15s acc %.2f %%  %.1f s  final loss %.3f  identical params: %s"
+                  % (setting, r["acc"], r["wall"], r["loss"], "yes" if r["same"] else "NO"),
+                  flush=True)
+    if WORLD.rank == 0:
+        base = next((r for r in rows if r["setting"] == "none"), None)
+        print("\nDDP (gloo) on Fashion-MNIST, %d ranks, %g epoch(s)%s, %d steps, global batch %d, "
+              "torch %s" % (size, a.epochs, " (quick)" if a.quick else "", rows[0]["steps"],
+                            a.batch, torch.__version__))
+        print("%-15s %9s %9s %8s %13s %8s  %s" % ("setting", "test acc", "wall s", "ms/step",
+                                                   "bytes/step", "vs none", "bytes"))
+        for r in rows:
+            ratio = ("%.1fx" % (base["wire"] / r["wire"])) if base else "-"
+            print("%-15s %8.2f%% %9.1f %8.2f %13.0f %8s  %s"
+                  % (r["setting"], r["acc"], r["wall"], 1000 * r["wall"] / r["steps"], r["wire"],
+                     ratio, r["how"]))
+        if not all(r["same"] for r in rows):
+            print("WARNING: parameters differ across ranks in some setting")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

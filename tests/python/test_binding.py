@@ -1,0 +1,227 @@
+"""The Python binding under mpirun -np 2: results against references built from the codec
+objects, bad input refused before any C call, errors carrying gcomp_last_error(), residual
+save/load, stats.
+
+Run: timeout 300 mpirun -np 2 /usr/bin/python3 tests/python/test_binding.py
+(PYTHONPATH=python, GCOMP_LIBRARY=build/libgcomp.so).
+"""
+import os
+import sys
+import tempfile
+import threading
+import traceback
+
+from mpi4py import MPI
+import numpy as np
+import torch
+
+import gcomp
+from gcomp import _lib
+
+WORLD = MPI.COMM_WORLD
+RANK = WORLD.rank
+N = 100003  # odd on purpose: ragged ring chunks
+
+
+def log(*a):
+    if RANK == 0:
+        print(*a, flush=True)
+
+
+def grad(seed, n=N):
+    return np.random.default_rng(seed).standard_normal(n).astype(np.float32)
+
+
+def raises(exc, fn, match=None):
+    try:
+        fn()
+    except exc as e:
+        if match is not None:
+            assert match in str(e), "message %r lacks %r" % (str(e), match)
+        return e
+    raise AssertionError("%s not raised by %s" % (exc.__name__, fn))
+
+
+def test_topk_equals_codec_reference():
+    """SUM over the sparse gather == each rank's payload from a standalone Codec, decoded and
+    added in rank order: the binding hands the C path the right pointer, count and dtype."""
+    spec = "topk:ratio=0.01"
+    x = grad(10 + RANK)
+    with gcomp.Comm(WORLD, codec=spec, min_bytes=0) as comm:
+        got = comm.allreduce(x, out=np.empty_like(x), op="sum", key=None)
+        assert comm.stats()["last_schedule"] == "sparse-gather", comm.stats()
+    with gcomp.Codec(spec, rank=RANK, error_feedback=False) as codec:
+        payloads = WORLD.allgather(codec.encode(x))
+        ref = np.zeros(N, dtype=np.float32)
+        for p in payloads:
+            codec.decode_add(p, ref)
+    assert np.array_equal(got, ref), "top-k allreduce differs from the codec reference"
+    log("topk allreduce == rank-order sum of standalone Codec payloads (bitwise)")
+
+
+def test_dense_paths():
+    x = grad(20 + RANK)
+    total = WORLD.allreduce(x.astype(np.float64), op=MPI.SUM)
+    with gcomp.Comm(WORLD, codec="none", min_bytes=0) as comm:
+        y = comm.allreduce(x.copy(), op="sum")
+        assert np.allclose(y, total, rtol=1e-5, atol=1e-5)
+        a = comm.allreduce(x.copy(), op="avg")
+        assert np.allclose(a, total / WORLD.size, rtol=1e-5, atol=1e-5)
+    # error feedback off: the engine keeps a residual even for GCOMP_KEY_NONE (key=None), so
+    # with it on, repeated calls would not see the same input
+    with gcomp.Comm(WORLD, codec="fp16", min_bytes=0, error_feedback=False) as comm:
+        # in place == out of place, numpy == torch, bit for bit
+        inplace = comm.allreduce(x.copy(), op="avg")
+        out = np.full_like(x, np.nan)
+        src = x.copy()
+        comm.allreduce(src, out=out, op="avg")
+        assert np.array_equal(src, x), "out-of-place allreduce changed its input"
+        t = torch.from_numpy(x.copy())
+        comm.allreduce(t, op="avg")
+        assert np.array_equal(inplace, out) and np.array_equal(inplace, t.numpy())
+        # fp16 and bf16 buffers (the result is rounded back to the buffer's type)
+        h = comm.allreduce(x.astype(np.float16), op="avg")
+        assert np.allclose(h.astype(np.float32), total / WORLD.size, atol=2e-2, rtol=1e-2)
+        b = comm.allreduce(torch.from_numpy(x).to(torch.bfloat16), op="avg")
+        assert np.allclose(b.float().numpy(), total / WORLD.size, atol=5e-2, rtol=2e-2)
+        # the buffer's data is what moves, not a copy: a view of a bigger array works
+        big = np.zeros(2 * N, dtype=np.float32)
+        big[N:] = x
+        comm.allreduce(big[N:], op="avg")
+        assert np.array_equal(big[N:], inplace) and not big[:N].any()
+    log("none ~= float64 sum; fp16 in place == out of place == torch; f16/bf16 buffers")
+
+
+def test_bad_input():
+    """Refused with a clear exception before any C call: the C entry is replaced by a trap."""
+    comm = gcomp.Comm(WORLD, codec="terngrad")
+    real = _lib.allreduce
+
+    def trap(*a):
+        raise AssertionError("gcomp_allreduce reached with bad input")
+
+    _lib.allreduce = trap
+    try:
+        x = grad(1)
+        raises(TypeError, lambda: comm.allreduce(x.astype(np.float64)), "float64")
+        raises(TypeError, lambda: comm.allreduce(np.zeros(8, np.int32)), "int32")
+        raises(TypeError, lambda: comm.allreduce(torch.zeros(8, dtype=torch.float64)), "float64")
+        raises(TypeError, lambda: comm.allreduce([1.0, 2.0]), "list")
+        raises(ValueError, lambda: comm.allreduce(x[::2]), "not C-contiguous")
+        raises(ValueError, lambda: comm.allreduce(torch.zeros(16, 8).t()), "not contiguous")
+        ro = x.copy()
+        ro.flags.writeable = False
+        raises(ValueError, lambda: comm.allreduce(ro), "read-only")
+        raises(ValueError, lambda: comm.allreduce(x, out=np.empty(N - 1, np.float32)), "elements")
+        raises(TypeError, lambda: comm.allreduce(x, out=np.empty(N, np.float16)), "float16")
+        raises(ValueError, lambda: comm.allreduce(x, op="max"), "op")
+        raises(ValueError, lambda: comm.allreduce(x, key=-1), "key")
+        raises(ValueError, lambda: comm.allreduce(x, key=2 ** 64 - 1), "key")
+        raises(NotImplementedError, lambda: comm.allreduce(torch.zeros(8, device="meta")), "meta")
+        comm.close()
+        raises(ValueError, lambda: comm.allreduce(x), "after close()")
+        raises(ValueError, lambda: comm.stats(), "after close()")
+        comm.close()  # twice is fine
+    finally:
+        _lib.allreduce = real
+    raises(TypeError, lambda: gcomp.Comm(object()), "mpi4py")
+    e = raises(gcomp.GcompError, lambda: gcomp.Comm(WORLD, codec="topk:ratio=2"))
+    assert e.name == "GCOMP_ERR_INVALID_SPEC" and "ratio=2" in e.detail, (e.name, e.detail)
+    e = raises(gcomp.GcompError, lambda: gcomp.Codec("fp16").decode(b"garbage" * 8, 16))
+    assert e.name == "GCOMP_ERR_CORRUPT", e.name
+    # a C-side error on every rank: ranks disagree on the count
+    with gcomp.Comm(WORLD, codec="terngrad", min_bytes=0) as c2:
+        e = raises(gcomp.GcompError, lambda: c2.allreduce(grad(2, 70000 + 1000 * RANK)))
+        assert e.name == "GCOMP_ERR_MISMATCH", e.name
+    log("bad input refused before C; GcompError carries the code name and last_error (%s)"
+        % e.detail[:60])
+
+
+def test_residuals():
+    def steps(comm, k):
+        return [comm.allreduce(grad(100 + 10 * i + RANK), op="avg", key=7) for i in range(k)]
+
+    with gcomp.Comm(WORLD, codec="terngrad", min_bytes=0) as comm:
+        steps(comm, 3)
+        blob = comm.save_residuals()
+        path = os.path.join(tempfile.gettempdir(), "gcomp_py_res_%d_%d" % (os.getpid(), RANK))
+        comm.save_residuals_file(path)
+        ref = steps(comm, 2)
+    for how in ("bytes", "file", "none"):
+        with gcomp.Comm(WORLD, codec="terngrad", min_bytes=0) as comm:
+            if how == "bytes":
+                comm.load_residuals(blob)
+            elif how == "file":
+                comm.load_residuals_file(path)
+            got = steps(comm, 2)
+        same = all(np.array_equal(a, b) for a, b in zip(got, ref))
+        assert same == (how != "none"), "residual load from %s: same=%s" % (how, same)
+    os.unlink(path)
+    with gcomp.Comm(WORLD, codec="topk:ratio=0.01") as comm:
+        e = raises(gcomp.GcompError, lambda: comm.load_residuals(blob))
+        assert e.name == "GCOMP_ERR_MISMATCH", e.name
+    raises(TypeError, lambda: gcomp.Comm(WORLD).load_residuals("text"))
+    log("residuals: save -> load (bytes and file) gives bit-identical next steps; "
+        "another codec refused")
+
+
+def test_stats_and_gil():
+    with gcomp.Comm(WORLD, codec="terngrad", min_bytes=0) as comm:
+        x = grad(3, 1 << 21)
+        ticks = [0]
+        done = threading.Event()
+
+        def spin():
+            while not done.is_set():
+                ticks[0] += 1
+
+        t = threading.Thread(target=spin)
+        t.start()
+        for _ in range(3):
+            comm.allreduce(x, op="avg", key=1)
+        done.set()
+        t.join()
+        s = comm.stats()
+        k = comm.stats(key=1)
+        assert s["calls"] == 3 and s["compressed_calls"] == 3 and k["calls"] == 3, s
+        assert 0 < s["wire_bytes"] < s["raw_bytes"] / 8, s
+        assert s["last_schedule"] == "integer-ring", s
+        assert ticks[0] > 0, "the GIL was held through the calls"
+        assert comm.config()["codec"] == comm.codec
+        comm.stats_reset()
+        assert comm.stats()["calls"] == 0
+    log("stats: terngrad wire/raw = %.4f; another thread ran %d loops during the calls"
+        % (s["wire_bytes"] / s["raw_bytes"], ticks[0]))
+
+
+def test_codec_roundtrip():
+    with gcomp.Codec("fp16") as c:
+        x = np.arange(-512, 512, dtype=np.float32) / 4  # exact in fp16
+        p = c.encode(x)
+        assert len(p) <= c.max_encoded_bytes(x.size)
+        assert np.array_equal(c.decode(p, x.size), x)
+        bf = c.decode(p, out=torch.empty(x.size, dtype=torch.bfloat16))
+        assert torch.equal(bf, torch.from_numpy(x).to(torch.bfloat16))  # both round to nearest even
+        acc = np.ones_like(x)
+        assert np.array_equal(c.decode_add(p, acc), x + 1)
+        assert c.stats()["encode_calls"] == 1
+    assert "terngrad" in gcomp.codec_names()
+    log("codec objects: fp16 round trip exact, decode into torch bf16, decode_add")
+
+
+def main():
+    log("library:", gcomp.library_path)
+    for t in (test_topk_equals_codec_reference, test_dense_paths, test_bad_input, test_residuals,
+              test_stats_and_gil, test_codec_roundtrip):
+        t()
+    log("test_binding: OK")
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except BaseException:
+        traceback.print_exc()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        WORLD.Abort(1)
