@@ -2,10 +2,11 @@
  * engine.c — gcomp_allreduce: argument agreement, bypass, per-key residuals and stats, and
  * the choice of schedule by the codec's capabilities.
  *
- * Every call starts with one small allreduce (max of 3 uint64) in which the ranks agree on
- * a fingerprint of the call (codec spec, count, dtype, op, library version) and on whether
- * every rank's arguments were valid. A disagreement returns the same error on every rank
- * instead of a hang or garbage.
+ * Every call starts with one small allreduce (a max of AGREE_N uint64) in which the ranks
+ * agree on the call (codec spec, count, dtype, op, min_bytes, library version) and on whether
+ * every rank's arguments were valid, and ends with another in which they agree on the
+ * outcome (a local failure, a non-finite input or result). A disagreement returns the same
+ * error on every rank instead of a hang or garbage.
  */
 #include <math.h>
 #include <stdio.h>
@@ -52,52 +53,116 @@ static uint64_t fnv1a(uint64_t h, const void *data, size_t n)
     return h;
 }
 
-static uint64_t call_fingerprint(const gcomp_comm *c, size_t count, gcomp_dtype dtype, gcomp_op op)
+static uint64_t spec_hash(const gcomp_codec *codec)
 {
-    uint64_t h = 0xcbf29ce484222325ull, v[4] = {count, (uint64_t)dtype, (uint64_t)op, GCOMP_VERSION};
-    h = fnv1a(h, gcomp_codec_spec(c->codec), strlen(gcomp_codec_spec(c->codec)));
-    h = fnv1a(h, v, sizeof v);
-    return h;
+    return codec ? fnv1a(0xcbf29ce484222325ull, gcomp_codec_spec(codec), strlen(gcomp_codec_spec(codec))) : 0;
+}
+
+/* ---- agreement ----
+ * Every agreement (creation, start and end of a call) is one max-allreduce of AGREE_N
+ * uint64 with the same layout, so ranks that are out of step never meet in collectives of
+ * different sizes (Open MPI 4.1 truncates such a message and reports it through
+ * MPI_COMM_WORLD's error handler, which aborts the job).
+ *   V_FAIL      0, or (error code << 32 | rank) of a failed rank: the max names the worst
+ *               error and the highest rank that had it
+ *   V_NONFINITE 1 if this rank's encode saw NaN/Inf or its result holds one
+ *   fields      (v, ~v) pairs: after the max, a rank whose v or ~v changed knows that some
+ *               rank had another value, and which field it was
+ * The call's fields are everything that changes what a rank sends or how: the codec spec,
+ * count, dtype, op and min_bytes (which decides bypass or compression, so ranks that
+ * disagree on it would run different protocols), and the library version. error_feedback
+ * changes only this rank's residual and seed only the values of the codes, never sizes or
+ * the protocol, so ranks may differ in them (timeout_ms and debug are local too). */
+enum { V_FAIL, V_NONFINITE, V_FIELDS };
+enum { F_SPEC, F_COUNT, F_DTYPE, F_OP, F_MIN_BYTES, F_VERSION, N_FIELDS };
+#define AGREE_N (V_FIELDS + 2 * N_FIELDS)
+static const char *const field_names[N_FIELDS] = {"codec spec", "count", "dtype", "op", "min_bytes", "library version"};
+
+typedef struct vote {
+    uint64_t v[AGREE_N];
+    char detail[256]; /* this rank's own failure message */
+} vote;
+
+static void vote_init(vote *b, int rank, gcomp_result local, int nonfinite, const uint64_t *fields)
+{
+    memset(b, 0, sizeof *b);
+    b->v[V_FAIL] = local != GCOMP_SUCCESS ? (uint64_t)local << 32 | (uint32_t)rank : 0;
+    b->v[V_NONFINITE] = nonfinite != 0;
+    for (int f = 0; f < N_FIELDS; f++) {
+        b->v[V_FIELDS + 2 * f] = fields ? fields[f] : 0;
+        b->v[V_FIELDS + 2 * f + 1] = ~(fields ? fields[f] : 0);
+    }
+    snprintf(b->detail, sizeof b->detail, "%s", local != GCOMP_SUCCESS ? gcomp_last_error() : "");
+}
+
+/* Share the vote; got receives the max over all ranks. */
+static gcomp_result vote_share(gcomp__transport *tp, const vote *mine, uint64_t *got, double deadline)
+{
+    memcpy(got, mine->v, sizeof mine->v);
+    return tp->allreduce_max_u64(tp, got, AGREE_N, deadline);
+}
+
+/* A failure anywhere: this rank's own message, or which rank failed and how. */
+static gcomp_result vote_failure(const vote *mine, const uint64_t *got, const char *what)
+{
+    gcomp_result rc = (gcomp_result)(got[V_FAIL] >> 32);
+    if (mine->v[V_FAIL]) return gcomp__fail((gcomp_result)(mine->v[V_FAIL] >> 32), "%s", mine->detail);
+    return gcomp__fail(rc, "rank %u failed %s: %s (%s); see that rank's gcomp_last_error()",
+                       (unsigned)(uint32_t)got[V_FAIL], what, gcomp_result_name(rc), gcomp_strerror(rc));
+}
+
+/* The names of the fields on which ranks differ ("" if none), comma-separated. */
+static void vote_differences(const vote *mine, const uint64_t *got, char *out, size_t cap)
+{
+    size_t n = 0;
+    out[0] = 0;
+    for (int f = 0; f < N_FIELDS; f++)
+        if (got[V_FIELDS + 2 * f] != mine->v[V_FIELDS + 2 * f] || got[V_FIELDS + 2 * f + 1] != mine->v[V_FIELDS + 2 * f + 1])
+            n += (size_t)snprintf(out + n, n < cap ? cap - n : 0, "%s%s", n ? ", " : "", field_names[f]);
+}
+
+#define CREATE_TIMEOUT_MS 300000 /* the agreement's deadline when the configuration is unknown */
+
+gcomp_result gcomp__comm_join_failed(gcomp__transport *tp, gcomp_result local)
+{
+    vote mine;
+    uint64_t got[AGREE_N];
+    vote_init(&mine, tp->rank, local, 0, NULL);
+    (void)vote_share(tp, &mine, got, gcomp__now() + 1e-3 * CREATE_TIMEOUT_MS);
+    tp->destroy(tp);
+    return gcomp__fail(local, "%s", mine.detail);
 }
 
 gcomp_result gcomp__comm_create(gcomp__transport *tp, const gcomp_config *cfg, gcomp_comm **out)
 {
     gcomp_comm *c = calloc(1, sizeof *c);
     gcomp_codec_options opts = gcomp_codec_options_default();
-    uint64_t vals[3];
-    char detail[256];
-    gcomp_result rc, local;
-    if (!c) {
-        tp->destroy(tp);
-        return gcomp__fail(GCOMP_ERR_NOMEM, "gcomp_comm_create: out of memory");
-    }
+    uint64_t fields[N_FIELDS] = {0}, got[AGREE_N];
+    vote mine;
+    gcomp_result rc, local = GCOMP_SUCCESS;
+    if (out) *out = NULL;
+    if (!c) return gcomp__comm_join_failed(tp, gcomp__fail(GCOMP_ERR_NOMEM, "gcomp_comm_create: out of memory"));
     c->tp = tp;
-    /* A local failure (bad spec, bad GCOMP_* variable) still joins the agreement below, so
-     * the other ranks get an error too instead of waiting for this one. */
-    local = gcomp__config_resolve(cfg, &c->cfg);
+    /* A local failure (NULL out, bad spec, bad GCOMP_* variable) still joins the agreement
+     * below, so the other ranks get an error too instead of waiting for this one. */
+    if (!out) local = gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_create: out is NULL");
+    if (local == GCOMP_SUCCESS) local = gcomp__config_resolve(cfg, &c->cfg);
     if (local == GCOMP_SUCCESS) {
         opts.seed = c->cfg.seed;
         opts.rank = (uint32_t)tp->rank;
         opts.error_feedback = c->cfg.error_feedback;
         local = gcomp_codec_create(c->cfg.codec, &opts, &c->codec);
-    } else {
-        c->cfg.timeout_ms = 300000; /* the default deadline for the agreement itself */
     }
-    snprintf(detail, sizeof detail, "%s", local != GCOMP_SUCCESS ? gcomp_last_error() : "");
+    if (c->cfg.timeout_ms <= 0) c->cfg.timeout_ms = CREATE_TIMEOUT_MS; /* config not resolved */
     /* ranks must agree on the codec: compare a hash of the canonical spec */
-    vals[0] = local == GCOMP_SUCCESS ? fnv1a(0xcbf29ce484222325ull, gcomp_codec_spec(c->codec),
-                                             strlen(gcomp_codec_spec(c->codec)))
-                                     : 0;
-    vals[1] = ~vals[0];
-    vals[2] = (uint64_t)local;
-    GCOMP_CHECK_GOTO(tp->allreduce_max_u64(tp, vals, 3, gcomp__now() + 1e-3 * (double)c->cfg.timeout_ms), rc, fail);
-    if (vals[2] != GCOMP_SUCCESS) {
-        rc = local != GCOMP_SUCCESS ? gcomp__fail(local, "%s", detail)
-                                    : gcomp__fail((gcomp_result)vals[2], "another rank failed to create its communicator (%s)",
-                                                  gcomp_strerror((gcomp_result)vals[2]));
+    fields[F_SPEC] = local == GCOMP_SUCCESS ? spec_hash(c->codec) : 0;
+    vote_init(&mine, tp->rank, local, 0, fields);
+    GCOMP_CHECK_GOTO(vote_share(tp, &mine, got, gcomp__now() + 1e-3 * (double)c->cfg.timeout_ms), rc, fail);
+    if (got[V_FAIL]) {
+        rc = vote_failure(&mine, got, "to create its communicator");
         goto fail;
     }
-    if (vals[0] != ~vals[1]) {
+    if (got[V_FIELDS + 2 * F_SPEC] != fields[F_SPEC] || ~got[V_FIELDS + 2 * F_SPEC + 1] != fields[F_SPEC]) {
         rc = gcomp__fail(GCOMP_ERR_MISMATCH, "ranks were configured with different codecs (this rank: '%s')",
                          gcomp_codec_spec(c->codec));
         goto fail;
@@ -185,19 +250,23 @@ static gcomp_result transport_failed(gcomp_comm *c, gcomp_result rc)
 
 static gcomp_result agree(gcomp_comm *c, gcomp_result local, size_t count, gcomp_dtype dtype, gcomp_op op, double deadline)
 {
-    uint64_t h = call_fingerprint(c, count, dtype, op), vals[3] = {h, ~h, (uint64_t)local};
-    char detail[256];
-    snprintf(detail, sizeof detail, "%s", local != GCOMP_SUCCESS ? gcomp_last_error() : "");
-    GCOMP_CHECK(transport_failed(c, c->tp->allreduce_max_u64(c->tp, vals, 3, deadline)));
-    if (vals[2] != GCOMP_SUCCESS) {
-        if (local != GCOMP_SUCCESS) return gcomp__fail(local, "%s", detail);
-        return gcomp__fail((gcomp_result)vals[2], "another rank passed invalid arguments to gcomp_allreduce (%s)",
-                           gcomp_strerror((gcomp_result)vals[2]));
-    }
-    if (vals[0] != h || ~vals[1] != h)
-        return gcomp__fail(GCOMP_ERR_MISMATCH, "ranks disagree on the call: count, dtype, op, codec or library version "
-                                               "differ (this rank: count %zu dtype %d op %d codec '%s')",
-                           count, (int)dtype, (int)op, gcomp_codec_spec(c->codec));
+    uint64_t fields[N_FIELDS], got[AGREE_N];
+    char diff[128];
+    vote mine;
+    fields[F_SPEC] = spec_hash(c->codec);
+    fields[F_COUNT] = count;
+    fields[F_DTYPE] = (uint64_t)dtype;
+    fields[F_OP] = (uint64_t)op;
+    fields[F_MIN_BYTES] = (uint64_t)c->cfg.min_bytes;
+    fields[F_VERSION] = GCOMP_VERSION;
+    vote_init(&mine, c->tp->rank, local, 0, fields);
+    GCOMP_CHECK(transport_failed(c, vote_share(c->tp, &mine, got, deadline)));
+    if (got[V_FAIL]) return vote_failure(&mine, got, "before the call started (its arguments or buffers)");
+    vote_differences(&mine, got, diff, sizeof diff);
+    if (diff[0])
+        return gcomp__fail(GCOMP_ERR_MISMATCH, "ranks disagree on the call's %s (this rank: count %zu dtype %d op %d "
+                                               "min_bytes %lld codec '%s')",
+                           diff, count, (int)dtype, (int)op, (long long)c->cfg.min_bytes, gcomp_codec_spec(c->codec));
     return GCOMP_SUCCESS;
 }
 
@@ -255,12 +324,28 @@ static void add_stats(gcomp_comm_stats *to, const gcomp_comm_stats *from)
     to->last_schedule = from->last_schedule;
 }
 
-/* Residual slices of the key: in place for codecs that allow it, double-buffered otherwise. */
-static gcomp_result acquire_residual(gcomp_comm *c, uint64_t key, size_t count, gcomp__call *call, gcomp__residual **res)
+/* Residual slices of the key, and the call's step. The residual is committed only when no
+ * rank saw a non-finite value and the result is finite (run_compressed), so it is
+ * double-buffered, except for a GCOMP_CAP_RESIDUAL_IN_PLACE codec on the integer ring
+ * (TernGrad): that ring writes the residual only when every shared scale is finite, the
+ * same decision on every rank, and with finite scales the fp32 result is finite (the ring
+ * refuses scales whose N-fold sum would overflow). An f16/bf16 output can still overflow
+ * where fp32 did not, so those double-buffer too; so do the other schedules, where a
+ * partial sum can overflow after this rank's encode wrote its residual. */
+static gcomp_result acquire_residual(gcomp_comm *c, gcomp__key *k, gcomp_schedule sched, gcomp_dtype dtype,
+                                     gcomp__call *call, gcomp__residual **res)
 {
-    int in_place = (gcomp__codec_chain(c->codec)->stages[0].vt->caps & GCOMP_CAP_RESIDUAL_IN_PLACE) != 0;
+    int in_place = (gcomp__codec_chain(c->codec)->stages[0].vt->caps & GCOMP_CAP_RESIDUAL_IN_PLACE) != 0 &&
+                   sched == GCOMP_SCHED_INTEGER && dtype == GCOMP_F32;
+    size_t count = call->count;
+    uint64_t key = k->key;
     *res = NULL;
-    if (!c->cfg.error_feedback) return GCOMP_SUCCESS;
+    if (!c->cfg.error_feedback) {
+        /* the stochastic rounding must move on every call, or the same input rounds the same
+         * way forever and the average over steps never converges */
+        call->step = key == GCOMP_KEY_NONE ? c->nokey_step++ : k->step++;
+        return GCOMP_SUCCESS;
+    }
     GCOMP_CHECK(gcomp__residual_acquire(gcomp__codec_residuals(c->codec), key, count, !in_place, res));
     call->r_in = (*res)->buf[(*res)->cur];
     call->r_out = in_place ? call->r_in : (*res)->buf[(*res)->cur ^ 1];
@@ -291,7 +376,7 @@ static gcomp_result prepare_call(gcomp_comm *c, gcomp__call *call, call_plan *pl
         GCOMP_CHECK(gcomp__reserve(&c->x, &c->x_cap, count * sizeof(float)));
     if (plan->sched == GCOMP_SCHED_BYPASS) return GCOMP_SUCCESS;
     if (dtype != GCOMP_F32) GCOMP_CHECK(gcomp__reserve(&c->res, &c->res_cap, count * sizeof(float)));
-    GCOMP_CHECK(acquire_residual(c, key, count, call, &plan->res));
+    GCOMP_CHECK(acquire_residual(c, plan->key, plan->sched, dtype, call, &plan->res));
     if (plan->sched == GCOMP_SCHED_INTEGER) return gcomp__sched_integer_prepare(call);
     if (plan->sched == GCOMP_SCHED_SPARSE) return gcomp__sched_sparse_prepare(call);
     return gcomp__sched_dense_prepare(call, c->codec);
@@ -315,24 +400,42 @@ static gcomp_result run_bypass(gcomp_comm *c, const void *send, void *recv, size
     return GCOMP_SUCCESS;
 }
 
-/* After a compressed schedule the ranks agree on whether any of them failed locally. */
-static gcomp_result agree_outcome(gcomp_comm *c, gcomp__call *call)
+/* 1 if recv (count elements of dtype) holds no NaN/Inf. Branch-free so it vectorises. */
+static int output_finite(const void *recv, size_t count, gcomp_dtype dtype)
 {
-    uint64_t v = (uint64_t)call->error;
-    char detail[256];
+    uint32_t bad = 0;
+    if (dtype == GCOMP_F32) {
+        const uint32_t *b = recv;
+        for (size_t i = 0; i < count; i++) bad |= (b[i] & 0x7f800000u) == 0x7f800000u;
+    } else {
+        const uint16_t *h = recv;
+        uint16_t e = dtype == GCOMP_F16 ? 0x7c00u : 0x7f80u;
+        for (size_t i = 0; i < count; i++) bad |= (h[i] & e) == e;
+    }
+    return !bad;
+}
+
+/* After a compressed schedule the ranks agree on whether any of them failed locally and
+ * whether any saw a non-finite value (its encode's input, or the result: an fp16 sum can
+ * overflow although every input was finite). *nonfinite is then the same on every rank. */
+static gcomp_result agree_outcome(gcomp_comm *c, gcomp__call *call, int local_nonfinite, int *nonfinite)
+{
+    uint64_t got[AGREE_N];
+    vote mine;
     double t0 = gcomp__now();
-    snprintf(detail, sizeof detail, "%s", call->error ? gcomp_last_error() : "");
-    GCOMP_CHECK(transport_failed(c, c->tp->allreduce_max_u64(c->tp, &v, 1, call->deadline)));
+    vote_init(&mine, c->tp->rank, call->error, local_nonfinite, NULL);
+    GCOMP_CHECK(transport_failed(c, vote_share(c->tp, &mine, got, call->deadline)));
     call->st->agree_s += gcomp__now() - t0;
-    if (v == GCOMP_SUCCESS) return GCOMP_SUCCESS;
-    if (call->error) return gcomp__fail(call->error, "%s", detail);
-    return gcomp__fail((gcomp_result)v, "another rank failed during the allreduce (%s)", gcomp_strerror((gcomp_result)v));
+    *nonfinite = got[V_NONFINITE] != 0;
+    if (got[V_FAIL]) return vote_failure(&mine, got, "during the allreduce");
+    return GCOMP_SUCCESS;
 }
 
 static gcomp_result run_compressed(gcomp_comm *c, gcomp__call *call, const call_plan *plan, const void *send, void *recv,
                                    gcomp_dtype dtype, gcomp_op op)
 {
     size_t count = call->count;
+    int local_nonfinite = 0, nonfinite = 0;
     gcomp_result rc;
     prepare_input(c, send, count, dtype, plan->prescale, &call->x);
     call->result = dtype == GCOMP_F32 ? (float *)recv : (float *)c->res;
@@ -341,12 +444,16 @@ static gcomp_result run_compressed(gcomp_comm *c, gcomp__call *call, const call_
     else if (plan->sched == GCOMP_SCHED_SPARSE) rc = gcomp__sched_sparse(call);
     else rc = gcomp__sched_dense(call, c->codec, 1);
     GCOMP_CHECK(transport_failed(c, rc));
-    GCOMP_CHECK(agree_outcome(c, call));
-    if (call->divisor != 1.0f && !call->divided) gcomp_divide_f32(call->result, count, call->divisor);
-    /* keep the old residual if this rank's input was not finite */
-    if (call->nonfinite) call->st->nonfinite_calls++;
+    if (!call->error) {
+        if (call->divisor != 1.0f && !call->divided) gcomp_divide_f32(call->result, count, call->divisor);
+        store_output(call->result, recv, count, dtype);
+        local_nonfinite = call->nonfinite || !output_finite(recv, count, dtype);
+    }
+    GCOMP_CHECK(agree_outcome(c, call, local_nonfinite, &nonfinite));
+    /* the residual follows the result, the same decision on every rank: a non-finite step
+     * (a loss scaler skips it) leaves it exactly as it was */
+    if (nonfinite) call->st->nonfinite_calls++;
     else if (plan->res && call->r_out != call->r_in) gcomp__residual_commit(plan->res);
-    store_output(call->result, recv, count, dtype);
     call->st->compressed_calls++;
     return GCOMP_SUCCESS;
 }
@@ -379,6 +486,7 @@ gcomp_result gcomp_allreduce(gcomp_comm *c, const void *send, void *recv, size_t
     st.baseline_bytes = (uint64_t)(2.0 * (c->tp->size - 1) / c->tp->size * (double)st.raw_bytes);
     if (plan.sched == GCOMP_SCHED_BYPASS) {
         GCOMP_CHECK(run_bypass(c, send, recv, count, dtype, op, call.deadline));
+        st.nonfinite_calls = !output_finite(recv, count, dtype); /* the same result on every rank */
         st.wire_bytes = st.baseline_bytes;
         st.comm_s = gcomp__now() - t0;
         st.last_schedule = GCOMP_SCHED_BYPASS;

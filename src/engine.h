@@ -45,6 +45,9 @@ struct gcomp__transport {
 typedef struct gcomp__key {
     uint64_t key;
     size_t count;
+    /* calls without error feedback so far: keys the stochastic rounding then (with error
+     * feedback the residual's own step does, and is checkpointed with it) */
+    uint64_t step;
     gcomp_comm_stats stats;
     struct gcomp__key *next;
 } gcomp__key;
@@ -57,6 +60,7 @@ struct gcomp_comm {
     int broken;         /* set by a timeout or transport failure: refuse further calls */
     int fault;          /* GCOMP__FAULT_*: a test hook armed for the next call */
     gcomp__key *keys;
+    uint64_t nokey_step; /* the step of GCOMP_KEY_NONE calls without error feedback */
     gcomp_comm_stats stats;
     /* scratch reused across calls (grown on demand, never per call in steady state) */
     void *x;       size_t x_cap;       /* fp32 input x = send (widened, pre-scaled) */
@@ -70,8 +74,14 @@ struct gcomp_comm {
     gcomp_codec *dense_codec;          /* top-k fallback: fp32 ring */
 };
 
-/* Build a communicator around a transport (takes ownership of tp even on failure). */
+/* Build a communicator around a transport (takes ownership of tp even on failure). Collective:
+ * a local failure (out == NULL, bad spec or config, no memory) still joins the creation's
+ * agreement, so every rank returns an error. */
 gcomp_result gcomp__comm_create(gcomp__transport *tp, const gcomp_config *cfg, gcomp_comm **out);
+/* A rank that failed before it could build a communicator (local holds its error and
+ * gcomp_last_error() the detail) still joins the creation's agreement, so the other ranks
+ * return an error instead of waiting; destroys tp and returns local. */
+gcomp_result gcomp__comm_join_failed(gcomp__transport *tp, gcomp_result local);
 
 double gcomp__now(void);
 

@@ -124,7 +124,9 @@ static gcomp_result shared_scales(int_ctx *d)
     for (size_t j = 0; j < d->nb; j++) {
         uint32_t b = (uint32_t)d->keys[j];
         memcpy(&d->scales[j], &b, 4);
-        if (!isfinite(d->scales[j])) d->write_residual = 0;
+        /* a scale whose N-fold sum overflows would give an infinite result after the
+         * in-place residual was written: treat it as non-finite too */
+        if (!isfinite(d->scales[j] * (float)c->tp->size)) d->write_residual = 0;
     }
     call->nonfinite = !d->write_residual;
     call->st->wire_bytes += 8 * d->nb;

@@ -5,6 +5,15 @@
  * MPI_ERRORS_RETURN, so MPI failures come back as error codes. Every wait polls
  * non-blocking requests against a deadline, which turns a stuck peer into
  * GCOMP_ERR_TIMEOUT instead of a hang. It never calls MPI_Init or MPI_Finalize.
+ *
+ * MPI_ERRORS_RETURN on the duplicate is not enough: Open MPI 4.1 reports a nonblocking
+ * collective that completed with an error (e.g. MPI_ERR_TRUNCATE when two ranks' collectives
+ * differ in size) through MPI_COMM_WORLD's error handler from MPI_Test/MPI_Testall, which
+ * aborts the job by default (seen with 4.1.4; tests/test_mpi_faults.c test_min_bytes_mismatch
+ * ran into it before the ranks agreed on min_bytes). So every wait runs with
+ * MPI_ERRORS_RETURN on MPI_COMM_WORLD too, restored before the wait returns; and every
+ * agreement has the same size on every rank, so out-of-step ranks cannot truncate each
+ * other's agreement in the first place.
  */
 #include <limits.h>
 #include <sched.h>
@@ -28,6 +37,7 @@ typedef struct mpi_transport {
     size_t coll_cap;
     int abandoned;
     MPI_Request ring[2]; /* the exchange in flight: receive, send */
+    int owned;           /* heap-allocated (a stack fallback joins a failed creation) */
 } mpi_transport;
 
 static gcomp_result mpi_fail(int err, const char *what)
@@ -40,11 +50,14 @@ static gcomp_result mpi_fail(int err, const char *what)
 
 /* Poll until every request completes or the deadline passes. Spinning is what MPI's own
  * blocking calls do; after a while we yield so oversubscribed ranks can progress. */
-static gcomp_result wait_all(int n, MPI_Request *reqs, MPI_Status *st, double deadline, int cancellable, const char *what)
+static gcomp_result poll_all(int n, MPI_Request *reqs, MPI_Status *st, double deadline, int cancellable, const char *what)
 {
     long spins = 0;
     for (;;) {
         int done = 0, err = MPI_Testall(n, reqs, &done, st);
+        if (err == MPI_ERR_IN_STATUS)
+            for (int i = 0; i < n; i++)
+                if (st[i].MPI_ERROR != MPI_SUCCESS && st[i].MPI_ERROR != MPI_ERR_PENDING) err = st[i].MPI_ERROR;
         if (err != MPI_SUCCESS) return mpi_fail(err, what);
         if (done) return GCOMP_SUCCESS;
         if (++spins > 64) sched_yield();
@@ -56,6 +69,20 @@ static gcomp_result wait_all(int n, MPI_Request *reqs, MPI_Status *st, double de
             return gcomp__fail(GCOMP_ERR_TIMEOUT, "%s: no answer from a peer before the deadline (GCOMP_TIMEOUT_MS)", what);
         }
     }
+}
+
+/* poll_all with MPI_COMM_WORLD's error handler set to MPI_ERRORS_RETURN meanwhile (see the
+ * file comment: Open MPI reports failed nonblocking collectives there). */
+static gcomp_result wait_all(int n, MPI_Request *reqs, MPI_Status *st, double deadline, int cancellable, const char *what)
+{
+    MPI_Errhandler world = MPI_ERRHANDLER_NULL;
+    gcomp_result rc;
+    int swapped = MPI_Comm_get_errhandler(MPI_COMM_WORLD, &world) == MPI_SUCCESS &&
+                  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN) == MPI_SUCCESS;
+    rc = poll_all(n, reqs, st, deadline, cancellable, what);
+    if (swapped) MPI_Comm_set_errhandler(MPI_COMM_WORLD, world);
+    if (world != MPI_ERRHANDLER_NULL) MPI_Errhandler_free(&world);
+    return rc;
 }
 
 static gcomp_result mpi_start(gcomp__transport *t, int to, const void *sbuf, size_t sbytes, int from, void *rbuf,
@@ -128,31 +155,44 @@ static gcomp_result mpi_sum_f32(gcomp__transport *t, float *vals, size_t n, doub
     return mpi_allreduce((mpi_transport *)t, vals, n, sizeof(float), MPI_FLOAT, MPI_SUM, deadline, "MPI_Allreduce (bypass)");
 }
 
+/* After a timeout a collective (and maybe a send) is still pending on the duplicate: MPI
+ * cannot cancel it, and Open MPI 4.1 crashes inside a later MPI call (MPI_Barrier,
+ * MPI_Finalize) when the late peer arrives if the communicator was freed under it. So the
+ * duplicate is then left to MPI_Finalize, like the buffers the pending requests use. */
 static void mpi_destroy(gcomp__transport *t)
 {
     mpi_transport *m = (mpi_transport *)t;
-    int finalized = 0;
+    int finalized = 0, pending;
     if (!m) return;
+    pending = m->abandoned || m->ring[0] != MPI_REQUEST_NULL || m->ring[1] != MPI_REQUEST_NULL;
     MPI_Finalized(&finalized);
-    if (!finalized) MPI_Comm_free(&m->comm);
-    free(m->coll);
-    free(m);
+    if (!finalized && !pending) MPI_Comm_free(&m->comm);
+    if (!pending) free(m->coll);
+    if (m->owned) free(m);
 }
 
 gcomp_result gcomp_comm_create_mpi(MPI_Comm comm, const gcomp_config *cfg, gcomp_comm **out)
 {
-    mpi_transport *m;
-    int init = 0, err;
-    if (!out) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_create_mpi: out is NULL");
-    *out = NULL;
+    static const mpi_transport zero;
+    mpi_transport *m, fallback = zero;
+    int init = 0, finalized = 0, err;
+    if (out) *out = NULL;
+    /* these hold on every rank alike (or the program is erroneous anyway): nothing to join */
     MPI_Initialized(&init);
     if (!init) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_create_mpi: MPI is not initialised (call MPI_Init first)");
+    MPI_Finalized(&finalized);
+    if (finalized) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_create_mpi: MPI is already finalized (MPI_Finalize was called)");
     if (comm == MPI_COMM_NULL) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_create_mpi: MPI_COMM_NULL");
+    /* Every other failure (NULL out, bad config, no memory) still joins MPI_Comm_dup and
+     * the creation's agreement (gcomp__comm_create), so no rank waits for this one. Without
+     * memory for the transport, a stack copy carries the agreement. */
     m = calloc(1, sizeof *m);
-    if (!m) return gcomp__fail(GCOMP_ERR_NOMEM, "gcomp_comm_create_mpi: out of memory");
+    if (m) m->owned = 1;
+    else m = &fallback;
+    m->ring[0] = m->ring[1] = MPI_REQUEST_NULL;
     err = MPI_Comm_dup(comm, &m->comm);
     if (err != MPI_SUCCESS) {
-        free(m);
+        if (m->owned) free(m);
         return mpi_fail(err, "MPI_Comm_dup");
     }
     MPI_Comm_set_errhandler(m->comm, MPI_ERRORS_RETURN);
@@ -164,5 +204,6 @@ gcomp_result gcomp_comm_create_mpi(MPI_Comm comm, const gcomp_config *cfg, gcomp
     m->base.allreduce_max_u64 = mpi_max_u64;
     m->base.allreduce_sum_f32 = mpi_sum_f32;
     m->base.destroy = mpi_destroy;
+    if (!m->owned) return gcomp__comm_join_failed(&m->base, gcomp__fail(GCOMP_ERR_NOMEM, "gcomp_comm_create_mpi: out of memory"));
     return gcomp__comm_create(&m->base, cfg, out);
 }

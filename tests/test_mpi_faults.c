@@ -1,8 +1,11 @@
 /*
  * test_mpi_faults.c — faults and misuse under real Open MPI ranks; every case asserts the
  * documented outcome on every rank. Modes:
- *   (default)  injected allocation failure, a truncated message on the wire, edge values
- *   --stop     one rank is stopped (SIGSTOP) mid-run: the others time out, then refuse
+ *   (default)  injected allocation failure, a truncated message on the wire, edge values,
+ *              ranks that disagree on min_bytes, mismatched collectives inside the
+ *              transport, a failure at creation on one rank, creation after MPI_Finalize
+ *   --stop     one rank is stopped (SIGSTOP) mid-run: the others time out, then refuse;
+ *              destroy, MPI_Barrier and MPI_Finalize follow when the late rank arrives
  *   --kill     one rank is killed: the job must end non-zero (checked by the ctest wrapper)
  */
 #include <math.h>
@@ -71,6 +74,12 @@ static void test_alloc_failure(void)
         if (rank == size - 1) gcomp__comm_inject_fault(c, GCOMP__FAULT_ALLOC);
         rc = gcomp_allreduce(c, x, y, N, GCOMP_F32, GCOMP_SUM, 1, NULL);
         CHECK(all_ranks(rc == GCOMP_ERR_NOMEM), "%s: allocation failure on one rank -> %s", specs[s], gcomp_result_name(rc));
+        if (rank != size - 1) { /* the others are told which rank failed, and that it ran out of memory */
+            char want[64];
+            snprintf(want, sizeof want, "rank %d failed", size - 1);
+            CHECK(strstr(gcomp_last_error(), want) && strstr(gcomp_last_error(), "out of memory"),
+                  "%s: the message does not name rank %d and out-of-memory: %s", specs[s], size - 1, gcomp_last_error());
+        }
         rc = gcomp_allreduce(c, x, y, N, GCOMP_F32, GCOMP_SUM, 1, NULL);
         CHECK(all_ranks(rc == GCOMP_SUCCESS), "%s: the call after an allocation failure -> %s", specs[s], gcomp_result_name(rc));
         gcomp_comm_destroy(c);
@@ -136,6 +145,82 @@ static void test_edge_values(void)
         CHECK(all_ranks(ok), "topk: all-equal values do not keep the lowest indices");
         gcomp_comm_destroy(c);
     }
+}
+
+/* Ranks configured with different min_bytes: one would compress while the others bypass
+ * (before the fix: TernGrad aborted the whole job with MPI_ERR_TRUNCATE, the other codecs
+ * timed out). Now GCOMP_ERR_MISMATCH on every rank at once, naming min_bytes. */
+static void test_min_bytes_mismatch(void)
+{
+    enum { N = 20000 };
+    static float x[N], y[N];
+    const char *spec[] = {"terngrad", "none", "topk:ratio=0.01", "fp16+zstd"};
+    fill(x, N, 1.0f);
+    for (size_t s = 0; s < sizeof spec / sizeof spec[0]; s++) {
+        gcomp_config cfg = gcomp_config_default();
+        gcomp_comm *c = NULL;
+        gcomp_result rc;
+        double t0;
+        cfg.codec = spec[s];
+        cfg.min_bytes = rank == 0 ? 0 : 1 << 20; /* as if GCOMP_MIN_BYTES=0 on one node */
+        cfg.timeout_ms = 20000;
+        CHECK(gcomp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &c) == GCOMP_SUCCESS, "create %s: %s", spec[s], gcomp_last_error());
+        MPI_Barrier(MPI_COMM_WORLD);
+        t0 = MPI_Wtime();
+        rc = gcomp_allreduce(c, x, y, N, GCOMP_F32, GCOMP_SUM, 1, NULL);
+        CHECK(all_ranks(rc == GCOMP_ERR_MISMATCH), "%s: different min_bytes -> %s (%s)", spec[s], gcomp_result_name(rc),
+              gcomp_last_error());
+        CHECK(MPI_Wtime() - t0 < 1.0, "%s: the mismatch took %.2f s", spec[s], MPI_Wtime() - t0);
+        CHECK(strstr(gcomp_last_error(), "min_bytes") && !strstr(gcomp_last_error(), "count,"),
+              "%s: the message does not say min_bytes (alone) differs: %s", spec[s], gcomp_last_error());
+        gcomp_comm_destroy(c);
+    }
+}
+
+/* Collectives of different sizes inside the transport (what ranks out of step would do):
+ * Open MPI reports the truncation through MPI_COMM_WORLD's error handler, which must not
+ * abort the job; each rank gets an error (or a timeout), and the job goes on. */
+static void test_mismatched_collectives(void)
+{
+    enum { N = 1000 };
+    static float v[N];
+    uint64_t u = 1;
+    gcomp_comm *c = make_comm("none", 60000);
+    gcomp__transport *tp;
+    gcomp_result rc;
+    if (!c) return;
+    tp = c->tp;
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (rank == 0) rc = tp->allreduce_max_u64(tp, &u, 1, gcomp__now() + 2.0);
+    else rc = tp->allreduce_sum_f32(tp, v, N, gcomp__now() + 2.0);
+    CHECK(all_ranks(rc != GCOMP_SUCCESS || rank != 0), "mismatched collectives: rank 0 -> %s", gcomp_result_name(rc));
+    c->broken = 1; /* as the engine does after a transport failure */
+    gcomp_comm_destroy(c);
+    MPI_Barrier(MPI_COMM_WORLD);
+}
+
+/* One rank's creation fails locally (out == NULL): it still joins, so every rank returns an
+ * error instead of the others waiting forever in MPI_Comm_dup (before the fix). */
+static void test_create_local_failure(void)
+{
+    gcomp_config cfg = gcomp_config_default();
+    gcomp_comm *c = NULL;
+    gcomp_result rc;
+    double t0 = MPI_Wtime();
+    cfg.codec = "fp16";
+    cfg.timeout_ms = 20000;
+    rc = gcomp_comm_create_mpi(MPI_COMM_WORLD, &cfg, rank == size - 1 ? NULL : &c);
+    CHECK(all_ranks(rc != GCOMP_SUCCESS && c == NULL), "out == NULL on rank %d -> %s", size - 1, gcomp_result_name(rc));
+    CHECK(MPI_Wtime() - t0 < 10.0, "creation with out == NULL on one rank took %.2f s", MPI_Wtime() - t0);
+    CHECK(rank != size - 1 || rc == GCOMP_ERR_INVALID_ARG, "the rank with out == NULL -> %s", gcomp_result_name(rc));
+    if (rank != size - 1) {
+        char want[64];
+        snprintf(want, sizeof want, "rank %d failed", size - 1);
+        CHECK(strstr(gcomp_last_error(), want) != NULL, "the message does not name rank %d: %s", size - 1, gcomp_last_error());
+    }
+    /* the world is still in step: a normal creation works */
+    c = make_comm("fp16", 20000);
+    gcomp_comm_destroy(c);
 }
 
 static long resident_kib(void)
@@ -211,8 +296,10 @@ static void test_stopped_rank(void)
     } else {
         CHECK(rc != GCOMP_SUCCESS, "the stopped rank's late call succeeded");
     }
-    MPI_Barrier(MPI_COMM_WORLD);
+    /* destroy with the timed-out collective still pending, then MPI goes on: the late rank's
+     * arrival must not make MPI_Barrier or MPI_Finalize (in main) touch a freed communicator */
     gcomp_comm_destroy(c);
+    MPI_Barrier(MPI_COMM_WORLD);
 }
 
 /* The last rank dies mid-run; mpirun must end the job with a non-zero status. */
@@ -244,10 +331,21 @@ int main(int argc, char **argv)
         test_truncated_wire();
         test_edge_values();
         test_no_growth();
+        test_min_bytes_mismatch();
+        test_create_local_failure();
+        test_mismatched_collectives();
     }
     fail_any = n_fail;
     MPI_Allreduce(MPI_IN_PLACE, &fail_any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
     if (rank == 0) printf("mpi_faults %s(%d ranks): %d passed, %d failed\n", mode, size, n_pass, n_fail);
     MPI_Finalize();
+    if (!mode[0]) { /* creation after MPI_Finalize: an error, not an abort */
+        gcomp_comm *c = NULL;
+        gcomp_result rc = gcomp_comm_create_mpi(MPI_COMM_WORLD, NULL, &c);
+        if (rc != GCOMP_ERR_INVALID_ARG || c) {
+            fprintf(stderr, "rank %d: FAIL: creation after MPI_Finalize -> %s\n", rank, gcomp_result_name(rc));
+            fail_any = 1;
+        }
+    }
     return fail_any ? 1 : 0;
 }
