@@ -43,7 +43,7 @@
 #endif
 
 #define TOPK_KEY_BITS 31u
-#define TOPK_INF_KEY 0x7f800000u /* keys at or above it are Inf/NaN */
+#define TOPK_INF_KEY GCOMP_TOPK_INF_KEY
 #define TOPK_GROUP 16u           /* elements tested at once before any per-element work */
 #define TOPK_CHUNK ((size_t)1 << 30) /* elements per pass-1 chunk: uint32 counts stay exact */
 #define TOPK_SPEC_MIN_N ((size_t)1 << 16) /* below: two passes over data that sits in cache */
@@ -548,11 +548,7 @@ typedef struct topk_block {
     uint32_t vals[GCOMP_TOPK_BLOCK]; /* raw fp32 or fp16 bits */
 } topk_block;
 
-static unsigned block_len(uint64_t k, uint64_t first)
-{
-    uint64_t left = k - first;
-    return left < GCOMP_TOPK_BLOCK ? (unsigned)left : GCOMP_TOPK_BLOCK;
-}
+static unsigned block_len(uint64_t k, uint64_t first) { return gcomp_topk_block_len(k, first); }
 
 /* Gathers the block of pairs idx[first .. first + m) and makes the encoder's choices. x lives
  * in xs (+ xr). With r_out, also writes the residual x - decoded of each kept element (after
@@ -567,20 +563,15 @@ static void block_fill(topk_block *bl, const uint64_t *idx, uint64_t first, unsi
     bl->m = m;
     for (unsigned j = 0; j < m; j++) {
         size_t i = (size_t)idx[first + j];
-        float x = x_at(xs, xr, i), d = x;
-        uint32_t v, e;
+        float x = x_at(xs, xr, i), d;
+        unsigned ovf;
+        uint32_t v = gcomp_topk_value_bits(x, fp16, &d, &ovf), e;
         bl->gaps[j] = i - prev;
         prev = i + 1;
-        if (fp16) {
-            v = gcomp_f32_to_f16(x);
-            d = gcomp_f16_to_f32((uint16_t)v);
-            *overflow += key_of(x) < TOPK_INF_KEY && (v & 0x7fffu) == 0x7c00u;
-        } else {
-            memcpy(&v, &x, 4);
-        }
+        *overflow += ovf;
         if (r_out) r_out[i] = x - d;
         bl->vals[j] = v;
-        e = v >> f.mbits & emask;
+        e = gcomp_topk_value_exp(v, fp16);
         emin = e < emin ? e : emin;
         emax = e > emax ? e : emax;
     }
@@ -591,29 +582,13 @@ static void block_fill(topk_block *bl, const uint64_t *idx, uint64_t first, unsi
 
 static size_t block_bytes(const topk_block *bl, int fp16)
 {
-    const gcomp_topk_vfmt f = gcomp_topk_value_format(fp16);
-    uint64_t bits = gcomp_topk_rice_bits(bl->gaps, bl->m, bl->b) + (uint64_t)bl->m * (1 + bl->ew + f.mbits);
-    return 3 + (size_t)((bits + 7) / 8);
+    return gcomp_topk_block_bytes(gcomp_topk_rice_bits(bl->gaps, bl->m, bl->b), bl->m, bl->ew, fp16);
 }
 
 /* Writes the block (block_bytes of it) at out; returns that count. */
 static size_t block_write(const topk_block *bl, int fp16, uint8_t *out)
 {
-    const gcomp_topk_vfmt f = gcomp_topk_value_format(fp16);
-    const unsigned sign_at = f.ebits + f.mbits, vbits = 1 + bl->ew + f.mbits;
-    const uint32_t emask = (1u << f.ebits) - 1, mmask = (1u << f.mbits) - 1;
-    gcomp_bitwriter bw = {out + 3, 0, 0, 0};
-    out[0] = (uint8_t)bl->b;
-    out[1] = (uint8_t)bl->e0;
-    out[2] = (uint8_t)bl->ew;
-    for (unsigned j = 0; j < bl->m; j++) {
-        uint32_t v = bl->vals[j];
-        uint64_t field = (v >> sign_at & 1u) | (uint64_t)((v >> f.mbits & emask) - bl->e0) << 1 |
-                         (uint64_t)(v & mmask) << (1 + bl->ew);
-        gcomp_topk_put_gap(&bw, bl->gaps[j], bl->b);
-        gcomp_bits_put(&bw, field, vbits);
-    }
-    return 3 + gcomp_bits_flush(&bw);
+    return gcomp_topk_block_write(bl->gaps, bl->vals, bl->m, bl->b, bl->e0, bl->ew, fp16, out);
 }
 
 /* Bytes of the whole body, without writing anything. */
@@ -705,100 +680,69 @@ typedef struct pair_sink {
     float *acc;
 } pair_sink;
 
-static gcomp_result corrupt_block(uint64_t first, const char *what)
+/* The message of a refusal by the readers of topk.h. */
+static gcomp_result corrupt(const gcomp_topk_reader *rd, uint32_t flags, size_t cap, int why)
 {
-    return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "topk: block at pair %llu: %s", (unsigned long long)first, what);
+    const unsigned long long first = (unsigned long long)rd->first, k = (unsigned long long)rd->k;
+    switch (why) {
+    case GCOMP_TOPK_BAD_FLAGS: return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "topk: unknown flags 0x%x", (unsigned)flags);
+    case GCOMP_TOPK_BAD_NO_K:
+        return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "topk: body of %zu bytes has no k", rd->bytes);
+    case GCOMP_TOPK_BAD_K_COUNT:
+        return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "topk: k=%llu > count %llu", k, (unsigned long long)rd->count);
+    case GCOMP_TOPK_BAD_K_CAP:
+        return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "topk: k=%llu, the receiver expects at most %zu", k, cap);
+    case GCOMP_TOPK_BAD_K_BYTES:
+        return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "topk: k=%llu pairs do not fit in %zu bytes", k, rd->bytes);
+    case GCOMP_TOPK_BAD_TRAILING:
+        return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "topk: %zu bytes after the last block", rd->bytes - rd->pos);
+    default: break;
+    }
+    {
+        static const char *const what[] = {
+            [GCOMP_TOPK_BAD_BLOCK_HEAD] = "the body ends inside its header",
+            [GCOMP_TOPK_BAD_RICE] = "Rice parameter over 63",
+            [GCOMP_TOPK_BAD_EXP_FIELDS] = "exponent base or width out of range",
+            [GCOMP_TOPK_BAD_TOO_MANY] = "more indices than the tensor has",
+            [GCOMP_TOPK_BAD_GAP] = "index out of range, or the block is truncated",
+            [GCOMP_TOPK_BAD_TRUNCATED] = "the block is truncated",
+            [GCOMP_TOPK_BAD_INDEX] = "index out of range",
+            [GCOMP_TOPK_BAD_EXP] = "exponent out of range",
+            [GCOMP_TOPK_BAD_PADDING] = "padding bits are not zero",
+        };
+        const char *w = why > 0 && why < (int)(sizeof what / sizeof what[0]) && what[why] ? what[why] : "malformed";
+        return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "topk: block at pair %llu: %s", first, w);
+    }
 }
 
-/* Reads one block starting at body[*pos]; next is the smallest index the next gap may give. */
-static gcomp_result read_block(const uint8_t *body, size_t bytes, size_t *pos, uint64_t first, unsigned m,
-                               int fp16, size_t count, uint64_t *next, const pair_sink *out)
-{
-    const gcomp_topk_vfmt f = gcomp_topk_value_format(fp16);
-    const uint32_t emask = (1u << f.ebits) - 1, mmask = (1u << f.mbits) - 1;
-    unsigned b, e0, ew, pad, vbits;
-    gcomp_bitreader br;
-    uint64_t bidx[GCOMP_TOPK_BLOCK];
-    float bval[GCOMP_TOPK_BLOCK];
-    if (bytes - *pos < 3) return corrupt_block(first, "the body ends inside its header");
-    b = body[*pos], e0 = body[*pos + 1], ew = body[*pos + 2];
-    if (b > 63) return corrupt_block(first, "Rice parameter over 63");
-    if (e0 > emask || ew > f.ebits) return corrupt_block(first, "exponent base or width out of range");
-    br = (gcomp_bitreader){body, *pos + 3, bytes, 0, 0};
-    vbits = 1 + ew + f.mbits;
-    for (unsigned t = 0; t < m; t++) {
-        uint64_t gap, field;
-        uint32_t e, v;
-        float x;
-        size_t i;
-        uint64_t qmax;
-        if (*next >= count) return corrupt_block(first, "more indices than the tensor has");
-        qmax = ((count - *next - 1) >> b) + 1; /* so q << b stays below count - next */
-        if (!gcomp_topk_get_pair_fast(&br, b, qmax, vbits, &gap, &field)) {
-            if (!gcomp_topk_get_gap(&br, b, qmax, &gap))
-                return corrupt_block(first, "index out of range, or the block is truncated");
-            if (!gcomp_bits_get(&br, vbits, &field)) return corrupt_block(first, "the block is truncated");
-        }
-        if (gap >= count - *next) return corrupt_block(first, "index out of range");
-        e = e0 + (uint32_t)(field >> 1 & ((1u << ew) - 1));
-        if (e > emask) return corrupt_block(first, "exponent out of range");
-        v = (uint32_t)(field & 1) << (f.ebits + f.mbits) | e << f.mbits | ((uint32_t)(field >> (1 + ew)) & mmask);
-        if (fp16) {
-            x = gcomp_f16_to_f32((uint16_t)v);
-        } else {
-            memcpy(&x, &v, 4);
-        }
-        i = (size_t)(*next + gap);
-        bidx[t] = i;
-        bval[t] = x;
-        *next = i + 1;
-    }
-    /* applied after parsing, in a loop of its own: the adds into acc miss the cache, and many
-     * of them can then be in flight at once */
-    if (out->acc) {
-        for (unsigned t = 0; t < m; t++) out->acc[bidx[t]] += bval[t];
-    } else if (out->idx) {
-        memcpy(out->idx + first, bidx, m * sizeof *bidx);
-        memcpy(out->val + first, bval, m * sizeof *bval);
-    }
-    /* the stream ends at the next whole byte, padded with zero bits */
-    pad = br.avail % 8;
-    if (br.acc & ((1u << pad) - 1)) return corrupt_block(first, "padding bits are not zero");
-    *pos = br.pos - (br.avail - pad) / 8;
-    return GCOMP_SUCCESS;
-}
-
-/* Reads a body: checks flags, k (<= count and <= cap), every block, and that the body ends
- * right after the last one; sends each pair to out in index order. A corrupt body stops at
- * the first fault, so check with an empty sink before adding into anything that must stay
- * unchanged on error. */
+/* Reads a body (with topk.h's reader: flags, k <= count and <= cap, every block, and that the
+ * body ends right after the last one) and sends each pair to out in index order. A corrupt
+ * body stops at the first fault, so check with an empty sink before adding into anything
+ * that must stay unchanged on error. */
 static gcomp_result read_body(uint32_t flags, const uint8_t *body, size_t bytes, size_t count, size_t cap,
                               const pair_sink *out, uint64_t *k_out)
 {
-    const int fp16 = (flags & GCOMP_TOPK_FLAG_FP16) != 0;
-    const gcomp_topk_vfmt f = gcomp_topk_value_format(fp16);
-    uint64_t k, next = 0;
-    size_t pos = 8;
-    if (flags & ~GCOMP_TOPK_FLAG_FP16)
-        return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "topk: unknown flags 0x%x", (unsigned)flags);
-    if (bytes < 8) return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "topk: body of %zu bytes has no k", bytes);
-    k = gcomp_load_u64(body);
-    if (k > count)
-        return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "topk: k=%llu > count %zu", (unsigned long long)k, count);
-    if (k > cap)
-        return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "topk: k=%llu, the receiver expects at most %zu",
-                                (unsigned long long)k, cap);
-    /* a pair takes at least 2 + mantissa bits (a zero bit, a sign bit, the mantissa) */
-    if (k > (uint64_t)(bytes - 8) * 8 / (2 + f.mbits))
-        return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "topk: k=%llu pairs do not fit in %zu bytes",
-                                (unsigned long long)k, bytes);
-    for (uint64_t first = 0; first < k; first += GCOMP_TOPK_BLOCK) {
-        gcomp_result rc = read_block(body, bytes, &pos, first, block_len(k, first), fp16, count, &next, out);
-        if (rc != GCOMP_SUCCESS) return rc;
+    gcomp_topk_reader rd;
+    uint64_t bidx[GCOMP_TOPK_BLOCK];
+    float bval[GCOMP_TOPK_BLOCK];
+    int why = gcomp_topk_read_head(&rd, flags, body, bytes, count, cap);
+    while (!why && rd.first < rd.k) {
+        uint64_t first = rd.first;
+        unsigned m;
+        why = gcomp_topk_read_block(&rd, bidx, bval, &m);
+        if (why) break;
+        /* applied after parsing, in a loop of its own: the adds into acc miss the cache, and
+         * many of them can then be in flight at once */
+        if (out->acc) {
+            for (unsigned t = 0; t < m; t++) out->acc[bidx[t]] += bval[t];
+        } else if (out->idx) {
+            memcpy(out->idx + first, bidx, m * sizeof *bidx);
+            memcpy(out->val + first, bval, m * sizeof *bval);
+        }
     }
-    if (pos != bytes)
-        return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "topk: %zu bytes after the last block", bytes - pos);
-    *k_out = k;
+    if (!why) why = gcomp_topk_read_end(&rd);
+    if (why) return corrupt(&rd, flags, cap, why);
+    *k_out = rd.k;
     return GCOMP_SUCCESS;
 }
 
@@ -865,4 +809,5 @@ const gcomp_codec_vtable gcomp__codec_topk = {
     .max_body_bytes = topk_max_body_bytes,
     .encode = topk_encode,
     .decode_add = topk_decode_add,
+    .cuda = GCOMP_CUDA_OPS(topk),
 };

@@ -1,1 +1,858 @@
-/* cuda/topk.cu — CUDA kernels of the topk codec (being written). */
+/*
+ * cuda/topk.cu — the top-k codec on the GPU: the same selection, the same format-2 body and
+ * the same residuals as the CPU reference (codecs/topk.c), bit for bit. Every field written
+ * or checked goes through the GCOMP_HD helpers of codecs/topk.h and codecs/bitstream.h, which
+ * topk.c calls too.
+ *
+ * Encode (all on the caller's stream; the host learns the body size from status->body_bytes):
+ *   pass 1     x = g + r, stored into the residual's output buffer (the unkept part of the
+ *              residual is then done, and later passes read 4 bytes an element), and the
+ *              histogram of the top 11 key bits (key = bits & 0x7fffffff, as on the CPU);
+ *   select     a radix select on the keys, 11 + 11 + 9 bits: each digit's histogram (per-block
+ *              counts in shared memory, added into a global one) and a one-block kernel that
+ *              finds the bin of the k-th largest key. The result is a rule: keep key > T, and
+ *              of the keys == T the `tie_need` with the lowest indices;
+ *   compact    per-tile counts of keys > T and == T, an exclusive scan over the tiles, and a
+ *              scatter of the kept indices in index order (ballots within a warp, a scan
+ *              across the warps of a tile): stable, no atomics that could reorder;
+ *   body       one warp per block of 128 pairs: gaps, the value fields, the Rice parameter
+ *              (one candidate b per lane, the minimum of (bits, b) as topk.h's
+ *              gcomp_topk_rice_param takes it), then a scan of the block sizes gives every
+ *              block its offset, and a warp writes each block with gcomp_topk_block_write
+ *              into shared memory and copies it out. The kept elements' residuals
+ *              (x - decoded value) are written there too.
+ *   The selection state lives in scratch, so the host enqueues the same launches whatever the
+ *   data; a kernel whose digit is not needed returns at once.
+ *
+ * Decode: a body's block starts are only known after parsing the blocks before it (the Rice
+ * codes have no fixed width), so one payload's chain is parsed by one thread: about k pairs
+ * times a few tens of cycles (tens of milliseconds at k = 670 thousand). A later format that
+ * stored each block's byte offset after k (4 bytes a block, under 1 % of the body) would let a
+ * warp parse each block independently. decode_add parses twice, as the CPU does: a first kernel
+ * checks everything (status->error on a fault), a second adds only when status->error == 0,
+ * so a corrupt body never touches acc. sum_payloads parses every rank's body in parallel into
+ * lists (scratch), then sums a tile of the result per block, ranks in order from 0.0f, and
+ * divides as codecs/divide.h does: what gcomp__topk_sum_pairs computes, bit for bit.
+ */
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+extern "C" {
+#include "codecs/divide.h"
+#include "codecs/topk.h"
+}
+
+#define TK_KEY_BITS 31u
+#define TK_D0 11u /* digit widths, top first: 11 + 11 + 9 = 31 key bits */
+#define TK_D1 11u
+#define TK_D2 9u
+#define TK_NBINS 2048u
+#define TK_TILE 4096u      /* elements per tile of the compaction (one block each) */
+#define TK_TILE_THREADS 256u
+#define TK_WARP_ITEMS (TK_TILE / (TK_TILE_THREADS / 32u)) /* 512: a warp's slice of a tile */
+#define TK_HIST_THREADS 512u
+#define TK_SCAN_THREADS 1024u
+#define TK_WARPS_PER_BLOCK 4u /* body kernels: one warp per block of 128 pairs */
+#define TK_SUM_TILE 4096u     /* result elements per block of the pair sum */
+#define TK_ALL_TIES (~0ull)
+#define TK_FULL 0xffffffffu
+
+/* The radix select's state, in scratch. */
+struct tk_select {
+    unsigned long long need;      /* undecided keys still to keep */
+    unsigned long long undecided; /* keys whose bits above shift equal prefix */
+    unsigned long long tie_need;  /* final rule: keys == thr kept while their rank < tie_need */
+    uint32_t prefix, shift;
+    uint32_t done; /* the rule (thr, tie_need) is final */
+    uint32_t thr;
+};
+
+/* Where everything of an encode lives in scratch (offsets in bytes, 256-aligned). */
+struct tk_layout {
+    size_t state, hist, tile_gt, tile_eq, off_gt, off_eq, idx, blk_info, blk_bytes, blk_off, total;
+};
+
+static size_t tk_align(size_t v) { return (v + 255) & ~(size_t)255; }
+
+static size_t tk_tiles(size_t n) { return (n + TK_TILE - 1) / TK_TILE; }
+
+static tk_layout tk_encode_layout(size_t n, uint64_t k)
+{
+    const size_t tiles = tk_tiles(n) ? tk_tiles(n) : 1, nb = (size_t)((k + GCOMP_TOPK_BLOCK - 1) / GCOMP_TOPK_BLOCK) + 1;
+    tk_layout l;
+    size_t at = 0;
+    l.state = at, at += tk_align(sizeof(tk_select));
+    l.hist = at, at += tk_align(3 * TK_NBINS * sizeof(unsigned long long));
+    l.tile_gt = at, at += tk_align(tiles * 8);
+    l.tile_eq = at, at += tk_align(tiles * 8);
+    l.off_gt = at, at += tk_align(tiles * 8);
+    l.off_eq = at, at += tk_align(tiles * 8);
+    l.idx = at, at += tk_align((size_t)k * 8 + 8);
+    l.blk_info = at, at += tk_align(nb * 4);
+    l.blk_bytes = at, at += tk_align(nb * 8);
+    l.blk_off = at, at += tk_align(nb * 8);
+    l.total = at;
+    return l;
+}
+
+/* sum_payloads: per rank, its k pairs (u64 index, f32 value) and the first pair of each tile
+ * of the result (tiles + 1 entries). */
+struct tk_list_layout {
+    size_t idx, val, starts, per_rank;
+};
+
+static tk_list_layout tk_list_layout_for(size_t count, uint64_t k)
+{
+    tk_list_layout l;
+    const size_t tiles = (count + TK_SUM_TILE - 1) / TK_SUM_TILE;
+    l.idx = 0;
+    l.val = tk_align((size_t)k * 8 + 8);
+    l.starts = l.val + tk_align((size_t)k * 4 + 4);
+    l.per_rank = l.starts + tk_align((tiles + 1) * 8);
+    return l;
+}
+
+/* ---- small device helpers ---------------------------------------------------------------- */
+
+static __device__ __forceinline__ uint32_t tk_key(uint32_t bits) { return gcomp_topk_key(bits); }
+
+/* x as pass 1 left it: in the residual's output buffer, or g itself without a residual. */
+static __device__ __forceinline__ const float *tk_x(const float *g, const gcomp_cuda_residual *res)
+{
+    return res ? res->buf[res->cur ^ 1u] : g;
+}
+
+static __device__ void tk_set_error(gcomp_cuda_status *status, uint32_t rc)
+{
+    atomicCAS(&status->error, 0u, rc);
+}
+
+/* Exclusive scan over the block of one value per thread (blockDim.x a multiple of 32, at most
+ * 1024); *total gets the sum. Uses the 32-entry shared array sh. */
+static __device__ unsigned long long tk_block_scan(unsigned long long v, unsigned long long *sh,
+                                                   unsigned long long *total)
+{
+    const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    unsigned long long incl = v, wsum;
+    for (unsigned o = 1; o < 32; o <<= 1) {
+        unsigned long long t = __shfl_up_sync(TK_FULL, incl, o);
+        if (lane >= o) incl += t;
+    }
+    __syncthreads(); /* sh may still be read by a previous call */
+    if (lane == 31) sh[warp] = incl;
+    __syncthreads();
+    if (warp == 0) {
+        unsigned long long s = lane < nwarps ? sh[lane] : 0, si = s;
+        for (unsigned o = 1; o < 32; o <<= 1) {
+            unsigned long long t = __shfl_up_sync(TK_FULL, si, o);
+            if (lane >= o) si += t;
+        }
+        if (lane < nwarps) sh[lane] = si - s; /* exclusive prefix of the warp sums */
+        if (lane == 31) sh[32] = si;
+    }
+    __syncthreads();
+    wsum = sh[warp];
+    *total = sh[32];
+    return wsum + incl - v;
+}
+
+/* out[i] = sum of in[0..i) in one block (len up to a few million: each thread scans a slice). */
+static __device__ unsigned long long tk_scan_array(const unsigned long long *in, unsigned long long *out, size_t len,
+                                                   unsigned long long *sh)
+{
+    const size_t per = (len + blockDim.x - 1) / blockDim.x, lo = per * threadIdx.x;
+    const size_t hi = lo + per < len ? lo + per : len;
+    unsigned long long sum = 0, base, total;
+    for (size_t i = lo; i < hi; i++) sum += in[i];
+    base = tk_block_scan(sum, sh, &total);
+    for (size_t i = lo; i < hi; i++) {
+        unsigned long long v = in[i];
+        out[i] = base;
+        base += v;
+    }
+    return total;
+}
+
+/* ---- pass 1 and the digit histograms ------------------------------------------------------ */
+
+/* Adds the block's nonzero shared counts into the global histogram. */
+static __device__ void tk_flush_hist(const unsigned *sh, unsigned nbins, unsigned long long *hist)
+{
+    __syncthreads();
+    for (unsigned b = threadIdx.x; b < nbins; b += blockDim.x)
+        if (sh[b]) atomicAdd(&hist[b], (unsigned long long)sh[b]);
+}
+
+/* x = g + r into r_out (with a residual), and the histogram of the top digit of every key. */
+static __global__ void tk_pass1(const float *g, const gcomp_cuda_residual *res, size_t n, unsigned long long *hist)
+{
+    __shared__ unsigned sh[TK_NBINS];
+    const float *r = res ? res->buf[res->cur] : nullptr;
+    float *xo = res ? res->buf[res->cur ^ 1u] : nullptr;
+    const unsigned shift = TK_KEY_BITS - TK_D0;
+    const size_t stride = (size_t)gridDim.x * blockDim.x, tid = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    size_t head = 0;
+    for (unsigned b = threadIdx.x; b < TK_NBINS; b += blockDim.x) sh[b] = 0;
+    __syncthreads();
+    /* 16-byte loads and stores where all three buffers allow them; the scalar loop does the rest */
+    if ((((uintptr_t)g | (uintptr_t)r | (uintptr_t)xo) & 15u) == 0) {
+        const size_t nv = n / 4;
+        const float4 *g4 = (const float4 *)g, *r4 = (const float4 *)r;
+        float4 *x4 = (float4 *)xo;
+        for (size_t v = tid; v < nv; v += stride) {
+            float4 a = g4[v];
+            if (r) {
+                const float4 c = r4[v];
+                a.x += c.x, a.y += c.y, a.z += c.z, a.w += c.w;
+                x4[v] = a;
+            }
+            atomicAdd(&sh[tk_key(gcomp_f32_bits(a.x)) >> shift], 1u);
+            atomicAdd(&sh[tk_key(gcomp_f32_bits(a.y)) >> shift], 1u);
+            atomicAdd(&sh[tk_key(gcomp_f32_bits(a.z)) >> shift], 1u);
+            atomicAdd(&sh[tk_key(gcomp_f32_bits(a.w)) >> shift], 1u);
+        }
+        head = nv * 4;
+    }
+    for (size_t i = head + tid; i < n; i += stride) {
+        float a = r ? g[i] + r[i] : g[i]; /* without r, x is g bit for bit (-0 included) */
+        if (xo) xo[i] = a;
+        atomicAdd(&sh[tk_key(gcomp_f32_bits(a)) >> shift], 1u);
+    }
+    tk_flush_hist(sh, TK_NBINS, hist);
+}
+
+/* Histogram of the next d bits of the undecided keys (those whose bits above shift equal
+ * prefix). */
+static __global__ void tk_digit_hist(const float *g, const gcomp_cuda_residual *res, size_t n, const tk_select *st,
+                                     unsigned d, unsigned long long *hist)
+{
+    __shared__ unsigned sh[TK_NBINS];
+    if (st->done) return;
+    const uint32_t *x = (const uint32_t *)tk_x(g, res);
+    const unsigned shift = st->shift, lo = shift - d;
+    const uint32_t prefix = st->prefix, mask = (1u << d) - 1;
+    const size_t stride = (size_t)gridDim.x * blockDim.x, tid = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    size_t head = 0;
+    for (unsigned b = threadIdx.x; b < (1u << d); b += blockDim.x) sh[b] = 0;
+    __syncthreads();
+    if (((uintptr_t)x & 15u) == 0) {
+        const size_t nv = n / 4;
+        const uint4 *x4 = (const uint4 *)x;
+        for (size_t v = tid; v < nv; v += stride) {
+            const uint4 a = x4[v];
+            const uint32_t k0 = tk_key(a.x), k1 = tk_key(a.y), k2 = tk_key(a.z), k3 = tk_key(a.w);
+            if (k0 >> shift == prefix) atomicAdd(&sh[(k0 >> lo) & mask], 1u);
+            if (k1 >> shift == prefix) atomicAdd(&sh[(k1 >> lo) & mask], 1u);
+            if (k2 >> shift == prefix) atomicAdd(&sh[(k2 >> lo) & mask], 1u);
+            if (k3 >> shift == prefix) atomicAdd(&sh[(k3 >> lo) & mask], 1u);
+        }
+        head = nv * 4;
+    }
+    for (size_t i = head + tid; i < n; i += stride) {
+        const uint32_t k0 = tk_key(x[i]);
+        if (k0 >> shift == prefix) atomicAdd(&sh[(k0 >> lo) & mask], 1u);
+    }
+    tk_flush_hist(sh, 1u << d, hist);
+}
+
+/* One digit of the select (one block of 1024 threads): the bin b holding the need-th largest
+ * undecided key, i.e. the one with (count of higher bins) < need <= (that + hist[b]), as
+ * topk.c's find_bin takes it; then narrows the state. Digit 0 also starts the state and the
+ * status (non-finite: a key in the Inf/NaN bins). */
+static __global__ void tk_select_digit(const unsigned long long *hist, unsigned digit, unsigned d, uint64_t k,
+                                       uint32_t flags, tk_select *st, gcomp_cuda_status *status)
+{
+    __shared__ unsigned long long sh[33];
+    __shared__ unsigned long long above_sh, count_sh;
+    __shared__ int bin_sh;
+    const unsigned nbins = 1u << d, per = (nbins + blockDim.x - 1) / blockDim.x;
+    unsigned long long need, mine = 0, excl, total;
+    if (digit == 0) {
+        if (threadIdx.x == 0) {
+            st->need = k, st->undecided = 0, st->tie_need = 0;
+            st->prefix = 0, st->shift = TK_KEY_BITS, st->done = 0, st->thr = 0;
+            status->flags = flags;
+            status->overflow = 0;
+            status->body_bytes = 0;
+            status->nonfinite = 0;
+            bin_sh = -1;
+        }
+        __syncthreads();
+        for (unsigned b = (GCOMP_TOPK_INF_KEY >> (TK_KEY_BITS - TK_D0)) + threadIdx.x; b < TK_NBINS; b += blockDim.x)
+            if (hist[b]) status->nonfinite = 1;
+    } else {
+        if (threadIdx.x == 0) bin_sh = -1;
+        __syncthreads();
+        if (st->done) return;
+    }
+    need = st->need;
+    /* thread t takes bins from the top: t * per .. t * per + per counted downwards */
+    for (unsigned j = 0; j < per; j++) {
+        const unsigned q = threadIdx.x * per + j;
+        if (q < nbins) mine += hist[nbins - 1 - q];
+    }
+    excl = tk_block_scan(mine, sh, &total); /* keys in the bins above this thread's first */
+    for (unsigned j = 0; j < per; j++) {
+        const unsigned q = threadIdx.x * per + j;
+        if (q < nbins) {
+            const unsigned long long c = hist[nbins - 1 - q];
+            if (excl < need && need <= excl + c) {
+                bin_sh = (int)(nbins - 1 - q);
+                above_sh = excl;
+                count_sh = c;
+            }
+            excl += c;
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        if (bin_sh < 0) { /* the histogram holds fewer than need keys: cannot happen */
+            tk_set_error(status, GCOMP_ERR_INTERNAL);
+            st->done = 1, st->thr = 0x80000000u, st->tie_need = 0; /* keeps nothing */
+            return;
+        }
+        st->need = need - above_sh;
+        st->undecided = count_sh;
+        st->prefix = st->prefix << d | (uint32_t)bin_sh;
+        st->shift -= d;
+        if (st->undecided == st->need) { /* every undecided key is kept */
+            st->done = 1, st->thr = st->prefix << st->shift, st->tie_need = TK_ALL_TIES;
+        } else if (st->shift == 0) { /* the undecided keys all equal the threshold */
+            st->done = 1, st->thr = st->prefix, st->tie_need = st->need;
+        }
+    }
+}
+
+/* ---- compaction -------------------------------------------------------------------------- */
+
+/* The keys of a warp's slice of a tile: item j of lane l is element base + j * 32 + l. */
+static __device__ __forceinline__ uint32_t tk_item(const uint32_t *x, size_t n, size_t base, unsigned j, int *valid)
+{
+    const size_t i = base + (size_t)j * 32 + (threadIdx.x & 31u);
+    *valid = i < n;
+    return i < n ? tk_key(x[i]) : 0;
+}
+
+/* Per tile: how many keys are > thr and how many == thr. */
+static __global__ void tk_count(const float *g, const gcomp_cuda_residual *res, size_t n, const tk_select *st,
+                                unsigned long long *tile_gt, unsigned long long *tile_eq)
+{
+    __shared__ unsigned wg[TK_TILE_THREADS / 32], we[TK_TILE_THREADS / 32];
+    const uint32_t *x = (const uint32_t *)tk_x(g, res);
+    const uint32_t thr = st->thr;
+    const unsigned warp = threadIdx.x >> 5, lane = threadIdx.x & 31u;
+    const size_t base = (size_t)blockIdx.x * TK_TILE + (size_t)warp * TK_WARP_ITEMS;
+    unsigned gt = 0, eq = 0;
+    for (unsigned j = 0; j < TK_WARP_ITEMS / 32; j++) {
+        int valid;
+        const uint32_t key = tk_item(x, n, base, j, &valid);
+        gt += valid && key > thr;
+        eq += valid && key == thr;
+    }
+    for (unsigned o = 16; o; o >>= 1) {
+        gt += __shfl_down_sync(TK_FULL, gt, o);
+        eq += __shfl_down_sync(TK_FULL, eq, o);
+    }
+    if (lane == 0) wg[warp] = gt, we[warp] = eq;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned long long sg = 0, se = 0;
+        for (unsigned w = 0; w < TK_TILE_THREADS / 32; w++) sg += wg[w], se += we[w];
+        tile_gt[blockIdx.x] = sg;
+        tile_eq[blockIdx.x] = se;
+    }
+}
+
+/* Exclusive scans of the tile counts; checks that the rule keeps exactly k. */
+static __global__ void tk_scan_tiles(const unsigned long long *tile_gt, const unsigned long long *tile_eq,
+                                     unsigned long long *off_gt, unsigned long long *off_eq, size_t tiles,
+                                     const tk_select *st, uint64_t k, gcomp_cuda_status *status)
+{
+    __shared__ unsigned long long sh[33];
+    const unsigned long long gt = tk_scan_array(tile_gt, off_gt, tiles, sh);
+    const unsigned long long eq = tk_scan_array(tile_eq, off_eq, tiles, sh);
+    if (threadIdx.x == 0) {
+        const unsigned long long ties = eq < st->tie_need ? eq : st->tie_need;
+        if (gt + ties != k) tk_set_error(status, GCOMP_ERR_INTERNAL);
+    }
+}
+
+/* The kept indices of a tile, in index order, at their place in idx[0..k). */
+static __global__ void tk_scatter(const float *g, const gcomp_cuda_residual *res, size_t n, const tk_select *st,
+                                  const unsigned long long *off_gt, const unsigned long long *off_eq,
+                                  unsigned long long *idx, uint64_t k)
+{
+    __shared__ unsigned wg[TK_TILE_THREADS / 32], we[TK_TILE_THREADS / 32];
+    const uint32_t *x = (const uint32_t *)tk_x(g, res);
+    const uint32_t thr = st->thr;
+    const unsigned long long tie_need = st->tie_need;
+    const unsigned warp = threadIdx.x >> 5, lane = threadIdx.x & 31u;
+    const unsigned lt_mask = (1u << lane) - 1u;
+    const size_t base = (size_t)blockIdx.x * TK_TILE + (size_t)warp * TK_WARP_ITEMS;
+    uint32_t keys[TK_WARP_ITEMS / 32];
+    unsigned gt = 0, eq = 0;
+    unsigned long long gt_before, eq_before;
+    for (unsigned j = 0; j < TK_WARP_ITEMS / 32; j++) {
+        int valid;
+        keys[j] = tk_item(x, n, base, j, &valid);
+        gt += __popc(__ballot_sync(TK_FULL, valid && keys[j] > thr));
+        eq += __popc(__ballot_sync(TK_FULL, valid && keys[j] == thr));
+    }
+    if (lane == 0) wg[warp] = gt, we[warp] = eq;
+    __syncthreads();
+    gt_before = off_gt[blockIdx.x], eq_before = off_eq[blockIdx.x];
+    for (unsigned w = 0; w < warp; w++) gt_before += wg[w], eq_before += we[w];
+    for (unsigned j = 0; j < TK_WARP_ITEMS / 32; j++) {
+        const size_t i = base + (size_t)j * 32 + lane;
+        const int valid = i < n, is_gt = valid && keys[j] > thr, is_eq = valid && keys[j] == thr;
+        const unsigned mgt = __ballot_sync(TK_FULL, is_gt), meq = __ballot_sync(TK_FULL, is_eq);
+        const unsigned long long g_lt = gt_before + __popc(mgt & lt_mask), e_lt = eq_before + __popc(meq & lt_mask);
+        unsigned long long pos = ~0ull;
+        if (is_gt) pos = g_lt + (e_lt < tie_need ? e_lt : tie_need);
+        else if (is_eq && e_lt < tie_need) pos = g_lt + e_lt;
+        if (pos < k) idx[pos] = i;
+        gt_before += __popc(mgt);
+        eq_before += __popc(meq);
+    }
+}
+
+/* ---- the body ------------------------------------------------------------------------------ */
+
+/* Gap and wire value bits of pair p of the kept list (x read at its index). */
+static __device__ __forceinline__ void tk_pair(const unsigned long long *idx, uint64_t p, const float *x, int fp16,
+                                               uint64_t *gap, uint32_t *v, float *xv, float *dec, unsigned *ovf)
+{
+    const unsigned long long i = idx[p], prev = p ? idx[p - 1] + 1 : 0; /* gap = idx - (previous idx + 1) */
+    *gap = i - prev;
+    *xv = x[i];
+    *v = gcomp_topk_value_bits(*xv, fp16, dec, ovf);
+}
+
+/* Per block of 128 pairs (one warp): the encoder's choices b, e0, ew and the block's bytes. */
+static __global__ void tk_block_prep(const float *g, const gcomp_cuda_residual *res, const unsigned long long *idx,
+                                     uint64_t k, int fp16, uint32_t *blk_info, unsigned long long *blk_bytes,
+                                     gcomp_cuda_status *status)
+{
+    __shared__ uint64_t gaps_sh[TK_WARPS_PER_BLOCK][GCOMP_TOPK_BLOCK];
+    const unsigned warp = threadIdx.x >> 5, lane = threadIdx.x & 31u;
+    const uint64_t blk = (uint64_t)blockIdx.x * TK_WARPS_PER_BLOCK + warp, first = blk * GCOMP_TOPK_BLOCK;
+    const float *x = tk_x(g, res);
+    uint64_t *gaps = gaps_sh[warp], any = 0, best_bits = ~0ull;
+    uint32_t emin = 0xffffffffu, emax = 0;
+    unsigned ovf_sum = 0, m, w, best_b = 0;
+    if (first >= k) return; /* the whole warp leaves together */
+    m = gcomp_topk_block_len(k, first);
+    for (unsigned j = lane; j < m; j += 32) {
+        uint64_t gap;
+        uint32_t v, e;
+        float xv, dec;
+        unsigned ovf;
+        tk_pair(idx, first + j, x, fp16, &gap, &v, &xv, &dec, &ovf);
+        gaps[j] = gap;
+        any |= gap;
+        e = gcomp_topk_value_exp(v, fp16);
+        emin = e < emin ? e : emin;
+        emax = e > emax ? e : emax;
+        ovf_sum += ovf;
+    }
+    for (unsigned o = 16; o; o >>= 1) {
+        any |= __shfl_xor_sync(TK_FULL, any, o);
+        emin = min(emin, __shfl_xor_sync(TK_FULL, emin, o));
+        emax = max(emax, __shfl_xor_sync(TK_FULL, emax, o));
+        ovf_sum += __shfl_xor_sync(TK_FULL, ovf_sum, o);
+    }
+    __syncwarp();
+    w = gcomp_topk_rice_max(any);
+    /* lane l tries b = l and b = l + 32 (b <= w); the smallest (bits, b) wins, which is what
+     * gcomp_topk_rice_param's loop keeps: fewest bits, the smallest b on ties */
+    for (unsigned b = lane; b <= w; b += 32) {
+        const uint64_t bits = gcomp_topk_rice_bits(gaps, m, b);
+        if (bits < best_bits) best_bits = bits, best_b = b; /* b grows: ties keep the smaller */
+    }
+    for (unsigned o = 16; o; o >>= 1) {
+        const uint64_t ob = __shfl_xor_sync(TK_FULL, best_bits, o);
+        const unsigned obb = __shfl_xor_sync(TK_FULL, best_b, o);
+        if (ob < best_bits || (ob == best_bits && obb < best_b)) best_bits = ob, best_b = obb;
+    }
+    if (lane == 0) {
+        const unsigned ew = gcomp_topk_width(emax - emin);
+        blk_info[blk] = best_b | emin << 8 | ew << 16;
+        blk_bytes[blk] = gcomp_topk_block_bytes(best_bits, m, ew, fp16);
+        if (ovf_sum) { /* the decoded result holds an inf the residual must not see */
+            atomicAdd((unsigned long long *)&status->overflow, (unsigned long long)ovf_sum);
+            status->nonfinite = 1;
+        }
+    }
+}
+
+/* Block offsets, the body size, and k at the body's start. */
+static __global__ void tk_scan_blocks(const unsigned long long *blk_bytes, unsigned long long *blk_off, size_t nb,
+                                      uint64_t k, uint8_t *body, gcomp_cuda_status *status)
+{
+    __shared__ unsigned long long sh[33];
+    const unsigned long long total = tk_scan_array(blk_bytes, blk_off, nb, sh);
+    if (threadIdx.x == 0) {
+        gcomp_le_store_u64(body, k);
+        status->body_bytes = 8 + total;
+    }
+}
+
+/* Largest block the encoder writes (b <= 63, fp32 values). */
+#define TK_BLOCK_MAX_BYTES 1560u
+
+/* Writes each block (one warp) at its offset; with a residual, the kept elements' residuals
+ * x - decoded value (pass 1 left x there). */
+static __global__ void tk_block_write(const float *g, const gcomp_cuda_residual *res, const unsigned long long *idx,
+                                      uint64_t k, int fp16, const uint32_t *blk_info,
+                                      const unsigned long long *blk_bytes, const unsigned long long *blk_off,
+                                      uint8_t *body, size_t cap, gcomp_cuda_status *status)
+{
+    __shared__ uint64_t gaps_sh[TK_WARPS_PER_BLOCK][GCOMP_TOPK_BLOCK];
+    __shared__ uint32_t vals_sh[TK_WARPS_PER_BLOCK][GCOMP_TOPK_BLOCK];
+    __shared__ uint8_t out_sh[TK_WARPS_PER_BLOCK][TK_BLOCK_MAX_BYTES];
+    __shared__ unsigned long long len_sh[TK_WARPS_PER_BLOCK];
+    const unsigned warp = threadIdx.x >> 5, lane = threadIdx.x & 31u;
+    const uint64_t blk = (uint64_t)blockIdx.x * TK_WARPS_PER_BLOCK + warp, first = blk * GCOMP_TOPK_BLOCK;
+    const float *x = tk_x(g, res);
+    float *r_out = res ? res->buf[res->cur ^ 1u] : nullptr;
+    unsigned m;
+    unsigned long long at, len;
+    if (first >= k) return;
+    m = gcomp_topk_block_len(k, first);
+    for (unsigned j = lane; j < m; j += 32) {
+        float xv, dec;
+        unsigned ovf;
+        tk_pair(idx, first + j, x, fp16, &gaps_sh[warp][j], &vals_sh[warp][j], &xv, &dec, &ovf);
+        if (r_out) r_out[idx[first + j]] = xv - dec; /* read x above, then its residual */
+    }
+    __syncwarp();
+    if (lane == 0) {
+        const uint32_t info = blk_info[blk];
+        len_sh[warp] = gcomp_topk_block_write(gaps_sh[warp], vals_sh[warp], m, info & 0xffu, info >> 8 & 0xffu,
+                                              info >> 16 & 0xffu, fp16, out_sh[warp]);
+    }
+    __syncwarp();
+    len = len_sh[warp];
+    at = 8 + blk_off[blk];
+    if (len != blk_bytes[blk] || at + len > cap) { /* cannot happen: the sizes come from one rule */
+        if (lane == 0) tk_set_error(status, GCOMP_ERR_INTERNAL);
+        return;
+    }
+    for (unsigned long long j = lane; j < len; j += 32) body[at + j] = out_sh[warp][j];
+}
+
+/* n == 0: the body is k = 0. */
+static __global__ void tk_empty(uint8_t *body, uint32_t flags, gcomp_cuda_status *status)
+{
+    gcomp_le_store_u64(body, 0);
+    status->flags = flags;
+    status->overflow = 0;
+    status->nonfinite = 0;
+    status->body_bytes = 8;
+}
+
+/* ---- host side ------------------------------------------------------------------------------ */
+
+static gcomp_result tk_launched(const char *what)
+{
+    const cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess) return GCOMP_SUCCESS;
+    return gcomp_codec_fail(GCOMP_ERR_INTERNAL, "topk: launch of %s failed: %s", what, cudaGetErrorString(e));
+}
+
+#define TK_LAUNCHED(what)                                                                                    \
+    do {                                                                                                     \
+        gcomp_result rc_ = tk_launched(what);                                                                \
+        if (rc_ != GCOMP_SUCCESS) return rc_;                                                                \
+    } while (0)
+
+/* Blocks for a grid-stride pass over n elements: enough to fill the GPU, no more (each block
+ * flushes a histogram at its end). */
+static unsigned tk_stream_grid(size_t n, unsigned threads)
+{
+    int dev = 0, sms = 132;
+    size_t want;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+        sms = 132;
+    (void)cudaGetLastError();
+    want = (n + (size_t)threads * 16 - 1) / ((size_t)threads * 16);
+    if (want < 1) want = 1;
+    if (want > (size_t)sms * 4) want = (size_t)sms * 4;
+    return (unsigned)want;
+}
+
+static size_t tk_max_body(const gcomp_topk_params *p, size_t count)
+{
+    const uint64_t k = gcomp_topk_k(p, count);
+    const unsigned w = gcomp_topk_width(count - k);
+    const size_t full = (size_t)(k / GCOMP_TOPK_BLOCK), rem = (size_t)(k % GCOMP_TOPK_BLOCK);
+    return 8 + full * gcomp_topk_block_max_bytes(GCOMP_TOPK_BLOCK, w, p->values) +
+           (rem ? gcomp_topk_block_max_bytes((unsigned)rem, w, p->values) : 0);
+}
+
+static size_t tk_scratch_bytes(const void *params, size_t count)
+{
+    const gcomp_topk_params *p = (const gcomp_topk_params *)params;
+    const uint64_t k = gcomp_topk_k(p, count);
+    const size_t enc = tk_encode_layout(count, k).total, lists = tk_list_layout_for(count, k).per_rank;
+    return enc > lists ? enc : lists;
+}
+
+static gcomp_result tk_encode(const void *params, const gcomp_encode_ctx *ctx, const float *g,
+                              const gcomp_cuda_residual *res, size_t n, uint8_t *body, size_t cap, void *scratch,
+                              gcomp_cuda_status *status, struct CUstream_st *stream_)
+{
+    const gcomp_topk_params *p = (const gcomp_topk_params *)params;
+    const cudaStream_t stream = (cudaStream_t)stream_;
+    const int fp16 = p->values == 1;
+    const uint32_t flags = fp16 ? GCOMP_TOPK_FLAG_FP16 : 0;
+    const uint64_t k = gcomp_topk_k(p, n);
+    const size_t tiles = tk_tiles(n), nb = (size_t)((k + GCOMP_TOPK_BLOCK - 1) / GCOMP_TOPK_BLOCK);
+    const tk_layout l = tk_encode_layout(n, k);
+    uint8_t *s = (uint8_t *)scratch;
+    tk_select *st = (tk_select *)(s + l.state);
+    unsigned long long *hist = (unsigned long long *)(s + l.hist);
+    unsigned long long *tile_gt = (unsigned long long *)(s + l.tile_gt), *tile_eq = (unsigned long long *)(s + l.tile_eq);
+    unsigned long long *off_gt = (unsigned long long *)(s + l.off_gt), *off_eq = (unsigned long long *)(s + l.off_eq);
+    unsigned long long *idx = (unsigned long long *)(s + l.idx);
+    uint32_t *blk_info = (uint32_t *)(s + l.blk_info);
+    unsigned long long *blk_bytes = (unsigned long long *)(s + l.blk_bytes), *blk_off = (unsigned long long *)(s + l.blk_off);
+    const unsigned body_grid = (unsigned)((nb + TK_WARPS_PER_BLOCK - 1) / TK_WARPS_PER_BLOCK);
+    unsigned grid;
+    (void)ctx; /* top-k uses neither the rank nor the step */
+
+    if (!body || !status || (n && (!g || !scratch)))
+        return gcomp_codec_fail(GCOMP_ERR_INVALID_ARG, "topk: cuda encode: NULL buffer");
+    if (cap < tk_max_body(p, n))
+        return gcomp_codec_fail(GCOMP_ERR_BUFFER_TOO_SMALL, "topk: cuda encode needs a body buffer of %zu bytes, got %zu",
+                                tk_max_body(p, n), cap);
+    if (n == 0) {
+        tk_empty<<<1, 1, 0, stream>>>(body, flags, status);
+        TK_LAUNCHED("tk_empty");
+        return GCOMP_SUCCESS;
+    }
+    if (cudaMemsetAsync(hist, 0, 3 * TK_NBINS * sizeof *hist, stream) != cudaSuccess) return tk_launched("memset");
+
+    grid = tk_stream_grid(n, TK_HIST_THREADS);
+    tk_pass1<<<grid, TK_HIST_THREADS, 0, stream>>>(g, res, n, hist);
+    TK_LAUNCHED("tk_pass1");
+    tk_select_digit<<<1, TK_SCAN_THREADS, 0, stream>>>(hist, 0, TK_D0, k, flags, st, status);
+    TK_LAUNCHED("tk_select_digit");
+    tk_digit_hist<<<grid, TK_HIST_THREADS, 0, stream>>>(g, res, n, st, TK_D1, hist + TK_NBINS);
+    TK_LAUNCHED("tk_digit_hist");
+    tk_select_digit<<<1, TK_SCAN_THREADS, 0, stream>>>(hist + TK_NBINS, 1, TK_D1, k, flags, st, status);
+    TK_LAUNCHED("tk_select_digit");
+    tk_digit_hist<<<grid, TK_HIST_THREADS, 0, stream>>>(g, res, n, st, TK_D2, hist + 2 * TK_NBINS);
+    TK_LAUNCHED("tk_digit_hist");
+    tk_select_digit<<<1, TK_SCAN_THREADS, 0, stream>>>(hist + 2 * TK_NBINS, 2, TK_D2, k, flags, st, status);
+    TK_LAUNCHED("tk_select_digit");
+
+    tk_count<<<(unsigned)tiles, TK_TILE_THREADS, 0, stream>>>(g, res, n, st, tile_gt, tile_eq);
+    TK_LAUNCHED("tk_count");
+    tk_scan_tiles<<<1, TK_SCAN_THREADS, 0, stream>>>(tile_gt, tile_eq, off_gt, off_eq, tiles, st, k, status);
+    TK_LAUNCHED("tk_scan_tiles");
+    tk_scatter<<<(unsigned)tiles, TK_TILE_THREADS, 0, stream>>>(g, res, n, st, off_gt, off_eq, idx, k);
+    TK_LAUNCHED("tk_scatter");
+
+    tk_block_prep<<<body_grid, TK_WARPS_PER_BLOCK * 32, 0, stream>>>(g, res, idx, k, fp16, blk_info, blk_bytes, status);
+    TK_LAUNCHED("tk_block_prep");
+    tk_scan_blocks<<<1, TK_SCAN_THREADS, 0, stream>>>(blk_bytes, blk_off, nb, k, body, status);
+    TK_LAUNCHED("tk_scan_blocks");
+    tk_block_write<<<body_grid, TK_WARPS_PER_BLOCK * 32, 0, stream>>>(g, res, idx, k, fp16, blk_info, blk_bytes,
+                                                                     blk_off, body, cap, status);
+    TK_LAUNCHED("tk_block_write");
+    return GCOMP_SUCCESS;
+}
+
+/* ---- decode ---------------------------------------------------------------------------------- */
+
+/* The body of a payload whose header the library checked: flags and size from the header. */
+static __device__ int tk_payload_body(const uint8_t *payload, size_t cap, const uint8_t **body, size_t *bytes,
+                                      uint32_t *flags)
+{
+    const uint64_t b = gcomp_le_load_u64(payload + 24);
+    if (cap < GCOMP_HEADER_BYTES || b > cap - GCOMP_HEADER_BYTES) return 0; /* re-checked: never read past cap */
+    *flags = gcomp_le_load_u32(payload + 8);
+    *body = payload + GCOMP_HEADER_BYTES;
+    *bytes = (size_t)b;
+    return 1;
+}
+
+/* Checks a whole body (one thread: the block chain is sequential). */
+static __global__ void tk_decode_check(const uint8_t *payload, size_t cap, size_t count, gcomp_cuda_status *status)
+{
+    gcomp_topk_reader rd;
+    uint64_t bidx[GCOMP_TOPK_BLOCK];
+    float bval[GCOMP_TOPK_BLOCK];
+    const uint8_t *body;
+    size_t bytes;
+    uint32_t flags;
+    unsigned m;
+    int why;
+    if (status->error) return;
+    if (!tk_payload_body(payload, cap, &body, &bytes, &flags)) {
+        tk_set_error(status, GCOMP_ERR_CORRUPT);
+        return;
+    }
+    why = gcomp_topk_read_head(&rd, flags, body, bytes, count, count);
+    while (!why && rd.first < rd.k) why = gcomp_topk_read_block(&rd, bidx, bval, &m);
+    if (!why) why = gcomp_topk_read_end(&rd);
+    if (why) tk_set_error(status, GCOMP_ERR_CORRUPT);
+}
+
+/* Adds a checked body into acc: lane 0 parses a block into shared memory, the warp adds it.
+ * Lane 0's verdicts reach the other lanes by shuffles, so no lane reads a flag lane 0 is
+ * rewriting. */
+static __global__ void tk_decode_add(const uint8_t *payload, size_t cap, float *acc, size_t count,
+                                     gcomp_cuda_status *status)
+{
+    __shared__ uint64_t bidx[GCOMP_TOPK_BLOCK];
+    __shared__ float bval[GCOMP_TOPK_BLOCK];
+    gcomp_topk_reader rd;
+    const unsigned lane = threadIdx.x;
+    int more = 0;
+    if (status->error) return; /* the check kernel (or the header check) refused the payload */
+    if (lane == 0) {
+        const uint8_t *body;
+        size_t bytes;
+        uint32_t flags;
+        more = tk_payload_body(payload, cap, &body, &bytes, &flags) &&
+               !gcomp_topk_read_head(&rd, flags, body, bytes, count, count) && rd.k > 0;
+    }
+    more = __shfl_sync(TK_FULL, more, 0);
+    while (more) {
+        unsigned m = 0;
+        if (lane == 0) {
+            const int why = gcomp_topk_read_block(&rd, bidx, bval, &m);
+            if (why) m = 0; /* cannot happen: the same reader accepted the body */
+            more = !why && rd.first < rd.k;
+        }
+        __syncwarp(); /* bidx, bval written */
+        m = __shfl_sync(TK_FULL, m, 0);
+        more = __shfl_sync(TK_FULL, more, 0);
+        for (unsigned t = lane; t < m; t += 32) acc[bidx[t]] += bval[t];
+        __syncwarp(); /* read before lane 0 parses the next block into them */
+    }
+}
+
+static gcomp_result tk_decode_add_host(const void *params, const uint8_t *payload, size_t cap, float *acc,
+                                       size_t count, gcomp_cuda_status *status, struct CUstream_st *stream_)
+{
+    const cudaStream_t stream = (cudaStream_t)stream_;
+    (void)params; /* the body describes itself */
+    if (!payload || !status || (count && !acc))
+        return gcomp_codec_fail(GCOMP_ERR_INVALID_ARG, "topk: cuda decode_add: NULL buffer");
+    tk_decode_check<<<1, 1, 0, stream>>>(payload, cap, count, status);
+    TK_LAUNCHED("tk_decode_check");
+    tk_decode_add<<<1, 32, 0, stream>>>(payload, cap, acc, count, status);
+    TK_LAUNCHED("tk_decode_add");
+    return GCOMP_SUCCESS;
+}
+
+/* ---- sparse gather ------------------------------------------------------------------------------ */
+
+/* Parses payload j (thread j) into its list; every rank must hold exactly k pairs, as the
+ * CPU's sparse gather requires. */
+static __global__ void tk_sum_parse(const uint8_t *const *payloads, int n, size_t cap, size_t count, uint64_t k,
+                                    uint8_t *lists, size_t per_rank, size_t val_at, gcomp_cuda_status *status)
+{
+    const int j = (int)(blockIdx.x * blockDim.x + threadIdx.x);
+    gcomp_topk_reader rd;
+    const uint8_t *body;
+    size_t bytes;
+    uint32_t flags;
+    unsigned m;
+    int why;
+    uint64_t *idx;
+    float *val;
+    if (j >= n || status->error) return;
+    idx = (uint64_t *)(lists + (size_t)j * per_rank);
+    val = (float *)(lists + (size_t)j * per_rank + val_at);
+    if (!payloads[j] || !tk_payload_body(payloads[j], cap, &body, &bytes, &flags)) {
+        tk_set_error(status, GCOMP_ERR_CORRUPT);
+        return;
+    }
+    why = gcomp_topk_read_head(&rd, flags, body, bytes, count, k);
+    if (!why && rd.k != k) why = GCOMP_TOPK_BAD_K_CAP;
+    /* straight into the list: a block is at most GCOMP_TOPK_BLOCK pairs and k is checked */
+    while (!why && rd.first < rd.k) why = gcomp_topk_read_block(&rd, idx + rd.first, val + rd.first, &m);
+    if (!why) why = gcomp_topk_read_end(&rd);
+    if (why) tk_set_error(status, GCOMP_ERR_CORRUPT);
+}
+
+/* starts[t] = the first pair of list j whose index lies in result tile t or later (t <=
+ * tiles); pair p writes the tiles after its predecessor's, up to its own. */
+static __global__ void tk_sum_starts(int n, uint64_t k, size_t tiles, uint8_t *lists, size_t per_rank,
+                                     size_t starts_at, const gcomp_cuda_status *status)
+{
+    const size_t per_list = (size_t)k + 1, total = per_list * (size_t)n;
+    if (status->error) return;
+    for (size_t q = (size_t)blockIdx.x * blockDim.x + threadIdx.x; q < total; q += (size_t)gridDim.x * blockDim.x) {
+        const size_t j = q / per_list, p = q % per_list;
+        const uint64_t *idx = (const uint64_t *)(lists + j * per_rank);
+        unsigned long long *starts = (unsigned long long *)(lists + j * per_rank + starts_at);
+        const size_t cur = p < k ? (size_t)(idx[p] / TK_SUM_TILE) : tiles;
+        const size_t from = p ? (size_t)(idx[p - 1] / TK_SUM_TILE) + 1 : 0;
+        for (size_t t = from; t <= cur; t++) starts[t] = p;
+    }
+}
+
+/* One tile of the result: ranks in order into shared memory (from 0.0f), then divided. */
+static __global__ void tk_sum_tile(int n, size_t count, uint8_t *lists, size_t per_rank, size_t val_at,
+                                   size_t starts_at, float divisor, float inv, float *result,
+                                   const gcomp_cuda_status *status)
+{
+    __shared__ float buf[TK_SUM_TILE];
+    const size_t t = blockIdx.x, lo = t * TK_SUM_TILE;
+    const size_t len = count - lo < TK_SUM_TILE ? count - lo : TK_SUM_TILE;
+    if (status->error) return; /* a corrupt payload: the result is left untouched */
+    for (unsigned e = threadIdx.x; e < len; e += blockDim.x) buf[e] = 0.0f;
+    __syncthreads();
+    for (int j = 0; j < n; j++) { /* rank order: the same sums on every rank */
+        const uint8_t *list = lists + (size_t)j * per_rank;
+        const uint64_t *idx = (const uint64_t *)list;
+        const float *val = (const float *)(list + val_at);
+        const unsigned long long *starts = (const unsigned long long *)(list + starts_at);
+        const size_t a = (size_t)starts[t], b = (size_t)starts[t + 1];
+        for (size_t p = a + threadIdx.x; p < b; p += blockDim.x) buf[idx[p] - lo] += val[p]; /* distinct within a rank */
+        __syncthreads();
+    }
+    for (unsigned e = threadIdx.x; e < len; e += blockDim.x)
+        result[lo + e] = divisor != 1.0f ? gcomp_divide_one(buf[e], divisor, inv) : buf[e];
+}
+
+static gcomp_result tk_sum_payloads(const void *params, const uint8_t *const *payloads, int n, size_t cap,
+                                    float *result, size_t count, float divisor, void *scratch,
+                                    gcomp_cuda_status *status, struct CUstream_st *stream_)
+{
+    const gcomp_topk_params *p = (const gcomp_topk_params *)params;
+    const cudaStream_t stream = (cudaStream_t)stream_;
+    const uint64_t k = gcomp_topk_k(p, count);
+    const tk_list_layout l = tk_list_layout_for(count, k);
+    const size_t per_rank = tk_scratch_bytes(params, count), tiles = (count + TK_SUM_TILE - 1) / TK_SUM_TILE;
+    uint8_t *lists = (uint8_t *)scratch;
+    size_t starts_grid;
+    if (n < 1 || !payloads || !status || (count && (!result || !scratch)))
+        return gcomp_codec_fail(GCOMP_ERR_INVALID_ARG, "topk: cuda sum_payloads: NULL buffer or no payloads");
+    if (count == 0) return GCOMP_SUCCESS;
+    tk_sum_parse<<<(unsigned)((n + 63) / 64), 64, 0, stream>>>(payloads, n, cap, count, k, lists, per_rank, l.val,
+                                                              status);
+    TK_LAUNCHED("tk_sum_parse");
+    starts_grid = ((size_t)(k + 1) * (size_t)n + 255) / 256;
+    if (starts_grid > 65535) starts_grid = 65535;
+    tk_sum_starts<<<(unsigned)starts_grid, 256, 0, stream>>>(n, k, tiles, lists, per_rank, l.starts, status);
+    TK_LAUNCHED("tk_sum_starts");
+    tk_sum_tile<<<(unsigned)tiles, 256, 0, stream>>>(n, count, lists, per_rank, l.val, l.starts, divisor,
+                                                      gcomp_divide_inverse(divisor), result, status);
+    TK_LAUNCHED("tk_sum_tile");
+    return GCOMP_SUCCESS;
+}
+
+extern "C" const gcomp_codec_cuda_ops gcomp__cuda_ops_topk = {
+    tk_scratch_bytes, tk_encode, tk_decode_add_host,
+    nullptr,          nullptr,   nullptr,
+    nullptr,          tk_sum_payloads,
+};
