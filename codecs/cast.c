@@ -135,6 +135,7 @@ CAST_GLUE(bf16, CAST_BF16)
         .max_body_bytes = lower##_max_body,                                                                      \
         .encode = lower##_encode,                                                                                \
         .decode_add = lower##_decode_add,                                                                        \
+        .cuda = GCOMP_CUDA_OPS(lower),                                                                           \
     };
 
 CAST_VTABLE(none, GCOMP_WIRE_ID_NONE)

@@ -67,6 +67,11 @@ typedef struct gcomp_cast_params {
     int unused; /* the cast codecs have no parameters */
 } gcomp_cast_params;
 
+/* the CUDA ops (cuda/cast.cu), NULL without CUDA */
+GCOMP_DECLARE_CUDA_OPS(none);
+GCOMP_DECLARE_CUDA_OPS(fp16);
+GCOMP_DECLARE_CUDA_OPS(bf16);
+
 extern const gcomp_codec_vtable gcomp__codec_none;
 extern const gcomp_codec_vtable gcomp__codec_fp16;
 extern const gcomp_codec_vtable gcomp__codec_bf16;

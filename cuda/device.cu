@@ -293,7 +293,8 @@ static __global__ void residual_commit_kernel(gcomp_cuda_residual *res, const gc
 
 static __global__ void status_fold_kernel(const gcomp_cuda_status *st, gcomp__device_tally *tally)
 {
-    tally_error(tally, st->error, st->reserved == GCOMP__WHERE_HEADER ? GCOMP__WHERE_HEADER : GCOMP__WHERE_BODY);
+    if (st->error) tally_error(tally, st->error, st->reserved == GCOMP__WHERE_HEADER ? GCOMP__WHERE_HEADER : GCOMP__WHERE_BODY);
+    else atomicAdd((unsigned long long *)&tally->decode_calls, 1ull);
 }
 
 static gcomp_result cu_header_write(uint8_t *payload, const gcomp_header *h, const gcomp_cuda_status *st,

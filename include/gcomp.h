@@ -162,6 +162,45 @@ gcomp_result gcomp_codec_decode_add(gcomp_codec *codec, const void *payload, siz
 gcomp_result gcomp_codec_decode(gcomp_codec *codec, const void *payload, size_t bytes, void *dst,
                                 size_t count, gcomp_dtype dtype);
 
+/* ---- device buffers (CUDA builds) ----
+ * Every gcomp_codec_* data function above accepts CUDA device memory, detected per pointer;
+ * all buffers of a call must then be memory of the calling thread's current device (a host
+ * buffer next to a device one, or another device's pointer, is GCOMP_ERR_INVALID_ARG). The
+ * plain functions run on the legacy default stream and return when done, with any error the
+ * device found. A key's residual lives in device memory once the key is used with device
+ * buffers (created zero at its first call, reset when its count changes; a residual set from
+ * the host before moves there); gcomp_codec_residual_get/set copy across: dst/src may be host
+ * or device memory. Byte stages (+zstd) run on host buffers only: GCOMP_ERR_UNSUPPORTED.
+ * A codec object works on one device: the current one at its first device call.
+ *
+ * The _async variants enqueue the same work on `stream` (cudaStream_t; NULL: the legacy
+ * default stream) and return without waiting: the caller keeps the buffers alive and
+ * unchanged until the work is done, and calls gcomp_codec_sync before it reads the stats or
+ * relies on the absence of device-side errors. *written is known at once for the fixed-size
+ * codecs (none, fp16, bf16, terngrad): their async calls never synchronise the host, so they
+ * can be captured in a CUDA graph and replayed (each replay advances the residual's step and
+ * buffers on the device, as a call would). top-k's size depends on the data: its encode
+ * waits for the stream once to read it back. A call's first use of a key, size or dtype
+ * allocates device memory (not allowed during capture): capture after one warm-up call.
+ * Calls on one codec object must be ordered (one stream, or streams the caller orders).
+ * Host buffers given to an _async function are processed at once, as by the plain function.
+ * Errors found before launching are returned at once (as by the plain functions, plus
+ * GCOMP_ERR_TRANSPORT for a CUDA runtime error); errors found by kernels (a corrupt
+ * payload: acc is then left untouched) are returned by the next gcomp_codec_sync. */
+gcomp_result gcomp_codec_encode_async(gcomp_codec *codec, uint64_t key, const void *src, size_t count,
+                                      gcomp_dtype dtype, void *dst, size_t dst_cap, size_t *written,
+                                      struct CUstream_st *stream);
+gcomp_result gcomp_codec_decode_add_async(gcomp_codec *codec, const void *payload, size_t bytes, float *acc,
+                                          size_t count, struct CUstream_st *stream);
+gcomp_result gcomp_codec_decode_async(gcomp_codec *codec, const void *payload, size_t bytes, void *dst,
+                                      size_t count, gcomp_dtype dtype, struct CUstream_st *stream);
+
+/* Wait for stream, then return the first device-side error of this object's async calls since
+ * the last sync (GCOMP_ERR_CORRUPT for a bad payload; GCOMP_SUCCESS if none) and fold their
+ * counts (wire bytes, overflows, non-finite calls, decodes) into the stats. Blocks the host.
+ * A codec object never used with device buffers returns GCOMP_SUCCESS at once. */
+gcomp_result gcomp_codec_sync(gcomp_codec *codec, struct CUstream_st *stream);
+
 /* Residuals (error feedback). Copy a key's residual out (count must equal the key's
  * count; GCOMP_ERR_INVALID_ARG if the key has none), set it (creates or resizes the key; for
  * restoring checkpoints), or drop it. */

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "codec_device.h"
 #include "internal.h"
 
 struct gcomp_codec {
@@ -21,7 +22,12 @@ struct gcomp_codec {
     size_t widen_cap;
     void *stage_buf[2];
     size_t stage_cap[2];
+    gcomp__codec_device *dev; /* device buffers' state (codec_device.c); NULL until a device call */
 };
+
+/* What the device path (codec_device.c) works on: device buffers take it at each entry. */
+#define DEVICE_PARTS(c) \
+    (&(gcomp__codec_parts){&(c)->chain, &(c)->opts, &(c)->stats, &(c)->residuals, &(c)->nokey_step, &(c)->dev})
 
 gcomp_codec_options gcomp_codec_options_default(void)
 {
@@ -55,6 +61,7 @@ void gcomp_codec_destroy(gcomp_codec *c)
     if (!c) return;
     gcomp__chain_free(&c->chain);
     gcomp__residual_store_free(&c->residuals);
+    gcomp__codec_device_free(c->dev);
     free(c->widen);
     free(c->stage_buf[0]);
     free(c->stage_buf[1]);
@@ -217,6 +224,8 @@ gcomp_result gcomp_codec_encode(gcomp_codec *c, uint64_t key, const void *src, s
 
     if (!c || !written) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_codec_encode: NULL codec or written");
     *written = 0;
+    if (gcomp__codec_device_wanted(src, dst))
+        return gcomp__codec_device_encode(DEVICE_PARTS(c), key, src, count, dtype, dst, dst_cap, written, NULL, 1);
     if (!esize) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_codec_encode: invalid dtype %d", (int)dtype);
     GCOMP_CHECK(check_buffers("gcomp_codec_encode", src, dst, count));
     if (!dst) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_codec_encode: dst is NULL");
@@ -298,6 +307,8 @@ gcomp_result gcomp_codec_decode_add(gcomp_codec *c, const void *payload, size_t 
     size_t body_bytes;
     uint32_t flags;
     if (!c || !payload) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_codec_decode_add: NULL codec or payload");
+    if (gcomp__codec_device_wanted(payload, acc))
+        return gcomp__codec_device_decode_add(DEVICE_PARTS(c), payload, bytes, acc, count, NULL, 1);
     GCOMP_CHECK(check_buffers("gcomp_codec_decode_add", payload, acc, count));
     GCOMP_CHECK(gcomp__codec_element_body(c, payload, bytes, count, &body, &body_bytes, &flags));
     el = &c->chain.stages[0];
@@ -311,6 +322,8 @@ gcomp_result gcomp_codec_decode(gcomp_codec *c, const void *payload, size_t byte
 {
     float *acc = (float *)dst;
     if (!c) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_codec_decode: codec is NULL");
+    if (gcomp__codec_device_wanted(payload, dst))
+        return gcomp__codec_device_decode(DEVICE_PARTS(c), payload, bytes, dst, count, dtype, NULL, 1);
     if (!gcomp_dtype_size(dtype)) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_codec_decode: invalid dtype %d", (int)dtype);
     GCOMP_CHECK(check_buffers("gcomp_codec_decode", payload, dst, count));
     if (dtype != GCOMP_F32) {
@@ -330,6 +343,8 @@ gcomp_result gcomp_codec_residual_get(const gcomp_codec *c, uint64_t key, float 
 {
     const gcomp__residual *r;
     if (!c || (count && !dst)) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_codec_residual_get: NULL argument");
+    if (gcomp__codec_device_has_key(c->dev, key) || gcomp__codec_device_wanted(dst, NULL))
+        return gcomp__codec_device_residual_get(c->dev, &c->residuals, key, dst, count);
     r = gcomp__residual_find(&c->residuals, key);
     if (!r) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "no residual for key %llu", (unsigned long long)key);
     if (r->count != count)
@@ -342,6 +357,8 @@ gcomp_result gcomp_codec_residual_set(gcomp_codec *c, uint64_t key, const float 
 {
     gcomp__residual *r;
     if (!c || (count && !src)) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_codec_residual_set: NULL argument");
+    if (gcomp__codec_device_has_key(c->dev, key) || gcomp__codec_device_wanted(src, NULL))
+        return gcomp__codec_device_residual_set(DEVICE_PARTS(c), key, src, count);
     GCOMP_CHECK(gcomp__residual_acquire(&c->residuals, key, count, 0, &r));
     if (count) memcpy(r->buf[r->cur], src, count * sizeof(float));
     return GCOMP_SUCCESS;
@@ -351,7 +368,39 @@ gcomp_result gcomp_codec_residual_reset(gcomp_codec *c, uint64_t key)
 {
     if (!c) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_codec_residual_reset: codec is NULL");
     gcomp__residual_drop(&c->residuals, key);
+    gcomp__codec_device_residual_drop(c->dev, key);
     return GCOMP_SUCCESS;
+}
+
+/* Device buffers take the device path on the caller's stream; host buffers run at once. */
+gcomp_result gcomp_codec_encode_async(gcomp_codec *c, uint64_t key, const void *src, size_t count, gcomp_dtype dtype,
+                                      void *dst, size_t dst_cap, size_t *written, struct CUstream_st *stream)
+{
+    if (c && written && gcomp__codec_device_wanted(src, dst))
+        return gcomp__codec_device_encode(DEVICE_PARTS(c), key, src, count, dtype, dst, dst_cap, written, stream, 0);
+    return gcomp_codec_encode(c, key, src, count, dtype, dst, dst_cap, written);
+}
+
+gcomp_result gcomp_codec_decode_add_async(gcomp_codec *c, const void *payload, size_t bytes, float *acc, size_t count,
+                                          struct CUstream_st *stream)
+{
+    if (c && gcomp__codec_device_wanted(payload, acc))
+        return gcomp__codec_device_decode_add(DEVICE_PARTS(c), payload, bytes, acc, count, stream, 0);
+    return gcomp_codec_decode_add(c, payload, bytes, acc, count);
+}
+
+gcomp_result gcomp_codec_decode_async(gcomp_codec *c, const void *payload, size_t bytes, void *dst, size_t count,
+                                      gcomp_dtype dtype, struct CUstream_st *stream)
+{
+    if (c && gcomp__codec_device_wanted(payload, dst))
+        return gcomp__codec_device_decode(DEVICE_PARTS(c), payload, bytes, dst, count, dtype, stream, 0);
+    return gcomp_codec_decode(c, payload, bytes, dst, count, dtype);
+}
+
+gcomp_result gcomp_codec_sync(gcomp_codec *c, struct CUstream_st *stream)
+{
+    if (!c) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_codec_sync: codec is NULL");
+    return gcomp__codec_device_sync(DEVICE_PARTS(c), stream);
 }
 
 gcomp_result gcomp_codec_stats(const gcomp_codec *c, gcomp_stats *out)

@@ -1,2 +1,461 @@
-/* codec_device.c — the codec object's path for device buffers (being written). */
+/*
+ * codec_device.c — the codec object on device buffers: the same calls as codec.c, made of
+ * device-layer steps and the element codec's CUDA ops, all enqueued on the caller's stream.
+ *
+ * Encode:  [status := 0] [widen f16/bf16 -> f32 into scratch] codec encode (residual fused)
+ *          -> header kernel (flags, body size from the status block; folds the call into the
+ *          tally) -> commit kernel (flip the residual buffers unless non-finite, step + 1).
+ * Decode:  [status := 0] header check kernel -> codec decode_add (writes nothing once the
+ *          status holds an error) -> fold the status into the tally.
+ * Sync:    wait for the stream, read the tally back, fold it into the stats, report the first
+ *          error found on the device since the last sync.
+ *
+ * The host never needs a value computed on the device, except top-k's body size (a codec
+ * with GCOMP_CAP_SPARSE: its encode reads the status block back, one stream sync), so the
+ * fixed-size codecs' calls can be captured in a CUDA graph and replayed: the residual's
+ * buffer index and step live in device memory and the commit kernel advances them.
+ *
+ * Memory: the status and tally blocks, the scratch and each key's residual come from the
+ * device layer at first use and are kept (scratch only grows; a residual is reallocated when
+ * its key's count changes), so steady-state calls allocate nothing.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "codec_device.h"
 #include "device.h"
+
+#define ALIGN_UP(x) (((x) + (size_t)255) & ~(size_t)255)
+
+/* One key's residual: a single allocation holding the gcomp_cuda_residual block that the
+ * kernels read (buffer pointers, current index, step), then buf[0], then buf[1]. */
+typedef struct dev_residual {
+    uint64_t key;
+    size_t count;
+    void *mem;
+    gcomp_cuda_residual *state; /* == mem, device memory */
+} dev_residual;
+
+struct gcomp__codec_device {
+    const gcomp__device_ops *ops;
+    int device; /* the CUDA device of the object's first device call */
+    void *blocks;
+    gcomp_cuda_status *status;  /* the call in flight */
+    gcomp__device_tally *tally; /* calls since the last sync */
+    void *scratch;
+    size_t scratch_cap;
+    dev_residual *res;
+    size_t n_res, cap_res;
+};
+
+/* ---- where buffers live ------------------------------------------------------------------ */
+
+static int on_device(const void *p)
+{
+    const gcomp__device_ops *ops;
+    if (!p) return 0;
+    if (gcomp__device_for(p, &ops, NULL) != GCOMP_SUCCESS) return 1; /* the device path says why */
+    return ops->kind != GCOMP__DEVICE_HOST;
+}
+
+int gcomp__codec_device_wanted(const void *a, const void *b) { return on_device(a) || on_device(b); }
+
+/* The device ops of a call whose buffers a (named an) and b (bn, may be NULL when the call
+ * has no elements) must both be memory of the current CUDA device. */
+static gcomp_result device_of(const char *fn, const char *an, const void *a, const char *bn, const void *b,
+                              const gcomp__device_ops **ops)
+{
+    const gcomp__device_ops *oa = &gcomp__device_host, *ob = &gcomp__device_host;
+    if (a) GCOMP_CHECK(gcomp__device_for(a, &oa, NULL));
+    if (b) GCOMP_CHECK(gcomp__device_for(b, &ob, NULL));
+    if (oa->kind == GCOMP__DEVICE_HOST && ob->kind == GCOMP__DEVICE_HOST)
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "%s: no buffer is device memory", fn);
+    if (a && oa->kind == GCOMP__DEVICE_HOST)
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "%s: %s is device memory but %s is host memory: pass both on the "
+                           "same device, or both on the host", fn, bn, an);
+    if (b && ob->kind == GCOMP__DEVICE_HOST)
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "%s: %s is device memory but %s is host memory: pass both on the "
+                           "same device, or both on the host", fn, an, bn);
+    *ops = a ? oa : ob;
+    return GCOMP_SUCCESS;
+}
+
+/* Only an element codec with CUDA ops and no byte stage runs on the device. */
+static gcomp_result check_chain(const char *fn, const gcomp__chain *ch)
+{
+    const gcomp_codec_vtable *vt = ch->stages[0].vt;
+    if (ch->n_stages > 1)
+        return gcomp__fail(GCOMP_ERR_UNSUPPORTED, "%s: '%s' has a byte stage (%s), which runs on host buffers only; "
+                           "device buffers take the element codec alone", fn, ch->canonical, ch->stages[1].vt->name);
+    if (!vt->cuda || !vt->cuda->encode || !vt->cuda->decode_add)
+        return gcomp__fail(GCOMP_ERR_UNSUPPORTED, "%s: codec '%s' has no CUDA implementation (host buffers only)", fn,
+                           vt->name);
+    return GCOMP_SUCCESS;
+}
+
+/* ---- the object's device state ----------------------------------------------------------- */
+
+static gcomp_result ensure_dev(const gcomp__codec_parts *c, const gcomp__device_ops *ops, gcomp__codec_device **out)
+{
+    gcomp__codec_device *d = *c->dev;
+    int cur = gcomp__device_current();
+    size_t head = ALIGN_UP(sizeof(gcomp_cuda_status));
+    gcomp_result rc;
+    if (d) {
+        if (d->device != cur)
+            return gcomp__fail(GCOMP_ERR_INVALID_ARG, "codec object works on CUDA device %d (where its first device "
+                               "call ran), but the current device is %d", d->device, cur);
+        *out = d;
+        return GCOMP_SUCCESS;
+    }
+    d = calloc(1, sizeof *d);
+    if (!d) return gcomp__fail(GCOMP_ERR_NOMEM, "codec object: cannot allocate its device state");
+    d->ops = ops;
+    d->device = cur;
+    GCOMP_CHECK_GOTO(ops->alloc(head + sizeof(gcomp__device_tally), &d->blocks), rc, fail);
+    d->status = (gcomp_cuda_status *)d->blocks;
+    d->tally = (gcomp__device_tally *)((uint8_t *)d->blocks + head);
+    /* zeroed before any stream of the caller's can use it: wait here, once */
+    GCOMP_CHECK_GOTO(ops->memset_async(d->blocks, 0, head + sizeof(gcomp__device_tally), NULL), rc, fail);
+    GCOMP_CHECK_GOTO(ops->wait(NULL, -1), rc, fail);
+    *c->dev = *out = d;
+    return GCOMP_SUCCESS;
+fail:
+    ops->free(d->blocks);
+    free(d);
+    return rc;
+}
+
+/* Scratch only grows; freeing the old one waits for the work that may still use it. */
+static gcomp_result reserve_scratch(gcomp__codec_device *d, size_t bytes, uint8_t **out)
+{
+    if (bytes > d->scratch_cap || !d->scratch) {
+        d->ops->free(d->scratch);
+        d->scratch = NULL;
+        d->scratch_cap = 0;
+        GCOMP_CHECK(d->ops->alloc(bytes, &d->scratch));
+        d->scratch_cap = bytes;
+    }
+    *out = (uint8_t *)d->scratch;
+    return GCOMP_SUCCESS;
+}
+
+/* ---- residuals in device memory ---------------------------------------------------------- */
+
+static dev_residual *find_res(const gcomp__codec_device *d, uint64_t key)
+{
+    if (!d) return NULL;
+    for (size_t i = 0; i < d->n_res; i++)
+        if (d->res[i].key == key) return &d->res[i];
+    return NULL;
+}
+
+static void remove_res(gcomp__codec_device *d, dev_residual *r)
+{
+    d->ops->free(r->mem);
+    *r = d->res[--d->n_res];
+}
+
+/* Allocate r's memory for count elements: zeroed, or buf[0] = init (host or device memory)
+ * with the given step; the state block written behind the zeroing on the same stream. */
+static gcomp_result res_alloc(gcomp__codec_device *d, dev_residual *r, size_t count, int double_buffer,
+                              const float *init, uint64_t step, struct CUstream_st *stream)
+{
+    size_t head = ALIGN_UP(sizeof(gcomp_cuda_residual)), one = ALIGN_UP(count * sizeof(float));
+    size_t bufs = one * (double_buffer ? 2 : 1);
+    gcomp_cuda_residual h;
+    uint8_t *m;
+    memset(&h, 0, sizeof h);
+    GCOMP_CHECK(d->ops->alloc(head + bufs, &r->mem));
+    m = (uint8_t *)r->mem;
+    r->count = count;
+    r->state = (gcomp_cuda_residual *)m;
+    h.buf[0] = (float *)(m + head);
+    h.buf[1] = double_buffer ? (float *)(m + head + one) : NULL;
+    h.step = step;
+    h.cur = 0;
+    GCOMP_CHECK(d->ops->memset_async(m + head, 0, bufs, stream));
+    if (init) GCOMP_CHECK(d->ops->copy_async(h.buf[0], init, count * sizeof(float), stream));
+    /* from pageable host memory: staged before the call returns, so h may go out of scope */
+    GCOMP_CHECK(d->ops->copy_async(r->state, &h, sizeof h, stream));
+    return GCOMP_SUCCESS;
+}
+
+/* The key's device residual for count elements: created zero at its first use, reset when
+ * the count changed; a residual the host store holds for the key (restored with
+ * gcomp_codec_residual_set before any device call, or from host calls) moves here with its
+ * step. */
+static gcomp_result acquire(const gcomp__codec_parts *c, gcomp__codec_device *d, uint64_t key, size_t count,
+                            struct CUstream_st *stream, gcomp_cuda_residual **out)
+{
+    int double_buffer = !(c->chain->stages[0].vt->caps & GCOMP_CAP_RESIDUAL_IN_PLACE);
+    dev_residual *r = find_res(d, key);
+    gcomp__residual *host;
+    const float *init = NULL;
+    uint64_t step = 0;
+    gcomp_result rc;
+    if (r && r->count == count) {
+        *out = r->state;
+        return GCOMP_SUCCESS;
+    }
+    if (r) {
+        gcomp__debug("device residual key %llu: count %zu -> %zu, reset", (unsigned long long)key, r->count, count);
+        d->ops->free(r->mem);
+        r->mem = NULL;
+    } else {
+        if (d->n_res == d->cap_res) {
+            size_t cap = d->cap_res ? d->cap_res * 2 : 16;
+            dev_residual *grown = realloc(d->res, cap * sizeof *grown);
+            if (!grown) return gcomp__fail(GCOMP_ERR_NOMEM, "cannot grow the device residual table to %zu keys", cap);
+            d->res = grown;
+            d->cap_res = cap;
+        }
+        r = &d->res[d->n_res++];
+        memset(r, 0, sizeof *r);
+        r->key = key;
+    }
+    host = gcomp__residual_find(c->host_residuals, key);
+    if (host && host->count == count) {
+        init = host->buf[host->cur];
+        step = host->step;
+    }
+    rc = res_alloc(d, r, count, double_buffer, init, step, stream);
+    if (rc != GCOMP_SUCCESS) {
+        remove_res(d, r);
+        return rc;
+    }
+    /* host -> device copies are staged before they return: the host buffers may go now */
+    if (host) gcomp__residual_drop(c->host_residuals, key);
+    *out = r->state;
+    return GCOMP_SUCCESS;
+}
+
+/* The state block of a residual, read back (blocking). */
+static gcomp_result read_state(const gcomp__codec_device *d, const dev_residual *r, gcomp_cuda_residual *out)
+{
+    GCOMP_CHECK(d->ops->wait(NULL, -1));
+    GCOMP_CHECK(d->ops->copy_async(out, r->state, sizeof *out, NULL));
+    return d->ops->wait(NULL, -1);
+}
+
+int gcomp__codec_device_has_key(const gcomp__codec_device *d, uint64_t key) { return find_res(d, key) != NULL; }
+
+gcomp_result gcomp__codec_device_residual_get(const gcomp__codec_device *d, const gcomp__residual_store *host,
+                                              uint64_t key, float *dst, size_t count)
+{
+    const dev_residual *r = find_res(d, key);
+    const gcomp__device_ops *ops;
+    gcomp_cuda_residual st;
+    if (dst) GCOMP_CHECK(gcomp__device_for(dst, &ops, NULL));
+    if (!r) { /* a key of the host store into device memory */
+        const gcomp__residual *h = gcomp__residual_find(host, key);
+        if (!h) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "no residual for key %llu", (unsigned long long)key);
+        if (h->count != count)
+            return gcomp__fail(GCOMP_ERR_INVALID_ARG, "key %llu has %zu elements, not %zu", (unsigned long long)key,
+                               h->count, count);
+        if (!count) return GCOMP_SUCCESS;
+        GCOMP_CHECK(ops->copy_async(dst, h->buf[h->cur], count * sizeof(float), NULL));
+        return ops->wait(NULL, -1);
+    }
+    if (r->count != count)
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "key %llu has %zu elements, not %zu", (unsigned long long)key, r->count,
+                           count);
+    if (d->device != gcomp__device_current())
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "residual of key %llu is on CUDA device %d, the current device is %d",
+                           (unsigned long long)key, d->device, gcomp__device_current());
+    if (!count) return GCOMP_SUCCESS;
+    GCOMP_CHECK(read_state(d, r, &st));
+    GCOMP_CHECK(d->ops->copy_async(dst, st.buf[st.cur], count * sizeof(float), NULL));
+    return d->ops->wait(NULL, -1);
+}
+
+gcomp_result gcomp__codec_device_residual_set(const gcomp__codec_parts *c, uint64_t key, const float *src,
+                                              size_t count)
+{
+    const gcomp__device_ops *ops = &gcomp__device_host;
+    gcomp__codec_device *d;
+    gcomp_cuda_residual *state;
+    gcomp_cuda_residual st;
+    dev_residual *r;
+    if (count > GCOMP_MAX_COUNT) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_codec_residual_set: count %zu is too large", count);
+    if (src) GCOMP_CHECK(gcomp__device_for(src, &ops, NULL));
+    if (*c->dev) ops = (*c->dev)->ops;
+    if (ops->kind == GCOMP__DEVICE_HOST)
+        return gcomp__fail(GCOMP_ERR_INTERNAL, "gcomp_codec_residual_set: device path without a device");
+    GCOMP_CHECK(ensure_dev(c, ops, &d));
+    GCOMP_CHECK(acquire(c, d, key, count, NULL, &state));
+    r = find_res(d, key);
+    if (!count) return GCOMP_SUCCESS;
+    GCOMP_CHECK(read_state(d, r, &st));
+    GCOMP_CHECK(d->ops->copy_async(st.buf[st.cur], src, count * sizeof(float), NULL));
+    return d->ops->wait(NULL, -1);
+}
+
+void gcomp__codec_device_residual_drop(gcomp__codec_device *d, uint64_t key)
+{
+    dev_residual *r = find_res(d, key);
+    if (r) remove_res(d, r);
+}
+
+void gcomp__codec_device_free(gcomp__codec_device *d)
+{
+    if (!d) return;
+    for (size_t i = 0; i < d->n_res; i++) d->ops->free(d->res[i].mem);
+    free(d->res);
+    d->ops->free(d->scratch);
+    d->ops->free(d->blocks);
+    free(d);
+}
+
+/* ---- encode, decode, sync ---------------------------------------------------------------- */
+
+gcomp_result gcomp__codec_device_sync(const gcomp__codec_parts *c, struct CUstream_st *stream)
+{
+    gcomp__codec_device *d = *c->dev;
+    const gcomp_codec_vtable *vt = c->chain->stages[0].vt;
+    gcomp__device_tally t;
+    if (!d) return GCOMP_SUCCESS; /* no device call yet: nothing to wait for */
+    if (d->device != gcomp__device_current())
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_codec_sync: codec object works on CUDA device %d, the current "
+                           "device is %d", d->device, gcomp__device_current());
+    GCOMP_CHECK(d->ops->wait(stream, -1));
+    GCOMP_CHECK(d->ops->copy_async(&t, d->tally, sizeof t, stream));
+    GCOMP_CHECK(d->ops->memset_async(d->tally, 0, sizeof t, stream));
+    GCOMP_CHECK(d->ops->wait(stream, -1));
+    c->stats->wire_bytes += t.wire_bytes;
+    c->stats->overflow_count += t.overflow;
+    c->stats->nonfinite_calls += t.nonfinite_calls;
+    c->stats->decode_calls += t.decode_calls;
+    if (t.error == GCOMP_SUCCESS) return GCOMP_SUCCESS;
+    if (t.where == GCOMP__WHERE_HEADER)
+        return gcomp__fail(GCOMP_ERR_CORRUPT, "device decode: a payload's header is not one of '%s' with the caller's "
+                           "count and payload size (first error since the last sync)", vt->name);
+    if (t.where == GCOMP__WHERE_SIZE)
+        return gcomp__fail(GCOMP_ERR_INTERNAL, "device encode: '%s' wrote another body size than max_body_bytes, which "
+                           "the caller was told (a codec whose size depends on the data must declare "
+                           "GCOMP_CAP_SPARSE)", vt->name);
+    if (t.error == GCOMP_ERR_CORRUPT)
+        return gcomp__fail(GCOMP_ERR_CORRUPT, "device decode: '%s' found a payload body malformed (first error since "
+                           "the last sync)", vt->name);
+    return gcomp__fail(t.error <= GCOMP_ERR_INTERNAL ? (gcomp_result)t.error : GCOMP_ERR_INTERNAL,
+                       "device call of '%s' failed with %s (first error since the last sync)", vt->name,
+                       gcomp_result_name((gcomp_result)t.error));
+}
+
+gcomp_result gcomp__codec_device_encode(const gcomp__codec_parts *c, uint64_t key, const void *src, size_t count,
+                                        gcomp_dtype dtype, void *dst, size_t dst_cap, size_t *written,
+                                        struct CUstream_st *stream, int blocking)
+{
+    static const char fn[] = "gcomp_codec_encode";
+    const gcomp__stage *el = &c->chain->stages[0];
+    const gcomp__device_ops *ops;
+    gcomp__codec_device *d;
+    gcomp_encode_ctx ctx;
+    gcomp_cuda_residual *res = NULL;
+    gcomp_header h;
+    size_t esize = gcomp_dtype_size(dtype), body_max, widen_bytes, codec_scratch;
+    int fixed = !(el->vt->caps & GCOMP_CAP_SPARSE);
+    const float *x = (const float *)src;
+    uint8_t *scratch;
+
+    if (!written) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "%s: written is NULL", fn);
+    *written = 0;
+    if (!esize) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "%s: invalid dtype %d", fn, (int)dtype);
+    if (count > GCOMP_MAX_COUNT) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "%s: count %zu is too large", fn, count);
+    if (!dst || (count && !src)) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "%s: NULL buffer with count %zu", fn, count);
+    GCOMP_CHECK(device_of(fn, "dst", dst, "src", count ? src : NULL, &ops));
+    GCOMP_CHECK(check_chain(fn, c->chain));
+    body_max = el->vt->max_body_bytes(el->params, count);
+    if (dst_cap < GCOMP_HEADER_BYTES)
+        return gcomp__fail(GCOMP_ERR_BUFFER_TOO_SMALL, "%s: output of %zu bytes cannot hold the header", fn, dst_cap);
+    GCOMP_CHECK(ensure_dev(c, ops, &d));
+
+    widen_bytes = dtype == GCOMP_F32 ? 0 : ALIGN_UP(count * sizeof(float));
+    codec_scratch = el->vt->cuda->scratch_bytes ? el->vt->cuda->scratch_bytes(el->params, count) : 0;
+    GCOMP_CHECK(reserve_scratch(d, widen_bytes + codec_scratch, &scratch));
+
+    memset(&ctx, 0, sizeof ctx);
+    ctx.seed = c->opts->seed;
+    ctx.rank = c->opts->rank;
+    if (c->opts->error_feedback && key != GCOMP_KEY_NONE) GCOMP_CHECK(acquire(c, d, key, count, stream, &res));
+    else ctx.step = (*c->nokey_step)++; /* with a residual, the kernels read its step */
+
+    GCOMP_CHECK(ops->memset_async(d->status, 0, sizeof *d->status, stream));
+    if (dtype != GCOMP_F32) {
+        GCOMP_CHECK(ops->widen(src, dtype, count, (float *)scratch, stream));
+        x = (const float *)scratch;
+    }
+    GCOMP_CHECK(el->vt->cuda->encode(el->params, &ctx, x, res, count, (uint8_t *)dst + GCOMP_HEADER_BYTES,
+                                     dst_cap - GCOMP_HEADER_BYTES, codec_scratch ? scratch + widen_bytes : NULL,
+                                     d->status, stream));
+    memset(&h, 0, sizeof h);
+    h.dtype = (uint8_t)dtype;
+    h.wire_id = el->vt->wire_id;
+    h.count = count;
+    GCOMP_CHECK(ops->header_write(dst, &h, d->status, fixed ? (uint64_t)body_max : UINT64_MAX, d->tally, stream));
+    if (res) GCOMP_CHECK(ops->residual_commit(res, d->status, stream));
+    c->stats->encode_calls++;
+    c->stats->raw_bytes += count * esize;
+
+    if (fixed) {
+        *written = GCOMP_HEADER_BYTES + body_max;
+    } else { /* the size depends on the data: the one read-back of this path */
+        gcomp_cuda_status st;
+        GCOMP_CHECK(ops->copy_async(&st, d->status, sizeof st, stream));
+        GCOMP_CHECK(ops->wait(stream, -1));
+        *written = GCOMP_HEADER_BYTES + (size_t)st.body_bytes;
+    }
+    if (blocking) GCOMP_CHECK(gcomp__codec_device_sync(c, stream));
+    return GCOMP_SUCCESS;
+}
+
+static gcomp_result decode_add_steps(const gcomp__codec_parts *c, gcomp__codec_device *d, const void *payload,
+                                     size_t bytes, float *acc, size_t count, struct CUstream_st *stream)
+{
+    const gcomp__stage *el = &c->chain->stages[0];
+    GCOMP_CHECK(d->ops->memset_async(d->status, 0, sizeof *d->status, stream));
+    GCOMP_CHECK(d->ops->header_check(payload, bytes, el->vt->wire_id, count, d->status, stream));
+    GCOMP_CHECK(el->vt->cuda->decode_add(el->params, payload, bytes, acc, count, d->status, stream));
+    return d->ops->status_fold(d->status, d->tally, stream);
+}
+
+gcomp_result gcomp__codec_device_decode_add(const gcomp__codec_parts *c, const void *payload, size_t bytes, float *acc,
+                                            size_t count, struct CUstream_st *stream, int blocking)
+{
+    static const char fn[] = "gcomp_codec_decode_add";
+    const gcomp__device_ops *ops;
+    gcomp__codec_device *d;
+    if (!payload || (count && !acc)) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "%s: NULL payload or acc", fn);
+    if (count > GCOMP_MAX_COUNT) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "%s: count %zu is too large", fn, count);
+    GCOMP_CHECK(device_of(fn, "payload", payload, "acc", count ? acc : NULL, &ops));
+    GCOMP_CHECK(check_chain(fn, c->chain));
+    GCOMP_CHECK(ensure_dev(c, ops, &d));
+    GCOMP_CHECK(decode_add_steps(c, d, payload, bytes, acc, count, stream));
+    if (blocking) GCOMP_CHECK(gcomp__codec_device_sync(c, stream));
+    return GCOMP_SUCCESS;
+}
+
+gcomp_result gcomp__codec_device_decode(const gcomp__codec_parts *c, const void *payload, size_t bytes, void *dst,
+                                        size_t count, gcomp_dtype dtype, struct CUstream_st *stream, int blocking)
+{
+    static const char fn[] = "gcomp_codec_decode";
+    const gcomp__device_ops *ops;
+    gcomp__codec_device *d;
+    float *acc = (float *)dst;
+    if (!gcomp_dtype_size(dtype)) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "%s: invalid dtype %d", fn, (int)dtype);
+    if (!payload || (count && !dst)) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "%s: NULL payload or dst", fn);
+    if (count > GCOMP_MAX_COUNT) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "%s: count %zu is too large", fn, count);
+    GCOMP_CHECK(device_of(fn, "payload", payload, "dst", count ? dst : NULL, &ops));
+    GCOMP_CHECK(check_chain(fn, c->chain));
+    GCOMP_CHECK(ensure_dev(c, ops, &d));
+    if (dtype != GCOMP_F32) {
+        uint8_t *scratch;
+        GCOMP_CHECK(reserve_scratch(d, ALIGN_UP(count * sizeof(float)), &scratch));
+        acc = (float *)scratch;
+    }
+    GCOMP_CHECK(ops->memset_async(acc, 0, count * sizeof(float), stream));
+    GCOMP_CHECK(decode_add_steps(c, d, payload, bytes, acc, count, stream));
+    if (dtype != GCOMP_F32) GCOMP_CHECK(ops->narrow(acc, count, dtype, dst, stream));
+    if (blocking) GCOMP_CHECK(gcomp__codec_device_sync(c, stream));
+    return GCOMP_SUCCESS;
+}

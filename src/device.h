@@ -23,6 +23,7 @@ typedef struct gcomp__device_tally {
     uint64_t wire_bytes;      /* payload bytes written by encodes, headers included */
     uint64_t overflow;        /* finite inputs that became +-inf */
     uint64_t nonfinite_calls; /* encodes whose result was not finite (residual kept) */
+    uint64_t decode_calls;    /* decodes that found no error */
     uint32_t error;           /* first gcomp_result != 0 of any call */
     uint32_t where;           /* GCOMP__WHERE_*: which check found it */
 } gcomp__device_tally;
@@ -79,7 +80,7 @@ typedef struct gcomp__device_ops {
      * buffered) unless st->nonfinite, and advance res->step either way (as the CPU path). */
     gcomp_result (*residual_commit)(gcomp_cuda_residual *res, const gcomp_cuda_status *st,
                                     struct CUstream_st *stream);
-    /* Fold a decode's st->error into the tally (first error wins). */
+    /* Fold a decode into the tally: its st->error (first error wins), else one more decode. */
     gcomp_result (*status_fold)(const gcomp_cuda_status *st, gcomp__device_tally *tally, struct CUstream_st *stream);
 } gcomp__device_ops;
 

@@ -131,6 +131,7 @@ static gcomp_result host_status_fold(const gcomp_cuda_status *st, gcomp__device_
 {
     (void)stream;
     tally_error(tally, st->error, st->reserved == GCOMP__WHERE_HEADER ? GCOMP__WHERE_HEADER : GCOMP__WHERE_BODY);
+    tally->decode_calls += st->error == 0;
     return GCOMP_SUCCESS;
 }
 
