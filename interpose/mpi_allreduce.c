@@ -29,7 +29,9 @@
  * buffer that comes back with a different count is a buffer whose contents change meaning
  * (Horovod's fusion buffer: which tensors share a fused call varies from step to step): its
  * residual would feed one tensor's error into another, so from then on that address is
- * reduced without error feedback (still compressed), and the summary counts those calls.
+ * reduced without error feedback (still compressed), and the summary counts those calls. At
+ * most MAX_BUFFERS buffers per communicator keep a residual; calls on further ones run
+ * without error feedback too.
  *
  * Environment (read once, here): GCOMP_CODEC (opt-in; the rest of gcomp's GCOMP_* variables
  * configure the communicator as usual), GCOMP_DEBUG (any value but "0": one summary line per
@@ -53,6 +55,7 @@
 #include "gcomp_mpi.h"
 
 #define EXPORT __attribute__((visibility("default")))
+#define MAX_BUFFERS 4096 /* receive buffers with error feedback, per communicator */
 
 /* Why a call went to MPI (the summary counts each). */
 enum {
@@ -73,6 +76,7 @@ typedef struct ip_comm {
     /* recv buffers seen with more than one count (fusion buffers): no error feedback */
     struct seen { const void *buf; size_t count; int shared; } *seen;
     size_t n_seen, cap_seen;
+    int warned_full;
     struct ip_comm *prev, *next;
 } ip_comm;
 
@@ -251,6 +255,15 @@ static uint64_t residual_key(ip_comm *c, const void *buf, size_t n)
     for (size_t i = 0; i < c->n_seen && !s; i++)
         if (c->seen[i].buf == buf) s = &c->seen[i];
     if (!s) {
+        /* a trainer that reallocates its gradients every step shows new addresses forever:
+         * bound the residuals kept (each is as large as its buffer) */
+        if (c->n_seen == MAX_BUFFERS) {
+            if (S.debug && !c->warned_full)
+                fprintf(stderr, "gcomp_mpi: rank %d: more than %d receive buffers on one communicator: "
+                                "new ones get no error feedback\n", world_rank(), MAX_BUFFERS);
+            c->warned_full = 1;
+            return GCOMP_KEY_NONE;
+        }
         if (c->n_seen == c->cap_seen) {
             size_t cap = c->cap_seen ? 2 * c->cap_seen : 16;
             struct seen *p = realloc(c->seen, cap * sizeof *p);
