@@ -16,11 +16,18 @@ How it works
     issued them (the same on every rank: DDP launches buckets in index order) with the GIL
     released (ctypes), and completes each bucket's torch.futures.Future; so communication
     overlaps the rest of the backward pass. The result is the average over ranks (GCOMP_AVG).
-  - Error feedback: one residual per bucket, key = (generation << 32) | bucket index. A
-    bucket's generation goes up, which starts a fresh residual, whenever its layout (element
-    count, dtype and the shapes of its parameters in order) differs from the last time that
-    index was seen, i.e. when DDP rebuilds its buckets. The signature uses shapes, not object
-    identities, so it means the same thing in a resumed process.
+  - Error feedback: one residual per bucket and layout, key = (generation << 32) | bucket
+    index. A bucket's layout is its element count, dtype and the shapes of its parameters in
+    buffer order; a layout not seen before at that index gets the next generation, so its
+    residual starts from zero: that is what happens when DDP rebuilds its buckets. A layout
+    seen before keeps its key (and residual). The layout uses shapes, not object identities,
+    so it means the same thing in a resumed process.
+  - Bit-for-bit resume needs the resumed DDP to bucket gradients as the saved one did. A DDP
+    that rebuilds its buckets after its first iteration (the default) runs that first resumed
+    iteration with its initial layout: those buckets are compressed under the initial
+    layout's own key, and the saved residuals take over from the second iteration, when the
+    rebuilt layout is back. DDP(find_unused_parameters=True) never rebuilds (torch 1.13) and
+    resumes bit for bit (tests/python/test_ddp_hook.py checks it).
   - no_sync() and gradient accumulation: DDP just calls the hook less often; the iteration
     counter counts hook rounds (calls with bucket.is_last()), and residuals stay per bucket.
   - state_dict()/load_state_dict() (and pickling) carry the counters, the bucket layouts and
@@ -64,7 +71,7 @@ class GcompHookState:
         self.start_iter = start_iter
         self.process_group = process_group
         self.iter = 0
-        self._layout = {}  # bucket index -> (generation, signature)
+        self._layout = {}  # bucket index -> {layout signature: generation}
         self.comm = gcomp.Comm(comm, codec=codec, min_bytes=min_bytes,
                                error_feedback=error_feedback, seed=seed, timeout_ms=timeout_ms)
         self._ef = self.comm.config()["error_feedback"]
@@ -104,11 +111,10 @@ class GcompHookState:
         idx = bucket.index()
         sig = (tensor.numel(), str(tensor.dtype),
                tuple(tuple(p.shape) for p in bucket.parameters()))
-        gen, old = self._layout.get(idx, (-1, None))
-        if old != sig:
-            gen += 1
-            self._layout[idx] = (gen, sig)
-        return (gen << 32) | idx
+        gens = self._layout.setdefault(idx, {})
+        if sig not in gens:
+            gens[sig] = max(gens.values(), default=-1) + 1
+        return (gens[sig] << 32) | idx
 
     # ---- public ----------------------------------------------------------------------------
 
@@ -127,7 +133,7 @@ class GcompHookState:
             "codec": self.comm.codec,
             "start_iter": self.start_iter,
             "iter": self.iter,
-            "layout": {i: (g, s) for i, (g, s) in self._layout.items()},
+            "layout": {i: dict(gens) for i, gens in self._layout.items()},
             # None with error feedback off: there is nothing to carry, and the library
             # refuses to load residuals into such a communicator.
             "residuals": self._call(self.comm.save_residuals) if self._ef else None,
@@ -148,8 +154,7 @@ class GcompHookState:
             self._call(lambda: self.comm.load_residuals(sd["residuals"]))
         self.start_iter = sd["start_iter"]
         self.iter = sd["iter"]
-        self._layout = {int(i): (g, tuple(s) if not isinstance(s, tuple) else s)
-                        for i, (g, s) in sd["layout"].items()}
+        self._layout = {int(i): dict(gens) for i, gens in sd["layout"].items()}
 
     def __getstate__(self):
         # Pickling is a checkpoint; unpickling re-creates the communicator over

@@ -104,6 +104,11 @@ def train_check(codec, data, steps=40, start_iter=3):
     assert st["compressed_calls"] > 0 and st["wire_bytes"] < st["raw_bytes"], st
     # plain allreduce for start_iter rounds; then every bucket goes through gcomp
     assert state.iter == steps, (state.iter, steps)
+    # DDP rebuilt its buckets after the first iteration: one bucket became two, bucket 0
+    # changed layout (a second generation, a fresh residual), bucket 1 is new
+    gens = {i: sorted(g.values()) for i, g in state._layout.items()}
+    assert gens == {0: [0, 1], 1: [0]}, gens
+    assert st["calls"] == 2 * (steps - start_iter), st
     state.close()
 
 
@@ -133,7 +138,8 @@ def resume_check(codec, data, before=12, after=6, start_iter=2):
         hook_state = c["hook"]
         if not with_residuals:
             fresh = gcomp.torch.GcompHookState(codec=codec, start_iter=start_iter)
-            fresh.iter, fresh._layout = hook_state.iter, dict(hook_state._layout)
+            fresh.iter = hook_state.iter
+            fresh._layout = {i: dict(g) for i, g in hook_state._layout.items()}
             hook_state.close()
             hook_state = fresh
         ddp2.register_comm_hook(hook_state, gcomp.torch.hook)
