@@ -218,6 +218,20 @@ static int setup(void)
     return 1;
 }
 
+/* Ranks with different GCOMP_MIN_BYTES would take different branches for the same call (one
+ * compressing, one in PMPI_Allreduce) and hang: check once, at creation, and compress nothing
+ * on this communicator if they differ. gcomp itself already refuses different codecs. */
+static void agree_min_bytes(ip_comm *c)
+{
+    long long mine[2] = {c->min_bytes, -c->min_bytes}, all[2];
+    if (PMPI_Allreduce(mine, all, 2, MPI_LONG_LONG, MPI_MAX, c->comm) != MPI_SUCCESS || all[0] != -all[1]) {
+        fprintf(stderr, "gcomp_mpi: rank %d: ranks differ in GCOMP_MIN_BYTES (this rank %lld, %lld..%lld): "
+                        "no compression on this communicator\n", world_rank(), (long long)c->min_bytes, -all[1], all[0]);
+        gcomp_comm_destroy(c->g);
+        c->g = NULL;
+    }
+}
+
 /* The gcomp communicator of comm, created at its first compressible call (collective). */
 static ip_comm *comm_state(MPI_Comm comm)
 {
@@ -236,6 +250,7 @@ static ip_comm *comm_state(MPI_Comm comm)
         c->g = NULL;
     } else if (gcomp_comm_config_get(c->g, &got) == GCOMP_SUCCESS) {
         c->min_bytes = got.min_bytes;
+        agree_min_bytes(c);
     }
     inside_gcomp--;
     pthread_mutex_lock(&S.lock);
