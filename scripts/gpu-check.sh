@@ -143,16 +143,15 @@ do_build() {
 }
 
 do_test() {
-  local out rc
-  out=$(cd "$BUILD" && ctest -L cuda --output-on-failure --timeout 900 2>&1)
-  rc=$?
-  echo "$out"
+  local out=$BUILD/ctest-cuda.out rc
+  (cd "$BUILD" && ctest -L cuda --output-on-failure --timeout 900) 2>&1 | tee "$out"
+  rc=${PIPESTATUS[0]}
   # On a GPU machine a skipped cuda test means the test did not find the device: a failure.
-  if echo "$out" | grep -q -e '\*\*\*Skipped' -e 'Not Run'; then
+  if grep -q -e '\*\*\*Skipped' -e 'Not Run' "$out"; then
     echo "gpu-check: a cuda test was skipped or not run on a machine with a GPU"; return 1
   fi
-  echo "$out" | grep -q "No tests were found" && { echo "gpu-check: no cuda tests"; return 1; }
-  return $rc
+  grep -q "No tests were found" "$out" && { echo "gpu-check: no cuda tests"; return 1; }
+  return "$rc"
 }
 
 do_sanitize() {
