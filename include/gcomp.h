@@ -39,7 +39,7 @@ extern "C" {
     X(GCOMP_ERR_NOMEM, 4, "out of memory")                                                   \
     X(GCOMP_ERR_CORRUPT, 5, "malformed or corrupted payload")                                \
     X(GCOMP_ERR_BUFFER_TOO_SMALL, 6, "output buffer too small")                              \
-    X(GCOMP_ERR_MISMATCH, 7, "ranks disagree on the call (count, dtype, op, codec or version)") \
+    X(GCOMP_ERR_MISMATCH, 7, "ranks disagree on the call (count, dtype, op, codec, min_bytes or version)") \
     X(GCOMP_ERR_TIMEOUT, 8, "timed out waiting for a peer")                                  \
     X(GCOMP_ERR_TRANSPORT, 9, "transport (MPI/NCCL/CUDA) error")                             \
     X(GCOMP_ERR_COMM_INVALID, 10, "communicator unusable after an earlier failure")          \
@@ -272,7 +272,9 @@ typedef struct gcomp_comm_stats {
     uint64_t wire_bytes;        /* bytes this rank sent, headers included */
     uint64_t baseline_bytes;    /* bytes an uncompressed ring would have sent: 2(N-1)/N * raw */
     uint64_t overflow_count;    /* fp16/bf16 overflows to inf */
-    uint64_t nonfinite_calls;   /* calls whose result held NaN/Inf (residual kept) */
+    uint64_t nonfinite_calls;   /* calls whose result held NaN/Inf, or whose input did on any
+                                 * rank; counted on every rank, bypassed calls included; the
+                                 * residual is kept on every rank */
     double encode_s, comm_s, decode_s;
     double agree_s;             /* the call's agreement allreduces (fingerprint, outcome); this
                                  * is also where a rank waits for ranks that arrive late */
@@ -290,8 +292,8 @@ typedef struct gcomp_comm_stats {
  * rounding of those re-encodes is not fed back.
  * Every rank gets a bitwise-identical result. Blocking; returns when recv holds the result.
  * Errors (on every rank): GCOMP_ERR_INVALID_ARG (NULL buffer with count > 0, bad dtype/op,
- * on any rank), GCOMP_ERR_MISMATCH (ranks disagree on count, dtype, op, codec or library
- * version), GCOMP_ERR_TIMEOUT (a peer did not answer within timeout_ms; the communicator is
+ * on any rank), GCOMP_ERR_MISMATCH (ranks disagree on count, dtype, op, codec, min_bytes or
+ * library version; the message names which), GCOMP_ERR_TIMEOUT (a peer did not answer within timeout_ms; the communicator is
  * then unusable), GCOMP_ERR_COMM_INVALID (after an earlier timeout or transport error),
  * GCOMP_ERR_TRANSPORT, GCOMP_ERR_CORRUPT (a payload failed its checks), GCOMP_ERR_NOMEM.
  * Not thread-safe on the same communicator. */
@@ -300,7 +302,9 @@ gcomp_result gcomp_allreduce(gcomp_comm *comm, const void *send, void *recv, siz
 
 /* Free the communicator and its residuals; does not touch the user's MPI/NCCL communicator.
  * Not collective. Accepts NULL. Destroying a communicator twice or using it after destroy
- * is undefined, like free(). */
+ * is undefined, like free(). After a timeout, the MPI duplicate communicator and the buffers
+ * its pending requests use are left to MPI_Finalize (freeing them under a pending collective
+ * crashes Open MPI when the late peer arrives); MPI_Barrier and MPI_Finalize stay safe. */
 void gcomp_comm_destroy(gcomp_comm *comm);
 
 gcomp_result gcomp_comm_stats_get(const gcomp_comm *comm, gcomp_comm_stats *out);

@@ -16,9 +16,16 @@ extern "C" {
  * duplicate, so an MPI failure becomes a gcomp error instead of an abort; never calls
  * MPI_Init or MPI_Finalize (MPI must be initialised, and MPI_Finalize must come after
  * gcomp_comm_destroy). cfg may be NULL (all unset: environment, then defaults).
- * Errors: GCOMP_ERR_INVALID_ARG (NULL out, MPI not initialised), GCOMP_ERR_INVALID_SPEC,
- * GCOMP_ERR_MISMATCH (ranks configured different codecs), GCOMP_ERR_TRANSPORT,
- * GCOMP_ERR_NOMEM. */
+ * A rank whose own creation fails (NULL out, bad spec or config, no memory) still takes part
+ * in the duplication and the ranks' agreement, so every rank returns an error (the others
+ * are told which rank failed and with what), none waits.
+ * While gcomp waits for MPI requests it sets MPI_ERRORS_RETURN on MPI_COMM_WORLD too and
+ * restores the previous handler before returning: Open MPI 4.1 reports a failed nonblocking
+ * collective through MPI_COMM_WORLD's handler, which would abort the job. A thread that
+ * uses MPI_COMM_WORLD concurrently sees that handler meanwhile.
+ * Errors: GCOMP_ERR_INVALID_ARG (NULL out, MPI not initialised or already finalized,
+ * MPI_COMM_NULL), GCOMP_ERR_INVALID_SPEC, GCOMP_ERR_MISMATCH (ranks configured different
+ * codecs), GCOMP_ERR_TRANSPORT, GCOMP_ERR_NOMEM, GCOMP_ERR_TIMEOUT (a rank never joined). */
 gcomp_result gcomp_comm_create_mpi(MPI_Comm comm, const gcomp_config *cfg, gcomp_comm **out);
 
 #ifdef __cplusplus
