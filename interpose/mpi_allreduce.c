@@ -193,6 +193,9 @@ static int self_delete(MPI_Comm comm, int keyval, void *val, void *extra)
         fprintf(stderr, "%s\n", line);
     }
     if (S.stats_file && *S.stats_file) write_stats_file();
+    /* MPI frees a keyval still in use (this one) when its last attribute goes */
+    PMPI_Comm_free_keyval(&S.comm_keyval);
+    PMPI_Comm_free_keyval(&S.self_keyval);
     return MPI_SUCCESS;
 }
 
