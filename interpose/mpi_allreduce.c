@@ -92,6 +92,7 @@ static struct {
     int comm_keyval, self_keyval;
     ip_comm *live;
     uint64_t compressed, passed[PASS_REASONS], no_ef_calls;
+    uint64_t comms_created, comms_freed; /* gcomp communicators; freed: by MPI_Comm_free */
     /* stats of gcomp communicators already destroyed */
     uint64_t raw_bytes, wire_bytes, baseline_bytes;
     char codec[256];
@@ -127,6 +128,7 @@ static int comm_delete(MPI_Comm comm, int keyval, void *val, void *extra)
     else S.live = c->next;
     if (c->next) c->next->prev = c->prev;
     add_stats(c->g);
+    if (c->g && !S.finalizing) S.comms_freed++;
     pthread_mutex_unlock(&S.lock);
     inside_gcomp++;
     gcomp_comm_destroy(c->g);
@@ -150,6 +152,17 @@ static void summary_line(char *out, size_t cap)
              S.baseline_bytes, (int64_t)(S.baseline_bytes - S.wire_bytes));
 }
 
+/* s as the inside of a JSON string (the codec spec comes from the environment). */
+static void json_string(FILE *f, const char *s)
+{
+    for (; *s; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch == '"' || ch == '\\') fprintf(f, "\\%c", ch);
+        else if (ch < 0x20) fprintf(f, "\\u%04x", ch);
+        else fputc(ch, f);
+    }
+}
+
 static void write_stats_file(void)
 {
     char path[4096];
@@ -165,14 +178,17 @@ static void write_stats_file(void)
         return;
     }
     for (int i = 0; i < PASS_REASONS; i++) passed += S.passed[i];
-    fprintf(f, "{\"rank\": %d, \"size\": %d, \"codec\": \"%s\", \"calls_compressed\": %" PRIu64
-               ", \"calls_compressed_without_ef\": %" PRIu64 ", \"calls_passed_through\": %" PRIu64 ", \"passed_through\": {",
-            rank, size, S.enabled ? S.codec : "", S.compressed, S.no_ef_calls, passed);
+    fprintf(f, "{\"rank\": %d, \"size\": %d, \"codec\": \"", rank, size);
+    json_string(f, S.enabled ? S.codec : "");
+    fprintf(f, "\", \"calls_compressed\": %" PRIu64 ", \"calls_compressed_without_ef\": %" PRIu64
+               ", \"calls_passed_through\": %" PRIu64 ", \"passed_through\": {",
+            S.compressed, S.no_ef_calls, passed);
     for (int i = 0; i < PASS_REASONS; i++)
         fprintf(f, "%s\"%s\": %" PRIu64, i ? ", " : "", pass_names[i], S.passed[i]);
     fprintf(f, "}, \"raw_bytes\": %" PRIu64 ", \"wire_bytes\": %" PRIu64 ", \"baseline_bytes\": %" PRIu64
-               ", \"bytes_saved\": %" PRId64 "}\n",
-            S.raw_bytes, S.wire_bytes, S.baseline_bytes, (int64_t)(S.baseline_bytes - S.wire_bytes));
+               ", \"bytes_saved\": %" PRId64 ", \"communicators\": %" PRIu64 ", \"communicators_freed_before_finalize\": %" PRIu64 "}\n",
+            S.raw_bytes, S.wire_bytes, S.baseline_bytes, (int64_t)(S.baseline_bytes - S.wire_bytes), S.comms_created,
+            S.comms_freed);
     fclose(f);
 }
 
@@ -257,6 +273,7 @@ static ip_comm *comm_state(MPI_Comm comm)
     }
     inside_gcomp--;
     pthread_mutex_lock(&S.lock);
+    if (c->g) S.comms_created++;
     c->next = S.live;
     if (S.live) S.live->prev = c;
     S.live = c;

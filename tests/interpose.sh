@@ -5,7 +5,8 @@
 #
 #   interpose.sh NP CODEC LIB -- COMMAND...
 # CODEC "none" runs without GCOMP_CODEC (the interposer loaded but off: every call passes).
-# The command's stdout must hold "rank R expects compressed=C passed=P no_ef=E" per rank.
+# The command's stdout must hold "rank R expects compressed=C passed=P no_ef=E[ freed=F]" per
+# rank (freed: gcomp communicators destroyed by MPI_Comm_free before MPI_Finalize).
 set -euo pipefail
 np=$1 codec=$2 lib=$3
 shift 4
@@ -21,11 +22,11 @@ grep "^gcomp_mpi: rank" "$out/stderr" || true
 fail=0
 for ((r = 0; r < np; r++)); do
     # -o: lines of different ranks may arrive interleaved in mpirun's stdout
-    exp=$(grep -o "rank $r expects compressed=[0-9]* passed=[0-9]* no_ef=[0-9]*" "$out/stdout") ||
+    exp=$(grep -o "rank $r expects compressed=[0-9]* passed=[0-9]* no_ef=[0-9]*\( freed=[0-9]*\)\?" "$out/stdout") ||
         { echo "FAIL: rank $r printed no expectation"; fail=1; continue; }
     f="$out/stats_$r.json"
     [ -f "$f" ] || { echo "FAIL: no stats file for rank $r"; fail=1; continue; }
-    got=$(/usr/bin/python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("compressed=%d passed=%d no_ef=%d" % (d["calls_compressed"], d["calls_passed_through"], d["calls_compressed_without_ef"]))' "$f")
+    got=$(/usr/bin/python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("compressed=%d passed=%d no_ef=%d" % (d["calls_compressed"], d["calls_passed_through"], d["calls_compressed_without_ef"]) + (" freed=%d" % d["communicators_freed_before_finalize"] if sys.argv[2] == "1" else ""))' "$f" "$([[ $exp == *freed=* ]] && echo 1 || echo 0)")
     if [ "${exp#rank $r expects }" != "$got" ]; then
         echo "FAIL: rank $r: program expects ${exp#rank $r expects }, stats file says $got"; cat "$f"; fail=1
     else

@@ -10,9 +10,10 @@
  *     communicator: with --bound exact bit-exact; with --bound fp16|terngrad|topk within that
  *     codec's bound, different from MPI's answer (so something did compress them), and
  *     bitwise identical on every rank.
- * Each rank prints "rank R expects compressed=C passed=P no_ef=E", the MPI_Allreduce calls
- * the interposer should have compressed and passed through, for the runner to compare with
- * GCOMP_STATS_FILE.
+ * Each rank prints "rank R expects compressed=C passed=P no_ef=E freed=F", the MPI_Allreduce
+ * calls the interposer should have compressed (E of them without error feedback) and passed
+ * through, and the gcomp communicators MPI_Comm_free should have destroyed, for the runner to
+ * compare with GCOMP_STATS_FILE.
  *
  * usage: interpose_prog --bound exact|fp16|terngrad|topk [--min-bytes B]
  */
@@ -26,7 +27,7 @@
 #define N_SMALL 1000
 #define STEPS 3
 
-static int rank, size, failures, n_compressed, n_passed, n_no_ef;
+static int rank, size, failures, n_compressed, n_passed, n_no_ef, n_freed;
 static const char *bound = "exact";
 
 #define CHECK(cond, ...)                                                     \
@@ -217,6 +218,11 @@ int main(int argc, char **argv)
         n_passed++;
         MPI_Comm_free(&inter);
     }
+    {
+        int split_size;
+        MPI_Comm_size(split, &split_size);
+        n_freed = compress && split_size > 1; /* its gcomp communicator goes now, not at MPI_Finalize */
+    }
     MPI_Comm_free(&split);
 
     /* the same buffer with two counts (a fusion buffer whose composition changed): still
@@ -228,7 +234,7 @@ int main(int argc, char **argv)
     if (compress) n_compressed += 2, n_no_ef += 1;
     else n_passed += 2;
 
-    printf("rank %d expects compressed=%d passed=%d no_ef=%d\n", rank, n_compressed, n_passed, n_no_ef);
+    printf("rank %d expects compressed=%d passed=%d no_ef=%d freed=%d\n", rank, n_compressed, n_passed, n_no_ef, n_freed);
     {
         int all = 0;
         PMPI_Allreduce(&failures, &all, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
