@@ -148,6 +148,7 @@ static float bucket_scale(const gcomp_terngrad_params *p, const float *g, const 
     float s;
     if (p->clip > 0) ss = sumsq_and_max(g, r, n, &mbits);
     else mbits = max_abs_bits(g, r, n);
+    mbits = gcomp_tg_max_bits(mbits);
     memcpy(&s, &mbits, 4);
     if (p->clip > 0 && isfinite(s) && n) {
         double c = p->clip * sqrt(ss / (double)n);
@@ -671,4 +672,5 @@ const gcomp_codec_vtable gcomp__codec_terngrad = {
     .num_scales = tg_num_scales,
     .local_scales = tg_local_scales,
     .encode_scaled = tg_encode_scaled,
+    .cuda = GCOMP_CUDA_OPS(terngrad),
 };

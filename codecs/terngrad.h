@@ -5,6 +5,7 @@
  * x = g + r. Elements are grouped into buckets of B elements (bucket=B), or one bucket for
  * the whole tensor (bucket=0, the paper's default). Bucket j has a scale s_j:
  *   s_j = max |x_i| over the bucket, or with clip=c > 0, min(max |x_i|, c * rms_j)
+ * (a NaN max is written as the quiet NaN 0x7fc00000, whatever its payload)
  * where rms_j = sqrt(ss_j / m_j), computed in double as clip * sqrt(ss_j / m_j) and compared
  * with max |x| before rounding to float. ss_j, the sum of x_i^2 over the bucket, is summed in
  * this exact order (the CUDA kernels reproduce it): squares in double; the bucket is cut into
@@ -83,6 +84,14 @@ static inline GCOMP_HD float gcomp_tg_uniform_salted(uint32_t salt, uint32_t ind
 static inline GCOMP_HD float gcomp_tg_uniform(uint64_t key, uint64_t i)
 {
     return gcomp_tg_uniform_salted(gcomp_tg_salt(key, (uint32_t)(i >> 32)), (uint32_t)i);
+}
+
+/* A bucket's max |x| as bits, with every NaN as the quiet NaN 0x7fc00000: the payload of a
+ * NaN that went through x = g + r depends on the hardware (x86 keeps g's, a GPU returns
+ * 0x7fffffff), and the scale written must not. */
+static inline GCOMP_HD uint32_t gcomp_tg_max_bits(uint32_t maxbits)
+{
+    return maxbits > 0x7f800000u ? 0x7fc00000u : maxbits;
 }
 
 /* The code of one element given its scale: 0, 1 (+1) or 2 (-1). */
