@@ -24,6 +24,7 @@ gcomp_config gcomp_config_default(void)
 
 typedef struct env_param {
     const char *env;
+    const char *field; /* its gcomp_config field, named in messages when the value came from there */
     int64_t def;
     int64_t min, max;
     size_t offset; /* of the int64_t-sized or int field in gcomp__config */
@@ -31,25 +32,26 @@ typedef struct env_param {
 } env_param;
 
 static const env_param params[] = {
-    {"GCOMP_MIN_BYTES", 65536, 0, INT64_MAX, offsetof(gcomp__config, min_bytes), 0},
-    {"GCOMP_EF", 1, 0, 1, offsetof(gcomp__config, error_feedback), 1},
-    {"GCOMP_SEED", 0, 0, INT64_MAX, offsetof(gcomp__config, seed), 0},
-    {"GCOMP_TIMEOUT_MS", 300000, 1, INT64_MAX, offsetof(gcomp__config, timeout_ms), 0},
-    {"GCOMP_DEBUG", 0, 0, 1, offsetof(gcomp__config, debug), 1},
+    {"GCOMP_MIN_BYTES", "gcomp_config.min_bytes", 65536, 0, INT64_MAX, offsetof(gcomp__config, min_bytes), 0},
+    {"GCOMP_EF", "gcomp_config.error_feedback", 1, 0, 1, offsetof(gcomp__config, error_feedback), 1},
+    {"GCOMP_SEED", "gcomp_config.seed", 0, 0, INT64_MAX, offsetof(gcomp__config, seed), 0},
+    {"GCOMP_TIMEOUT_MS", "gcomp_config.timeout_ms", 300000, 1, INT64_MAX, offsetof(gcomp__config, timeout_ms), 0},
+    {"GCOMP_DEBUG", "gcomp_config.debug", 0, 0, 1, offsetof(gcomp__config, debug), 1},
 };
 
 static gcomp_result from_env(const env_param *p, int64_t *v)
 {
     const char *s = getenv(p->env);
-    char *end;
+    char *end, q[4 * 32 + 8];
     long long x;
     *v = p->def;
     if (!s || !*s) return GCOMP_SUCCESS;
     errno = 0;
     x = strtoll(s, &end, 10);
-    if (*end || errno || x < p->min || x > p->max)
-        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "%s='%s' is not an integer in [%lld, %lld]", p->env, s,
-                           (long long)p->min, (long long)p->max);
+    /* strtoll would skip leading whitespace: refuse it like any other stray character */
+    if (*end || errno || x < p->min || x > p->max || !(*s == '-' || *s == '+' || (*s >= '0' && *s <= '9')))
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "environment variable %s='%s' is not an integer in [%lld, %lld]",
+                           p->env, gcomp__quote(q, sizeof q, s, 32), (long long)p->min, (long long)p->max);
     *v = x;
     return GCOMP_SUCCESS;
 }
@@ -70,15 +72,16 @@ gcomp_result gcomp__config_resolve(const gcomp_config *cfg, gcomp__config *out)
     memset(out, 0, sizeof *out);
     if (!codec || !*codec) codec = "terngrad";
     if (strlen(codec) >= sizeof out->codec)
-        return gcomp__fail(GCOMP_ERR_INVALID_SPEC, "codec spec is longer than %zu characters", sizeof out->codec - 1);
+        return gcomp__fail(GCOMP_ERR_INVALID_SPEC, "the codec spec of %s is longer than %zu characters",
+                           cfg && cfg->codec ? "gcomp_config.codec" : "GCOMP_CODEC", sizeof out->codec - 1);
     strcpy(out->codec, codec);
     for (size_t i = 0; i < sizeof params / sizeof params[0]; i++) {
         const env_param *p = &params[i];
         int64_t v = user_value(cfg, p);
         if (v == GCOMP_UNSET) GCOMP_CHECK(from_env(p, &v));
         else if (v < p->min || v > p->max)
-            return gcomp__fail(GCOMP_ERR_INVALID_ARG, "config field for %s = %lld is out of range [%lld, %lld]", p->env,
-                               (long long)v, (long long)p->min, (long long)p->max);
+            return gcomp__fail(GCOMP_ERR_INVALID_ARG, "%s = %lld is out of range [%lld, %lld] (GCOMP_UNSET = -1 "
+                               "leaves it to %s)", p->field, (long long)v, (long long)p->min, (long long)p->max, p->env);
         if (p->is_int) *(int *)((char *)out + p->offset) = (int)v;
         else *(int64_t *)((char *)out + p->offset) = v;
     }

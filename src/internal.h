@@ -43,6 +43,9 @@ const char *gcomp__quote(char *out, size_t cap, const char *s, size_t max_chars)
 /* ---- registry (registry.c) ---- */
 /* Register the built-in codecs once; safe to call from every entry point. */
 void gcomp__registry_init(void);
+/* Remove a user codec registered with exactly this vtable (GCOMP_ERR_INVALID_ARG if none).
+ * For tests and fuzzers only: no codec object may still use it. */
+gcomp_result gcomp__codec_unregister(const gcomp_codec_vtable *vt);
 
 /* ---- spec parsing (spec.c) ---- */
 #define GCOMP_MAX_STAGES 4

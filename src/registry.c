@@ -112,9 +112,6 @@ static gcomp_result check_params(const gcomp_codec_vtable *vt)
         if (!valid_name(p->name))
             return gcomp__fail(GCOMP_ERR_INVALID_ARG, "codec '%s': parameter %zu: name must be 1-32 chars of [a-z0-9_]",
                                vt->name, i);
-        for (size_t j = 0; j < i; j++)
-            if (strcmp(vt->params[j].name, p->name) == 0)
-                return gcomp__fail(GCOMP_ERR_INVALID_ARG, "codec '%s': parameter '%s' appears twice", vt->name, p->name);
         if (!size)
             return gcomp__fail(GCOMP_ERR_INVALID_ARG, "codec '%s': parameter '%s' has unknown type %d", vt->name, p->name,
                                (int)p->type);
@@ -125,6 +122,16 @@ static gcomp_result check_params(const gcomp_codec_vtable *vt)
         if (p->offset % param_align(p->type))
             return gcomp__fail(GCOMP_ERR_INVALID_ARG, "codec '%s': parameter '%s': offset %zu is not aligned for its "
                                "type", vt->name, p->name, p->offset);
+        /* earlier entries are valid: compare names, and fields for overlap (one would
+         * overwrite the other's checked value) */
+        for (size_t j = 0; j < i; j++) {
+            const gcomp_param_def *q = &vt->params[j];
+            if (strcmp(q->name, p->name) == 0)
+                return gcomp__fail(GCOMP_ERR_INVALID_ARG, "codec '%s': parameter '%s' appears twice", vt->name, p->name);
+            if (p->offset < q->offset + param_size(q->type) && q->offset < p->offset + size)
+                return gcomp__fail(GCOMP_ERR_INVALID_ARG, "codec '%s': parameters '%s' and '%s' overlap in the params "
+                                   "struct", vt->name, q->name, p->name);
+        }
         GCOMP_CHECK(p->type == GCOMP_PARAM_ENUM ? check_enum(vt, p) : check_bounds(vt, p));
     }
     return GCOMP_SUCCESS;
@@ -191,6 +198,22 @@ gcomp_result gcomp_codec_register(const gcomp_codec_vtable *vt)
                            vt->name, GCOMP_WIRE_ID_USER_MIN);
     pthread_mutex_lock(&lock);
     rc = add_locked(vt);
+    pthread_mutex_unlock(&lock);
+    return rc;
+}
+
+gcomp_result gcomp__codec_unregister(const gcomp_codec_vtable *vt)
+{
+    gcomp_result rc = GCOMP_ERR_INVALID_ARG;
+    gcomp__registry_init();
+    pthread_mutex_lock(&lock);
+    for (size_t i = 0; i < n_codecs; i++) {
+        if (codecs[i] != vt || vt->wire_id < GCOMP_WIRE_ID_USER_MIN) continue;
+        memmove(&codecs[i], &codecs[i + 1], (n_codecs - i - 1) * sizeof codecs[0]);
+        n_codecs--;
+        rc = GCOMP_SUCCESS;
+        break;
+    }
     pthread_mutex_unlock(&lock);
     return rc;
 }

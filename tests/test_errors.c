@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "test_util.h"
+#include "engine.h"
 
 static void test_result_strings(void **state)
 {
@@ -183,6 +184,48 @@ static void test_failed_encode_writes_nothing(void **state)
     free(x);
 }
 
+/* Issue 13 item 12 (configuration): a bad value names where it came from -- the
+ * gcomp_config field when the struct set it, the environment variable otherwise -- and an
+ * environment value is echoed escaped. */
+static void test_config_messages(void **state)
+{
+    gcomp_config cfg = gcomp_config_default();
+    gcomp__config out;
+    (void)state;
+    cfg.min_bytes = -5;
+    assert_int_equal(gcomp__config_resolve(&cfg, &out), GCOMP_ERR_INVALID_ARG);
+    assert_true(strncmp(gcomp_last_error(), "gcomp_config.min_bytes = -5 is out of range [0, 9223372036854775807]",
+                        68) == 0);
+    cfg = gcomp_config_default();
+    cfg.error_feedback = 2;
+    assert_int_equal(gcomp__config_resolve(&cfg, &out), GCOMP_ERR_INVALID_ARG);
+    assert_non_null(strstr(gcomp_last_error(), "gcomp_config.error_feedback = 2 is out of range [0, 1]"));
+    cfg = gcomp_config_default();
+    cfg.timeout_ms = 0;
+    assert_int_equal(gcomp__config_resolve(&cfg, &out), GCOMP_ERR_INVALID_ARG);
+    assert_non_null(strstr(gcomp_last_error(), "gcomp_config.timeout_ms = 0"));
+    /* from the environment: the variable is named, control characters escaped */
+    setenv("GCOMP_MIN_BYTES", "12\x1b[2J", 1);
+    assert_int_equal(gcomp__config_resolve(NULL, &out), GCOMP_ERR_INVALID_ARG);
+    assert_non_null(strstr(gcomp_last_error(), "GCOMP_MIN_BYTES='12\\x1b[2J' is not an integer"));
+    assert_null(strchr(gcomp_last_error(), 0x1b));
+    setenv("GCOMP_MIN_BYTES", " 12", 1); /* strtoll would skip the space */
+    assert_int_equal(gcomp__config_resolve(NULL, &out), GCOMP_ERR_INVALID_ARG);
+    setenv("GCOMP_MIN_BYTES", "4096", 1);
+    assert_int_equal(gcomp__config_resolve(NULL, &out), GCOMP_SUCCESS);
+    assert_int_equal(out.min_bytes, 4096);
+    unsetenv("GCOMP_MIN_BYTES");
+    cfg = gcomp_config_default();
+    {
+        char spec[600];
+        memset(spec, 'a', sizeof spec - 1);
+        spec[sizeof spec - 1] = '\0';
+        cfg.codec = spec;
+        assert_int_equal(gcomp__config_resolve(&cfg, &out), GCOMP_ERR_INVALID_SPEC);
+        assert_non_null(strstr(gcomp_last_error(), "gcomp_config.codec"));
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -190,6 +233,7 @@ int main(void)
         cmocka_unit_test(test_null_arguments), cmocka_unit_test(test_buffer_too_small),
         cmocka_unit_test(test_half_dtypes),    cmocka_unit_test(test_zero_count),
         cmocka_unit_test(test_bound_overflow), cmocka_unit_test(test_failed_encode_writes_nothing),
+        cmocka_unit_test(test_config_messages),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -483,6 +483,7 @@ static void test_register_param_tables(void **state)
     static const gcomp_param_def def_nan[] = {P_DBL("d", 8, -INFINITY, INFINITY, NAN)};
     static const gcomp_param_def def_frac[] = {P_INT("i", 0, 0, 10, 2.5)};
     static const gcomp_param_def dup_names[] = {P_INT("i", 0, 0, 10, 1), P_DBL("i", 8, 0, 1, 0)};
+    static const gcomp_param_def overlap[] = {P_DBL("d", 8, 0, 1, 0), P_ENUM("e", 12, two_choices, 0)};
     static const gcomp_param_def bad_name[] = {P_INT("Bad", 0, 0, 10, 1)};
     static const gcomp_param_def eq_name[] = {P_INT("a=b", 0, 0, 10, 1)};
     static const gcomp_param_def null_name[] = {P_INT(NULL, 0, 0, 10, 1)};
@@ -514,6 +515,7 @@ static void test_register_param_tables(void **state)
         {"a NaN default", def_nan, 1, sizeof(ptab_params)},
         {"a fractional integer default", def_frac, 1, sizeof(ptab_params)},
         {"a parameter name given twice", dup_names, 2, sizeof(ptab_params)},
+        {"two fields that overlap", overlap, 2, sizeof(ptab_params)},
         {"an upper-case name", bad_name, 1, sizeof(ptab_params)},
         {"a name holding '='", eq_name, 1, sizeof(ptab_params)},
         {"a NULL name", null_name, 1, sizeof(ptab_params)},

@@ -341,13 +341,31 @@ static void test_two_zstd_stages(void **state)
     gcomp_codec_destroy(plain);
 }
 
+/* Issue 13 item 10: past zstd's largest input the stage has no bound (SIZE_MAX), and a
+ * chain's bound is 0 instead of a wrapped sum; below it the bound covers the raw fallback. */
+static void test_bound_limits(void **state)
+{
+    const gcomp_codec_vtable *vt = gcomp_codec_find("zstd");
+    gcomp_zstd_params p = {1};
+    gcomp_codec *c = tu_codec("fp16+zstd");
+    (void)state;
+    assert_non_null(vt);
+    assert_int_equal(vt->stage_bound(&p, SIZE_MAX), SIZE_MAX);
+    assert_int_equal(vt->stage_bound(&p, SIZE_MAX - 32), SIZE_MAX);
+    assert_true(vt->stage_bound(&p, (size_t)1 << 40) >= (size_t)1 << 40);
+    assert_true(vt->stage_bound(&p, 0) > 0);
+    assert_int_equal(gcomp_codec_max_encoded_bytes(c, GCOMP_MAX_COUNT + 1), 0);
+    assert_true(gcomp_codec_max_encoded_bytes(c, GCOMP_MAX_COUNT) > 2 * (GCOMP_MAX_COUNT - 1));
+    gcomp_codec_destroy(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lossless),          cmocka_unit_test(test_compressible),
         cmocka_unit_test(test_incompressible_raw), cmocka_unit_test(test_levels),
         cmocka_unit_test(test_context_reuse),     cmocka_unit_test(test_output_capacity),
-        cmocka_unit_test(test_two_zstd_stages),
+        cmocka_unit_test(test_two_zstd_stages),   cmocka_unit_test(test_bound_limits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -12,9 +12,13 @@
  *   fuzz_roundtrip      per spec: the golden input as raw f32, as f16 and bf16 (the bodies of
  *                       fp16.bin and bf16.bin), and a dictionary-mode run over every special
  *   fuzz_spec           the specs of the table and of golden_cases.h, canonical forms, and a
- *                       few parameters at the ends of their ranges
+ *                       few parameters at the ends of their ranges, and the specs of issue 13
+ *                       item 9 ('+' in numbers, integer bounds, subnormals, under/overflow)
  *   fuzz_integer_sums   the codes of terngrad_clip_0.bin, and sums of 1..5, 127 and 128 ranks packed
  *                       from them by the library itself
+ *   fuzz_register       a valid three-parameter table with values at their edges, and the
+ *                       malformed tables of issue 13 item 8 (int64 past the struct, enum
+ *                       default past its choices, 2^62 + 1 for a bound of 2^62)
  * The corpora are build outputs: never commit them.
  */
 #include <errno.h>
@@ -144,6 +148,10 @@ static void seed_spec(void)
         "terngrad:bucket=1073741824,clip=1000", "terngrad:clip=0",
         "fp16+zstd:level=-7+zstd+zstd:level=19", "none+zstd",
         "topk:ratio=0.5,k=3,values=fp16+zstd",
+        /* issue 13 item 9: each was accepted or refused for the wrong reason */
+        "topk:,ratio=0.1", "topk:k=4611686018427387905", "topk:ratio=+0.5", "terngrad:clip=1e+3",
+        "terngrad:clip=1e+2+zstd:level=+3", "terngrad:clip=4.9e-324", "terngrad:clip=1e-400",
+        "terngrad:clip=1e400", "topk:k=9223372036854775808", "terngrad:clip=0x1p+3",
     };
     size_t i = 0;
     char label[32];
@@ -220,6 +228,25 @@ static void seed_integer_sums(void)
     free(tg);
 }
 
+/* fuzz_register's input (see its header): count, size (u16), 8 bytes per parameter
+ * {name, type, offset, min, max, default, choices, flags} as indices into its tables, then a
+ * key=value list. Names: 0 "a", 1 "b", 2 "k"; values: 0 0.0, 1 1.0, 2 -1.0, 3 0.5, 6 100,
+ * 8 2^62; choices: 2 {lo, hi}. */
+static void seed_register(void)
+{
+    static const uint8_t valid[] = {3, 24, 0, 0, 0, 0, 2, 6, 0, 0, 0, 1, 1, 8, 0, 1, 3, 0, 0,
+                                    2, 2, 16, 0, 0, 1, 2, 0};
+    static const uint8_t int_past_end[] = {1, 12, 0, 0, 0, 8, 0, 6, 1, 0, 0};
+    static const uint8_t enum_default_past[] = {1, 4, 0, 0, 2, 0, 0, 0, 5, 2, 1};
+    static const uint8_t int_2p62[] = {1, 8, 0, 2, 0, 0, 0, 8, 0, 0, 0};
+    write_seed("fuzz_register", "valid", valid, sizeof valid, "a=+5,b=4.9e-324,k=lo", 20);
+    write_seed("fuzz_register", "valid-defaults", valid, sizeof valid, NULL, 0);
+    write_seed("fuzz_register", "int-past-end", int_past_end, sizeof int_past_end, "a=5", 3);
+    write_seed("fuzz_register", "enum-default-past", enum_default_past, sizeof enum_default_past, NULL, 0);
+    write_seed("fuzz_register", "int-2p62-plus-1", int_2p62, sizeof int_2p62, "k=4611686018427387905", 21);
+    write_seed("fuzz_register", "int-2p62", int_2p62, sizeof int_2p62, "k=4611686018427387904", 21);
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 3) {
@@ -233,5 +260,6 @@ int main(int argc, char **argv)
     seed_roundtrip();
     seed_spec();
     seed_integer_sums();
+    seed_register();
     return 0;
 }

@@ -3,7 +3,7 @@
  *
  * Properties:
  *  - create returns GCOMP_SUCCESS with an object, or GCOMP_ERR_INVALID_SPEC with *out NULL
- *    and a message;
+ *    and a message without control characters;
  *  - the canonical spec of an accepted spec parses again, to the same canonical spec;
  *  - every accepted spec makes a working codec: a small tensor encodes into
  *    gcomp_codec_max_encoded_bytes and decodes back (parameter values at the edges of their
@@ -49,6 +49,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         FUZZ_CHECK(rc == GCOMP_ERR_INVALID_SPEC);
         FUZZ_CHECK(c == NULL);
         FUZZ_CHECK(gcomp_last_error()[0] != '\0');
+        /* user text in messages is escaped: one printable line, whatever the input */
+        for (const char *m = gcomp_last_error(); *m; m++) FUZZ_CHECK((unsigned char)*m >= 0x20 && *m != 0x7f);
     } else {
         const char *canon = gcomp_codec_spec(c);
         FUZZ_CHECK(c != NULL && canon != NULL && canon[0] != '\0');
