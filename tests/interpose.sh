@@ -12,7 +12,9 @@ np=$1 codec=$2 lib=$3
 shift 4
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-env_args=(-x LD_PRELOAD="$lib" -x GCOMP_STATS_FILE="$out/stats_%r.json" -x GCOMP_DEBUG=INFO)
+# a sanitizer build's interposer needs the ASan runtime loaded first (python3, mpif90 programs)
+asan=$(ldd "$lib" | awk '/libasan/ {print $3}')
+env_args=(-x LD_PRELOAD="${asan:+$asan:}$lib" -x GCOMP_STATS_FILE="$out/stats_%r.json" -x GCOMP_DEBUG=INFO)
 [ "$codec" != none ] && env_args+=(-x GCOMP_CODEC="$codec")
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 timeout 240 mpirun --oversubscribe -np "$np" "${env_args[@]}" "$@" >"$out/stdout" 2>"$out/stderr" || {
