@@ -333,7 +333,9 @@ int main(int argc, char **argv)
         test_no_growth();
         test_min_bytes_mismatch();
         test_create_local_failure();
-        test_mismatched_collectives();
+        /* it leaves a timed-out collective behind, whose communicator and buffer destroy
+         * leaks on purpose (docs/RELIABILITY.md, known limits): not a leak to report */
+        if (!getenv("GCOMP_TEST_UNDER_VALGRIND")) test_mismatched_collectives();
     }
     fail_any = n_fail;
     MPI_Allreduce(MPI_IN_PLACE, &fail_any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
