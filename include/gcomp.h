@@ -287,9 +287,10 @@ typedef struct gcomp_comm_stats {
  * NCCL communicator). key names the tensor for error feedback (e.g. a layer index); calls
  * with the same key must have the same count, or the residual is reset.
  * Error feedback covers each rank's own encode of its input. On the dense ring
- * (GCOMP_SCHED_DENSE: none, fp16, bf16) the partial sums are decoded and
- * re-encoded at every hop (and GCOMP_SCHED_SPARSE_AS_DENSE, top-k on that ring), and the
- * rounding of those re-encodes is not fed back.
+ * (GCOMP_SCHED_DENSE: fp16, bf16) the partial sums are decoded, added in fp32 and
+ * re-encoded at every hop; the rounding of those re-encodes is not fed back to any
+ * residual. (top-k's dense fallback, GCOMP_SCHED_SPARSE_AS_DENSE, sums in fp32 and
+ * re-encodes nothing.)
  * Every rank gets a bitwise-identical result. Blocking; returns when recv holds the result.
  * Errors (on every rank): GCOMP_ERR_INVALID_ARG (NULL buffer with count > 0, bad dtype/op,
  * on any rank), GCOMP_ERR_MISMATCH (ranks disagree on count, dtype, op, codec, min_bytes or

@@ -52,6 +52,14 @@ typedef enum gcomp_param_type {
     GCOMP_PARAM_ENUM    /* stored as int: index into choices */
 } gcomp_param_type;
 
+/* gcomp_codec_register checks every entry, since the parser writes each field at its offset
+ * and reads choices by index: a name of 1-32 chars of [a-z0-9_], unique; a known type; the
+ * field (8 bytes for INT and DOUBLE, sizeof(int) for ENUM) inside params_size (at most
+ * 4096), aligned for its type, overlapping no other field; INT/DOUBLE: min <= max, neither
+ * NaN, def finite within them (INT: an integer; the accepted values are the integers in
+ * [ceil(min), floor(max)], compared exactly); ENUM: choices non-empty, NULL-terminated within
+ * 64 entries (the library reads no further), each 1-32 characters without whitespace or
+ * + : , =, no two alike, def the index of one. At most 64 parameters. */
 typedef struct gcomp_param_def {
     const char *name;
     gcomp_param_type type;
@@ -166,7 +174,11 @@ typedef struct gcomp_codec_vtable {
     gcomp_result (*check_params)(const void *params, char *msg, size_t msg_cap);
 
     /* ---- element codecs ---- */
-    /* Upper bound on the body size for count elements. */
+    /* Upper bound on the body size for count elements. The library calls it only with
+     * count <= GCOMP_MAX_COUNT (SIZE_MAX / 64), so up to 63 bytes per element cannot wrap;
+     * a codec that needs more must saturate at SIZE_MAX (the library then reports that no
+     * buffer can hold the payload). A byte stage's stage_bound likewise returns SIZE_MAX
+     * when in_bytes is past what it can bound. */
     size_t (*max_body_bytes)(const void *params, size_t count);
     /* x = g + r_in (r_in NULL: x = g); body = encode(x); if r_out != NULL:
      * r_out = x - decode(body). r_out may alias r_in. *flags: a codec-defined word stored in
@@ -218,7 +230,8 @@ typedef struct gcomp_codec_vtable {
 
 /* Register a codec. The vtable must outlive every use (normally a static const).
  * Thread-safe. Errors: GCOMP_ERR_INVALID_ARG (NULL, wrong ABI version, missing functions,
- * bad name or a built-in wire id), GCOMP_ERR_EXISTS (name or wire id taken), GCOMP_ERR_NOMEM. */
+ * bad name, a built-in wire id, or a parameter table that breaks a rule of gcomp_param_def;
+ * the message names the entry), GCOMP_ERR_EXISTS (name or wire id taken), GCOMP_ERR_NOMEM. */
 gcomp_result gcomp_codec_register(const gcomp_codec_vtable *vt);
 
 /* Look up a registered codec by name or by wire id; NULL if none. Thread-safe. */
