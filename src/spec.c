@@ -158,19 +158,19 @@ static gcomp_result parse_value(const char *spec, const char *codec, const gcomp
     if (!*val) return spec_fail(GCOMP_ERR_INVALID_SPEC, spec, "%s: '%s' has an empty value", codec, p->name);
     switch (p->type) {
     case GCOMP_PARAM_INT: {
-        int64_t v;
+        int64_t v = 0;
         GCOMP_CHECK(parse_int(spec, codec, p, val, &v));
         memcpy(field, &v, sizeof v);
         break;
     }
     case GCOMP_PARAM_DOUBLE: {
-        double v;
+        double v = 0;
         GCOMP_CHECK(parse_double(spec, codec, p, val, &v));
         memcpy(field, &v, sizeof v);
         break;
     }
     case GCOMP_PARAM_ENUM: {
-        int v;
+        int v = 0;
         GCOMP_CHECK(parse_enum(spec, codec, p, val, &v));
         memcpy(field, &v, sizeof v);
         break;
