@@ -297,12 +297,18 @@ static void test_mismatch(void)
     gcomp_result rc;
     rc = gcomp_allreduce(c, x, y, rank == size - 1 ? 299 : 300, GCOMP_F32, GCOMP_SUM, 1, NULL);
     CHECK(all_ranks(rc == GCOMP_ERR_MISMATCH), "different count -> %s", gcomp_result_name(rc));
+    CHECK(strstr(gcomp_last_error(), "call's count (") != NULL, "the message does not say the count differs: %s",
+          gcomp_last_error());
     rc = gcomp_allreduce(c, x, y, 300, GCOMP_F32, rank == 0 ? GCOMP_AVG : GCOMP_SUM, 1, NULL);
     CHECK(all_ranks(rc == GCOMP_ERR_MISMATCH), "different op -> %s", gcomp_result_name(rc));
+    CHECK(strstr(gcomp_last_error(), "call's op (") != NULL, "the message does not say the op differs: %s",
+          gcomp_last_error());
     rc = gcomp_allreduce(c, rank == 1 ? NULL : x, y, 300, GCOMP_F32, GCOMP_SUM, 1, NULL);
     CHECK(all_ranks(rc == GCOMP_ERR_INVALID_ARG), "NULL buffer on rank 1 -> %s", gcomp_result_name(rc));
     rc = gcomp_allreduce(c, x, y, rank == 0 ? 600 : 300, rank == 0 ? GCOMP_F16 : GCOMP_F32, GCOMP_SUM, 1, NULL);
     CHECK(all_ranks(rc == GCOMP_ERR_MISMATCH), "different dtype -> %s", gcomp_result_name(rc));
+    CHECK(strstr(gcomp_last_error(), "call's count, dtype (") != NULL, "the message does not say count and dtype differ: %s",
+          gcomp_last_error());
     rc = gcomp_allreduce(c, x, y, 300, rank == 0 ? (gcomp_dtype)77 : GCOMP_F32, GCOMP_SUM, 1, NULL);
     CHECK(all_ranks(rc == GCOMP_ERR_INVALID_ARG), "bad dtype on rank 0 -> %s", gcomp_result_name(rc));
     rc = gcomp_allreduce(c, x, y, 300, GCOMP_F32, GCOMP_SUM, 1, NULL);
@@ -310,10 +316,13 @@ static void test_mismatch(void)
     cfg.codec = rank == 0 ? "fp16" : "bf16";
     rc = gcomp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &bad);
     CHECK(all_ranks(rc == GCOMP_ERR_MISMATCH && bad == NULL), "different codecs at creation -> %s", gcomp_result_name(rc));
+    CHECK(strstr(gcomp_last_error(), "different codecs") != NULL, "creation mismatch message: %s", gcomp_last_error());
     cfg.codec = rank == 0 ? "topk:ratio=7" : "topk"; /* invalid on one rank only: no hang */
     rc = gcomp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &bad);
     CHECK(all_ranks(rc != GCOMP_SUCCESS && bad == NULL), "invalid spec on rank 0 at creation -> %s", gcomp_result_name(rc));
     CHECK(rank != 0 || rc == GCOMP_ERR_INVALID_SPEC, "rank 0's own error is INVALID_SPEC, got %s", gcomp_result_name(rc));
+    CHECK(rank == 0 || strstr(gcomp_last_error(), "rank 0 failed to create"), "the others are not told rank 0 failed: %s",
+          gcomp_last_error());
     gcomp_comm_destroy(c);
 }
 
