@@ -112,6 +112,7 @@ static void usage(FILE *f, const char *prog)
         "\n"
         "Output:\n"
         "  --json                one JSON object per row, one per line, instead of the table\n"
+        "  --json-out FILE       also write those JSON lines to FILE (with the table or --json)\n"
         "  -h, --help            this text\n"
         "\n"
         "Columns:\n"
@@ -181,7 +182,7 @@ static int add_spec(struct config *cfg, const char *prog, const char *spec)
     return 0;
 }
 
-enum { OPT_EF = 256, OPT_DIST, OPT_JSON, OPT_CODEC, OPT_STAT, OPT_SCALE, OPT_DEVICE };
+enum { OPT_EF = 256, OPT_DIST, OPT_JSON, OPT_JSON_OUT, OPT_CODEC, OPT_STAT, OPT_SCALE, OPT_DEVICE };
 
 /* One option; returns 0, or the exit status (2) on a bad value. */
 static int parse_option(struct config *cfg, const char *prog, int c, const char *arg)
@@ -243,6 +244,9 @@ static int parse_option(struct config *cfg, const char *prog, int c, const char 
     case OPT_JSON:
         cfg->json = 1;
         return 0;
+    case OPT_JSON_OUT:
+        cfg->json_out = arg;
+        return 0;
     case OPT_CODEC:
         return add_spec(cfg, prog, arg);
     default:
@@ -284,7 +288,8 @@ static int parse_args(int argc, char **argv, struct config *cfg)
         {"ef", required_argument, 0, OPT_EF},     {"dist", required_argument, 0, OPT_DIST},
         {"stat", required_argument, 0, OPT_STAT}, {"scale", required_argument, 0, OPT_SCALE},
         {"codec", required_argument, 0, OPT_CODEC}, {"json", no_argument, 0, OPT_JSON},
-        {"device", required_argument, 0, OPT_DEVICE}, {"help", no_argument, 0, 'h'},
+        {"device", required_argument, 0, OPT_DEVICE}, {"json-out", required_argument, 0, OPT_JSON_OUT},
+        {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
     const char *prog = argv[0];
@@ -659,48 +664,49 @@ static void print_row_table(const struct config *cfg, const struct row *r)
            r->memcpy_gbps > 0 ? r->enc_gbps / r->memcpy_gbps : 0.0);
 }
 
-void json_string(const char *key, const char *s)
+void json_string(FILE *f, const char *key, const char *s)
 {
-    printf("\"%s\":\"", key);
+    fprintf(f, "\"%s\":\"", key);
     for (; *s; s++) {
         unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\') printf("\\%c", c);
-        else if (c < 0x20) printf("\\u%04x", c);
-        else putchar(c);
+        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
+        else if (c < 0x20) fprintf(f, "\\u%04x", c);
+        else fputc(c, f);
     }
-    putchar('"');
+    fputc('"', f);
 }
 
 /* JSON has no inf/nan: a non-finite value (a broken codec) is written as null. */
-void json_number(const char *key, double v)
+void json_number(FILE *f, const char *key, double v)
 {
-    if (isfinite(v)) printf(",\"%s\":%.6g", key, v);
-    else printf(",\"%s\":null", key);
+    if (isfinite(v)) fprintf(f, ",\"%s\":%.6g", key, v);
+    else fprintf(f, ",\"%s\":null", key);
 }
 
 /* Every row carries the machine and settings, so a line pasted alone still says where and
  * how it ran. */
-static void print_row_json(const struct config *cfg, const struct machine *m, const struct row *r)
+static void print_row_json(FILE *f, const struct config *cfg, const struct machine *m,
+                           const struct row *r)
 {
-    putchar('{');
-    json_string("spec", r->spec);
-    printf(",\"bytes\":%zu,\"wire_bytes\":%zu", r->bytes, r->wire_bytes);
-    json_number("cr", (double)r->bytes / (double)r->wire_bytes);
-    json_number("rel_err", r->rel_err);
-    json_number("enc_ms", r->enc_s * 1e3);
-    json_number("dec_ms", r->dec_s * 1e3);
-    json_number("enc_gbps", r->enc_gbps);
-    json_number("dec_gbps", r->dec_gbps);
-    json_number("memcpy_gbps", r->memcpy_gbps);
-    json_number("enc_vs_memcpy", r->memcpy_gbps > 0 ? r->enc_gbps / r->memcpy_gbps : 0.0);
-    printf(",\"ef\":%d,", cfg->ef);
-    json_string("dist", dist_name(cfg->dist));
-    printf(",\"scale\":%g,\"iters\":%d,\"warmup\":%d,", cfg->scale, cfg->iters, cfg->warmup);
-    json_string("stat", cfg->stat == STAT_BEST ? "best" : "median");
-    printf(",\"gcomp_version\":\"%d.%d.%d\",", GCOMP_VERSION_MAJOR, GCOMP_VERSION_MINOR,
+    fputc('{', f);
+    json_string(f, "spec", r->spec);
+    fprintf(f, ",\"bytes\":%zu,\"wire_bytes\":%zu", r->bytes, r->wire_bytes);
+    json_number(f, "cr", (double)r->bytes / (double)r->wire_bytes);
+    json_number(f, "rel_err", r->rel_err);
+    json_number(f, "enc_ms", r->enc_s * 1e3);
+    json_number(f, "dec_ms", r->dec_s * 1e3);
+    json_number(f, "enc_gbps", r->enc_gbps);
+    json_number(f, "dec_gbps", r->dec_gbps);
+    json_number(f, "memcpy_gbps", r->memcpy_gbps);
+    json_number(f, "enc_vs_memcpy", r->memcpy_gbps > 0 ? r->enc_gbps / r->memcpy_gbps : 0.0);
+    fprintf(f, ",\"ef\":%d,", cfg->ef);
+    json_string(f, "dist", dist_name(cfg->dist));
+    fprintf(f, ",\"scale\":%g,\"iters\":%d,\"warmup\":%d,", cfg->scale, cfg->iters, cfg->warmup);
+    json_string(f, "stat", cfg->stat == STAT_BEST ? "best" : "median");
+    fprintf(f, ",\"gcomp_version\":\"%d.%d.%d\",", GCOMP_VERSION_MAJOR, GCOMP_VERSION_MINOR,
            GCOMP_VERSION_PATCH);
-    json_string("cpu", m->cpu);
-    printf(",\"nproc\":%ld}\n", m->nproc);
+    json_string(f, "cpu", m->cpu);
+    fprintf(f, ",\"nproc\":%ld}\n", m->nproc);
 }
 
 /* Big tensors take seconds per row; say what is running, on a terminal only. */
@@ -720,7 +726,7 @@ void progress_done(size_t bytes)
 /* ---------------------------------------------------------------------------------------- */
 
 static int run_all(const struct config *cfg, struct buffers *buf, const struct machine *m,
-                   const char *prog)
+                   FILE *json_out, const char *prog)
 {
     if (!cfg->json) print_header(cfg, m);
     for (size_t i = 0; i < cfg->nspecs; i++) {
@@ -734,9 +740,11 @@ static int run_all(const struct config *cfg, struct buffers *buf, const struct m
                         gcomp_last_error());
                 return 1;
             }
-            if (cfg->json) print_row_json(cfg, m, &row);
+            if (cfg->json) print_row_json(stdout, cfg, m, &row);
             else print_row_table(cfg, &row);
+            if (json_out) print_row_json(json_out, cfg, m, &row);
             fflush(stdout);
+            if (json_out) fflush(json_out);
             if (bytes > cfg->max_bytes / cfg->factor) break; /* next step would overflow */
         }
     }
@@ -756,21 +764,32 @@ int main(int argc, char **argv)
 
     struct machine m;
     describe_machine(&m);
+    FILE *json_out = NULL;
+    if (cfg.json_out && !(json_out = fopen(cfg.json_out, "w"))) {
+        fprintf(stderr, "%s: --json-out %s: %s\n", argv[0], cfg.json_out, strerror(errno));
+        return 2;
+    }
 #ifdef GCOMP_BENCH_CUDA
-    if (cfg.device == DEVICE_CUDA) return codec_perf_cuda(&cfg, &m, payload_cap, argv[0]);
+    if (cfg.device == DEVICE_CUDA) {
+        rc = codec_perf_cuda(&cfg, &m, payload_cap, json_out, argv[0]);
+        if (json_out && fclose(json_out) != 0) rc = 1;
+        return rc;
+    }
 #endif
 
     struct buffers buf = {0};
     if (alloc_buffers(&buf, cfg.max_bytes, payload_cap)) {
         fprintf(stderr, "%s: out of memory for %zu-byte buffers\n", argv[0], cfg.max_bytes);
         free_buffers(&buf);
+        if (json_out) fclose(json_out);
         return 1;
     }
     progress("generating", dist_name(cfg.dist), cfg.max_bytes);
     fill_data(buf.grad, cfg.max_bytes / sizeof(float), cfg.dist, cfg.scale);
     progress_done(cfg.max_bytes);
 
-    rc = run_all(&cfg, &buf, &m, argv[0]);
+    rc = run_all(&cfg, &buf, &m, json_out, argv[0]);
     free_buffers(&buf);
+    if (json_out && fclose(json_out) != 0) rc = 1;
     return rc;
 }

@@ -7,6 +7,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "gcomp.h"
 
@@ -31,6 +32,7 @@ struct config {
     enum stat stat;
     enum device device;
     double scale;
+    const char *json_out; /* --json-out FILE: the JSON lines also go there */
 };
 
 struct machine {
@@ -55,14 +57,14 @@ gcomp_codec *make_codec(const char *spec, int ef);
 const char *dist_name(enum dist d);
 void fmt_size(size_t bytes, char *out, size_t n);
 int spec_width(const struct config *cfg);
-void json_string(const char *key, const char *s);
-void json_number(const char *key, double v);
+void json_string(FILE *f, const char *key, const char *s);
+void json_number(FILE *f, const char *key, double v);
 void progress(const char *what, const char *spec, size_t bytes);
 void progress_done(size_t bytes);
 
 /* The --device cuda run: every spec and size on device buffers. payload_cap fits every spec's
  * payload at the largest size. Returns the exit status (0 ok, 1 a failure). */
 int codec_perf_cuda(const struct config *cfg, const struct machine *m, size_t payload_cap,
-                    const char *prog);
+                    FILE *json_out, const char *prog);
 
 #endif /* GCOMP_BENCH_CODEC_PERF_H */

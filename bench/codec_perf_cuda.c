@@ -400,59 +400,63 @@ static void print_row_table(const struct config *cfg, const struct drow *r)
 
 /* The settings and the machine, after a row's own keys: a line pasted alone says where and
  * how it ran. */
-static void print_json_context(const struct config *cfg, const struct machine *m,
+static void print_json_context(FILE *f, const struct config *cfg, const struct machine *m,
                                const struct gpu *d)
 {
-    printf(",\"ef\":%d,", cfg->ef);
-    json_string("dist", dist_name(cfg->dist));
-    printf(",\"scale\":%g,\"iters\":%d,\"warmup\":%d,", cfg->scale, cfg->iters, cfg->warmup);
-    json_string("stat", cfg->stat == STAT_BEST ? "best" : "median");
-    printf(",\"gcomp_version\":\"%d.%d.%d\",", GCOMP_VERSION_MAJOR, GCOMP_VERSION_MINOR,
+    fprintf(f, ",\"ef\":%d,", cfg->ef);
+    json_string(f, "dist", dist_name(cfg->dist));
+    fprintf(f, ",\"scale\":%g,\"iters\":%d,\"warmup\":%d,", cfg->scale, cfg->iters, cfg->warmup);
+    json_string(f, "stat", cfg->stat == STAT_BEST ? "best" : "median");
+    fprintf(f, ",\"gcomp_version\":\"%d.%d.%d\",", GCOMP_VERSION_MAJOR, GCOMP_VERSION_MINOR,
            GCOMP_VERSION_PATCH);
-    json_string("device", d->name);
-    printf(",\"sm\":%d%d,\"cuda_runtime\":%d,\"cuda_driver\":%d,", d->cc_major, d->cc_minor,
+    json_string(f, "device", d->name);
+    fprintf(f, ",\"sm\":%d%d,\"cuda_runtime\":%d,\"cuda_driver\":%d,", d->cc_major, d->cc_minor,
            d->runtime, d->driver);
-    json_string("cpu", m->cpu);
-    printf("}\n");
+    json_string(f, "cpu", m->cpu);
+    fprintf(f, "}\n");
 }
 
-static void print_row_json(const struct config *cfg, const struct machine *m,
+static void print_row_json(FILE *f, const struct config *cfg, const struct machine *m,
                            const struct gpu *d, const struct drow *r)
 {
-    putchar('{');
-    json_string("spec", r->spec);
-    printf(",\"bytes\":%zu,\"wire_bytes\":%zu", r->bytes, r->wire_bytes);
-    json_number("cr", (double)r->bytes / (double)r->wire_bytes);
-    json_number("rel_err", r->rel_err);
-    json_number("enc_ms", r->enc_s * 1e3);
-    json_number("dec_ms", r->dec_s * 1e3);
-    json_number("copy_ms", r->copy_s * 1e3);
-    json_number("enc_GBps", r->enc_gbps);
-    json_number("dec_GBps", r->dec_gbps);
-    json_number("copy_GBps", r->copy_gbps);
-    json_number("enc_ratio", ratio(r->enc_gbps, r->copy_gbps));
-    json_number("dec_ratio", ratio(r->dec_gbps, r->copy_gbps));
-    printf(",\"nonfinite\":%zu,\"check\":\"identical\"", r->nonfinite);
-    print_json_context(cfg, m, d);
+    fputc('{', f);
+    json_string(f, "spec", r->spec);
+    fprintf(f, ",\"bytes\":%zu,\"wire_bytes\":%zu", r->bytes, r->wire_bytes);
+    json_number(f, "cr", (double)r->bytes / (double)r->wire_bytes);
+    json_number(f, "rel_err", r->rel_err);
+    json_number(f, "enc_ms", r->enc_s * 1e3);
+    json_number(f, "dec_ms", r->dec_s * 1e3);
+    json_number(f, "copy_ms", r->copy_s * 1e3);
+    json_number(f, "enc_GBps", r->enc_gbps);
+    json_number(f, "dec_GBps", r->dec_gbps);
+    json_number(f, "copy_GBps", r->copy_gbps);
+    json_number(f, "enc_ratio", ratio(r->enc_gbps, r->copy_gbps));
+    json_number(f, "dec_ratio", ratio(r->dec_gbps, r->copy_gbps));
+    fprintf(f, ",\"nonfinite\":%zu,\"check\":\"identical\"", r->nonfinite);
+    print_json_context(f, cfg, m, d);
 }
 
 /* A spec that was not timed: a comment line in the table, an object with the reason in JSON
  * (so a JSON file records that the spec failed or was skipped). */
-static void print_untimed(const struct config *cfg, const struct machine *m,
-                          const struct gpu *d, const char *spec, const char *what,
-                          const char *msg)
+static void print_untimed_json(FILE *f, const struct config *cfg, const struct machine *m,
+                               const struct gpu *d, const char *spec, const char *what,
+                               const char *msg)
 {
-    if (!cfg->json) {
-        printf("# %s: %s: %s\n", spec, what, msg);
-        return;
-    }
-    putchar('{');
-    json_string("spec", spec);
-    putchar(',');
-    json_string("check", what);
-    putchar(',');
-    json_string("detail", msg);
-    print_json_context(cfg, m, d);
+    fputc('{', f);
+    json_string(f, "spec", spec);
+    fputc(',', f);
+    json_string(f, "check", what);
+    fputc(',', f);
+    json_string(f, "detail", msg);
+    print_json_context(f, cfg, m, d);
+}
+
+static void print_untimed(const struct config *cfg, const struct machine *m, const struct gpu *d,
+                          FILE *json_out, const char *spec, const char *what, const char *msg)
+{
+    if (cfg->json) print_untimed_json(stdout, cfg, m, d, spec, what, msg);
+    else printf("# %s: %s: %s\n", spec, what, msg);
+    if (json_out) print_untimed_json(json_out, cfg, m, d, spec, what, msg);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -534,7 +538,7 @@ static int alloc_dbuffers(struct dbuffers *b, const struct config *cfg, size_t p
 
 /* Check, then every size of one spec. Returns 0, or 1 when the spec failed. */
 static int run_spec(const struct config *cfg, struct dbuffers *b, struct gpu *d,
-                    const struct machine *m, const char *spec, const char *prog)
+                    const struct machine *m, FILE *json_out, const char *spec, const char *prog)
 {
     char msg[512];
     progress("checking", spec, cfg->min_bytes);
@@ -542,13 +546,13 @@ static int run_spec(const struct config *cfg, struct dbuffers *b, struct gpu *d,
     progress_done(cfg->min_bytes);
     if (verdict == CHECK_UNSUPPORTED) {
         fprintf(stderr, "%s: %s: skipped, not supported on device buffers: %s\n", prog, spec, msg);
-        print_untimed(cfg, m, d, spec, "skipped: unsupported on device buffers", msg);
+        print_untimed(cfg, m, d, json_out, spec, "skipped: unsupported on device buffers", msg);
         return 0;
     }
     if (verdict != CHECK_OK) {
         fprintf(stderr, "%s: %s: NOT TIMED: the device result differs from the CPU reference "
                         "at %zu bytes: %s\n", prog, spec, cfg->min_bytes, msg);
-        print_untimed(cfg, m, d, spec, "failed: differs from the CPU reference", msg);
+        print_untimed(cfg, m, d, json_out, spec, "failed: differs from the CPU reference", msg);
         return 1;
     }
     for (size_t bytes = cfg->min_bytes; bytes <= cfg->max_bytes; bytes *= cfg->factor) {
@@ -559,22 +563,24 @@ static int run_spec(const struct config *cfg, struct dbuffers *b, struct gpu *d,
         if (rc) {
             const char *why = rc > 0 ? gcomp_last_error() : "a CUDA call failed (see stderr)";
             fprintf(stderr, "%s: %s at %zu bytes: %s\n", prog, spec, bytes, why);
-            print_untimed(cfg, m, d, spec, "failed: a call failed", why);
+            print_untimed(cfg, m, d, json_out, spec, "failed: a call failed", why);
             return 1;
         }
         if (row.nonfinite)
             fprintf(stderr, "%s: %s at %zu bytes: %zu non-finite values decoded from a finite "
                             "tensor\n", prog, spec, bytes, row.nonfinite);
-        if (cfg->json) print_row_json(cfg, m, d, &row);
+        if (cfg->json) print_row_json(stdout, cfg, m, d, &row);
         else print_row_table(cfg, &row);
+        if (json_out) print_row_json(json_out, cfg, m, d, &row);
         fflush(stdout);
+        if (json_out) fflush(json_out);
         if (bytes > cfg->max_bytes / cfg->factor) break; /* next step would overflow */
     }
     return 0;
 }
 
 int codec_perf_cuda(const struct config *cfg, const struct machine *m, size_t payload_cap,
-                    const char *prog)
+                    FILE *json_out, const char *prog)
 {
     struct gpu d;
     struct dbuffers b = {0};
@@ -583,7 +589,7 @@ int codec_perf_cuda(const struct config *cfg, const struct machine *m, size_t pa
     if (!cfg->json) print_header(cfg, m, &d);
     failed = 0;
     for (size_t i = 0; i < cfg->nspecs; i++)
-        failed |= run_spec(cfg, &b, &d, m, cfg->specs[i], prog);
+        failed |= run_spec(cfg, &b, &d, m, json_out, cfg->specs[i], prog);
 out:
     free_dbuffers(&b);
     close_device(&d);

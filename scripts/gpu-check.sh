@@ -11,13 +11,21 @@
 #   STEP: env deps build test sanitize perf torch cpu (default: all but cpu, in that order;
 #   build is incremental, so `scripts/gpu-check.sh perf torch` re-runs the benches only).
 # Environment:
-#   OUT=DIR                 each step's log DIR/NN-step.log, codec_perf_cuda.json,
-#                           torch_peers.json and summary.txt go there (else build-gpu/logs)
+#   OUT=DIR                 the whole output (gpu-check.log), codec_perf_cuda.json,
+#                           torch_peers.json and summary.txt go there: four files. Each
+#                           step's own log is BUILD/logs/NN-step.log in any case.
 #   GPU_CHECK_BUILD=DIR     build directory (default build-gpu)
 #   GPU_CHECK_ALL_ARCHS=1   build for sm_80 as well as sm_90 (default: sm_90 only, faster)
 #   GPU_CHECK_PERF_ARGS=..  extra codec_perf arguments (e.g. "-s 256M" for one size)
 #   GPU_CHECK_PYTHON=PATH   the python with torch (default: the first of python3,
 #                           /usr/bin/python3 that imports torch with CUDA)
+#   GPU_CHECK_JOBS=N        cuda tests run N at a time, in both test steps (default 4: their
+#                           CPU references dominate and the GPU has room for several)
+#   GPU_CHECK_TIMEOUT_{TEST,SANITIZE,PERF,TORCH}=S  limits in seconds (300 300 180 120): a step
+#                           that runs past its limit fails (status 124) and the next one runs,
+#                           so the summary comes within the ~10 minutes one command may take
+#                           there. Split the run if needed: "env deps build test", then
+#                           "sanitize perf torch" (the build directory must survive between).
 # The tests read GCOMP_TEST_QUICK=1 (set here for the sanitizer run only): they then skip their
 # largest (64 Mi element) cases, which memcheck would make slow.
 #
@@ -29,10 +37,19 @@ cd "$(dirname "$0")/.." || exit 1
 ROOT=$(pwd)
 BUILD=${GPU_CHECK_BUILD:-build-gpu}
 case $BUILD in /*) ;; *) BUILD=$ROOT/$BUILD ;; esac
-LOGS=${OUT:-$BUILD/logs}
-mkdir -p "$LOGS" || { echo "gpu-check: cannot create $LOGS" >&2; exit 1; }
+LOGS=$BUILD/logs      # one log per step
+RESULTS=${OUT:-$LOGS} # the JSON files and the summary
+mkdir -p "$LOGS" "$RESULTS" || { echo "gpu-check: cannot create $LOGS or $RESULTS" >&2; exit 1; }
+# everything printed from here on also goes to OUT/gpu-check.log, as it is printed
+TEE_PID=
+if [ -n "${OUT:-}" ]; then exec > >(tee "$OUT/gpu-check.log") 2>&1; TEE_PID=$!; fi
 ARCHS=90
 [ "${GPU_CHECK_ALL_ARCHS:-0}" = 1 ] && ARCHS="90;80"
+JOBS=${GPU_CHECK_JOBS:-4}
+T_TEST=${GPU_CHECK_TIMEOUT_TEST:-300}
+T_SANITIZE=${GPU_CHECK_TIMEOUT_SANITIZE:-300}
+T_PERF=${GPU_CHECK_TIMEOUT_PERF:-180}
+T_TORCH=${GPU_CHECK_TIMEOUT_TORCH:-120}
 ALL_STEPS=(env deps build test sanitize perf torch)
 STEPS=("$@")
 [ ${#STEPS[@]} -eq 0 ] && STEPS=("${ALL_STEPS[@]}")
@@ -40,7 +57,6 @@ T_START=$SECONDS
 
 declare -a SUMMARY=()
 STEP_NO=0
-BUILD_OK=1
 
 # step NAME CMD...: runs CMD with its output on the terminal and in the step's log; records
 # PASS/FAIL (CMD's status) or SKIP (status 77) and the seconds it took.
@@ -139,12 +155,15 @@ do_build() {
   cmake -S "$ROOT" -B "$BUILD" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DGCOMP_WITH_MPI=OFF \
     -DGCOMP_WITH_CUDA=ON "-DGCOMP_CUDA_ARCHS=$ARCHS" "-DCMAKE_CUDA_ARCHITECTURES=$ARCHS" \
     -DBUILD_TESTING=ON || return 1
-  cmake --build "$BUILD" -j"$(nproc)"
+  # keep going past a failing target: the steps after this one use whatever did build (each
+  # checks for its own binaries), so one broken test does not hide the benches
+  local keep=(-k); [ ${#gen[@]} -gt 0 ] && keep=(-k 0)
+  cmake --build "$BUILD" -j"$(nproc)" -- "${keep[@]}"
 }
 
 do_test() {
   local out=$BUILD/ctest-cuda.out rc
-  (cd "$BUILD" && ctest -L cuda --output-on-failure --timeout 900) 2>&1 | tee "$out"
+  (cd "$BUILD" && timeout "$T_TEST" ctest -L cuda -j "$JOBS" --output-on-failure --timeout "$T_TEST") 2>&1 | tee "$out"
   rc=${PIPESTATUS[0]}
   # On a GPU machine a skipped cuda test means the test did not find the device: a failure.
   if grep -q -e '\*\*\*Skipped' -e 'Not Run' "$out"; then
@@ -156,35 +175,44 @@ do_test() {
 
 do_sanitize() {
   command -v compute-sanitizer >/dev/null || { echo "compute-sanitizer not found"; return 1; }
-  local t rc=0 n=0 r
-  for t in "$BUILD"/tests/test_cuda_*; do
-    [ -x "$t" ] && [ -f "$t" ] || continue
-    n=$((n + 1))
+  local t name rc=0 r running=0
+  local tests=()
+  for t in "$BUILD"/tests/test_cuda_*; do [ -x "$t" ] && [ -f "$t" ] && tests+=("$t"); done
+  [ ${#tests[@]} -gt 0 ] || { echo "no test_cuda_* executables in $BUILD/tests"; return 1; }
+  mkdir -p "$BUILD/sanitize"
+  # JOBS at a time, each to its own log; the logs are printed whole, in order, afterwards
+  for t in "${tests[@]}"; do
+    name=$(basename "$t")
     echo "+ GCOMP_TEST_QUICK=1 compute-sanitizer --tool memcheck --error-exitcode=1 ${t#"$ROOT"/}"
-    GCOMP_TEST_QUICK=1 timeout 400 compute-sanitizer --tool memcheck --error-exitcode=1 \
-      --leak-check no "$t"
-    r=$?
+    ( GCOMP_TEST_QUICK=1 timeout "$T_SANITIZE" compute-sanitizer --tool memcheck \
+        --error-exitcode=1 --leak-check no "$t" >"$BUILD/sanitize/$name.log" 2>&1
+      echo $? >"$BUILD/sanitize/$name.rc" ) &
+    running=$((running + 1))
+    if [ "$running" -ge "$JOBS" ]; then wait -n; running=$((running - 1)); fi
+  done
+  wait
+  for t in "${tests[@]}"; do
+    name=$(basename "$t")
+    echo; echo "---- $name under compute-sanitizer ----"
+    cat "$BUILD/sanitize/$name.log"
+    r=$(cat "$BUILD/sanitize/$name.rc" 2>/dev/null || echo 1)
     case $r in
-      0) echo "-- $(basename "$t"): clean" ;;
-      77) echo "-- $(basename "$t"): SKIPPED (no device seen under the sanitizer)"; rc=1 ;;
-      124) echo "-- $(basename "$t"): TIMED OUT after 400 s"; rc=1 ;;
-      *) echo "-- $(basename "$t"): FAILED (status $r)"; rc=1 ;;
+      0) echo "-- $name: clean" ;;
+      77) echo "-- $name: SKIPPED (no device seen under the sanitizer)"; rc=1 ;;
+      124) echo "-- $name: TIMED OUT after $T_SANITIZE s"; rc=1 ;;
+      *) echo "-- $name: FAILED (status $r)"; rc=1 ;;
     esac
   done
-  [ $n -gt 0 ] || { echo "no test_cuda_* executables in $BUILD/tests"; return 1; }
-  return $rc
+  return "$rc"
 }
 
 do_perf() {
   local bin=$BUILD/bench/codec_perf rc=0
   [ -x "$bin" ] || { echo "$bin not built"; return 1; }
   # shellcheck disable=SC2086 # GPU_CHECK_PERF_ARGS is a list of words
-  echo "+ codec_perf --device cuda ${GPU_CHECK_PERF_ARGS:-}"
-  "$bin" --device cuda ${GPU_CHECK_PERF_ARGS:-} || rc=1
-  echo "+ codec_perf --device cuda --json ${GPU_CHECK_PERF_ARGS:-} > ${LOGS#"$ROOT"/}/codec_perf_cuda.json"
-  # shellcheck disable=SC2086
-  "$bin" --device cuda --json ${GPU_CHECK_PERF_ARGS:-} >"$LOGS/codec_perf_cuda.json" || rc=1
-  return $rc
+  echo "+ build-gpu/bench/codec_perf --device cuda --json-out ${RESULTS#"$ROOT"/}/codec_perf_cuda.json ${GPU_CHECK_PERF_ARGS:-}"
+  timeout "$T_PERF" "$bin" --device cuda --json-out "$RESULTS/codec_perf_cuda.json" ${GPU_CHECK_PERF_ARGS:-} || rc=$?
+  return "$rc"
 }
 
 find_torch_python() {
@@ -202,8 +230,8 @@ do_torch() {
   py=$(find_torch_python) || { echo "no python with torch and CUDA found"; return 77; }
   lib=$BUILD/libgcomp.so
   [ -e "$lib" ] || { echo "$lib not built"; return 1; }
-  echo "+ $py bench/torch_peers.py --lib ${lib#"$ROOT"/} --json ${LOGS#"$ROOT"/}/torch_peers.json"
-  "$py" "$ROOT/bench/torch_peers.py" --lib "$lib" --json "$LOGS/torch_peers.json"
+  echo "+ $py bench/torch_peers.py --lib ${lib#"$ROOT"/} --json ${RESULTS#"$ROOT"/}/torch_peers.json"
+  PYTHONUNBUFFERED=1 timeout "$T_TORCH" "$py" "$ROOT/bench/torch_peers.py" --lib "$lib" --json "$RESULTS/torch_peers.json"
 }
 
 do_cpu() {
@@ -233,15 +261,15 @@ if want deps || want build || want test || want sanitize || want cpu; then
   v=PASS; [ $rc -ne 0 ] && v="FAIL (status $rc)"
   SUMMARY+=("$(printf '%-9s %-22s %4ds  %s' deps "$v" $((SECONDS - t0)) "${deps_log#"$ROOT"/}")")
 fi
-if want build; then step build do_build || BUILD_OK=0; fi
-if [ $BUILD_OK = 1 ]; then
+want build && step build do_build
+if [ -f "$BUILD/CTestTestfile.cmake" ]; then
   want test && step test do_test
   want sanitize && step sanitize do_sanitize
   want perf && step perf do_perf
   want torch && step torch do_torch
   want cpu && step cpu do_cpu
 else
-  for s in test sanitize perf torch cpu; do want $s && skip_step $s "the build failed"; done
+  for s in test sanitize perf torch cpu; do want $s && skip_step $s "$BUILD is not configured"; done
 fi
 
 echo
@@ -251,6 +279,8 @@ for line in "${SUMMARY[@]}"; do
   echo "$line"
   case $line in *FAIL*) status=1 ;; esac
 done
-printf '%s\n' "${SUMMARY[@]}" >"$LOGS/summary.txt"
-[ $status = 0 ] && echo "gpu-check: all steps passed" || echo "gpu-check: SOME STEPS FAILED"
+printf '%s\n' "${SUMMARY[@]}" >"$RESULTS/summary.txt"
+if [ $status = 0 ]; then echo "gpu-check: all steps passed"; else echo "gpu-check: SOME STEPS FAILED"; fi
+# let tee write the last lines to OUT/gpu-check.log before the caller collects it
+if [ -n "$TEE_PID" ]; then exec >&- 2>&-; wait "$TEE_PID" 2>/dev/null; fi
 exit $status
