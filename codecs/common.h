@@ -41,6 +41,21 @@ static inline GCOMP_HD float gcomp_bits_f32(uint32_t u)
     return f;
 }
 
+/* The bits an x86 CPU (SSE/AVX, what the CPU reference runs on) gives for a NaN result of
+ * s = a op b: a's NaN quieted, else b's, else the default NaN 0xffc00000 (inf - inf, 0 * inf).
+ * CUDA's float arithmetic returns 0x7fffffff for every NaN, so kernels pass a sum or quotient
+ * that may meet a NaN input through this; finite and infinite s come back unchanged. With two
+ * NaN operands the CPU's choice depends on the compiler's operand order: only then may the
+ * bits differ. */
+static inline GCOMP_HD float gcomp_x86_nan_f32(float s, float a, float b)
+{
+    uint32_t ua = gcomp_f32_bits(a), ub = gcomp_f32_bits(b);
+    if (s == s) return s;
+    if ((ua & 0x7fffffffu) > 0x7f800000u) return gcomp_bits_f32(ua | 0x00400000u);
+    if ((ub & 0x7fffffffu) > 0x7f800000u) return gcomp_bits_f32(ub | 0x00400000u);
+    return gcomp_bits_f32(0xffc00000u);
+}
+
 /* Little-endian loads and stores at any alignment (bodies are byte streams). */
 static inline GCOMP_HD void gcomp_le_store_u32(uint8_t *p, uint32_t v)
 {

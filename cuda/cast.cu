@@ -3,7 +3,9 @@
  * in codecs/cast.h, CPU reference in codecs/cast.c. Every element goes through the same
  * GCOMP_HD helpers as the CPU (gcomp_f16_from_bits, ...), and the only float operations are
  * one add (g + r), one subtract (x - y) and, on decode, one add into acc: with --fmad=false
- * nothing can be contracted, so payloads and residuals equal the CPU's bit for bit.
+ * nothing can be contracted, so payloads and residuals equal the CPU's bit for bit. The adds
+ * go through gcomp_x86_nan_f32 so that a NaN input leaves the CPU's NaN bits in the payload
+ * (the GPU's own add would write 0x7fffffff).
  *
  * Encode is one pass with the residual fused: read g and r, write the body and the new
  * residual. Memory-bound, so each thread moves 4 elements with 16-byte loads and stores (8
@@ -72,7 +74,7 @@ template <int KIND> static __device__ __forceinline__ float cast_value(uint32_t 
 template <int KIND, bool HAS_R> struct elem {
     static __device__ __forceinline__ uint32_t run(float g, float r, float *r_new, uint32_t *bad, uint32_t *over)
     {
-        float x = HAS_R ? g + r : g;
+        float x = HAS_R ? gcomp_x86_nan_f32(g + r, g, r) : g; /* a NaN g keeps its bits, as on the CPU */
         float y;
         uint32_t code = cast_code<KIND>(x, &y);
         uint32_t xfin = !nonfinite_f32(x);
@@ -201,6 +203,9 @@ static __global__ void check_kernel(const uint8_t *payload, size_t cap, size_t n
         st->error = GCOMP_ERR_CORRUPT;
 }
 
+/* acc += v with the CPU's NaN bits (a NaN payload value, or a NaN already in acc) */
+static __device__ __forceinline__ float add_acc(float acc, float v) { return gcomp_x86_nan_f32(acc + v, acc, v); }
+
 template <int KIND, bool VEC>
 static __global__ void add_kernel(const uint8_t *__restrict__ body, float *__restrict__ acc, size_t n,
                                   const gcomp_cuda_status *st)
@@ -220,15 +225,15 @@ static __global__ void add_kernel(const uint8_t *__restrict__ body, float *__res
                 uint2 v = reinterpret_cast<const uint2 *>(body)[j];
                 c0 = v.x & 0xffffu, c1 = v.x >> 16, c2 = v.y & 0xffffu, c3 = v.y >> 16;
             }
-            a.x += cast_value<KIND>(c0);
-            a.y += cast_value<KIND>(c1);
-            a.z += cast_value<KIND>(c2);
-            a.w += cast_value<KIND>(c3);
+            a.x = add_acc(a.x, cast_value<KIND>(c0));
+            a.y = add_acc(a.y, cast_value<KIND>(c1));
+            a.z = add_acc(a.z, cast_value<KIND>(c2));
+            a.w = add_acc(a.w, cast_value<KIND>(c3));
             reinterpret_cast<float4 *>(acc)[j] = a;
         }
         done = groups * 4;
     }
-    for (size_t i = done + tid; i < n; i += stride) acc[i] += cast_value<KIND>(load_code<KIND>(body, i));
+    for (size_t i = done + tid; i < n; i += stride) acc[i] = add_acc(acc[i], cast_value<KIND>(load_code<KIND>(body, i)));
 }
 
 template <int KIND>

@@ -177,7 +177,7 @@ static __global__ void narrow_kernel(const float *src, int bf16, size_t n, uint1
 static __global__ void divide_kernel(float *x, size_t n, float d, float inv, int pow2)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        x[i] = pow2 ? x[i] * inv : x[i] / d;
+        x[i] = gcomp_x86_nan_f32(pow2 ? x[i] * inv : x[i] / d, x[i], d); /* the CPU's NaN bits */
 }
 
 static gcomp_result cu_widen(const void *src, gcomp_dtype dtype, size_t count, float *dst, struct CUstream_st *stream)
