@@ -122,6 +122,13 @@ void gcomp_codec_destroy(gcomp_codec *codec);
  * "topk:ratio=0.01,k=0,values=fp32". Owned by the codec object. */
 const char *gcomp_codec_spec(const gcomp_codec *codec);
 
+/* Elements whose values an encode of count elements carries: top-k's k (see
+ * gcomp_codec_create; e.g. 10 for "topk:ratio=0.01" and count 1000), count for none, fp16,
+ * bf16 and terngrad (every element), and for user codecs that are not GCOMP_CAP_SPARSE.
+ * 0 for count 0, and 0 with gcomp_last_error() set for a NULL codec or a user sparse codec
+ * (whose k the library cannot know). */
+size_t gcomp_codec_kept(const gcomp_codec *codec, size_t count);
+
 /* Largest count the codec API accepts (encode refuses more with GCOMP_ERR_INVALID_ARG):
  * no buffer of this many elements fits in memory anyway, and below it no codec's bound
  * arithmetic can wrap. */

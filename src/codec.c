@@ -10,6 +10,7 @@
 
 #include "codec_device.h"
 #include "internal.h"
+#include "codecs/topk.h"
 
 struct gcomp_codec {
     gcomp__chain chain;
@@ -69,6 +70,22 @@ void gcomp_codec_destroy(gcomp_codec *c)
 }
 
 const char *gcomp_codec_spec(const gcomp_codec *c) { return c ? c->chain.canonical : ""; }
+
+size_t gcomp_codec_kept(const gcomp_codec *c, size_t count)
+{
+    const gcomp__stage *el;
+    if (!c) {
+        gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_codec_kept: codec is NULL");
+        return 0;
+    }
+    el = &c->chain.stages[0];
+    if (el->vt == &gcomp__codec_topk) return (size_t)gcomp_topk_k(el->params, count);
+    if (el->vt->caps & GCOMP_CAP_SPARSE) { /* a user codec: its k is its own business */
+        gcomp__fail(GCOMP_ERR_UNSUPPORTED, "gcomp_codec_kept: '%s' is a user sparse codec", el->vt->name);
+        return 0;
+    }
+    return count;
+}
 
 /* Largest payload the first `stages` stages of the chain can produce for count elements,
  * or 0 when it would not fit in a size_t. Codecs see only counts up to GCOMP_MAX_COUNT, for

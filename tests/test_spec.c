@@ -142,6 +142,34 @@ static void test_messages(void **state)
     gcomp_codec_destroy(c);
 }
 
+/* Issue 13 item 13: what the canonical spec's k=0 means, readable without the codec's source. */
+static void test_kept(void **state)
+{
+    static const struct {
+        const char *spec;
+        size_t count, kept;
+    } cases[] = {
+        {"topk", 1000, 10},             /* k=0: ceil(0.01 * 1000) */
+        {"topk", 1001, 11},             /* ceil(10.01) */
+        {"topk", 1, 1},                 /* at least one */
+        {"topk", 0, 0},
+        {"topk:ratio=0.3", 7, 3},       /* ceil(2.1) */
+        {"topk:k=5", 100, 5},           /* k > 0 overrides ratio */
+        {"topk:k=5,ratio=0.5", 3, 3},   /* at most count */
+        {"topk:ratio=1,values=fp16+zstd", 123, 123},
+        {"none", 77, 77}, {"fp16+zstd", 77, 77}, {"bf16", 5, 5}, {"terngrad:bucket=8", 9, 9},
+    };
+    (void)state;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        gcomp_codec *c = tu_codec(cases[i].spec);
+        if (gcomp_codec_kept(c, cases[i].count) != cases[i].kept)
+            fail_msg("%s, %zu elements: kept %zu, want %zu", cases[i].spec, cases[i].count,
+                     gcomp_codec_kept(c, cases[i].count), cases[i].kept);
+        gcomp_codec_destroy(c);
+    }
+    assert_int_equal(gcomp_codec_kept(NULL, 10), 0);
+}
+
 static void test_long_spec(void **state)
 {
     char spec[1024];
@@ -160,6 +188,7 @@ int main(void)
         cmocka_unit_test(test_long_spec),
         cmocka_unit_test(test_numbers),
         cmocka_unit_test(test_messages),
+        cmocka_unit_test(test_kept),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -568,6 +568,12 @@ static void test_register_valid_table(void **state)
     assert_int_equal(gcomp_codec_register(&v), GCOMP_SUCCESS);
     c = codec_with("none+ptab_ok", 0, 0);
     assert_string_equal(gcomp_codec_spec(c), "none+ptab_ok:i=-5,d=0.25,e=hi");
+    assert_int_equal(gcomp_codec_kept(c, 9), 9);
+    gcomp_codec_destroy(c);
+    /* a user sparse codec's k is its own: gcomp_codec_kept says it cannot know */
+    c = codec_with("randk:ratio=0.5", 0, 0);
+    assert_int_equal(gcomp_codec_kept(c, 100), 0);
+    assert_non_null(strstr(gcomp_last_error(), "user sparse codec"));
     gcomp_codec_destroy(c);
     /* the whole int64 range, exactly; subnormals are numbers */
     c = codec_with("none+ptab_ok:i=-9223372036854775808,d=4.9e-324,e=lo", 0, 0);
