@@ -8,9 +8,10 @@ gcomp's hook (TernGrad, top-k, fp16), one after the other in one invocation.
 
 Launched by mpirun: torch.distributed (gloo) takes its rank and size from Open MPI's
 environment, and gcomp's hook moves host tensors over MPI (mpi4py initialises MPI with
-MPI_THREAD_MULTIPLE). Every setting trains the same MLP (784-256-128-10, as bench/train's
---model mlp) from the same initial weights on the same batches: global batch 128 split over
-the ranks, SGD with momentum 0.9, learning rate 0.05 with a cosine decay.
+MPI_THREAD_MULTIPLE). Every setting trains the same MLP (784-256-128-10 by default, as
+bench/train's --model mlp; --hidden sets the widths) from the same initial weights on the
+same batches: global batch 128 split over the ranks, SGD with momentum 0.9, learning rate
+0.05 with a cosine decay.
 
 Printed per setting (rank 0): test accuracy on the 10,000 test images, wall time of the
 training loop (evaluation excluded), milliseconds per step, and the bytes one rank sends per
@@ -65,6 +66,9 @@ def parse():
     p.add_argument("--powersgd-rank", type=int, default=4, help="PowerSGD matrix rank [4]")
     p.add_argument("--batch", type=int, default=128, help="global batch [128]")
     p.add_argument("--lr", type=float, default=0.05, help="peak learning rate [0.05]")
+    p.add_argument("--hidden", default="256,128",
+                   help="hidden layer widths of the MLP [256,128]: wider layers mean more "
+                        "gradient bytes per step for the same data")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
     p.add_argument("--master-addr", default="127.0.0.1",
@@ -72,6 +76,11 @@ def parse():
                         "examples/netem_ddp.sh passes rank 0's emulated host")
     a = p.parse_args()
     a.settings = [s for s in a.settings.split(",") if s]
+    try:
+        a.hidden = [int(w) for w in a.hidden.split(",")]
+        assert a.hidden and min(a.hidden) > 0
+    except (ValueError, AssertionError):
+        p.error("--hidden must be positive integers separated by commas, got %r" % a.hidden)
     bad = [s for s in a.settings if s not in SETTINGS]
     if bad:
         p.error("unknown setting(s) %s" % ", ".join(bad))
@@ -121,10 +130,13 @@ def powersgd_payload(model, rank, min_compression_rate=2.0):
 
 # ---- one setting -------------------------------------------------------------------------
 
-def make_model(seed):
+def make_model(seed, hidden):
     torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(784, 256), torch.nn.ReLU(),
-                               torch.nn.Linear(256, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+    layers, width = [], 784
+    for h in hidden:
+        layers += [torch.nn.Linear(width, h), torch.nn.ReLU()]
+        width = h
+    return torch.nn.Sequential(*layers, torch.nn.Linear(width, 10))
 
 
 def param_hash(model):
@@ -136,7 +148,7 @@ def param_hash(model):
 
 def run(setting, a, train, test):
     rank, size = dist.get_rank(), dist.get_world_size()
-    model = make_model(a.seed)
+    model = make_model(a.seed, a.hidden)
     ddp = DDP(model)
     state = None
     if setting == "torch-fp16":
@@ -231,9 +243,10 @@ def main():
                   flush=True)
     if WORLD.rank == 0:
         base = next((r for r in rows if r["setting"] == "none"), None)
-        print("\nDDP (gloo) on Fashion-MNIST, %d ranks, %g epoch(s)%s, %d steps, global batch %d, "
-              "torch %s" % (size, a.epochs, " (quick)" if a.quick else "", rows[0]["steps"],
-                            a.batch, torch.__version__))
+        print("\nDDP (gloo) on Fashion-MNIST, MLP 784-%s-10, %d ranks, %g epoch(s)%s, %d steps, "
+              "global batch %d, torch %s" % ("-".join(map(str, a.hidden)), size, a.epochs,
+                                             " (quick)" if a.quick else "", rows[0]["steps"],
+                                             a.batch, torch.__version__))
         print("%-15s %9s %9s %8s %13s %8s  %s" % ("setting", "test acc", "wall s", "ms/step",
                                                    "bytes/step", "vs none", "bytes"))
         for r in rows:
