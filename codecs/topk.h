@@ -181,25 +181,31 @@ static inline GCOMP_HD void gcomp_topk_put_gap(gcomp_bitwriter *bw, uint64_t gap
     }
 }
 
+/* The 1 + ew + mantissa bits a value takes in its block's stream: sign, exponent field - e0,
+ * mantissa (LSB first). */
+static inline GCOMP_HD uint64_t gcomp_topk_value_field(uint32_t v, unsigned e0, unsigned ew, int fp16)
+{
+    const gcomp_topk_vfmt f = gcomp_topk_value_format(fp16);
+    const uint32_t emask = (1u << f.ebits) - 1, mmask = (1u << f.mbits) - 1;
+    return (v >> (f.ebits + f.mbits) & 1u) | (uint64_t)((v >> f.mbits & emask) - e0) << 1 |
+           (uint64_t)(v & mmask) << (1 + ew);
+}
+
 /* Writes one block (header and bit stream) at out: m pairs with the given gaps and wire
  * value bits under the encoder's choices b, e0, ew. Returns the bytes written, which is
- * gcomp_topk_block_bytes of the block. */
+ * gcomp_topk_block_bytes of the block. (The CUDA encoder writes the same fields, one lane per
+ * four pairs, at offsets from a scan of their lengths: cuda/topk.cu.) */
 static inline GCOMP_HD size_t gcomp_topk_block_write(const uint64_t *gaps, const uint32_t *vals, unsigned m,
                                                      unsigned b, unsigned e0, unsigned ew, int fp16, uint8_t *out)
 {
-    const gcomp_topk_vfmt f = gcomp_topk_value_format(fp16);
-    const unsigned sign_at = f.ebits + f.mbits, vbits = 1 + ew + f.mbits;
-    const uint32_t emask = (1u << f.ebits) - 1, mmask = (1u << f.mbits) - 1;
+    const unsigned vbits = 1 + ew + gcomp_topk_value_format(fp16).mbits;
     gcomp_bitwriter bw = {out + 3, 0, 0, 0};
     out[0] = (uint8_t)b;
     out[1] = (uint8_t)e0;
     out[2] = (uint8_t)ew;
     for (unsigned j = 0; j < m; j++) {
-        uint32_t v = vals[j];
-        uint64_t field = (v >> sign_at & 1u) | (uint64_t)((v >> f.mbits & emask) - e0) << 1 |
-                         (uint64_t)(v & mmask) << (1 + ew);
         gcomp_topk_put_gap(&bw, gaps[j], b);
-        gcomp_bits_put(&bw, field, vbits);
+        gcomp_bits_put(&bw, gcomp_topk_value_field(vals[j], e0, ew, fp16), vbits);
     }
     return 3 + gcomp_bits_flush(&bw);
 }

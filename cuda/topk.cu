@@ -18,9 +18,10 @@
  *   body       one warp per block of 128 pairs: gaps, the value fields, the Rice parameter
  *              (one candidate b per lane, the minimum of (bits, b) as topk.h's
  *              gcomp_topk_rice_param takes it), then a scan of the block sizes gives every
- *              block its offset, and a warp writes each block with gcomp_topk_block_write
- *              into shared memory and copies it out. The kept elements' residuals
- *              (x - decoded value) are written there too.
+ *              block its offset, and a warp writes each block into shared memory (the fields
+ *              of gcomp_topk_block_write, lanes at offsets from a scan of the pair lengths)
+ *              and copies it out. The kept elements' residuals (x - decoded value) are
+ *              written there too.
  *   The selection state lives in scratch, so the host enqueues the same launches whatever the
  *   data; a kernel whose digit is not needed returns at once.
  *
@@ -159,17 +160,20 @@ static __device__ unsigned long long tk_block_scan(unsigned long long v, unsigne
     return wsum + incl - v;
 }
 
-/* out[i] = sum of in[0..i) in one block (len up to a few million: each thread scans a slice). */
+/* out[i] = sum of in[0..i) in one block (len up to a few million: each thread scans a slice).
+ * The slice's loads are unrolled so that several are in flight at once. */
 static __device__ unsigned long long tk_scan_array(const unsigned long long *in, unsigned long long *out, size_t len,
                                                    unsigned long long *sh)
 {
     const size_t per = (len + blockDim.x - 1) / blockDim.x, lo = per * threadIdx.x;
     const size_t hi = lo + per < len ? lo + per : len;
     unsigned long long sum = 0, base, total;
+#pragma unroll 8
     for (size_t i = lo; i < hi; i++) sum += in[i];
     base = tk_block_scan(sum, sh, &total);
+#pragma unroll 8
     for (size_t i = lo; i < hi; i++) {
-        unsigned long long v = in[i];
+        const unsigned long long v = in[i];
         out[i] = base;
         base += v;
     }
@@ -346,6 +350,7 @@ static __global__ void tk_count(const float *g, const gcomp_cuda_residual *res, 
     const unsigned warp = threadIdx.x >> 5, lane = threadIdx.x & 31u;
     const size_t base = (size_t)blockIdx.x * TK_TILE + (size_t)warp * TK_WARP_ITEMS;
     unsigned gt = 0, eq = 0;
+#pragma unroll
     for (unsigned j = 0; j < TK_WARP_ITEMS / 32; j++) {
         int valid;
         const uint32_t key = tk_item(x, n, base, j, &valid);
@@ -381,7 +386,7 @@ static __global__ void tk_scan_tiles(const unsigned long long *tile_gt, const un
 }
 
 /* The kept indices of a tile, in index order, at their place in idx[0..k). */
-static __global__ void tk_scatter(const float *g, const gcomp_cuda_residual *res, size_t n, const tk_select *st,
+static __global__ void __launch_bounds__(TK_TILE_THREADS, 4) tk_scatter(const float *g, const gcomp_cuda_residual *res, size_t n, const tk_select *st,
                                   const unsigned long long *off_gt, const unsigned long long *off_eq,
                                   unsigned long long *idx, uint64_t k)
 {
@@ -395,9 +400,17 @@ static __global__ void tk_scatter(const float *g, const gcomp_cuda_residual *res
     uint32_t keys[TK_WARP_ITEMS / 32];
     unsigned gt = 0, eq = 0;
     unsigned long long gt_before, eq_before;
+    /* every load first, then the ballots: a ballot waits for its load, and interleaved they
+     * would put one memory latency per round on the warp's path */
+#pragma unroll
     for (unsigned j = 0; j < TK_WARP_ITEMS / 32; j++) {
         int valid;
-        keys[j] = tk_item(x, n, base, j, &valid);
+        keys[j] = tk_item(x, n, base, j, &valid); /* validity is tested again below */
+        (void)valid;
+    }
+#pragma unroll
+    for (unsigned j = 0; j < TK_WARP_ITEMS / 32; j++) {
+        const int valid = base + (size_t)j * 32 + lane < n;
         gt += __popc(__ballot_sync(TK_FULL, valid && keys[j] > thr));
         eq += __popc(__ballot_sync(TK_FULL, valid && keys[j] == thr));
     }
@@ -405,6 +418,7 @@ static __global__ void tk_scatter(const float *g, const gcomp_cuda_residual *res
     __syncthreads();
     gt_before = off_gt[blockIdx.x], eq_before = off_eq[blockIdx.x];
     for (unsigned w = 0; w < warp; w++) gt_before += wg[w], eq_before += we[w];
+#pragma unroll
     for (unsigned j = 0; j < TK_WARP_ITEMS / 32; j++) {
         const size_t i = base + (size_t)j * 32 + lane;
         const int valid = i < n, is_gt = valid && keys[j] > thr, is_eq = valid && keys[j] == thr;
@@ -500,11 +514,24 @@ static __global__ void tk_scan_blocks(const unsigned long long *blk_bytes, unsig
     }
 }
 
-/* Largest block the encoder writes (b <= 63, fp32 values). */
-#define TK_BLOCK_MAX_BYTES 1560u
+/* Largest block the encoder writes (b <= 63, fp32 values: 3 + 128 * 96 / 8 = 1539 bytes). */
+#define TK_BLOCK_MAX_WORDS 392u
 
-/* Writes each block (one warp) at its offset; with a residual, the kept elements' residuals
- * x - decoded value (pass 1 left x there). */
+/* ORs the low w bits of v (w <= 32) into the LSB-first stream of words at bit pos: other
+ * lanes' fields may share a word. */
+static __device__ __forceinline__ void tk_or_bits(uint32_t *words, uint64_t pos, uint64_t v, unsigned w)
+{
+    const unsigned at = (unsigned)(pos & 31u);
+    const uint64_t wide = (w < 64 ? v & ((1ull << w) - 1) : v) << at;
+    if (!w) return;
+    atomicOr(&words[pos >> 5], (uint32_t)wide);
+    if (at + w > 32) atomicOr(&words[(pos >> 5) + 1], (uint32_t)(wide >> 32));
+}
+
+/* Writes each block (one warp) at its offset: the fields gcomp_topk_block_write writes, in
+ * the same order, each lane writing four consecutive pairs at the bit offset a scan of the
+ * pair lengths gives it. With a residual, the kept elements' residuals x - decoded value
+ * (pass 1 left x there). */
 static __global__ void tk_block_write(const float *g, const gcomp_cuda_residual *res, const unsigned long long *idx,
                                       uint64_t k, int fp16, const uint32_t *blk_info,
                                       const unsigned long long *blk_bytes, const unsigned long long *blk_off,
@@ -512,16 +539,20 @@ static __global__ void tk_block_write(const float *g, const gcomp_cuda_residual 
 {
     __shared__ uint64_t gaps_sh[TK_WARPS_PER_BLOCK][GCOMP_TOPK_BLOCK];
     __shared__ uint32_t vals_sh[TK_WARPS_PER_BLOCK][GCOMP_TOPK_BLOCK];
-    __shared__ uint8_t out_sh[TK_WARPS_PER_BLOCK][TK_BLOCK_MAX_BYTES];
-    __shared__ unsigned long long len_sh[TK_WARPS_PER_BLOCK];
+    __shared__ uint32_t out_sh[TK_WARPS_PER_BLOCK][TK_BLOCK_MAX_WORDS];
     const unsigned warp = threadIdx.x >> 5, lane = threadIdx.x & 31u;
     const uint64_t blk = (uint64_t)blockIdx.x * TK_WARPS_PER_BLOCK + warp, first = blk * GCOMP_TOPK_BLOCK;
     const float *x = tk_x(g, res);
     float *r_out = res ? res->buf[res->cur ^ 1u] : nullptr;
-    unsigned m;
-    unsigned long long at, len;
+    uint32_t *words = out_sh[warp], info;
+    unsigned m, b, e0, ew, vbits, j0, j1;
+    unsigned long long at, len, mine = 0, pos;
     if (first >= k) return;
     m = gcomp_topk_block_len(k, first);
+    info = blk_info[blk];
+    b = info & 0xffu, e0 = info >> 8 & 0xffu, ew = info >> 16 & 0xffu;
+    vbits = 1 + ew + gcomp_topk_value_format(fp16).mbits;
+    for (unsigned j = lane; j < TK_BLOCK_MAX_WORDS; j += 32) words[j] = 0;
     for (unsigned j = lane; j < m; j += 32) {
         float xv, dec;
         unsigned ovf;
@@ -529,19 +560,43 @@ static __global__ void tk_block_write(const float *g, const gcomp_cuda_residual 
         if (r_out) r_out[idx[first + j]] = xv - dec; /* read x above, then its residual */
     }
     __syncwarp();
-    if (lane == 0) {
-        const uint32_t info = blk_info[blk];
-        len_sh[warp] = gcomp_topk_block_write(gaps_sh[warp], vals_sh[warp], m, info & 0xffu, info >> 8 & 0xffu,
-                                              info >> 16 & 0xffu, fp16, out_sh[warp]);
+    /* pairs j0 .. j1 of this lane; a pair takes q + 1 + b gap bits and vbits value bits */
+    j0 = lane * 4 < m ? lane * 4 : m;
+    j1 = j0 + 4 < m ? j0 + 4 : m;
+    for (unsigned j = j0; j < j1; j++) mine += (gaps_sh[warp][j] >> b) + 1 + b + vbits;
+    pos = mine;
+    for (unsigned o = 1; o < 32; o <<= 1) {
+        const unsigned long long t = __shfl_up_sync(TK_FULL, pos, o);
+        if (lane >= o) pos += t;
+    }
+    len = __shfl_sync(TK_FULL, pos, 31); /* the block's stream bits */
+    pos = 24 + pos - mine;               /* after the 3 header bytes */
+    if (lane == 0) words[0] = b | e0 << 8 | ew << 16;
+    __syncwarp();
+    for (unsigned j = j0; j < j1; j++) {
+        const uint64_t gap = gaps_sh[warp][j];
+        uint64_t q = gap >> b;
+        for (; q >= 32; q -= 32, pos += 32) tk_or_bits(words, pos, 0xffffffffu, 32);
+        tk_or_bits(words, pos, (1ull << q) - 1, (unsigned)q); /* q ones, then the zero */
+        pos += q + 1;
+        if (b > 32) {
+            tk_or_bits(words, pos, gap & 0xffffffffu, 32);
+            tk_or_bits(words, pos + 32, gap >> 32, b - 32);
+        } else {
+            tk_or_bits(words, pos, gap, b);
+        }
+        pos += b;
+        tk_or_bits(words, pos, gcomp_topk_value_field(vals_sh[warp][j], e0, ew, fp16), vbits);
+        pos += vbits;
     }
     __syncwarp();
-    len = len_sh[warp];
+    len = 3 + (len + 7) / 8;
     at = 8 + blk_off[blk];
     if (len != blk_bytes[blk] || at + len > cap) { /* cannot happen: the sizes come from one rule */
         if (lane == 0) tk_set_error(status, GCOMP_ERR_INTERNAL);
         return;
     }
-    for (unsigned long long j = lane; j < len; j += 32) body[at + j] = out_sh[warp][j];
+    for (unsigned long long j = lane; j < len; j += 32) body[at + j] = ((const uint8_t *)words)[j];
 }
 
 /* n == 0: the body is k = 0. */

@@ -9,7 +9,7 @@
  * buf[cur ^ 1] written by the encode, cur flipped by the caller unless non-finite).
  *
  * Exits 77 (skipped) without a CUDA device. GCOMP_TEST_QUICK=1 leaves out the 64 Mi sizes
- * (for compute-sanitizer runs).
+ * (for compute-sanitizer runs); GCOMP_TEST_ONLY=<pattern> runs only the matching tests.
  */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -618,6 +618,7 @@ int main(void)
         return 1;
     }
     ops = vt->cuda;
+    if (getenv("GCOMP_TEST_ONLY")) cmocka_set_test_filter(getenv("GCOMP_TEST_ONLY")); /* e.g. test_timing */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gauss_ef),    cmocka_unit_test(test_fp16_values), cmocka_unit_test(test_no_residual),
         cmocka_unit_test(test_ties),        cmocka_unit_test(test_k_extremes),  cmocka_unit_test(test_nonfinite),
