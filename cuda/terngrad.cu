@@ -16,9 +16,10 @@
  *                     of its tile (coalesced across the warp), residual fused, written only when
  *                     every scale is finite (read from the status block, on the device)
  * With buckets small enough (bucket <= FUSE_MAX), k_fused does 1-4 for one bucket per thread
- * block, the bucket held in shared memory, when the residual is double-buffered (so writing
- * buf[cur ^ 1] before knowing the other buckets' scales is harmless); an in-place residual
- * takes the passes above, since no bucket may touch it before every scale is known finite.
+ * block, the bucket held in shared memory, so g and r are read once. It writes a double-
+ * buffered residual (buf[cur ^ 1]: harmless before the other buckets' scales are known, the
+ * library keeps buf[cur] if one is not finite); an in-place residual may not be touched
+ * before every scale is known finite, so k_resid writes it afterwards from the codes.
  *
  * Decode-add: k_validate (flags, size, scales, codes, padding; first error wins in
  * status->error), then k_add, which adds only when status->error is still 0.
@@ -136,13 +137,6 @@ static __device__ __forceinline__ uint64_t res_key(const gcomp_cuda_residual *re
     return gcomp_tg_key(seed, res ? res->step : step, rank);
 }
 
-/* After k_fused (launched for small buckets), the passes have nothing to do unless the
- * residual is updated in place, which k_fused leaves to them. */
-static __device__ __forceinline__ bool fused_did_it(bool after_fused, const gcomp_cuda_residual *res)
-{
-    return after_fused && (!res || res->buf[res->cur ^ 1u] != nullptr);
-}
-
 static __device__ __forceinline__ float load_x(const float *g, const float *r, uint64_t i)
 {
     return r ? __fadd_rn(g[i], r[i]) : g[i];
@@ -232,10 +226,8 @@ static __device__ __forceinline__ float bucket_scale(double clip, uint32_t maxbi
 /* ---- pass 1: rms blocks ------------------------------------------------------------------ */
 
 template <bool CLIP>
-static __global__ void k_block_sums(tg_geom G, const float *g, const gcomp_cuda_residual *res, tg_scratch S,
-                                    bool after_fused)
+static __global__ void k_block_sums(tg_geom G, const float *g, const gcomp_cuda_residual *res, tg_scratch S)
 {
-    if (fused_did_it(after_fused, res)) return;
     const float *r = res_in(res);
     const unsigned lane = threadIdx.x & 31u;
     const uint64_t nwarps = ((uint64_t)gridDim.x * blockDim.x) >> 5;
@@ -263,13 +255,11 @@ static __global__ void k_block_sums(tg_geom G, const float *g, const gcomp_cuda_
 #define GROUP_WARPS 4
 
 template <bool CLIP>
-static __global__ void k_group_sums(tg_geom G, tg_scratch S, gcomp_cuda_status *st, uint64_t body_bytes,
-                                    const gcomp_cuda_residual *res, bool after_fused)
+static __global__ void k_group_sums(tg_geom G, tg_scratch S, gcomp_cuda_status *st, uint64_t body_bytes)
 {
     __shared__ double sh[GROUP_WARPS][RMS_GROUP];
     const unsigned lane = threadIdx.x & 31u, w = threadIdx.x >> 5;
     const uint64_t nwarps = ((uint64_t)gridDim.x * blockDim.x) >> 5;
-    if (fused_did_it(after_fused, res)) return;
     if (st && blockIdx.x == 0 && threadIdx.x == 0) { /* before k_scales sets nonfinite */
         st->body_bytes = body_bytes;
         st->overflow = 0;
@@ -312,10 +302,8 @@ static __global__ void k_group_sums(tg_geom G, tg_scratch S, gcomp_cuda_status *
 /* ---- pass 3: one thread per bucket ------------------------------------------------------- */
 
 template <bool CLIP>
-static __global__ void k_scales(tg_geom G, tg_scratch S, float *scales, uint8_t *body, gcomp_cuda_status *st,
-                                const gcomp_cuda_residual *res, bool after_fused)
+static __global__ void k_scales(tg_geom G, tg_scratch S, float *scales, uint8_t *body, gcomp_cuda_status *st)
 {
-    if (fused_did_it(after_fused, res)) return;
     for (uint64_t j = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; j < G.nb; j += (uint64_t)gridDim.x * blockDim.x) {
         uint64_t m = bucket_len(G, j), groups = ((m + RMS_BLOCK - 1) / RMS_BLOCK + RMS_GROUP - 1) / RMS_GROUP;
         double ss = 0;
@@ -348,9 +336,8 @@ static __global__ void k_scales(tg_geom G, tg_scratch S, float *scales, uint8_t 
 
 static __global__ void k_pack(tg_geom G, const float *g, const gcomp_cuda_residual *res, uint64_t seed,
                               uint64_t step, uint64_t offset, uint32_t rank, uint8_t *body,
-                              const gcomp_cuda_status *st, bool after_fused)
+                              const gcomp_cuda_status *st)
 {
-    if (fused_did_it(after_fused, res)) return;
     const float *r = res_in(res);
     float *ro = st->nonfinite ? nullptr : res_out(res); /* every scale finite, or no bucket writes */
     const tg_rng q = rng_of(res_key(res, seed, step, rank), offset);
@@ -383,9 +370,8 @@ static __global__ void k_pack(tg_geom G, const float *g, const gcomp_cuda_residu
 
 /* One thread block per bucket: x = g + r into shared memory, the block trees by warps, the
  * scale by thread 0, then the tiles from shared memory. g and r are read from DRAM once.
- * Runs only when the residual is double-buffered or absent (checked on the device); with an
- * in-place residual it returns at once and leaves the bucket to the passes, which the
- * launcher enqueues after it and which return at once when this kernel did the work. */
+ * The residual is written here only when double-buffered (read on the device); in place,
+ * k_resid does it. */
 template <bool CLIP>
 static __global__ void k_fused(tg_geom G, const float *g, const gcomp_cuda_residual *res, uint64_t seed, uint64_t step,
                                uint64_t offset, uint32_t rank, uint8_t *body, gcomp_cuda_status *st)
@@ -394,9 +380,8 @@ static __global__ void k_fused(tg_geom G, const float *g, const gcomp_cuda_resid
     __shared__ uint32_t wmax[32];
     __shared__ float scale;
     const unsigned lane = threadIdx.x & 31u, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    if (res && !res->buf[res->cur ^ 1u]) return; /* in place: the passes do it */
     const float *r = res_in(res);
-    float *ro = res_out(res);
+    float *ro = res ? res->buf[res->cur ^ 1u] : nullptr; /* double-buffered: written here */
     const tg_rng q = rng_of(res_key(res, seed, step, rank), offset);
     double *bs = (double *)(xs + G.bpb * RMS_BLOCK);
     if (blockIdx.x == 0 && threadIdx.x == 0) {
@@ -471,6 +456,35 @@ static __global__ void k_fused(tg_geom G, const float *g, const gcomp_cuda_resid
             codes[lc] = (uint8_t)byte;
         }
         __syncthreads(); /* xs, wmax and scale are reused by the next bucket */
+    }
+}
+
+/* After k_fused with an in-place residual: r = x - t*s from the codes it wrote, once every
+ * scale is known finite (k_fused raised status->nonfinite otherwise). Same operations as
+ * k_pack's residual, so the same bits. */
+static __global__ void k_resid(tg_geom G, const float *g, const gcomp_cuda_residual *res, const uint8_t *body,
+                               const gcomp_cuda_status *st)
+{
+    if (!res || res->buf[res->cur ^ 1u] || st->nonfinite) return;
+    float *r = res->buf[res->cur];
+    const uint64_t nbytes = (G.n + 3) / 4;
+    const uint8_t *codes = body + 4 * G.nb;
+    for (uint64_t c = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; c < nbytes; c += (uint64_t)gridDim.x * blockDim.x) {
+        uint64_t j = 4 * c / G.B, b0 = j * G.B;
+        uint64_t lc = c - b0 / 4, t0 = lc / (TILE / 4), jj = lc - t0 * (TILE / 4);
+        uint64_t a = b0 + t0 * TILE, left = bucket_len(G, j) - t0 * TILE;
+        uint32_t len = left < TILE ? (uint32_t)left : TILE, qb = (len + 3) / 4;
+        float s = gcomp_bits_f32(gcomp_le_load_u32(body + 4 * j));
+        uint32_t v = codes[c];
+#pragma unroll
+        for (uint32_t p = 0; p < 4; p++) {
+            uint32_t k = (uint32_t)jj + p * qb;
+            if (k < len) {
+                uint64_t i = a + k;
+                float x = __fadd_rn(g[i], r[i]);
+                r[i] = __fsub_rn(x, __fmul_rn(code_value((v >> (2 * p)) & 3u), s));
+            }
+        }
     }
 }
 
@@ -734,18 +748,18 @@ static size_t tg_cuda_scratch(const void *params, size_t count)
 /* Passes 1-3: scales into the array and/or the body; st (encode) initialised on the way. */
 static gcomp_result scale_passes(const tg_geom *G, const float *g, const gcomp_cuda_residual *res, tg_scratch S,
                                  float *scales, uint8_t *body, gcomp_cuda_status *st, uint64_t body_bytes,
-                                 bool after_fused, cudaStream_t s)
+                                 cudaStream_t s)
 {
     const bool clip = G->clip > 0;
     const unsigned gb = grid_for(G->nblk, THREADS / 32), gg = grid_for(G->ngrp, GROUP_WARPS), gs = grid_for(G->nb, THREADS);
-    if (clip) k_block_sums<true><<<gb, THREADS, 0, s>>>(*G, g, res, S, after_fused);
-    else k_block_sums<false><<<gb, THREADS, 0, s>>>(*G, g, res, S, after_fused);
+    if (clip) k_block_sums<true><<<gb, THREADS, 0, s>>>(*G, g, res, S);
+    else k_block_sums<false><<<gb, THREADS, 0, s>>>(*G, g, res, S);
     LAUNCHED("k_block_sums");
-    if (clip) k_group_sums<true><<<gg, 32 * GROUP_WARPS, 0, s>>>(*G, S, st, body_bytes, res, after_fused);
-    else k_group_sums<false><<<gg, 32 * GROUP_WARPS, 0, s>>>(*G, S, st, body_bytes, res, after_fused);
+    if (clip) k_group_sums<true><<<gg, 32 * GROUP_WARPS, 0, s>>>(*G, S, st, body_bytes);
+    else k_group_sums<false><<<gg, 32 * GROUP_WARPS, 0, s>>>(*G, S, st, body_bytes);
     LAUNCHED("k_group_sums");
-    if (clip) k_scales<true><<<gs, THREADS, 0, s>>>(*G, S, scales, body, st, res, after_fused);
-    else k_scales<false><<<gs, THREADS, 0, s>>>(*G, S, scales, body, st, res, after_fused);
+    if (clip) k_scales<true><<<gs, THREADS, 0, s>>>(*G, S, scales, body, st);
+    else k_scales<false><<<gs, THREADS, 0, s>>>(*G, S, scales, body, st);
     LAUNCHED("k_scales");
     return GCOMP_SUCCESS;
 }
@@ -775,11 +789,14 @@ static gcomp_result tg_cuda_encode(const void *params, const gcomp_encode_ctx *c
             k_fused<false><<<grid_for(G.nb, 1), THREADS, shm, s>>>(G, g, res, ctx->seed, ctx->step, ctx->offset,
                                                                     ctx->rank, body, status);
         LAUNCHED("k_fused");
+        /* an in-place residual is written only now that every bucket's scale is known */
+        k_resid<<<grid_for((count + 3) / 4, THREADS), THREADS, 0, s>>>(G, g, res, body, status);
+        LAUNCHED("k_resid");
+        return GCOMP_SUCCESS;
     }
-    /* the passes (after k_fused: only for an in-place residual, decided on the device) */
-    TG_CHECK(scale_passes(&G, g, res, S, nullptr, body, status, need, fused, s));
+    TG_CHECK(scale_passes(&G, g, res, S, nullptr, body, status, need, s));
     k_pack<<<grid_for((count + 3) / 4, THREADS), THREADS, 0, s>>>(G, g, res, ctx->seed, ctx->step, ctx->offset,
-                                                                  ctx->rank, body, status, fused);
+                                                                  ctx->rank, body, status);
     LAUNCHED("k_pack");
     return GCOMP_SUCCESS;
 }
@@ -802,7 +819,7 @@ static gcomp_result tg_cuda_local_scales(const void *params, const float *g, con
 {
     const tg_geom G = make_geom((const gcomp_terngrad_params *)params, count);
     if (count == 0) return GCOMP_SUCCESS;
-    return scale_passes(&G, g, res, carve(&G, scratch), scales, nullptr, nullptr, 0, false, (cudaStream_t)stream);
+    return scale_passes(&G, g, res, carve(&G, scratch), scales, nullptr, nullptr, 0, (cudaStream_t)stream);
 }
 
 static gcomp_result tg_cuda_ternarise(const void *params, const gcomp_encode_ctx *ctx, const float *g,
