@@ -28,7 +28,7 @@
 #include <string.h>
 
 #include "codecs/common.h"
-#include "engine.h"
+#include "comm.h"
 
 #define CKPT_MAGIC "GCOMPRES"
 #define CKPT_VERSION 1u

@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "codec_device.h"
-#include "internal.h"
+#include "codec_internal.h"
 #include "codecs/topk.h"
 
 struct gcomp_codec {
@@ -434,8 +434,7 @@ gcomp_result gcomp_codec_stats_reset(gcomp_codec *c)
     return GCOMP_SUCCESS;
 }
 
-/* ---- internals for the engine (engine.h) ------------------------------------------------ */
-#include "engine.h"
+/* ---- internals for the schedules (codec_internal.h) -------------------------------------- */
 
 const gcomp__chain *gcomp__codec_chain(const gcomp_codec *c) { return &c->chain; }
 

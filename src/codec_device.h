@@ -6,7 +6,7 @@
 #ifndef GCOMP_CODEC_DEVICE_H
 #define GCOMP_CODEC_DEVICE_H
 
-#include "internal.h"
+#include "codec_internal.h"
 
 /* A codec object's device state: status and tally blocks, scratch, per-key residuals in
  * device memory. Created at the object's first device call, on the then current device. */

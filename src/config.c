@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine.h"
+#include "config.h"
 
 gcomp_config gcomp_config_default(void)
 {

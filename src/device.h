@@ -13,6 +13,7 @@
 #ifndef GCOMP_DEVICE_H
 #define GCOMP_DEVICE_H
 
+#include "gcomp_codec.h"
 #include "internal.h"
 
 typedef enum gcomp__device_kind { GCOMP__DEVICE_HOST = 0, GCOMP__DEVICE_CUDA = 1 } gcomp__device_kind;

@@ -4,7 +4,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
+#include "gcomp_codec.h" /* gcomp_codec_fail */
 #include "internal.h"
 
 const char *gcomp_strerror(gcomp_result rc)
@@ -131,4 +133,11 @@ gcomp_result gcomp__reserve(void **buf, size_t *cap, size_t bytes)
     *buf = p;
     *cap = bytes;
     return GCOMP_SUCCESS;
+}
+
+double gcomp__now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }

@@ -1,5 +1,5 @@
 /* header.c — the 32-byte payload header every payload starts with (see gcomp_codec.h). */
-#include "internal.h"
+#include "codec_internal.h"
 
 _Static_assert(GCOMP_HEADER_BYTES == 32, "the header is frozen at 32 bytes");
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__

@@ -7,7 +7,7 @@
 #include <pthread.h>
 #include <string.h>
 
-#include "internal.h"
+#include "codec_internal.h"
 #include "codecs/cast.h"
 #include "codecs/terngrad.h"
 #include "codecs/topk.h"

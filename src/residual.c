@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "codec_internal.h"
 
 static size_t slot_of(uint64_t key, size_t cap)
 {
@@ -104,6 +104,26 @@ gcomp_result gcomp__residual_acquire(gcomp__residual_store *s, uint64_t key, siz
 }
 
 void gcomp__residual_commit(gcomp__residual *r) { r->cur ^= 1; }
+
+/* The step advances with every call that takes the residual, committed or not, as the
+ * checkpointed step promises (the rounding of a skipped step is not replayed). */
+gcomp_result gcomp__ef_begin(gcomp__residual_store *s, uint64_t key, size_t count, int in_place, gcomp__ef *ef)
+{
+    gcomp__residual *r;
+    GCOMP_CHECK(gcomp__residual_acquire(s, key, count, !in_place, &r));
+    ef->res = r;
+    ef->r_in = r->buf[r->cur];
+    ef->r_out = in_place ? ef->r_in : r->buf[r->cur ^ 1];
+    ef->step = r->step++;
+    return GCOMP_SUCCESS;
+}
+
+/* A double-buffered residual is committed by flipping buffers; an in-place one was already
+ * written (or, by the GCOMP_CAP_RESIDUAL_IN_PLACE promise, left alone when not finite). */
+void gcomp__ef_end(gcomp__ef *ef, int nonfinite)
+{
+    if (!nonfinite && ef->res && ef->r_out != ef->r_in) gcomp__residual_commit(ef->res);
+}
 
 /* Remove with backward-shift so later probes still find their keys. */
 void gcomp__residual_drop(gcomp__residual_store *s, uint64_t key)

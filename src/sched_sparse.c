@@ -5,166 +5,145 @@
  * pairs. A ring allgather forwards every rank's payload unchanged (N-1 steps), and every
  * rank sums the N payloads in rank order into a zeroed result, so all ranks hold the same
  * bits. For the built-in top-k each payload becomes an (index, value) list while the next
- * one travels, and the lists are summed in one ordered pass. Sparse payloads do not shrink when summed, so a gather sends (N-1) payloads per
- * rank; when that bound would exceed what a dense fp32 ring sends (2(N-1)/N * 4 bytes per
- * element), the engine instead decodes this rank's payload and runs the dense ring on it.
- * The choice depends only on (count, N, spec), so every rank makes the same one.
+ * one travels, and the lists are summed in one ordered pass. Sparse payloads do not shrink
+ * when summed, so a gather sends (N-1) payloads per rank; when that would exceed what a
+ * dense fp32 ring sends, the engine's planner runs sparse-as-dense instead (engine.c).
  *
  * Wire bytes per rank: the sum of the N-1 payloads it forwards, each 32 + 8 + k * (value
  * bytes) + about k * log2(count / k) / 8 bytes of index gaps.
  */
 #include <string.h>
 
-#include "engine.h"
+#include "schedule.h"
 #include "codecs/topk.h"
+
+typedef struct sparse_ctx {
+    gcomp__call *call;
+    int pairs;              /* the pair-list path (else decode-add in rank order) */
+    size_t k;               /* pairs per payload (pair path) */
+    size_t bound;           /* capacity of one payload slot */
+    uint8_t *slots;         /* n payloads */
+    size_t *bytes;          /* their sizes */
+    gcomp_topk_pairs *lists; /* pair path: n list heads */
+    uint64_t *idx;          /* n x k indices */
+    float *val;             /* n x k values */
+} sparse_ctx;
 
 /* The built-in top-k is decoded to (index, value) lists as payloads arrive, and the lists
  * summed into the result in one ordered pass at the end (gcomp__topk_sum_pairs); another
  * sparse codec goes through decode_add. */
 static int pairs_path(const gcomp__call *call)
 {
-    return gcomp__codec_chain(call->comm->codec)->stages[0].vt == &gcomp__codec_topk &&
-           call->comm->tp->size <= GCOMP_TOPK_MAX_LISTS;
+    return call->vt == &gcomp__codec_topk && call->ring.size <= GCOMP_TOPK_MAX_LISTS;
 }
 
-/* k of this call (every rank's payload must hold exactly as many pairs: same spec, count) */
-static size_t pairs_k(const gcomp__call *call)
+static void layout(gcomp__call *call, sparse_ctx *d)
 {
-    return (size_t)gcomp_topk_k(gcomp__codec_chain(call->comm->codec)->stages[0].params, call->count);
+    gcomp__workspace *ws = call->ws;
+    int n = call->ring.size;
+    memset(d, 0, sizeof *d);
+    d->call = call;
+    d->pairs = pairs_path(call);
+    d->bound = (gcomp_codec_max_encoded_bytes(call->codec, call->count) + 7) & ~(size_t)7;
+    d->slots = gcomp__ws_take(ws, (size_t)n * d->bound, "sparse: payloads");
+    d->bytes = gcomp__ws_take(ws, (size_t)n * sizeof(size_t), "sparse: payload sizes");
+    if (!d->pairs) return;
+    /* k of this call: every rank's payload must hold exactly as many pairs (same spec, count) */
+    d->k = (size_t)gcomp_topk_k(call->params, call->count);
+    d->lists = gcomp__ws_take(ws, (size_t)n * sizeof(gcomp_topk_pairs), "sparse: pair lists");
+    d->idx = gcomp__ws_take(ws, (size_t)n * d->k * sizeof(uint64_t), "sparse: pair indices");
+    d->val = gcomp__ws_take(ws, (size_t)n * d->k * sizeof(float), "sparse: pair values");
 }
 
-/* c->acc holds n list heads, then n x k indices, then n x k values */
-static size_t pairs_heads(int n) { return ((size_t)n * sizeof(gcomp_topk_pairs) + 7) & ~(size_t)7; }
-static size_t pairs_bytes(const gcomp__call *call)
+static gcomp_result sparse_prepare(gcomp__call *call)
 {
-    int n = call->comm->tp->size;
-    return pairs_heads(n) + (size_t)n * pairs_k(call) * (sizeof(uint64_t) + sizeof(float));
-}
-
-static size_t payload_bound(const gcomp__call *call)
-{
-    return (gcomp_codec_max_encoded_bytes(call->comm->codec, call->count) + 7) & ~(size_t)7;
-}
-
-static int use_dense(const gcomp__call *call)
-{
-    int n = call->comm->tp->size;
-    return (double)(n - 1) * (double)payload_bound(call) > 2.0 * (n - 1) / n * 4.0 * (double)call->count;
-}
-
-gcomp_result gcomp__sched_sparse_prepare(gcomp__call *call)
-{
-    gcomp_comm *c = call->comm;
-    int n = c->tp->size;
-    GCOMP_CHECK(gcomp__reserve(&c->pay, &c->pay_cap, (size_t)n * payload_bound(call) + (size_t)n * sizeof(size_t)));
-    if (!use_dense(call))
-        return pairs_path(call) ? gcomp__reserve(&c->acc, &c->acc_cap, pairs_bytes(call)) : GCOMP_SUCCESS;
-    if (!c->dense_codec) GCOMP_CHECK(gcomp_codec_create("none", NULL, &c->dense_codec));
-    GCOMP_CHECK(gcomp__reserve(&c->spx, &c->spx_cap, call->count * sizeof(float)));
-    GCOMP_CHECK(gcomp__reserve(&c->tmp, &c->tmp_cap, payload_bound(call)));
-    return gcomp__sched_dense_prepare(call, c->dense_codec);
-}
-
-static gcomp_result encode_own(gcomp__call *call, uint8_t *out, size_t cap, size_t *bytes)
-{
-    gcomp_comm *c = call->comm;
-    gcomp_encode_ctx ctx = {0};
-    double t0 = gcomp__now();
-    ctx.seed = c->cfg.seed;
-    ctx.step = call->step;
-    ctx.rank = (uint32_t)c->tp->rank;
-    GCOMP_CHECK(gcomp__codec_encode_ctx(c->codec, &ctx, call->x, call->r_in, call->r_out, call->count, out, cap, bytes));
-    call->nonfinite = (int)ctx.nonfinite;
-    call->st->overflow_count += ctx.overflow;
-    call->st->encode_s += gcomp__now() - t0;
+    sparse_ctx d;
+    layout(call, &d);
     return GCOMP_SUCCESS;
 }
 
-/* Decode this rank's payload and run the fp32 dense ring on it. */
-static gcomp_result sparse_as_dense(gcomp__call *call)
+static uint8_t *slot(sparse_ctx *d, int j) { return d->slots + (size_t)j * d->bound; }
+
+static gcomp_result encode_own(sparse_ctx *d)
 {
-    gcomp_comm *c = call->comm;
-    const float *x = call->x;
-    size_t bytes = 0;
-    gcomp_result rc;
-    memset(c->spx, 0, call->count * sizeof(float));
-    GCOMP_STEP(call, encode_own(call, c->tmp, payload_bound(call), &bytes));
-    GCOMP_STEP(call, gcomp_codec_decode_add(c->codec, c->tmp, bytes, c->spx, call->count));
-    call->x = c->spx;
-    rc = gcomp__sched_dense(call, c->dense_codec, 0);
-    call->x = x;
-    call->st->last_schedule = GCOMP_SCHED_SPARSE_AS_DENSE;
-    return rc;
+    gcomp__call *call = d->call;
+    gcomp_encode_ctx ctx = gcomp__call_ctx(call, 0);
+    double t0 = gcomp__now();
+    GCOMP_CHECK(gcomp__codec_encode_ctx(call->codec, &ctx, call->x, call->r_in, call->r_out, call->count,
+                                        slot(d, call->ring.rank), d->bound, &d->bytes[call->ring.rank]));
+    call->nonfinite = (int)ctx.nonfinite;
+    call->ring.st->overflow_count += ctx.overflow;
+    call->ring.st->encode_s += gcomp__now() - t0;
+    return GCOMP_SUCCESS;
 }
 
 /* Any other sparse codec: zero the result, add the N payloads in rank order. */
-static void decode_all(gcomp__call *call, const uint8_t *slots, size_t bound, const size_t *bytes)
+static void decode_all(sparse_ctx *d)
 {
-    gcomp_comm *c = call->comm;
+    gcomp__call *call = d->call;
     double t0 = gcomp__now();
     memset(call->result, 0, call->count * sizeof(float));
-    for (int j = 0; j < c->tp->size; j++)
-        GCOMP_STEP(call, gcomp_codec_decode_add(c->codec, slots + (size_t)j * bound, bytes[j], call->result, call->count));
-    call->st->decode_s += gcomp__now() - t0;
+    for (int j = 0; j < call->ring.size; j++)
+        GCOMP_STEP(&call->ring, gcomp_codec_decode_add(call->codec, slot(d, j), d->bytes[j], call->result, call->count));
+    call->ring.st->decode_s += gcomp__now() - t0;
 }
 
 /* The pairs of payload j into list j (any order: lists are summed in rank order later). */
-static gcomp_result unpack_pairs(gcomp__call *call, const uint8_t *payload, size_t bytes, gcomp_topk_pairs *list, int j)
+static gcomp_result unpack_pairs(sparse_ctx *d, int j)
 {
-    gcomp_comm *c = call->comm;
-    size_t k = pairs_k(call), got = 0, body_bytes;
-    uint64_t *idx0 = (uint64_t *)((uint8_t *)c->acc + pairs_heads(c->tp->size)), *idx = idx0 + (size_t)j * k;
-    float *val = (float *)(idx0 + (size_t)c->tp->size * k) + (size_t)j * k;
+    gcomp__call *call = d->call;
+    size_t got = 0, body_bytes;
+    uint64_t *idx = d->idx + (size_t)j * d->k;
+    float *val = d->val + (size_t)j * d->k;
     const uint8_t *body;
     uint32_t flags;
     double t0 = gcomp__now();
-    GCOMP_CHECK(gcomp__codec_element_body(c->codec, payload, bytes, call->count, &body, &body_bytes, &flags));
-    GCOMP_CHECK(gcomp__topk_body_pairs(flags, body, body_bytes, call->count, k, idx, val, &got));
-    if (got != k) return gcomp__fail(GCOMP_ERR_CORRUPT, "top-k payload of rank %d holds %zu pairs, expected %zu", j, got, k);
-    list->idx = idx;
-    list->val = val;
-    list->k = got;
-    c->tp->progress(c->tp);
-    call->st->decode_s += gcomp__now() - t0;
+    GCOMP_CHECK(gcomp__codec_element_body(call->codec, slot(d, j), d->bytes[j], call->count, &body, &body_bytes, &flags));
+    GCOMP_CHECK(gcomp__topk_body_pairs(flags, body, body_bytes, call->count, d->k, idx, val, &got));
+    if (got != d->k)
+        return gcomp__fail(GCOMP_ERR_CORRUPT, "top-k payload of rank %d holds %zu pairs, expected %zu", j, got, d->k);
+    d->lists[j].idx = idx;
+    d->lists[j].val = val;
+    d->lists[j].k = got;
+    gcomp__ring_progress(&call->ring);
+    call->ring.st->decode_s += gcomp__now() - t0;
     return GCOMP_SUCCESS;
 }
 
-static void sum_pairs(gcomp__call *call, const gcomp_topk_pairs *lists)
+static void sum_pairs(sparse_ctx *d)
 {
+    gcomp__call *call = d->call;
     double t0 = gcomp__now();
-    if (!call->error) gcomp__topk_sum_pairs(lists, call->comm->tp->size, call->result, call->count, call->divisor);
+    if (!call->ring.error) gcomp__topk_sum_pairs(d->lists, call->ring.size, call->result, call->count, call->divisor);
     call->divided = 1;
-    call->st->decode_s += gcomp__now() - t0;
+    call->ring.st->decode_s += gcomp__now() - t0;
 }
 
-gcomp_result gcomp__sched_sparse(gcomp__call *call)
+static gcomp_result sparse_run(gcomp__call *call)
 {
-    gcomp_comm *c = call->comm;
-    int n = c->tp->size, r = c->tp->rank, pairs = pairs_path(call), last = (r + 1) % n;
-    size_t bound = payload_bound(call);
-    uint8_t *slots = c->pay;
-    size_t *bytes = (size_t *)(slots + (size_t)n * bound);
-    gcomp_topk_pairs *lp = c->acc;
-    if (use_dense(call)) return sparse_as_dense(call);
-    bytes[r] = 0;
-    GCOMP_STEP(call, encode_own(call, slots + (size_t)r * bound, bound, &bytes[r]));
-    if (pairs) GCOMP_STEP(call, unpack_pairs(call, slots + (size_t)r * bound, bytes[r], &lp[r], r));
+    gcomp__ring *ring = &call->ring;
+    int n = ring->size, r = ring->rank, last = gcomp__ring_right(ring);
+    sparse_ctx d;
+    layout(call, &d);
+    GCOMP_CHECK(gcomp__ws_check(call->ws));
+    d.bytes[r] = 0;
+    GCOMP_STEP(ring, encode_own(&d));
+    if (d.pairs) GCOMP_STEP(ring, unpack_pairs(&d, r));
     for (int s = 0; s < n - 1; s++) {
-        int send_j = ((r - s) % n + n) % n, recv_j = ((r - s - 1) % n + n) % n;
-        GCOMP_CHECK(gcomp__ring_start(call, slots + (size_t)send_j * bound, bytes[send_j],
-                                      slots + (size_t)recv_j * bound, bound));
+        int send_j = gcomp__ring_rel(ring, -s), recv_j = gcomp__ring_rel(ring, -s - 1);
+        GCOMP_CHECK(gcomp__ring_start(ring, slot(&d, send_j), d.bytes[send_j], slot(&d, recv_j), d.bound));
         /* what arrived in the previous step (the payload now being forwarded) is unpacked
          * while this step's transfer runs */
-        if (pairs && s > 0)
-            GCOMP_STEP(call, unpack_pairs(call, slots + (size_t)send_j * bound, bytes[send_j], &lp[send_j], send_j));
-        GCOMP_CHECK(gcomp__ring_finish(call, &bytes[recv_j]));
+        if (d.pairs && s > 0) GCOMP_STEP(ring, unpack_pairs(&d, send_j));
+        GCOMP_CHECK(gcomp__ring_finish(ring, &d.bytes[recv_j]));
     }
-    if (pairs) {
-        GCOMP_STEP(call, unpack_pairs(call, slots + (size_t)last * bound, bytes[last], &lp[last], last));
-        sum_pairs(call, lp);
+    if (d.pairs) {
+        GCOMP_STEP(ring, unpack_pairs(&d, last));
+        sum_pairs(&d);
     } else {
-        decode_all(call, slots, bound, bytes);
+        decode_all(&d);
     }
-    call->st->last_schedule = GCOMP_SCHED_SPARSE;
     return GCOMP_SUCCESS;
 }
+
+const gcomp__sched gcomp__sched_sparse = {GCOMP_SCHED_SPARSE, "sparse-gather", sparse_prepare, sparse_run};

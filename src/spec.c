@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "codec_internal.h"
 
 #define QUOTE_SPEC 64 /* characters of the spec a message quotes */
 #define QUOTE_TEXT 32 /* characters of a name, key or value a message quotes */

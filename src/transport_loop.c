@@ -20,7 +20,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "engine.h"
+#include "transport.h"
 #include "transport_loop.h"
 
 typedef struct loop_msg {

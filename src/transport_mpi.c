@@ -22,7 +22,7 @@
 
 #include <mpi.h>
 
-#include "engine.h"
+#include "transport.h"
 #include "gcomp_mpi.h"
 
 #define GCOMP_TAG 0x6763 /* "gc" */

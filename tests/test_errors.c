@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "test_util.h"
-#include "engine.h"
+#include "config.h"
 
 static void test_result_strings(void **state)
 {

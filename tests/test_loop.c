@@ -18,7 +18,7 @@
 #include <stdarg.h>
 #include <cmocka.h>
 
-#include "engine.h"
+#include "comm.h"
 #include "transport_loop.h"
 #include "schedule_cases.h"
 #include "golden/schedules_expected.h"

@@ -21,7 +21,7 @@
 
 #include "gcomp.h"
 #include "gcomp_mpi.h"
-#include "src/engine.h"
+#include "src/comm.h"
 
 static int rank, size, n_pass, n_fail;
 

@@ -25,7 +25,7 @@
 #include <math.h>
 
 #include "fuzz_common.h"
-#include "internal.h"
+#include "codec_internal.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

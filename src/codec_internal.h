@@ -1,0 +1,95 @@
+/*
+ * codec_internal.h — the codec layer's internals shared inside the library: registry, spec
+ * chains, the residual store and its protocol, and what the schedules may ask of a codec
+ * object (codec.c). Transports never include it. Not installed.
+ */
+#ifndef GCOMP_CODEC_INTERNAL_H
+#define GCOMP_CODEC_INTERNAL_H
+
+#include "gcomp_codec.h"
+#include "internal.h"
+
+/* ---- registry (registry.c) ---- */
+/* Register the built-in codecs once; safe to call from every entry point. */
+void gcomp__registry_init(void);
+/* Remove a user codec registered with exactly this vtable (GCOMP_ERR_INVALID_ARG if none).
+ * For tests and fuzzers only: no codec object may still use it. */
+gcomp_result gcomp__codec_unregister(const gcomp_codec_vtable *vt);
+
+/* ---- spec parsing (spec.c) ---- */
+#define GCOMP_MAX_STAGES 4
+#define GCOMP_SPEC_MAX 512
+
+typedef struct gcomp__stage {
+    const gcomp_codec_vtable *vt;
+    void *params; /* vt->params_size bytes, filled from the parameter table */
+    void *state;  /* vt->state_create(params): scratch or contexts reused across calls */
+} gcomp__stage;
+
+typedef struct gcomp__chain {
+    size_t n_stages; /* stage 0 is the element codec, later ones are byte stages */
+    gcomp__stage stages[GCOMP_MAX_STAGES];
+    char canonical[GCOMP_SPEC_MAX]; /* every parameter spelled out */
+} gcomp__chain;
+
+gcomp_result gcomp__chain_parse(const char *spec, gcomp__chain *out);
+void gcomp__chain_free(gcomp__chain *chain);
+
+/* ---- residual store (residual.c) ---- */
+/* One key's error-feedback state. For most codecs two buffers: encode reads buf[cur] and
+ * writes the other; commit swaps them. A failed or non-finite encode simply does not commit,
+ * which leaves the residual exactly as it was without an extra pass over the data. Codecs
+ * with GCOMP_CAP_RESIDUAL_IN_PLACE update buf[cur] in place and buf[1 - cur] stays NULL. */
+typedef struct gcomp__residual {
+    uint64_t key;
+    size_t count;
+    uint64_t step; /* calls so far with this key; keys the stochastic rounding */
+    float *buf[2];
+    int cur;
+} gcomp__residual;
+
+typedef struct gcomp__residual_store {
+    gcomp__residual **slots; /* open addressing by key; NULL = empty */
+    size_t cap;              /* power of two */
+    size_t used;
+} gcomp__residual_store;
+
+/* Find the key's residual, creating it (zeroed) or resetting it when count changed; with
+ * double_buffer, also make sure the second buffer exists. */
+gcomp_result gcomp__residual_acquire(gcomp__residual_store *s, uint64_t key, size_t count, int double_buffer,
+                                     gcomp__residual **out);
+gcomp__residual *gcomp__residual_find(const gcomp__residual_store *s, uint64_t key);
+void gcomp__residual_commit(gcomp__residual *r);
+void gcomp__residual_drop(gcomp__residual_store *s, uint64_t key);
+void gcomp__residual_store_free(gcomp__residual_store *s);
+
+/* ---- the error-feedback protocol (residual.c), shared by the codec object and the
+ * engine: begin takes the key's residual slices and the call's step; end commits the new
+ * residual unless the call's result was not finite (the old one is then kept exactly). */
+typedef struct gcomp__ef {
+    gcomp__residual *res;   /* NULL: no error feedback for this call */
+    float *r_in, *r_out;    /* r_out == r_in: updated in place (GCOMP_CAP_RESIDUAL_IN_PLACE) */
+    uint64_t step;          /* keys the stochastic rounding */
+} gcomp__ef;
+
+gcomp_result gcomp__ef_begin(gcomp__residual_store *s, uint64_t key, size_t count, int in_place, gcomp__ef *ef);
+void gcomp__ef_end(gcomp__ef *ef, int nonfinite);
+
+/* ---- codec-object internals the schedules use (codec.c) ---- */
+const gcomp__chain *gcomp__codec_chain(const gcomp_codec *c);
+/* Encode x (with explicit ctx; residual slices given by the caller) through the whole chain. */
+gcomp_result gcomp__codec_encode_ctx(gcomp_codec *c, gcomp_encode_ctx *ctx, const float *x, const float *r_in,
+                                     float *r_out, size_t count, void *dst, size_t cap, size_t *written);
+/* Run only the byte stages (zstd) over raw bytes, and back; a plain copy without stages. */
+size_t gcomp__codec_stages_bound(const gcomp_codec *c, size_t bytes);
+gcomp_result gcomp__codec_stages_encode(gcomp_codec *c, const void *in, size_t n, size_t count, void *out, size_t cap,
+                                        size_t *written);
+gcomp_result gcomp__codec_stages_decode(gcomp_codec *c, const void *in, size_t n, size_t count, void *out, size_t cap,
+                                        size_t *written);
+gcomp__residual_store *gcomp__codec_residuals(gcomp_codec *c);
+/* The element codec's body inside a payload, after the byte stages are undone (the pointer
+ * is valid until the next call on this codec object). */
+gcomp_result gcomp__codec_element_body(gcomp_codec *c, const void *payload, size_t bytes, size_t count,
+                                       const uint8_t **body, size_t *body_bytes, uint32_t *flags);
+
+#endif

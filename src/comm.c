@@ -1,0 +1,292 @@
+/*
+ * comm.c — the communicator: creation (a collective that agrees on the codec), per-key
+ * state, stats, and the agreements of a call.
+ *
+ * Every agreement (creation, start and end of a call) is one small allreduce (a max of
+ * AGREE_N uint64) in which the ranks agree on the call (codec spec, count, dtype, op,
+ * min_bytes, library version) and on whether every rank's arguments were valid, or, at the
+ * end, on the outcome (a local failure, a non-finite input or result). A disagreement
+ * returns the same error on every rank instead of a hang or garbage.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm.h"
+
+static uint64_t fnv1a(uint64_t h, const void *data, size_t n)
+{
+    const uint8_t *p = data;
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+}
+
+static uint64_t spec_hash(const gcomp_codec *codec)
+{
+    return codec ? fnv1a(0xcbf29ce484222325ull, gcomp_codec_spec(codec), strlen(gcomp_codec_spec(codec))) : 0;
+}
+
+/* ---- agreement ----
+ * Every agreement (creation, start and end of a call) is one max-allreduce of AGREE_N
+ * uint64 with the same layout, so ranks that are out of step never meet in collectives of
+ * different sizes (Open MPI 4.1 truncates such a message and reports it through
+ * MPI_COMM_WORLD's error handler, which aborts the job).
+ *   V_FAIL      0, or (error code << 32 | rank) of a failed rank: the max names the worst
+ *               error and the highest rank that had it
+ *   V_NONFINITE 1 if this rank's encode saw NaN/Inf or its result holds one
+ *   fields      (v, ~v) pairs: after the max, a rank whose v or ~v changed knows that some
+ *               rank had another value, and which field it was
+ * The call's fields are everything that changes what a rank sends or how: the codec spec,
+ * count, dtype, op and min_bytes (which decides bypass or compression, so ranks that
+ * disagree on it would run different protocols), and the library version. error_feedback
+ * changes only this rank's residual and seed only the values of the codes, never sizes or
+ * the protocol, so ranks may differ in them (timeout_ms and debug are local too). */
+enum { V_FAIL, V_NONFINITE, V_FIELDS };
+enum { F_SPEC, F_COUNT, F_DTYPE, F_OP, F_MIN_BYTES, F_VERSION, N_FIELDS };
+#define AGREE_N (V_FIELDS + 2 * N_FIELDS)
+static const char *const field_names[N_FIELDS] = {"codec spec", "count", "dtype", "op", "min_bytes", "library version"};
+
+typedef struct vote {
+    uint64_t v[AGREE_N];
+    char detail[256]; /* this rank's own failure message */
+} vote;
+
+static void vote_init(vote *b, int rank, gcomp_result local, int nonfinite, const uint64_t *fields)
+{
+    memset(b, 0, sizeof *b);
+    b->v[V_FAIL] = local != GCOMP_SUCCESS ? (uint64_t)local << 32 | (uint32_t)rank : 0;
+    b->v[V_NONFINITE] = nonfinite != 0;
+    for (int f = 0; f < N_FIELDS; f++) {
+        b->v[V_FIELDS + 2 * f] = fields ? fields[f] : 0;
+        b->v[V_FIELDS + 2 * f + 1] = ~(fields ? fields[f] : 0);
+    }
+    snprintf(b->detail, sizeof b->detail, "%s", local != GCOMP_SUCCESS ? gcomp_last_error() : "");
+}
+
+/* Share the vote; got receives the max over all ranks. */
+static gcomp_result vote_share(gcomp__transport *tp, const vote *mine, uint64_t *got, double deadline)
+{
+    memcpy(got, mine->v, sizeof mine->v);
+    return tp->allreduce_max_u64(tp, got, AGREE_N, deadline);
+}
+
+/* A failure anywhere: this rank's own message, or which rank failed and how. */
+static gcomp_result vote_failure(const vote *mine, const uint64_t *got, const char *what)
+{
+    gcomp_result rc = (gcomp_result)(got[V_FAIL] >> 32);
+    if (mine->v[V_FAIL]) return gcomp__fail((gcomp_result)(mine->v[V_FAIL] >> 32), "%s", mine->detail);
+    return gcomp__fail(rc, "rank %u failed %s: %s (%s); see that rank's gcomp_last_error()",
+                       (unsigned)(uint32_t)got[V_FAIL], what, gcomp_result_name(rc), gcomp_strerror(rc));
+}
+
+/* The names of the fields on which ranks differ ("" if none), comma-separated. */
+static void vote_differences(const vote *mine, const uint64_t *got, char *out, size_t cap)
+{
+    size_t n = 0;
+    out[0] = 0;
+    for (int f = 0; f < N_FIELDS; f++)
+        if (got[V_FIELDS + 2 * f] != mine->v[V_FIELDS + 2 * f] || got[V_FIELDS + 2 * f + 1] != mine->v[V_FIELDS + 2 * f + 1])
+            n += (size_t)snprintf(out + n, n < cap ? cap - n : 0, "%s%s", n ? ", " : "", field_names[f]);
+}
+
+#define CREATE_TIMEOUT_MS 300000 /* the agreement's deadline when the configuration is unknown */
+
+gcomp_result gcomp__comm_join_failed(gcomp__transport *tp, gcomp_result local)
+{
+    vote mine;
+    uint64_t got[AGREE_N];
+    vote_init(&mine, tp->rank, local, 0, NULL);
+    (void)vote_share(tp, &mine, got, gcomp__now() + 1e-3 * CREATE_TIMEOUT_MS);
+    tp->destroy(tp);
+    return gcomp__fail(local, "%s", mine.detail);
+}
+
+gcomp_result gcomp__comm_create(gcomp__transport *tp, const gcomp_config *cfg, gcomp_comm **out)
+{
+    gcomp_comm *c = calloc(1, sizeof *c);
+    gcomp_codec_options opts = gcomp_codec_options_default();
+    uint64_t fields[N_FIELDS] = {0}, got[AGREE_N];
+    vote mine;
+    gcomp_result rc, local = GCOMP_SUCCESS;
+    if (out) *out = NULL;
+    if (!c) return gcomp__comm_join_failed(tp, gcomp__fail(GCOMP_ERR_NOMEM, "gcomp_comm_create: out of memory"));
+    c->tp = tp;
+    /* A local failure (NULL out, bad spec, bad GCOMP_* variable) still joins the agreement
+     * below, so the other ranks get an error too instead of waiting for this one. */
+    if (!out) local = gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_create: out is NULL");
+    if (local == GCOMP_SUCCESS) local = gcomp__config_resolve(cfg, &c->cfg);
+    if (local == GCOMP_SUCCESS) {
+        opts.seed = c->cfg.seed;
+        opts.rank = (uint32_t)tp->rank;
+        opts.error_feedback = c->cfg.error_feedback;
+        local = gcomp_codec_create(c->cfg.codec, &opts, &c->codec);
+    }
+    if (c->cfg.timeout_ms <= 0) c->cfg.timeout_ms = CREATE_TIMEOUT_MS; /* config not resolved */
+    /* ranks must agree on the codec: compare a hash of the canonical spec */
+    fields[F_SPEC] = local == GCOMP_SUCCESS ? spec_hash(c->codec) : 0;
+    vote_init(&mine, tp->rank, local, 0, fields);
+    GCOMP_CHECK_GOTO(vote_share(tp, &mine, got, gcomp__now() + 1e-3 * (double)c->cfg.timeout_ms), rc, fail);
+    if (got[V_FAIL]) {
+        rc = vote_failure(&mine, got, "to create its communicator");
+        goto fail;
+    }
+    if (got[V_FIELDS + 2 * F_SPEC] != fields[F_SPEC] || ~got[V_FIELDS + 2 * F_SPEC + 1] != fields[F_SPEC]) {
+        rc = gcomp__fail(GCOMP_ERR_MISMATCH, "ranks were configured with different codecs (this rank: '%s')",
+                         gcomp_codec_spec(c->codec));
+        goto fail;
+    }
+    gcomp__debug("rank %d/%d: codec %s, min_bytes %lld, ef %d", tp->rank, tp->size, gcomp_codec_spec(c->codec),
+                 (long long)c->cfg.min_bytes, c->cfg.error_feedback);
+    *out = c;
+    return GCOMP_SUCCESS;
+fail:
+    gcomp_comm_destroy(c);
+    return rc;
+}
+
+void gcomp_comm_destroy(gcomp_comm *c)
+{
+    if (!c) return;
+    while (c->keys) {
+        gcomp__key *k = c->keys;
+        c->keys = k->next;
+        free(k);
+    }
+    gcomp_codec_destroy(c->codec);
+    gcomp_codec_destroy(c->dense_codec);
+    if (c->tp) c->tp->destroy(c->tp);
+    /* after a timeout a ring exchange may still be sending from the workspace: MPI cannot
+     * cancel sends, so it is leaked on purpose rather than freed under it */
+    if (!c->broken)
+        for (int d = 0; d < 2; d++) gcomp__ws_free(&c->ws[d]);
+    free(c);
+}
+
+int gcomp_comm_rank(const gcomp_comm *c) { return c ? c->tp->rank : -1; }
+int gcomp_comm_size(const gcomp_comm *c) { return c ? c->tp->size : -1; }
+const char *gcomp_comm_codec(const gcomp_comm *c) { return c ? gcomp_codec_spec(c->codec) : ""; }
+
+const gcomp__key *gcomp__comm_find_key(const gcomp_comm *c, uint64_t key)
+{
+    for (const gcomp__key *k = c->keys; k; k = k->next)
+        if (k->key == key) return k;
+    return NULL;
+}
+
+gcomp_result gcomp__comm_key(gcomp_comm *c, uint64_t key, size_t count, gcomp__key **out)
+{
+    gcomp__key *k = c->keys;
+    while (k && k->key != key) k = k->next;
+    if (!k) {
+        k = calloc(1, sizeof *k);
+        if (!k) return gcomp__fail(GCOMP_ERR_NOMEM, "cannot allocate state for key %llu", (unsigned long long)key);
+        k->key = key;
+        k->next = c->keys;
+        c->keys = k;
+    }
+    k->count = count;
+    *out = k;
+    return GCOMP_SUCCESS;
+}
+
+gcomp_result gcomp__comm_transport_failed(gcomp_comm *c, gcomp_result rc)
+{
+    if (rc == GCOMP_ERR_TIMEOUT || rc == GCOMP_ERR_TRANSPORT) c->broken = 1;
+    return rc;
+}
+
+gcomp_result gcomp__comm_agree_call(gcomp_comm *c, gcomp_result local, size_t count, gcomp_dtype dtype, gcomp_op op,
+                                    double deadline)
+{
+    uint64_t fields[N_FIELDS], got[AGREE_N];
+    char diff[128];
+    vote mine;
+    fields[F_SPEC] = spec_hash(c->codec);
+    fields[F_COUNT] = count;
+    fields[F_DTYPE] = (uint64_t)dtype;
+    fields[F_OP] = (uint64_t)op;
+    fields[F_MIN_BYTES] = (uint64_t)c->cfg.min_bytes;
+    fields[F_VERSION] = GCOMP_VERSION;
+    vote_init(&mine, c->tp->rank, local, 0, fields);
+    GCOMP_CHECK(gcomp__comm_transport_failed(c, vote_share(c->tp, &mine, got, deadline)));
+    if (got[V_FAIL]) return vote_failure(&mine, got, "before the call started (its arguments or buffers)");
+    vote_differences(&mine, got, diff, sizeof diff);
+    if (diff[0])
+        return gcomp__fail(GCOMP_ERR_MISMATCH, "ranks disagree on the call's %s (this rank: count %zu dtype %d op %d "
+                                               "min_bytes %lld codec '%s')",
+                           diff, count, (int)dtype, (int)op, (long long)c->cfg.min_bytes, gcomp_codec_spec(c->codec));
+    return GCOMP_SUCCESS;
+}
+
+gcomp_result gcomp__comm_agree_outcome(gcomp_comm *c, gcomp_result local, int local_nonfinite, int *nonfinite,
+                                       double deadline)
+{
+    uint64_t got[AGREE_N];
+    vote mine;
+    vote_init(&mine, c->tp->rank, local, local_nonfinite, NULL);
+    GCOMP_CHECK(gcomp__comm_transport_failed(c, vote_share(c->tp, &mine, got, deadline)));
+    *nonfinite = got[V_NONFINITE] != 0;
+    if (got[V_FAIL]) return vote_failure(&mine, got, "during the allreduce");
+    return GCOMP_SUCCESS;
+}
+
+static void add_stats(gcomp_comm_stats *to, const gcomp_comm_stats *from)
+{
+    to->calls += from->calls;
+    to->compressed_calls += from->compressed_calls;
+    to->raw_bytes += from->raw_bytes;
+    to->wire_bytes += from->wire_bytes;
+    to->baseline_bytes += from->baseline_bytes;
+    to->overflow_count += from->overflow_count;
+    to->nonfinite_calls += from->nonfinite_calls;
+    to->encode_s += from->encode_s;
+    to->comm_s += from->comm_s;
+    to->decode_s += from->decode_s;
+    to->agree_s += from->agree_s;
+    to->last_schedule = from->last_schedule;
+}
+
+void gcomp__comm_add_stats(gcomp_comm *c, gcomp__key *k, const gcomp_comm_stats *st)
+{
+    add_stats(&k->stats, st);
+    add_stats(&c->stats, st);
+}
+
+void gcomp__comm_inject_fault(gcomp_comm *c, int fault)
+{
+    if (!c) return;
+    if (fault == GCOMP__FAULT_ALLOC) {
+        gcomp__ws_free(&c->ws[GCOMP__DEVICE_HOST]);
+        c->ws[GCOMP__DEVICE_HOST].fail_next = 1;
+    } else if (fault == GCOMP__FAULT_TRUNCATE_WIRE) {
+        gcomp__transport *wrapped;
+        if (gcomp__transport_fault_wrap(c->tp, &wrapped) != GCOMP_SUCCESS) return;
+        c->tp = wrapped;
+        gcomp__transport_fault_truncate_next(wrapped);
+    }
+}
+
+gcomp_result gcomp_comm_stats_get(const gcomp_comm *c, gcomp_comm_stats *out)
+{
+    if (!c || !out) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_stats_get: NULL argument");
+    *out = c->stats;
+    return GCOMP_SUCCESS;
+}
+
+gcomp_result gcomp_comm_key_stats(const gcomp_comm *c, uint64_t key, gcomp_comm_stats *out)
+{
+    const gcomp__key *k;
+    if (!c || !out) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_key_stats: NULL argument");
+    k = gcomp__comm_find_key(c, key);
+    if (!k) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "key %llu was never used on this communicator", (unsigned long long)key);
+    *out = k->stats;
+    return GCOMP_SUCCESS;
+}
+
+gcomp_result gcomp_comm_stats_reset(gcomp_comm *c)
+{
+    if (!c) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_stats_reset: NULL comm");
+    memset(&c->stats, 0, sizeof c->stats);
+    for (gcomp__key *k = c->keys; k; k = k->next) memset(&k->stats, 0, sizeof k->stats);
+    return GCOMP_SUCCESS;
+}

@@ -1,0 +1,62 @@
+/*
+ * comm.h — the communicator (comm.c): configuration, transport, codec object, per-key
+ * state, stats, workspaces, and the agreements ranks make before and after a call. For the
+ * API layer only (comm.c, engine.c, checkpoint.c): schedules see a gcomp__call, transports
+ * see nothing of it.
+ */
+#ifndef GCOMP_COMM_H
+#define GCOMP_COMM_H
+
+#include "codec_internal.h"
+#include "config.h"
+#include "transport.h"
+#include "workspace.h"
+
+/* ---- per-key state ---- */
+typedef struct gcomp__key {
+    uint64_t key;
+    size_t count;
+    /* calls without error feedback so far: keys the stochastic rounding then (with error
+     * feedback the residual's own step does, and is checkpointed with it) */
+    uint64_t step;
+    gcomp_comm_stats stats;
+    struct gcomp__key *next;
+} gcomp__key;
+
+struct gcomp_comm {
+    gcomp__config cfg;
+    gcomp__transport *tp;
+    gcomp_codec *codec;          /* the parsed chain and its residuals */
+    gcomp_codec *dense_codec;    /* sparse-as-dense: the fp32 ring's codec ("none"), made at first use */
+    int broken;                  /* set by a timeout or transport failure: refuse further calls */
+    gcomp__key *keys;
+    uint64_t nokey_step;         /* the step of GCOMP_KEY_NONE calls without error feedback */
+    gcomp_comm_stats stats;
+    gcomp__workspace ws[2];      /* scratch per device kind (gcomp__device_kind) */
+};
+
+/* The key's state, created at its first call (count recorded). */
+gcomp_result gcomp__comm_key(gcomp_comm *c, uint64_t key, size_t count, gcomp__key **out);
+const gcomp__key *gcomp__comm_find_key(const gcomp_comm *c, uint64_t key);
+/* A call's numbers into the key's and the communicator's stats. */
+void gcomp__comm_add_stats(gcomp_comm *c, gcomp__key *k, const gcomp_comm_stats *st);
+/* rc, after marking the communicator broken when rc says the transport is (timeout, failure). */
+gcomp_result gcomp__comm_transport_failed(gcomp_comm *c, gcomp_result rc);
+
+/* Before a call: the ranks agree on the call (codec spec, count, dtype, op, min_bytes,
+ * library version) and on whether every rank's preparation (local) succeeded. A difference
+ * is GCOMP_ERR_MISMATCH on every rank, a local failure anywhere that rank's error. */
+gcomp_result gcomp__comm_agree_call(gcomp_comm *c, gcomp_result local, size_t count, gcomp_dtype dtype, gcomp_op op,
+                                    double deadline);
+/* After a compressed schedule: whether any rank failed locally (the error, on every rank)
+ * and whether any saw a non-finite value (*nonfinite, the same on every rank). */
+gcomp_result gcomp__comm_agree_outcome(gcomp_comm *c, gcomp_result local, int local_nonfinite, int *nonfinite,
+                                       double deadline);
+
+/* Test hooks (tests only): make this rank's next call fail its allocation (the workspace
+ * is released and its next fit fails), or truncate the next message it sends by one byte
+ * (the transport is wrapped in the fault decorator, transport_fault.c). */
+enum { GCOMP__FAULT_NONE = 0, GCOMP__FAULT_ALLOC = 1, GCOMP__FAULT_TRUNCATE_WIRE = 2 };
+void gcomp__comm_inject_fault(gcomp_comm *c, int fault);
+
+#endif

@@ -1,0 +1,24 @@
+/*
+ * config.h — a communicator's resolved configuration (config.c): the gcomp_config the user
+ * gave, with GCOMP_* environment variables and defaults filling what it left unset.
+ */
+#ifndef GCOMP_CONFIG_H
+#define GCOMP_CONFIG_H
+
+#include "internal.h"
+
+#define GCOMP_CONFIG_CODEC_MAX 512 /* = GCOMP_SPEC_MAX: a spec string and its terminator */
+
+typedef struct gcomp__config {
+    char codec[GCOMP_CONFIG_CODEC_MAX];
+    int64_t min_bytes;
+    int error_feedback;
+    uint64_t seed;
+    int64_t timeout_ms;
+    int debug;
+} gcomp__config;
+
+/* Fill unset fields of cfg (may be NULL) from GCOMP_* environment variables, then defaults. */
+gcomp_result gcomp__config_resolve(const gcomp_config *cfg, gcomp__config *out);
+
+#endif

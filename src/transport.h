@@ -1,0 +1,57 @@
+/*
+ * transport.h — what moves bytes between ranks: non-blocking send/receive of variable-size
+ * payloads with a deadline, and the two small collectives the engine needs. A transport
+ * knows nothing of codecs, schedules or communicators' state; it is handed to one.
+ *
+ * Implementations: transport_mpi.c (host memory over Open MPI), transport_loop.c (ranks as
+ * threads of one process, for unit tests); decorators wrap another transport and forward
+ * to it (transport_fault.c: test faults).
+ */
+#ifndef GCOMP_TRANSPORT_H
+#define GCOMP_TRANSPORT_H
+
+#include "internal.h"
+
+/* Where the buffers handed to a transport must live. */
+typedef enum gcomp__mem_kind { GCOMP__MEM_HOST = 0, GCOMP__MEM_CUDA = 1 } gcomp__mem_kind;
+
+typedef struct gcomp__transport gcomp__transport;
+struct gcomp__transport {
+    int rank, size;
+    gcomp__mem_kind mem; /* the memory every buffer passed below must be in */
+    /* Start sending sbytes to rank `to` while receiving at most rcap bytes from rank `from`
+     * (one exchange in flight at a time); finish waits for both, until deadline (absolute
+     * gcomp__now() seconds). The caller computes in between: that is the overlap. A message
+     * longer than rcap is an error of the exchange (MPI_ERR_TRUNCATE). */
+    gcomp_result (*start_sendrecv)(gcomp__transport *t, int to, const void *sbuf, size_t sbytes, int from, void *rbuf,
+                                   size_t rcap);
+    gcomp_result (*finish_sendrecv)(gcomp__transport *t, size_t *rbytes, double deadline);
+    /* Let the exchange in flight advance while the caller computes (MPI moves large
+     * messages only inside MPI calls). Cheap; call it every few hundred microseconds. */
+    void (*progress)(gcomp__transport *t);
+    /* In-place elementwise max of n uint64 over all ranks. */
+    gcomp_result (*allreduce_max_u64)(gcomp__transport *t, uint64_t *vals, size_t n, double deadline);
+    /* In-place float sum of n floats over all ranks (the uncompressed path). */
+    gcomp_result (*allreduce_sum_f32)(gcomp__transport *t, float *vals, size_t n, double deadline);
+    void (*destroy)(gcomp__transport *t);
+};
+
+/* ---- handing a transport to a communicator (comm.c) ----
+ * A transport's constructor (gcomp_comm_create_mpi, gcomp__comm_create_loop) ends here.
+ * gcomp__comm_create builds a communicator around tp and takes ownership of it even on
+ * failure. Collective: a local failure (out == NULL, bad spec or config, no memory) still
+ * joins the creation's agreement, so every rank returns an error.
+ * gcomp__comm_join_failed: a rank that failed before it could build a communicator (local
+ * holds its error and gcomp_last_error() the detail) still joins that agreement, so the
+ * other ranks return an error instead of waiting; destroys tp and returns local. */
+gcomp_result gcomp__comm_create(gcomp__transport *tp, const gcomp_config *cfg, gcomp_comm **out);
+gcomp_result gcomp__comm_join_failed(gcomp__transport *tp, gcomp_result local);
+
+/* ---- the fault-injection decorator (transport_fault.c), for tests ----
+ * Wraps inner (taking ownership); *out forwards everything to it, except what is armed. */
+gcomp_result gcomp__transport_fault_wrap(gcomp__transport *inner, gcomp__transport **out);
+/* The next message this transport sends loses its last byte (a message of 0 bytes is sent
+ * as is and keeps the fault armed). t must come from gcomp__transport_fault_wrap. */
+void gcomp__transport_fault_truncate_next(gcomp__transport *t);
+
+#endif
