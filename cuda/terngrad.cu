@@ -822,6 +822,10 @@ static gcomp_result tg_cuda_local_scales(const void *params, const float *g, con
     return scale_passes(&G, g, res, carve(&G, scratch), scales, nullptr, nullptr, 0, (cudaStream_t)stream);
 }
 
+/* The call sees only the scales of its own range (it does not know the tensor's count), so
+ * with buckets a NaN scale elsewhere in the tensor does not stop this range's residual
+ * update: a caller that ternarises a bucketed tensor in chunks must check all its scales
+ * first (or double-buffer the residual, whose commit then discards the whole update). */
 static gcomp_result tg_cuda_ternarise(const void *params, const gcomp_encode_ctx *ctx, const float *g,
                                       const gcomp_cuda_residual *res, size_t n, const float *scales, int8_t *t,
                                       gcomp_cuda_status *status, struct CUstream_st *stream)
