@@ -10,6 +10,7 @@
 
 #include "codec_device.h"
 #include "codec_internal.h"
+#include "device.h"
 #include "codecs/topk.h"
 
 struct gcomp_codec {
@@ -119,15 +120,6 @@ size_t gcomp_codec_max_encoded_bytes(const gcomp_codec *c, size_t count)
     return bound;
 }
 
-static void widen_to_f32(const void *src, gcomp_dtype dtype, size_t count, float *dst)
-{
-    const uint16_t *h = (const uint16_t *)src;
-    if (dtype == GCOMP_F16)
-        for (size_t i = 0; i < count; i++) dst[i] = gcomp_f16_to_f32(h[i]);
-    else
-        for (size_t i = 0; i < count; i++) dst[i] = gcomp_bf16_to_f32(h[i]);
-}
-
 static gcomp_result check_buffers(const char *fn, const void *a, const void *b, size_t count)
 {
     if (count > 0 && (!a || !b)) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "%s: NULL buffer with count %zu", fn, count);
@@ -233,10 +225,8 @@ gcomp_result gcomp_codec_encode(gcomp_codec *c, uint64_t key, const void *src, s
                                 void *dst, size_t dst_cap, size_t *written)
 {
     gcomp_encode_ctx ctx = {0};
-    gcomp__residual *res = NULL;
+    gcomp__ef ef = {0};
     const float *x = (const float *)src;
-    const float *r_in = NULL;
-    float *r_out = NULL;
     size_t esize = gcomp_dtype_size(dtype);
 
     if (!c || !written) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_codec_encode: NULL codec or written");
@@ -248,7 +238,7 @@ gcomp_result gcomp_codec_encode(gcomp_codec *c, uint64_t key, const void *src, s
     if (!dst) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_codec_encode: dst is NULL");
     if (dtype != GCOMP_F32) {
         GCOMP_CHECK(gcomp__reserve(&c->widen, &c->widen_cap, count * sizeof(float)));
-        widen_to_f32(src, dtype, count, c->widen);
+        GCOMP_CHECK(gcomp__device_host.widen(src, dtype, count, c->widen, NULL));
         x = c->widen;
     }
     ctx.seed = c->opts.seed;
@@ -262,17 +252,15 @@ gcomp_result gcomp_codec_encode(gcomp_codec *c, uint64_t key, const void *src, s
             return gcomp__fail(GCOMP_ERR_BUFFER_TOO_SMALL, "gcomp_codec_encode: %s needs an output of "
                                "gcomp_codec_max_encoded_bytes() = %zu bytes, got %zu", c->chain.canonical,
                                gcomp_codec_max_encoded_bytes(c, count), dst_cap);
-        GCOMP_CHECK(gcomp__residual_acquire(&c->residuals, key, count, !in_place, &res));
-        r_in = res->buf[res->cur];
-        r_out = in_place ? res->buf[res->cur] : res->buf[res->cur ^ 1];
-        ctx.step = res->step++;
+        GCOMP_CHECK(gcomp__ef_begin(&c->residuals, key, count, in_place, &ef));
+        ctx.step = ef.step;
     } else {
         ctx.step = c->nokey_step++;
     }
-    GCOMP_CHECK(encode_chain(c, &ctx, x, r_in, r_out, count, dtype, dst, dst_cap, written));
+    GCOMP_CHECK(encode_chain(c, &ctx, x, ef.r_in, ef.r_out, count, dtype, dst, dst_cap, written));
     /* A non-finite result must not poison the residual: keep the old one. */
     if (ctx.nonfinite) c->stats.nonfinite_calls++;
-    else if (res && r_out != r_in) gcomp__residual_commit(res);
+    gcomp__ef_end(&ef, (int)ctx.nonfinite);
     c->stats.encode_calls++;
     c->stats.raw_bytes += count * esize;
     c->stats.wire_bytes += *written;
@@ -349,10 +337,7 @@ gcomp_result gcomp_codec_decode(gcomp_codec *c, const void *payload, size_t byte
     }
     if (count) memset(acc, 0, count * sizeof(float));
     GCOMP_CHECK(gcomp_codec_decode_add(c, payload, bytes, acc, count));
-    if (dtype == GCOMP_F16)
-        for (size_t i = 0; i < count; i++) ((uint16_t *)dst)[i] = gcomp_f32_to_f16(acc[i]);
-    else if (dtype == GCOMP_BF16)
-        for (size_t i = 0; i < count; i++) ((uint16_t *)dst)[i] = gcomp_f32_to_bf16(acc[i]);
+    if (dtype != GCOMP_F32) GCOMP_CHECK(gcomp__device_host.narrow(acc, count, dtype, dst, NULL));
     return GCOMP_SUCCESS;
 }
 
