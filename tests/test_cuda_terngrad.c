@@ -87,6 +87,7 @@ typedef struct enc_case {
     uint64_t offset;
     int steps;
     int bad_step; /* step whose gradient holds a NaN (and an Inf one step later), or -1 */
+    int shift;    /* device arrays start this many floats into their allocation (alignment) */
 } enc_case;
 
 static void run_encode(const enc_case *c)
@@ -97,7 +98,9 @@ static void run_encode(const enc_case *c)
     char name[160];
     float *base = tu_gauss_array(n, 1234 + n), *g = malloc(n * 4 + 4), *r = malloc(n * 4 + 4), *rg = malloc(n * 4 + 4);
     uint8_t *body = malloc(cap + 1), *gbody = malloc(cap + 1);
-    float *dg = dalloc(n * 4), *dr[2] = {dalloc(n * 4), c->mode == RES_DOUBLE ? dalloc(n * 4) : NULL};
+    const size_t sh = (size_t)c->shift;
+    float *dg0 = dalloc((n + sh) * 4), *dr0[2] = {dalloc((n + sh) * 4), c->mode == RES_DOUBLE ? dalloc((n + sh) * 4) : NULL};
+    float *dg = dg0 + sh, *dr[2] = {dr0[0] + sh, dr0[1] ? dr0[1] + sh : NULL};
     uint8_t *dbody = dalloc(cap);
     void *dscratch = dalloc(scratch_bytes);
     gcomp_cuda_residual hres = {{NULL, NULL}, 0, 0, 0}, *dres = dalloc(sizeof hres);
@@ -108,8 +111,8 @@ static void run_encode(const enc_case *c)
         gcomp_encode_ctx cc = {0}, gc = {0};
         size_t written = 0;
         uint32_t flags = 7;
-        snprintf(name, sizeof name, "bucket=%lld clip=%g n=%zu mode=%d offset=%llu step %d", (long long)p.bucket, p.clip,
-                 n, c->mode, (unsigned long long)c->offset, s);
+        snprintf(name, sizeof name, "bucket=%lld clip=%g n=%zu mode=%d offset=%llu shift=%d step %d", (long long)p.bucket,
+                 p.clip, n, c->mode, (unsigned long long)c->offset, c->shift, s);
         step_data(base, n, s, g);
         if (s == c->bad_step) g[n / 2] = NAN;
         if (s == c->bad_step + 1 && c->bad_step >= 0) g[n - 1] = -INFINITY;
@@ -149,9 +152,9 @@ static void run_encode(const enc_case *c)
         to_host(rg, dr[0], n * 4);
         same_floats(r, rg, n, st.nonfinite ? "residual (must be untouched)" : "residual", name);
     }
-    CK(cudaFree(dg));
-    CK(cudaFree(dr[0]));
-    if (dr[1]) CK(cudaFree(dr[1]));
+    CK(cudaFree(dg0));
+    CK(cudaFree(dr0[0]));
+    if (dr0[1]) CK(cudaFree(dr0[1]));
     CK(cudaFree(dbody));
     CK(cudaFree(dscratch));
     CK(cudaFree(dres));
@@ -166,7 +169,7 @@ static void test_encode(void **state)
         if (sizes[k] > max_n) continue;
         for (size_t j = 0; j < NSPECS; j++)
             for (int mode = RES_NONE; mode <= RES_DOUBLE; mode++) {
-                enc_case c = {specs[j], sizes[k], mode, 0, 5, -1};
+                enc_case c = {specs[j], sizes[k], mode, 0, 5, -1, 0};
                 if (sizes[k] > (4u << 20)) { /* 64 Mi: the specs that differ in kind, fewer steps */
                     if (j != 0 && j != 2 && j != 6) continue;
                     c.steps = 2;
@@ -183,9 +186,23 @@ static void test_encode_offset(void **state)
     const uint64_t off[] = {(1ull << 32) - 3000, (5ull << 32) + 12};
     for (size_t o = 0; o < 2; o++)
         for (size_t j = 0; j < NSPECS; j++) {
-            enc_case c = {specs[j], 4099, RES_IN_PLACE, off[o], 2, -1};
+            enc_case c = {specs[j], 4099, RES_IN_PLACE, off[o], 2, -1, 0};
             run_encode(&c);
             c.n = (1u << 20) + 3;
+            c.mode = RES_DOUBLE;
+            run_encode(&c);
+        }
+}
+
+/* Arrays that are not 16-byte aligned (the vector paths must fall back). */
+static void test_encode_unaligned(void **state)
+{
+    (void)state;
+    for (size_t j = 0; j < NSPECS; j++)
+        for (int shift = 1; shift <= 2; shift++) {
+            enc_case c = {specs[j], (1u << 20) + 3, RES_IN_PLACE, 0, 2, -1, shift};
+            run_encode(&c);
+            c.n = 4099;
             c.mode = RES_DOUBLE;
             run_encode(&c);
         }
@@ -197,7 +214,7 @@ static void test_encode_nonfinite(void **state)
     (void)state;
     for (size_t j = 0; j < NSPECS; j++)
         for (int mode = RES_NONE; mode <= RES_DOUBLE; mode++) {
-            enc_case c = {specs[j], 4099, mode, 0, 4, 1};
+            enc_case c = {specs[j], 4099, mode, 0, 4, 1, 0};
             run_encode(&c);
             c.n = (1u << 20) + 3;
             run_encode(&c);
@@ -476,6 +493,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_encode),
         cmocka_unit_test(test_encode_offset),
+        cmocka_unit_test(test_encode_unaligned),
         cmocka_unit_test(test_encode_nonfinite),
         cmocka_unit_test(test_decode_add),
         cmocka_unit_test(test_decode_corrupt),
