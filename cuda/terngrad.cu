@@ -602,7 +602,12 @@ static __global__ void k_add(tg_geom G, const uint8_t *payload, float *acc, cons
         for (uint32_t p = 0; p < 4; p++) {
             uint32_t k = (uint32_t)jj + p * q;
             /* multiply, not select: a non-finite scale makes NaN of t = 0 too, as on the CPU */
-            if (k < len) acc[a + k] = __fadd_rn(acc[a + k], __fmul_rn(code_value((v >> (2 * p)) & 3u), s));
+            if (k < len) {
+                /* NaN bits as the CPU's (a NaN or infinite scale: t * s, then acc + that) */
+                float t = code_value((v >> (2 * p)) & 3u), a0 = acc[a + k];
+                float ts = gcomp_x86_nan_f32(__fmul_rn(t, s), t, s);
+                acc[a + k] = gcomp_x86_nan_f32(__fadd_rn(a0, ts), a0, ts);
+            }
         }
     }
 }
@@ -771,7 +776,8 @@ static __global__ void k_sums_values(sum_fmt f, const uint8_t *in, uint64_t lo, 
             uint64_t i = p.block * SUM_BLOCK + e;
             float s = scales[B ? (lo + i) / B : 0];
             /* sched_integer.c's sum_values: (float)k * s / divisor */
-            out[i] = __fdiv_rn(__fmul_rn((float)d[e - p.e0], s), divisor);
+            float k = (float)d[e - p.e0], ks = gcomp_x86_nan_f32(__fmul_rn(k, s), k, s);
+            out[i] = gcomp_x86_nan_f32(__fdiv_rn(ks, divisor), ks, divisor); /* NaN bits as the CPU's */
         }
     }
 }

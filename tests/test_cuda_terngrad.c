@@ -223,10 +223,12 @@ static void test_encode_nonfinite(void **state)
 
 /* ---- decode-add ---------------------------------------------------------------------------- */
 
-/* payload = header + CPU body of n elements; returns its size. */
-static size_t make_payload(const gcomp_terngrad_params *p, size_t n, uint8_t *payload)
+/* payload = header + CPU body of n elements (poison 1: a NaN in the input, 2: an Inf, so the
+ * scale of its bucket is not finite); returns its size. */
+static size_t make_payload(const gcomp_terngrad_params *p, size_t n, uint8_t *payload, int poison)
 {
     float *g = tu_gauss_array(n, 99 + n);
+    if (poison) g[n / 2] = poison == 1 ? NAN : INFINITY;
     gcomp_encode_ctx ctx = {0};
     size_t written = 0;
     uint32_t flags = 0;
@@ -268,14 +270,16 @@ static void test_decode_add(void **state)
             gcomp_terngrad_params p = {specs[j].bucket, specs[j].clip};
             size_t n = sizes[k], cap = GCOMP_HEADER_BYTES + vt->max_body_bytes(&p, n);
             uint8_t *payload = malloc(cap);
-            size_t bytes = make_payload(&p, n, payload);
             float *acc = tu_gauss_array(n, 7), *want = malloc(n * 4), *got = malloc(n * 4);
-            snprintf(name, sizeof name, "bucket=%lld n=%zu", (long long)p.bucket, n);
-            memcpy(want, acc, n * 4);
-            assert_int_equal(vt->decode_add(&p, 0, payload + GCOMP_HEADER_BYTES, bytes - GCOMP_HEADER_BYTES, want, n),
-                             GCOMP_SUCCESS);
-            assert_int_equal(gpu_decode(&p, payload, bytes, acc, n, got, 0), 0);
-            same_floats(want, got, n, "decode_add", name);
+            for (int poison = 0; poison < 3; poison++) { /* finite, a NaN scale, an infinite one */
+                size_t bytes = make_payload(&p, n, payload, poison);
+                snprintf(name, sizeof name, "bucket=%lld n=%zu poison=%d", (long long)p.bucket, n, poison);
+                memcpy(want, acc, n * 4);
+                assert_int_equal(vt->decode_add(&p, 0, payload + GCOMP_HEADER_BYTES, bytes - GCOMP_HEADER_BYTES, want, n),
+                                 GCOMP_SUCCESS);
+                assert_int_equal(gpu_decode(&p, payload, bytes, acc, n, got, 0), 0);
+                same_floats(want, got, n, "decode_add", name);
+            }
             free(payload), free(acc), free(want), free(got);
         }
 }
@@ -292,7 +296,7 @@ static void test_decode_corrupt(void **state)
             size_t nb = (size_t)gcomp_tg_num_scales(&p, n), B = p.bucket ? (size_t)p.bucket : n;
             size_t last_tile = (nb - 1) * B + (n - (nb - 1) * B - 1) / 1024 * 1024; /* tiles start at buckets */
             uint8_t *good = malloc(cap), *bad = malloc(cap);
-            size_t bytes = make_payload(&p, n, good);
+            size_t bytes = make_payload(&p, n, good, 0);
             float *acc = tu_gauss_array(n, 8), *got = malloc(n * 4);
             uint8_t *codes = bad + GCOMP_HEADER_BYTES + 4 * nb;
             for (int kind = 0; kind < 7; kind++) {
