@@ -69,11 +69,22 @@ struct tk_select {
     uint32_t prefix, shift;
     uint32_t done; /* the rule (thr, tie_need) is final */
     uint32_t thr;
+    unsigned long long list_n; /* entries the undecided list was offered */
+    uint32_t overflow;         /* it could not hold them: the later digits read x again */
+    uint32_t reserved;
+};
+
+/* The undecided list: keys whose top digit is the threshold's bin, with their tile (for the
+ * per-tile counts; the order within the list does not matter). */
+struct tk_und {
+    uint32_t key, tile;
 };
 
 /* Where everything of an encode lives in scratch (offsets in bytes, 256-aligned). */
 struct tk_layout {
-    size_t state, hist, tile_gt, tile_eq, off_gt, off_eq, idx, blk_info, blk_bytes, blk_off, total;
+    size_t state, hist, tile_gt, tile_eq, off_gt, off_eq, gt1, und_gt, und_eq, list, idx, blk_info, blk_bytes,
+        blk_off, total;
+    size_t list_cap;
 };
 
 static size_t tk_align(size_t v) { return (v + 255) & ~(size_t)255; }
@@ -91,6 +102,11 @@ static tk_layout tk_encode_layout(size_t n, uint64_t k)
     l.tile_eq = at, at += tk_align(tiles * 8);
     l.off_gt = at, at += tk_align(tiles * 8);
     l.off_eq = at, at += tk_align(tiles * 8);
+    l.gt1 = at, at += tk_align(tiles * 8);
+    l.und_gt = at, at += tk_align(tiles * 8);
+    l.und_eq = at, at += tk_align(tiles * 8); /* right after und_gt: one memset clears both */
+    l.list_cap = n / 16 + 1024;
+    l.list = at, at += tk_align(l.list_cap * sizeof(tk_und));
     l.idx = at, at += tk_align((size_t)k * 8 + 8);
     l.blk_info = at, at += tk_align(nb * 4);
     l.blk_bytes = at, at += tk_align(nb * 8);
@@ -124,6 +140,14 @@ static __device__ __forceinline__ uint32_t tk_key(uint32_t bits) { return gcomp_
 static __device__ __forceinline__ const float *tk_x(const float *g, const gcomp_cuda_residual *res)
 {
     return res ? res->buf[res->cur ^ 1u] : g;
+}
+
+/* The keys of a warp's slice of a tile: item j of lane l is element base + j * 32 + l. */
+static __device__ __forceinline__ uint32_t tk_item(const uint32_t *x, size_t n, size_t base, unsigned j, int *valid)
+{
+    const size_t i = base + (size_t)j * 32 + (threadIdx.x & 31u);
+    *valid = i < n;
+    return i < n ? tk_key(x[i]) : 0;
 }
 
 static __device__ void tk_set_error(gcomp_cuda_status *status, uint32_t rc)
@@ -229,9 +253,9 @@ static __global__ void tk_pass1(const float *g, const gcomp_cuda_residual *res, 
 }
 
 /* Histogram of the next d bits of the undecided keys (those whose bits above shift equal
- * prefix). */
+ * prefix): from the undecided list when it holds them all, else from x. */
 static __global__ void tk_digit_hist(const float *g, const gcomp_cuda_residual *res, size_t n, const tk_select *st,
-                                     unsigned d, unsigned long long *hist)
+                                     unsigned d, const tk_und *list, unsigned long long *hist)
 {
     __shared__ unsigned sh[TK_NBINS];
     if (st->done) return;
@@ -242,24 +266,99 @@ static __global__ void tk_digit_hist(const float *g, const gcomp_cuda_residual *
     size_t head = 0;
     for (unsigned b = threadIdx.x; b < (1u << d); b += blockDim.x) sh[b] = 0;
     __syncthreads();
-    if (((uintptr_t)x & 15u) == 0) {
-        const size_t nv = n / 4;
-        const uint4 *x4 = (const uint4 *)x;
-        for (size_t v = tid; v < nv; v += stride) {
-            const uint4 a = x4[v];
-            const uint32_t k0 = tk_key(a.x), k1 = tk_key(a.y), k2 = tk_key(a.z), k3 = tk_key(a.w);
+    if (list && !st->overflow) {
+        const size_t len = (size_t)st->list_n;
+        for (size_t i = tid; i < len; i += stride) {
+            const uint32_t k0 = list[i].key;
             if (k0 >> shift == prefix) atomicAdd(&sh[(k0 >> lo) & mask], 1u);
-            if (k1 >> shift == prefix) atomicAdd(&sh[(k1 >> lo) & mask], 1u);
-            if (k2 >> shift == prefix) atomicAdd(&sh[(k2 >> lo) & mask], 1u);
-            if (k3 >> shift == prefix) atomicAdd(&sh[(k3 >> lo) & mask], 1u);
         }
-        head = nv * 4;
-    }
-    for (size_t i = head + tid; i < n; i += stride) {
-        const uint32_t k0 = tk_key(x[i]);
-        if (k0 >> shift == prefix) atomicAdd(&sh[(k0 >> lo) & mask], 1u);
+    } else {
+        if (((uintptr_t)x & 15u) == 0) {
+            const size_t nv = n / 4;
+            const uint4 *x4 = (const uint4 *)x;
+            for (size_t v = tid; v < nv; v += stride) {
+                const uint4 a = x4[v];
+                const uint32_t k0 = tk_key(a.x), k1 = tk_key(a.y), k2 = tk_key(a.z), k3 = tk_key(a.w);
+                if (k0 >> shift == prefix) atomicAdd(&sh[(k0 >> lo) & mask], 1u);
+                if (k1 >> shift == prefix) atomicAdd(&sh[(k1 >> lo) & mask], 1u);
+                if (k2 >> shift == prefix) atomicAdd(&sh[(k2 >> lo) & mask], 1u);
+                if (k3 >> shift == prefix) atomicAdd(&sh[(k3 >> lo) & mask], 1u);
+            }
+            head = nv * 4;
+        }
+        for (size_t i = head + tid; i < n; i += stride) {
+            const uint32_t k0 = tk_key(x[i]);
+            if (k0 >> shift == prefix) atomicAdd(&sh[(k0 >> lo) & mask], 1u);
+        }
     }
     tk_flush_hist(sh, 1u << d, hist);
+}
+
+/* After digit 0, one block per tile: per tile, the keys whose top digit is above the
+ * threshold's bin B (all kept: gt1); the keys in bin B go into the undecided list when it has
+ * room for all of them (then the later digits and counts read the list, not x). */
+static __global__ void tk_collect(const float *g, const gcomp_cuda_residual *res, size_t n, tk_select *st,
+                                  size_t list_cap, tk_und *list, unsigned long long *gt1)
+{
+    __shared__ unsigned long long scan_sh[33];
+    __shared__ unsigned long long base_sh;
+    __shared__ unsigned wg[TK_TILE_THREADS / 32];
+    const uint32_t *x = (const uint32_t *)tk_x(g, res);
+    const unsigned top_shift = TK_KEY_BITS - TK_D0;
+    const uint32_t bin = st->prefix;
+    const unsigned warp = threadIdx.x >> 5, lane = threadIdx.x & 31u;
+    const size_t base = (size_t)blockIdx.x * TK_TILE + (size_t)warp * TK_WARP_ITEMS;
+    uint32_t keys[TK_WARP_ITEMS / 32];
+    unsigned gt = 0, und = 0;
+    unsigned long long slot, total;
+#pragma unroll
+    for (unsigned j = 0; j < TK_WARP_ITEMS / 32; j++) {
+        int valid;
+        keys[j] = tk_item(x, n, base, j, &valid);
+        (void)valid;
+    }
+#pragma unroll
+    for (unsigned j = 0; j < TK_WARP_ITEMS / 32; j++) {
+        const int valid = base + (size_t)j * 32 + lane < n;
+        const uint32_t top = keys[j] >> top_shift;
+        gt += valid && top > bin;
+        und += valid && top == bin;
+    }
+    /* list slots: a block-wide scan of the per-thread counts, one global atomic per block */
+    slot = tk_block_scan(und, scan_sh, &total);
+    if (threadIdx.x == 0) base_sh = total ? atomicAdd(&st->list_n, total) : 0;
+    for (unsigned o = 16; o; o >>= 1) gt += __shfl_down_sync(TK_FULL, gt, o);
+    if (lane == 0) wg[warp] = gt;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned long long sg = 0;
+        for (unsigned w = 0; w < TK_TILE_THREADS / 32; w++) sg += wg[w];
+        gt1[blockIdx.x] = sg;
+        if (base_sh + total > list_cap) st->overflow = 1;
+    }
+    slot += base_sh;
+#pragma unroll
+    for (unsigned j = 0; j < TK_WARP_ITEMS / 32; j++) {
+        const int valid = base + (size_t)j * 32 + lane < n;
+        if (valid && keys[j] >> top_shift == bin) {
+            if (slot < list_cap) list[slot] = tk_und{keys[j], (uint32_t)blockIdx.x};
+            slot++;
+        }
+    }
+}
+
+/* With the final rule known: per tile, the undecided keys above it and equal to it. */
+static __global__ void tk_und_count(const tk_select *st, const tk_und *list, unsigned long long *und_gt,
+                                    unsigned long long *und_eq)
+{
+    if (st->overflow) return;
+    const size_t len = (size_t)st->list_n, stride = (size_t)gridDim.x * blockDim.x;
+    const uint32_t thr = st->thr;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < len; i += stride) {
+        const tk_und e = list[i];
+        if (e.key > thr) atomicAdd(&und_gt[e.tile], 1ull);
+        else if (e.key == thr) atomicAdd(&und_eq[e.tile], 1ull);
+    }
 }
 
 /* One digit of the select (one block of 1024 threads): the bin b holding the need-th largest
@@ -278,6 +377,7 @@ static __global__ void tk_select_digit(const unsigned long long *hist, unsigned 
         if (threadIdx.x == 0) {
             st->need = k, st->undecided = 0, st->tie_need = 0;
             st->prefix = 0, st->shift = TK_KEY_BITS, st->done = 0, st->thr = 0;
+            st->list_n = 0, st->overflow = 0;
             status->flags = flags;
             status->overflow = 0;
             status->body_bytes = 0;
@@ -332,19 +432,22 @@ static __global__ void tk_select_digit(const unsigned long long *hist, unsigned 
 
 /* ---- compaction -------------------------------------------------------------------------- */
 
-/* The keys of a warp's slice of a tile: item j of lane l is element base + j * 32 + l. */
-static __device__ __forceinline__ uint32_t tk_item(const uint32_t *x, size_t n, size_t base, unsigned j, int *valid)
-{
-    const size_t i = base + (size_t)j * 32 + (threadIdx.x & 31u);
-    *valid = i < n;
-    return i < n ? tk_key(x[i]) : 0;
-}
 
-/* Per tile: how many keys are > thr and how many == thr. */
+/* Per tile: how many keys are > thr and how many == thr (from x only when the undecided list
+ * overflowed). */
 static __global__ void tk_count(const float *g, const gcomp_cuda_residual *res, size_t n, const tk_select *st,
-                                unsigned long long *tile_gt, unsigned long long *tile_eq)
+                                const unsigned long long *gt1, const unsigned long long *und_gt,
+                                const unsigned long long *und_eq, unsigned long long *tile_gt,
+                                unsigned long long *tile_eq)
 {
     __shared__ unsigned wg[TK_TILE_THREADS / 32], we[TK_TILE_THREADS / 32];
+    if (!st->overflow) { /* digit 1 and the undecided list counted the tile already */
+        if (threadIdx.x == 0) {
+            tile_gt[blockIdx.x] = gt1[blockIdx.x] + und_gt[blockIdx.x];
+            tile_eq[blockIdx.x] = und_eq[blockIdx.x];
+        }
+        return;
+    }
     const uint32_t *x = (const uint32_t *)tk_x(g, res);
     const uint32_t thr = st->thr;
     const unsigned warp = threadIdx.x >> 5, lane = threadIdx.x & 31u;
@@ -672,6 +775,9 @@ static gcomp_result tk_encode(const void *params, const gcomp_encode_ctx *ctx, c
     unsigned long long *hist = (unsigned long long *)(s + l.hist);
     unsigned long long *tile_gt = (unsigned long long *)(s + l.tile_gt), *tile_eq = (unsigned long long *)(s + l.tile_eq);
     unsigned long long *off_gt = (unsigned long long *)(s + l.off_gt), *off_eq = (unsigned long long *)(s + l.off_eq);
+    unsigned long long *gt1 = (unsigned long long *)(s + l.gt1), *und_gt = (unsigned long long *)(s + l.und_gt);
+    unsigned long long *und_eq = (unsigned long long *)(s + l.und_eq);
+    tk_und *list = (tk_und *)(s + l.list);
     unsigned long long *idx = (unsigned long long *)(s + l.idx);
     uint32_t *blk_info = (uint32_t *)(s + l.blk_info);
     unsigned long long *blk_bytes = (unsigned long long *)(s + l.blk_bytes), *blk_off = (unsigned long long *)(s + l.blk_off);
@@ -689,23 +795,29 @@ static gcomp_result tk_encode(const void *params, const gcomp_encode_ctx *ctx, c
         TK_LAUNCHED("tk_empty");
         return GCOMP_SUCCESS;
     }
-    if (cudaMemsetAsync(hist, 0, 3 * TK_NBINS * sizeof *hist, stream) != cudaSuccess) return tk_launched("memset");
+    if (cudaMemsetAsync(hist, 0, 3 * TK_NBINS * sizeof *hist, stream) != cudaSuccess ||
+        cudaMemsetAsync(und_gt, 0, l.und_eq - l.und_gt + tiles * 8, stream) != cudaSuccess)
+        return tk_launched("memset");
 
     grid = tk_stream_grid(n, TK_HIST_THREADS);
     tk_pass1<<<grid, TK_HIST_THREADS, 0, stream>>>(g, res, n, hist);
     TK_LAUNCHED("tk_pass1");
     tk_select_digit<<<1, TK_SCAN_THREADS, 0, stream>>>(hist, 0, TK_D0, k, flags, st, status);
     TK_LAUNCHED("tk_select_digit");
-    tk_digit_hist<<<grid, TK_HIST_THREADS, 0, stream>>>(g, res, n, st, TK_D1, hist + TK_NBINS);
+    tk_collect<<<(unsigned)tiles, TK_TILE_THREADS, 0, stream>>>(g, res, n, st, l.list_cap, list, gt1);
+    TK_LAUNCHED("tk_collect");
+    tk_digit_hist<<<grid, TK_HIST_THREADS, 0, stream>>>(g, res, n, st, TK_D1, list, hist + TK_NBINS);
     TK_LAUNCHED("tk_digit_hist");
     tk_select_digit<<<1, TK_SCAN_THREADS, 0, stream>>>(hist + TK_NBINS, 1, TK_D1, k, flags, st, status);
     TK_LAUNCHED("tk_select_digit");
-    tk_digit_hist<<<grid, TK_HIST_THREADS, 0, stream>>>(g, res, n, st, TK_D2, hist + 2 * TK_NBINS);
+    tk_digit_hist<<<grid, TK_HIST_THREADS, 0, stream>>>(g, res, n, st, TK_D2, list, hist + 2 * TK_NBINS);
     TK_LAUNCHED("tk_digit_hist");
     tk_select_digit<<<1, TK_SCAN_THREADS, 0, stream>>>(hist + 2 * TK_NBINS, 2, TK_D2, k, flags, st, status);
     TK_LAUNCHED("tk_select_digit");
 
-    tk_count<<<(unsigned)tiles, TK_TILE_THREADS, 0, stream>>>(g, res, n, st, tile_gt, tile_eq);
+    tk_und_count<<<grid, TK_HIST_THREADS, 0, stream>>>(st, list, und_gt, und_eq);
+    TK_LAUNCHED("tk_und_count");
+    tk_count<<<(unsigned)tiles, TK_TILE_THREADS, 0, stream>>>(g, res, n, st, gt1, und_gt, und_eq, tile_gt, tile_eq);
     TK_LAUNCHED("tk_count");
     tk_scan_tiles<<<1, TK_SCAN_THREADS, 0, stream>>>(tile_gt, tile_eq, off_gt, off_eq, tiles, st, k, status);
     TK_LAUNCHED("tk_scan_tiles");
