@@ -260,6 +260,8 @@ static __global__ void header_write_kernel(uint8_t *out, gcomp_header h, const g
     gcomp_le_store_u64(out + 16, h.count);
     gcomp_le_store_u64(out + 24, body);
     if (expect_body != UINT64_MAX && body != expect_body) tally_error(tally, GCOMP_ERR_INTERNAL, GCOMP__WHERE_SIZE);
+    atomicAdd((unsigned long long *)&tally->encode_calls, 1ull);
+    atomicAdd((unsigned long long *)&tally->raw_bytes, (unsigned long long)(h.count * (h.dtype == GCOMP_F32 ? 4u : 2u)));
     atomicAdd((unsigned long long *)&tally->wire_bytes, (unsigned long long)(GCOMP_HEADER_BYTES + body));
     atomicAdd((unsigned long long *)&tally->overflow, (unsigned long long)st->overflow);
     if (st->nonfinite) atomicAdd((unsigned long long *)&tally->nonfinite_calls, 1ull);

@@ -7,8 +7,9 @@
  *          tally) -> commit kernel (flip the residual buffers unless non-finite, step + 1).
  * Decode:  [status := 0] header check kernel -> codec decode_add (writes nothing once the
  *          status holds an error) -> fold the status into the tally.
- * Sync:    wait for the stream, read the tally back, fold it into the stats, report the first
- *          error found on the device since the last sync.
+ * Sync:    wait for the stream, read the tally back, fold it into the stats (kernels count the
+ *          calls, so a replayed graph's count too), report the first error found on the
+ *          device since the last sync.
  *
  * The host never needs a value computed on the device, except top-k's body size (a codec
  * with GCOMP_CAP_SPARSE: its encode reads the status block back, one stream sync), so the
@@ -322,6 +323,8 @@ gcomp_result gcomp__codec_device_sync(const gcomp__codec_parts *c, struct CUstre
     GCOMP_CHECK(d->ops->copy_async(&t, d->tally, sizeof t, stream));
     GCOMP_CHECK(d->ops->memset_async(d->tally, 0, sizeof t, stream));
     GCOMP_CHECK(d->ops->wait(stream, -1));
+    c->stats->encode_calls += t.encode_calls;
+    c->stats->raw_bytes += t.raw_bytes;
     c->stats->wire_bytes += t.wire_bytes;
     c->stats->overflow_count += t.overflow;
     c->stats->nonfinite_calls += t.nonfinite_calls;
@@ -394,9 +397,6 @@ gcomp_result gcomp__codec_device_encode(const gcomp__codec_parts *c, uint64_t ke
     h.count = count;
     GCOMP_CHECK(ops->header_write(dst, &h, d->status, fixed ? (uint64_t)body_max : UINT64_MAX, d->tally, stream));
     if (res) GCOMP_CHECK(ops->residual_commit(res, d->status, stream));
-    c->stats->encode_calls++;
-    c->stats->raw_bytes += count * esize;
-
     if (fixed) {
         *written = GCOMP_HEADER_BYTES + body_max;
     } else { /* the size depends on the data: the one read-back of this path */

@@ -21,6 +21,8 @@ typedef enum gcomp__device_kind { GCOMP__DEVICE_HOST = 0, GCOMP__DEVICE_CUDA = 1
 /* What a codec object's device calls add up to between two syncs, in the device's memory.
  * Kernels fold each call into it (atomically: calls on different streams may overlap). */
 typedef struct gcomp__device_tally {
+    uint64_t encode_calls;    /* encodes (a replayed CUDA graph's too) */
+    uint64_t raw_bytes;       /* their count * dtype size */
     uint64_t wire_bytes;      /* payload bytes written by encodes, headers included */
     uint64_t overflow;        /* finite inputs that became +-inf */
     uint64_t nonfinite_calls; /* encodes whose result was not finite (residual kept) */
@@ -67,7 +69,8 @@ typedef struct gcomp__device_ops {
     /* Write the 32-byte header at payload: dtype, wire_id and count from h, flags and
      * body_bytes from *st (what the codec's encode reported). expect_body != UINT64_MAX: a
      * body of another size is an error (GCOMP__WHERE_SIZE) in the tally -- the host already
-     * told the caller that size. Folds the encode into *tally. */
+     * told the caller that size. Folds the encode into *tally (calls, raw bytes from h's count
+     * and dtype, wire bytes, overflows, non-finite). */
     gcomp_result (*header_write)(uint8_t *payload, const gcomp_header *h, const gcomp_cuda_status *st,
                                  uint64_t expect_body, gcomp__device_tally *tally, struct CUstream_st *stream);
     /* Check the header of a payload of `bytes` bytes as gcomp_header_read does, plus the wire

@@ -97,6 +97,8 @@ static gcomp_result host_header_write(uint8_t *payload, const gcomp_header *h, c
     gcomp_header_write(payload, &full);
     if (expect_body != UINT64_MAX && st->body_bytes != expect_body)
         tally_error(tally, GCOMP_ERR_INTERNAL, GCOMP__WHERE_SIZE);
+    tally->encode_calls++;
+    tally->raw_bytes += h->count * gcomp_dtype_size((gcomp_dtype)h->dtype);
     tally->wire_bytes += GCOMP_HEADER_BYTES + st->body_bytes;
     tally->overflow += st->overflow;
     tally->nonfinite_calls += st->nonfinite != 0;

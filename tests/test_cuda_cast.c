@@ -410,6 +410,14 @@ static void test_graph_replay(void **state)
     same_bytes("cpu vs graph payloads", "fp16", n, 3, pc, pa, w);
     same_bytes("cpu vs graph residuals", "fp16", n, 3, rc, ra, n * 4);
     same_bytes("cpu vs graph accumulators", "fp16", n, 3, acc, acc_a, n * 4);
+    { /* the kernels count the replays: the same stats as the async calls and the CPU */
+        gcomp_stats sa, sb, sc;
+        OK(gcomp_codec_stats(a, &sa));
+        OK(gcomp_codec_stats(b, &sb));
+        OK(gcomp_codec_stats(cpu, &sc));
+        assert_memory_equal(&sa, &sb, sizeof sa);
+        assert_memory_equal(&sa, &sc, sizeof sa);
+    }
 
     CU(cudaGraphExecDestroy(exec));
     CU(cudaGraphDestroy(graph));

@@ -104,6 +104,8 @@ static void test_header_status_commit(void **state)
     assert_int_equal(back.wire_id, 2);
     assert_int_equal(back.dtype, GCOMP_F16);
     assert_int_equal(t.wire_bytes, 42);
+    assert_int_equal(t.encode_calls, 1);
+    assert_int_equal(t.raw_bytes, 10);
     assert_int_equal(t.overflow, 3);
     assert_int_equal(t.nonfinite_calls, 1);
     assert_int_equal(t.error, 0);
