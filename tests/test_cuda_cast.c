@@ -7,7 +7,8 @@
  * wrong pointer combinations, residual get/set across host and device.
  *
  * Exits 77 (skipped) without a CUDA device. GCOMP_CUDA_TEST_MAX_COUNT=N leaves out sizes
- * above N elements (the sanitizer run: 64 Mi elements take long there);
+ * above N elements, GCOMP_TEST_QUICK=1 those above 4 Mi (the compute-sanitizer run of
+ * scripts/gpu-check.sh: 64 Mi elements take long there);
  * GCOMP_CUDA_TEST_FILTER=test_name runs the matching tests only.
  */
 #include <cuda_runtime_api.h>
@@ -22,8 +23,9 @@ static const char *const SPECS[] = {"none", "fp16", "bf16"};
 
 static size_t max_count(void)
 {
-    const char *e = getenv("GCOMP_CUDA_TEST_MAX_COUNT");
-    return e && *e ? (size_t)strtoull(e, NULL, 10) : SIZE_MAX;
+    const char *e = getenv("GCOMP_CUDA_TEST_MAX_COUNT"), *q = getenv("GCOMP_TEST_QUICK");
+    if (e && *e) return (size_t)strtoull(e, NULL, 10);
+    return q && *q == '1' ? (size_t)4 << 20 : SIZE_MAX;
 }
 
 #define CU(x)                                                                                                       \
