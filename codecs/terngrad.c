@@ -4,7 +4,7 @@
  *
  * Encode is two passes per bucket: (1) the scale (max |x|, optionally clipped at c*rms),
  * (2) stochastic ternarisation with the residual update fused in. The engine's integer ring
- * runs the passes separately (local_scales, then encode_scaled with the max over ranks).
+ * runs the passes separately (local_scales, then int_ternarise with the max over ranks).
  */
 #include <math.h>
 #include <stdio.h>
@@ -312,7 +312,7 @@ static gcomp_result tg_encode(const void *params, gcomp_encode_ctx *ctx, const f
     return tg_encode_impl(params, ctx, g, r_in, r_out, n, NULL, body, cap, written, flags);
 }
 
-static gcomp_result tg_encode_scaled(const void *params, gcomp_encode_ctx *ctx, const float *g, const float *r_in,
+gcomp_result gcomp__tg_encode_scaled(const void *params, gcomp_encode_ctx *ctx, const float *g, const float *r_in,
                                      float *r_out, size_t n, const float *scales, uint8_t *body, size_t cap,
                                      size_t *written, uint32_t *flags)
 {
@@ -657,6 +657,72 @@ gcomp_result gcomp__tg_sums_values(const uint8_t *in, size_t bytes, size_t n, ui
     return GCOMP_SUCCESS;
 }
 
+/* ---- the integer ring's vtable entries (gcomp_codec.h), over the helpers above ------------ */
+
+/* Chunks of whole buckets, or of whole tiles with one scale. */
+static size_t tg_int_align(const void *params, size_t count)
+{
+    const gcomp_terngrad_params *p = params;
+    (void)count;
+    return p->bucket > 0 ? (size_t)p->bucket : GCOMP_TG_TILE;
+}
+
+static size_t tg_int_sum_bytes(const void *params, size_t n, uint32_t m)
+{
+    (void)params;
+    return (size_t)gcomp_tg_sum_bytes(n, m);
+}
+
+/* int_sums_values: the 2m + 1 possible results of one scale, or the int16 sums of a chunk
+ * that spans several buckets. */
+static size_t tg_int_scratch_bytes(const void *params, size_t n, uint32_t m)
+{
+    size_t table = (2 * (size_t)m + 1) * sizeof(float), sums = n * sizeof(int16_t);
+    (void)params;
+    return table > sums ? table : sums;
+}
+
+static gcomp_result tg_int_ternarise(const void *params, const gcomp_encode_ctx *ctx, const float *g, const float *r_in,
+                                     float *r_out, size_t n, const float *scales, int8_t *t)
+{
+    const gcomp_terngrad_params *p = params;
+    size_t a = (size_t)ctx->offset;
+    return gcomp__tg_ternarise(p, ctx, g + a, r_in ? r_in + a : NULL, r_out ? r_out + a : NULL, n,
+                               scales + (p->bucket > 0 ? a / (size_t)p->bucket : 0), t);
+}
+
+static gcomp_result tg_int_sums_add_pack(const void *params, const uint8_t *in, size_t in_bytes, uint32_t m_in,
+                                         const int8_t *t, size_t n, uint8_t *out)
+{
+    (void)params;
+    return gcomp__tg_sums_add_pack(in, in_bytes, m_in, t, n, out);
+}
+
+/* Under one scale, straight from the packed sums through a table of the 2m + 1 possible
+ * results (one pass); across buckets, through int16 sums, bucket by bucket. The table holds
+ * the same expression as the bucket loop, so both give the same bits. */
+static gcomp_result tg_int_sums_values(const void *params, const uint8_t *in, size_t bytes, size_t lo, size_t n,
+                                       uint32_t m, const float *scales, float divisor, float *out, void *scratch)
+{
+    const gcomp_terngrad_params *p = params;
+    size_t B = p->bucket > 0 ? (size_t)p->bucket : 0;
+    if (n == 0 || B == 0 || lo / B == (lo + n - 1) / B) {
+        float *value = scratch, s = scales[B ? lo / B : 0];
+        for (int32_t k = -(int32_t)m; k <= (int32_t)m; k++) value[k + (int32_t)m] = (float)k * s / divisor;
+        return gcomp__tg_sums_values(in, bytes, n, m, value, out);
+    }
+    {
+        int16_t *sums = scratch;
+        GCOMP_CHECK_TG(gcomp__tg_sums_unpack(in, bytes, n, m, sums));
+        for (size_t i = 0; i < n;) {
+            size_t b = (lo + i) / B, end = (b + 1) * B - lo < n ? (b + 1) * B - lo : n;
+            float s = scales[b];
+            for (; i < end; i++) out[i] = (float)sums[i] * s / divisor;
+        }
+    }
+    return GCOMP_SUCCESS;
+}
+
 const gcomp_codec_vtable gcomp__codec_terngrad = {
     .abi_version = GCOMP_CODEC_ABI_VERSION,
     .name = "terngrad",
@@ -671,6 +737,11 @@ const gcomp_codec_vtable gcomp__codec_terngrad = {
     .decode_add = tg_decode_add,
     .num_scales = tg_num_scales,
     .local_scales = tg_local_scales,
-    .encode_scaled = tg_encode_scaled,
+    .int_align = tg_int_align,
+    .int_sum_bytes = tg_int_sum_bytes,
+    .int_scratch_bytes = tg_int_scratch_bytes,
+    .int_ternarise = tg_int_ternarise,
+    .int_sums_add_pack = tg_int_sums_add_pack,
+    .int_sums_values = tg_int_sums_values,
     .cuda = GCOMP_CUDA_OPS(terngrad),
 };

@@ -181,8 +181,14 @@ gcomp_result gcomp__tg_sums_unpack(const uint8_t *in, size_t bytes, size_t n, ui
 /* out[i] = value[sum_i + m] (value has 2m + 1 entries): the final sums straight to floats
  * through a table, one pass, no int16 array in between. Same checks as sums_unpack. */
 gcomp_result gcomp__tg_sums_values(const uint8_t *in, size_t bytes, size_t n, uint32_t m, const float *value, float *out);
-/* t[i] in {-1, 0, +1}: the codes encode_scaled would pack for these scales (one per bucket
- * of the range), with the residual update fused in (r_out may alias r_in or be NULL). */
+/* encode with given scales, each >= the local one (the max over all ranks), so a non-finite
+ * input always comes with a non-finite scale: what the integer ring's codes stand for (the
+ * reference test_terngrad checks gcomp__tg_ternarise against; not in the vtable). */
+gcomp_result gcomp__tg_encode_scaled(const void *params, gcomp_encode_ctx *ctx, const float *g, const float *r_in,
+                                     float *r_out, size_t n, const float *scales, uint8_t *body, size_t cap,
+                                     size_t *written, uint32_t *flags);
+/* t[i] in {-1, 0, +1}: the codes gcomp__tg_encode_scaled would pack for these scales (one per
+ * bucket of the range), with the residual update fused in (r_out may alias r_in or be NULL). */
 gcomp_result gcomp__tg_ternarise(const gcomp_terngrad_params *p, const gcomp_encode_ctx *ctx, const float *g,
                                  const float *r_in, float *r_out, size_t n, const float *scales, int8_t *t);
 /* The deterministic rms of x = g + r over [0, n): see terngrad.c. */

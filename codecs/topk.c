@@ -796,6 +796,33 @@ void gcomp__topk_sum_pairs(const gcomp_topk_pairs *lists, int n, float *result, 
 #endif
 }
 
+/* ---- the sparse gather's vtable entries (gcomp_codec.h), over the helpers above --------- */
+
+static size_t topk_sparse_k(const void *params, size_t count) { return (size_t)gcomp_topk_k(params, count); }
+
+static gcomp_result topk_sparse_pairs(const void *params, uint32_t flags, const uint8_t *body, size_t bytes, size_t count,
+                                      size_t cap, uint64_t *idx, float *val, size_t *got)
+{
+    (void)params;
+    return gcomp__topk_body_pairs(flags, body, bytes, count, cap, idx, val, got);
+}
+
+static gcomp_result topk_sparse_sum_pairs(const void *params, const gcomp_pair_list *lists, int n, float *result,
+                                          size_t count, float divisor)
+{
+    gcomp_topk_pairs l[GCOMP_TOPK_MAX_LISTS];
+    (void)params;
+    if (n < 0 || n > GCOMP_TOPK_MAX_LISTS)
+        return gcomp_codec_fail(GCOMP_ERR_INVALID_ARG, "topk: %d pair lists, at most %d", n, GCOMP_TOPK_MAX_LISTS);
+    for (int j = 0; j < n; j++) {
+        l[j].idx = lists[j].idx;
+        l[j].val = lists[j].val;
+        l[j].k = lists[j].k;
+    }
+    gcomp__topk_sum_pairs(l, n, result, count, divisor);
+    return GCOMP_SUCCESS;
+}
+
 const gcomp_codec_vtable gcomp__codec_topk = {
     .abi_version = GCOMP_CODEC_ABI_VERSION,
     .name = "topk",
@@ -809,5 +836,8 @@ const gcomp_codec_vtable gcomp__codec_topk = {
     .max_body_bytes = topk_max_body_bytes,
     .encode = topk_encode,
     .decode_add = topk_decode_add,
+    .sparse_k = topk_sparse_k,
+    .sparse_pairs = topk_sparse_pairs,
+    .sparse_sum_pairs = topk_sparse_sum_pairs,
     .cuda = GCOMP_CUDA_OPS(topk),
 };

@@ -25,8 +25,13 @@ extern "C" {
 #endif
 
 /* ABI 2 (2026-11): the vtable gained `cuda`, an optional pointer to the codec's CUDA ops
- * (gcomp_codec_cuda_ops below), which replaces the GCOMP_CAP_CUDA bit. A codec built for
- * ABI 1 must be rebuilt. */
+ * (gcomp_codec_cuda_ops below), which replaces the GCOMP_CAP_CUDA bit; the integer ring's
+ * steps became entries of the vtable (int_align, int_sum_bytes, int_scratch_bytes,
+ * int_ternarise, int_sums_add_pack, int_sums_values, required with GCOMP_CAP_INTEGER, next to
+ * num_scales and local_scales), so the ring runs a codec's own functions instead of TernGrad's;
+ * the sparse gather's fast path became optional entries (sparse_k, sparse_pairs,
+ * sparse_sum_pairs; NULL: decode_add of every payload in rank order); encode_scaled, which
+ * the library never called, is gone. A codec built for ABI 1 must be rebuilt. */
 #define GCOMP_CODEC_ABI_VERSION 2
 
 /* Wire ids: 1..127 are reserved for built-in codecs (never reused); 128..65535 are free for
@@ -114,6 +119,16 @@ typedef struct gcomp_cuda_residual {
 
 struct gcomp_codec_vtable;
 
+/* One rank's (index, value) pairs of a sparse payload, for sparse_sum_pairs. */
+typedef struct gcomp_pair_list {
+    const uint64_t *idx; /* increasing, < count */
+    const float *val;
+    size_t k;
+} gcomp_pair_list;
+
+/* sparse_sum_pairs is called with at most this many lists; more ranks take decode_add. */
+#define GCOMP_SPARSE_MAX_LISTS 1024
+
 typedef struct gcomp_codec_cuda_ops {
     /* Device scratch an encode of count elements needs (0 if none). */
     size_t (*scratch_bytes)(const void *params, size_t count);
@@ -199,12 +214,36 @@ typedef struct gcomp_codec_vtable {
     /* scales[j] = local scale of bucket j of x = g + r (max |x|, maybe clipped). */
     gcomp_result (*local_scales)(const void *params, gcomp_encode_ctx *ctx, const float *g,
                                  const float *r, size_t count, float *scales);
-    /* encode with given scales, each >= the local one (e.g. the max over all ranks), so a
-     * non-finite input always comes with a non-finite scale. */
-    gcomp_result (*encode_scaled)(const void *params, gcomp_encode_ctx *ctx, const float *g,
-                                  const float *r_in, float *r_out, size_t count,
-                                  const float *scales, uint8_t *body, size_t cap,
-                                  size_t *written, uint32_t *flags);
+    /* The integer ring (src/sched_integer.c) runs on the entries below; registration refuses
+     * a GCOMP_CAP_INTEGER codec without num_scales, local_scales and every int_* entry but
+     * int_scratch_bytes, naming the first missing one. The ring: the ranks share the max of
+     * their local scales; each rank turns its chunk of x = g + r into small integer codes
+     * under those scales (int_ternarise, residual fused); partial sums of codes travel packed
+     * (int_sums_add_pack adds this rank's codes to the sums of m_in ranks); the final sums of
+     * all N ranks become floats (int_sums_values). A chunk is [lo, lo + n) of the tensor. */
+    /* Chunks start at multiples of this many elements (e.g. whole buckets); >= 1. */
+    size_t (*int_align)(const void *params, size_t count);
+    /* Bytes of n packed sums of m ranks (m >= 1); the ring never sends more for a chunk. */
+    size_t (*int_sum_bytes)(const void *params, size_t n, uint32_t m);
+    /* Scratch bytes int_sums_values may use for n sums of m ranks (NULL: none). */
+    size_t (*int_scratch_bytes)(const void *params, size_t n, uint32_t m);
+    /* t[0..n) = codes of elements ctx->offset .. ctx->offset + n of the tensor (g, r_in and
+     * r_out point at the tensor's element 0; r_in/r_out NULL: no residual; r_out may alias
+     * r_in) under the shared scales (num_scales of them, the tensor's). r_out = x - the value
+     * the codes stand for. Called only with finite scales when r_out != NULL. */
+    gcomp_result (*int_ternarise)(const void *params, const gcomp_encode_ctx *ctx, const float *g,
+                                  const float *r_in, float *r_out, size_t n, const float *scales,
+                                  int8_t *t);
+    /* out = (packed sums of m_in ranks in `in`, in_bytes bytes) + t, packed for m_in + 1
+     * ranks (int_sum_bytes(n, m_in + 1) bytes); m_in = 0: no input. `in` came over the wire:
+     * a wrong size or a value out of range is GCOMP_ERR_CORRUPT. */
+    gcomp_result (*int_sums_add_pack)(const void *params, const uint8_t *in, size_t in_bytes,
+                                      uint32_t m_in, const int8_t *t, size_t n, uint8_t *out);
+    /* out[i] = value of final sum i of m ranks: scale(lo + i) * sum / divisor, computed alike
+     * on every rank (same bits). Checks `in` as int_sums_add_pack does. */
+    gcomp_result (*int_sums_values)(const void *params, const uint8_t *in, size_t bytes, size_t lo,
+                                    size_t n, uint32_t m, const float *scales, float divisor,
+                                    float *out, void *scratch);
 
     /* ---- any codec: per-codec-object state ---- */
     /* Created once per codec object (or communicator) and reused by every call, so encode
@@ -223,6 +262,20 @@ typedef struct gcomp_codec_vtable {
     gcomp_result (*stage_decode)(const void *params, void *state, uint32_t flags,
                                  const uint8_t *in, size_t n, uint8_t *out, size_t cap,
                                  size_t *written);
+
+    /* ---- GCOMP_CAP_SPARSE codecs: the gather's fast path, optional (all three or none) ----
+     * Without them the gather zeroes the result and adds decode_add of every rank's payload
+     * in rank order; with them each payload becomes a pair list while the next one travels,
+     * and the lists are summed in one pass. Both must give the same bits. */
+    /* Pairs in every payload of count elements (a payload with another number is corrupt). */
+    size_t (*sparse_k)(const void *params, size_t count);
+    /* The pairs of a body (as decode_add reads it) into idx/val, at most cap; *got of them. */
+    gcomp_result (*sparse_pairs)(const void *params, uint32_t flags, const uint8_t *body, size_t bytes,
+                                 size_t count, size_t cap, uint64_t *idx, float *val, size_t *got);
+    /* result[0..count) = (sum of the n lists, each element from 0.0f in list order) /
+     * divisor: what zeroing, decode_add of each list in order and dividing would give. */
+    gcomp_result (*sparse_sum_pairs)(const void *params, const gcomp_pair_list *lists, int n, float *result,
+                                     size_t count, float divisor);
 
     /* ---- optional CUDA implementation (ABI 2); NULL: host memory only ---- */
     const gcomp_codec_cuda_ops *cuda;

@@ -137,6 +137,30 @@ static gcomp_result check_params(const gcomp_codec_vtable *vt)
     return GCOMP_SUCCESS;
 }
 
+/* The integer ring runs on the codec's own entries (src/sched_integer.c): refuse a codec that
+ * claims GCOMP_CAP_INTEGER without one of them, naming it. */
+static gcomp_result check_integer_entries(const gcomp_codec_vtable *vt)
+{
+    const struct {
+        const char *name;
+        int present;
+    } need[] = {
+        {"num_scales", vt->num_scales != NULL},
+        {"local_scales", vt->local_scales != NULL},
+        {"int_align", vt->int_align != NULL},
+        {"int_sum_bytes", vt->int_sum_bytes != NULL},
+        {"int_ternarise", vt->int_ternarise != NULL},
+        {"int_sums_add_pack", vt->int_sums_add_pack != NULL},
+        {"int_sums_values", vt->int_sums_values != NULL},
+    };
+    for (size_t i = 0; i < sizeof need / sizeof need[0]; i++)
+        if (!need[i].present)
+            return gcomp__fail(GCOMP_ERR_INVALID_ARG, "codec '%s' claims GCOMP_CAP_INTEGER but has no %s "
+                               "(the integer ring needs num_scales, local_scales, int_align, int_sum_bytes, "
+                               "int_ternarise, int_sums_add_pack and int_sums_values)", vt->name, need[i].name);
+    return GCOMP_SUCCESS;
+}
+
 static gcomp_result check_vtable(const gcomp_codec_vtable *vt)
 {
     if (vt->abi_version != GCOMP_CODEC_ABI_VERSION)
@@ -154,8 +178,11 @@ static gcomp_result check_vtable(const gcomp_codec_vtable *vt)
         return gcomp__fail(GCOMP_ERR_INVALID_ARG, "codec '%s' lacks max_body_bytes/encode/decode_add",
                            vt->name);
     }
-    if ((vt->caps & GCOMP_CAP_INTEGER) && (!vt->num_scales || !vt->local_scales || !vt->encode_scaled))
-        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "INTEGER codec '%s' lacks its scale functions", vt->name);
+    if (vt->caps & GCOMP_CAP_INTEGER) GCOMP_CHECK(check_integer_entries(vt));
+    if ((vt->caps & GCOMP_CAP_SPARSE) && (vt->sparse_k || vt->sparse_pairs || vt->sparse_sum_pairs) &&
+        !(vt->sparse_k && vt->sparse_pairs && vt->sparse_sum_pairs))
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "SPARSE codec '%s' sets some of sparse_k, sparse_pairs and "
+                           "sparse_sum_pairs: the gather's pair path needs all three (or none, for decode_add)", vt->name);
     return check_params(vt);
 }
 

@@ -1,11 +1,12 @@
 /*
- * sched_integer.c — the integer ring for TernGrad (GCOMP_CAP_INTEGER codecs).
+ * sched_integer.c — the integer ring (GCOMP_CAP_INTEGER codecs: TernGrad), on the codec's
+ * own int_* entries (gcomp_codec.h); the wire format of the sums is the codec's.
  *
  * 1. Each rank computes its local scales of x = g + r; one small allreduce-max makes them
  *    the same on every rank (compared as integer bits, so a NaN anywhere wins and reaches
  *    every result).
  * 2. Reduce-scatter: partial sums of codes travel as exact integers; after m contributions
- *    they are packed as digits of base 2m+1 in groups (codecs/terngrad.h: 1.6 bits each for
+ *    they are packed by the codec (TernGrad: digits of base 2m+1 in groups, 1.6 bits each for
  *    m = 1, 2.33 for m = 2, 3 for m = 3, 3.5 for m = 4). No value is ever re-quantised. Each
  *    rank ternarises a chunk (with the shared scales, residual fused) just before it needs
  *    its codes, while the previous message is on the wire.
@@ -15,8 +16,8 @@
  *
  * Codes never leave the rank, so a chunk is ternarised on its own (the RNG is keyed by the
  * global element index, so the codes equal those of a whole-tensor encode). Chunks start at
- * multiples of the bucket size, so each chunk's buckets are whole.
- * Wire bytes per rank: sum_{m=1}^{N-1} gcomp_tg_sum_bytes(L, m) + (N-1) * gcomp_tg_sum_bytes(L, N)
+ * multiples of the codec's int_align (TernGrad: the bucket size), so each chunk's buckets are
+ * whole. Wire bytes per rank: sum_{m=1}^{N-1} int_sum_bytes(L, m) + (N-1) * int_sum_bytes(L, N)
  * for chunks of L elements (plus 32-byte stage headers with zstd), plus 8 * nb bytes for the
  * scale allreduce.
  */
@@ -24,28 +25,25 @@
 #include <string.h>
 
 #include "schedule.h"
-#include "codecs/terngrad.h"
 
 #define PIECE 65536 /* elements ternarised between two progress calls */
 
 typedef struct int_ctx {
     gcomp__call *call;
     size_t nb;              /* number of scales */
-    size_t bucket;          /* elements per scale (count when one scale) */
-    size_t align;           /* chunk boundaries */
-    size_t piece;           /* elements per ternarised piece: whole buckets, or a multiple of 4 */
+    size_t align;           /* chunk boundaries (int_align) */
+    size_t piece;           /* elements per ternarised piece: a multiple of align */
     float *scales;          /* shared scales */
     uint64_t *keys;         /* their bits, for the allreduce-max */
-    int8_t *t;              /* one chunk of this rank's codes as -1/0/+1 */
-    int16_t *sums;          /* one chunk of final sums */
-    float *values;          /* 2N + 1 results of a sum under the one scale (nb == 1) */
+    int8_t *t;              /* one chunk of this rank's codes */
+    void *scratch;          /* int_sums_values' scratch */
     uint8_t *raw;           /* packed sums after the byte stages are undone (zstd) */
     uint8_t *raw_out;       /* packed sums before the byte stages */
     uint8_t *rbuf;          /* the message coming in */
     uint8_t *slots;         /* n message slots of msg_cap bytes */
     size_t *slot_bytes;
     size_t msg_cap;
-    int staged;             /* the spec has byte stages after terngrad */
+    int staged;             /* the spec has byte stages after the element codec */
     int write_residual;     /* every scale is finite: the residual may be updated */
 } int_ctx;
 
@@ -59,25 +57,26 @@ static uint8_t *slot(int_ctx *d, int j) { return d->slots + (size_t)j * d->msg_c
 /* The ring's workspace regions; the same sequence in prepare (sizing) and run (carving). */
 static void layout(gcomp__call *call, int_ctx *d)
 {
-    const gcomp_terngrad_params *p = call->params;
+    const gcomp_codec_vtable *vt = call->vt;
     gcomp__workspace *ws = call->ws;
     int n = call->ring.size;
     size_t max_chunk;
     memset(d, 0, sizeof *d);
     d->call = call;
-    d->nb = call->vt->num_scales(call->params, call->count);
-    d->bucket = p->bucket > 0 ? (size_t)p->bucket : call->count;
-    d->align = p->bucket > 0 ? (size_t)p->bucket : GCOMP_TG_TILE;
-    d->piece = p->bucket > 0 ? ((PIECE + d->bucket - 1) / d->bucket) * d->bucket : PIECE;
+    d->nb = vt->num_scales(call->params, call->count);
+    d->align = vt->int_align(call->params, call->count);
+    if (d->align == 0) d->align = 1;
+    d->piece = ((PIECE + d->align - 1) / d->align) * d->align;
     d->staged = gcomp__codec_chain(call->codec)->n_stages > 1;
     max_chunk = call->count / (size_t)n + 2 * d->align;
     if (max_chunk > call->count) max_chunk = call->count;
     /* sums of all N ranks are the widest any hop packs (test_sums_format checks it) */
-    d->msg_cap = (gcomp__codec_stages_bound(call->codec, (size_t)gcomp_tg_sum_bytes(max_chunk, (uint32_t)n)) + 7) & ~(size_t)7;
+    d->msg_cap = (gcomp__codec_stages_bound(call->codec, vt->int_sum_bytes(call->params, max_chunk, (uint32_t)n)) + 7) &
+                 ~(size_t)7;
     d->scales = gcomp__ws_take(ws, d->nb * sizeof(float), "integer: shared scales");
     d->keys = gcomp__ws_take(ws, d->nb * sizeof(uint64_t), "integer: scale bits");
-    d->values = gcomp__ws_take(ws, (2 * (size_t)n + 1) * sizeof(float), "integer: sum values");
-    d->sums = gcomp__ws_take(ws, max_chunk * sizeof(int16_t), "integer: final sums");
+    d->scratch = gcomp__ws_take(ws, vt->int_scratch_bytes ? vt->int_scratch_bytes(call->params, max_chunk, (uint32_t)n) : 0,
+                                "integer: codec scratch");
     d->t = gcomp__ws_take(ws, max_chunk * sizeof(int8_t), "integer: codes");
     d->raw = gcomp__ws_take(ws, d->msg_cap, "integer: unstaged sums in");
     d->raw_out = gcomp__ws_take(ws, d->msg_cap, "integer: unstaged sums out");
@@ -129,11 +128,9 @@ static gcomp_result ternarise_chunk(int_ctx *d, int j)
     chunk_of(d, j, &lo, &hi);
     for (size_t a = lo; a < hi; a += d->piece) {
         size_t m = hi - a < d->piece ? hi - a : d->piece;
-        const float *scales = d->scales + (d->bucket < call->count ? a / d->bucket : 0);
         gcomp_encode_ctx ctx = gcomp__call_ctx(call, a);
-        GCOMP_CHECK(gcomp__tg_ternarise(call->params, &ctx, call->x + a, call->r_in ? call->r_in + a : NULL,
-                                        call->r_out && d->write_residual ? call->r_out + a : NULL, m, scales,
-                                        d->t + (a - lo)));
+        GCOMP_CHECK(call->vt->int_ternarise(call->params, &ctx, call->x, call->r_in,
+                                            d->write_residual ? call->r_out : NULL, m, d->scales, d->t + (a - lo)));
         gcomp__ring_progress(&call->ring);
     }
     call->ring.st->encode_s += gcomp__now() - t0;
@@ -144,7 +141,8 @@ static gcomp_result ternarise_chunk(int_ctx *d, int j)
  * ranks and passed through the byte stages. */
 static gcomp_result hop(int_ctx *d, int j, const uint8_t *in, size_t in_bytes, uint32_t m_in)
 {
-    gcomp_codec *codec = d->call->codec;
+    gcomp__call *call = d->call;
+    gcomp_codec *codec = call->codec;
     size_t lo, hi, raw_bytes, n;
     uint8_t *dst;
     const uint8_t *src = in;
@@ -152,56 +150,37 @@ static gcomp_result hop(int_ctx *d, int j, const uint8_t *in, size_t in_bytes, u
     chunk_of(d, j, &lo, &hi);
     n = hi - lo;
     if (m_in && d->staged) {
-        GCOMP_CHECK(gcomp__codec_stages_decode(codec, in, in_bytes, n, d->raw, (size_t)gcomp_tg_sum_bytes(n, m_in), &in_bytes));
+        GCOMP_CHECK(gcomp__codec_stages_decode(codec, in, in_bytes, n, d->raw, call->vt->int_sum_bytes(call->params, n, m_in),
+                                               &in_bytes));
         src = d->raw;
     }
-    raw_bytes = (size_t)gcomp_tg_sum_bytes(n, m_in + 1);
+    raw_bytes = call->vt->int_sum_bytes(call->params, n, m_in + 1);
     dst = d->staged ? d->raw_out : slot(d, j);
-    GCOMP_CHECK(gcomp__tg_sums_add_pack(src, in_bytes, m_in, d->t, n, dst));
+    GCOMP_CHECK(call->vt->int_sums_add_pack(call->params, src, in_bytes, m_in, d->t, n, dst));
     if (d->staged) GCOMP_CHECK(gcomp__codec_stages_encode(codec, d->raw_out, raw_bytes, n, slot(d, j), d->msg_cap, &raw_bytes));
     d->slot_bytes[j] = raw_bytes;
-    d->call->ring.st->encode_s += gcomp__now() - t0;
+    call->ring.st->encode_s += gcomp__now() - t0;
     return GCOMP_SUCCESS;
 }
 
-/* The 2N + 1 results a sum of N ranks can give under scale s: the same expression as the
- * bucketed path of finish, so both give the same bits. */
-static void sum_values(const int_ctx *d, float s, float *value)
-{
-    int32_t n = d->call->ring.size;
-    for (int32_t k = -n; k <= n; k++) value[k + n] = (float)k * s / d->call->divisor;
-}
-
-/* result[chunk j] = scale * (final sum of N ranks) / divisor. With one scale, straight from
- * the packed sums through a table of the 2N + 1 possible results (one pass over the chunk);
- * with buckets, through the int16 sums, bucket by bucket. */
+/* result[chunk j] = scale * (final sum of N ranks) / divisor, every rank (the owner too)
+ * from the same packed bytes. */
 static gcomp_result finish(int_ctx *d, int j)
 {
     gcomp__call *call = d->call;
     uint32_t n_ranks = (uint32_t)call->ring.size;
     size_t lo, hi, bytes = d->slot_bytes[j];
     const uint8_t *src = slot(d, j);
-    float *res = call->result, div = call->divisor;
     double t0 = gcomp__now();
     chunk_of(d, j, &lo, &hi);
     if (d->staged) {
         GCOMP_CHECK(gcomp__codec_stages_decode(call->codec, src, bytes, hi - lo, d->raw,
-                                               (size_t)gcomp_tg_sum_bytes(hi - lo, n_ranks), &bytes));
+                                               call->vt->int_sum_bytes(call->params, hi - lo, n_ranks), &bytes));
         src = d->raw;
     }
-    if (d->nb == 1) {
-        sum_values(d, d->scales[0], d->values);
-        GCOMP_CHECK(gcomp__tg_sums_values(src, bytes, hi - lo, n_ranks, d->values, res + lo));
-        gcomp__ring_progress(&call->ring);
-    } else {
-        GCOMP_CHECK(gcomp__tg_sums_unpack(src, bytes, hi - lo, n_ranks, d->sums));
-        gcomp__ring_progress(&call->ring);
-        for (size_t i = lo; i < hi;) {
-            size_t b = i / d->bucket, end = (b + 1) * d->bucket < hi ? (b + 1) * d->bucket : hi;
-            float s = d->scales[b];
-            for (; i < end; i++) res[i] = (float)d->sums[i - lo] * s / div;
-        }
-    }
+    GCOMP_CHECK(call->vt->int_sums_values(call->params, src, bytes, lo, hi - lo, n_ranks, d->scales, call->divisor,
+                                          call->result + lo, d->scratch));
+    gcomp__ring_progress(&call->ring);
     call->divided = 1;
     call->ring.st->decode_s += gcomp__now() - t0;
     return GCOMP_SUCCESS;

@@ -1,11 +1,11 @@
 /*
- * sched_sparse.c — the sparse gather for top-k (GCOMP_CAP_SPARSE codecs).
+ * sched_sparse.c — the sparse gather (GCOMP_CAP_SPARSE codecs: top-k).
  *
  * Each rank encodes its whole tensor once (residual fused): a payload of k (index, value)
  * pairs. A ring allgather forwards every rank's payload unchanged (N-1 steps), and every
  * rank sums the N payloads in rank order into a zeroed result, so all ranks hold the same
- * bits. For the built-in top-k each payload becomes an (index, value) list while the next
- * one travels, and the lists are summed in one ordered pass. Sparse payloads do not shrink
+ * bits. A codec with the sparse_* entries (top-k) has each payload turned into an (index,
+ * value) list while the next one travels, and the lists summed in one ordered pass. Sparse payloads do not shrink
  * when summed, so a gather sends (N-1) payloads per rank; when that would exceed what a
  * dense fp32 ring sends, the engine's planner runs sparse-as-dense instead (engine.c).
  *
@@ -15,7 +15,6 @@
 #include <string.h>
 
 #include "schedule.h"
-#include "codecs/topk.h"
 
 typedef struct sparse_ctx {
     gcomp__call *call;
@@ -24,17 +23,17 @@ typedef struct sparse_ctx {
     size_t bound;           /* capacity of one payload slot */
     uint8_t *slots;         /* n payloads */
     size_t *bytes;          /* their sizes */
-    gcomp_topk_pairs *lists; /* pair path: n list heads */
+    gcomp_pair_list *lists; /* pair path: n list heads */
     uint64_t *idx;          /* n x k indices */
     float *val;             /* n x k values */
 } sparse_ctx;
 
-/* The built-in top-k is decoded to (index, value) lists as payloads arrive, and the lists
- * summed into the result in one ordered pass at the end (gcomp__topk_sum_pairs); another
- * sparse codec goes through decode_add. */
+/* A codec with the sparse_* entries has its payloads decoded to (index, value) lists as they
+ * arrive, and the lists summed into the result in one ordered pass at the end; without them
+ * (or past GCOMP_SPARSE_MAX_LISTS ranks) the gather goes through decode_add. */
 static int pairs_path(const gcomp__call *call)
 {
-    return call->vt == &gcomp__codec_topk && call->ring.size <= GCOMP_TOPK_MAX_LISTS;
+    return call->vt->sparse_sum_pairs && call->ring.size <= GCOMP_SPARSE_MAX_LISTS;
 }
 
 static void layout(gcomp__call *call, sparse_ctx *d)
@@ -49,8 +48,8 @@ static void layout(gcomp__call *call, sparse_ctx *d)
     d->bytes = gcomp__ws_take(ws, (size_t)n * sizeof(size_t), "sparse: payload sizes");
     if (!d->pairs) return;
     /* k of this call: every rank's payload must hold exactly as many pairs (same spec, count) */
-    d->k = (size_t)gcomp_topk_k(call->params, call->count);
-    d->lists = gcomp__ws_take(ws, (size_t)n * sizeof(gcomp_topk_pairs), "sparse: pair lists");
+    d->k = call->vt->sparse_k(call->params, call->count);
+    d->lists = gcomp__ws_take(ws, (size_t)n * sizeof(gcomp_pair_list), "sparse: pair lists");
     d->idx = gcomp__ws_take(ws, (size_t)n * d->k * sizeof(uint64_t), "sparse: pair indices");
     d->val = gcomp__ws_take(ws, (size_t)n * d->k * sizeof(float), "sparse: pair values");
 }
@@ -99,9 +98,10 @@ static gcomp_result unpack_pairs(sparse_ctx *d, int j)
     uint32_t flags;
     double t0 = gcomp__now();
     GCOMP_CHECK(gcomp__codec_element_body(call->codec, slot(d, j), d->bytes[j], call->count, &body, &body_bytes, &flags));
-    GCOMP_CHECK(gcomp__topk_body_pairs(flags, body, body_bytes, call->count, d->k, idx, val, &got));
+    GCOMP_CHECK(call->vt->sparse_pairs(call->params, flags, body, body_bytes, call->count, d->k, idx, val, &got));
     if (got != d->k)
-        return gcomp__fail(GCOMP_ERR_CORRUPT, "top-k payload of rank %d holds %zu pairs, expected %zu", j, got, d->k);
+        return gcomp__fail(GCOMP_ERR_CORRUPT, "%s payload of rank %d holds %zu pairs, expected %zu", call->vt->name, j, got,
+                           d->k);
     d->lists[j].idx = idx;
     d->lists[j].val = val;
     d->lists[j].k = got;
@@ -114,7 +114,8 @@ static void sum_pairs(sparse_ctx *d)
 {
     gcomp__call *call = d->call;
     double t0 = gcomp__now();
-    if (!call->ring.error) gcomp__topk_sum_pairs(d->lists, call->ring.size, call->result, call->count, call->divisor);
+    GCOMP_STEP(&call->ring, call->vt->sparse_sum_pairs(call->params, d->lists, call->ring.size, call->result, call->count,
+                                                       call->divisor));
     call->divided = 1;
     call->ring.st->decode_s += gcomp__now() - t0;
 }

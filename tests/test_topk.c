@@ -308,7 +308,8 @@ static void test_vtable(void **state)
     assert_null(vt->params[2].choices[2]);
     assert_non_null(vt->encode);
     assert_non_null(vt->decode_add);
-    assert_null(vt->encode_scaled);
+    assert_non_null(vt->sparse_pairs);
+    assert_non_null(vt->sparse_sum_pairs);
     assert_null(vt->stage_encode);
     assert_ptr_equal(gcomp_codec_find("topk"), vt);
     /* the wire id is its own: a clash would keep a built-in codec out of the registry */

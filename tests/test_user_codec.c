@@ -7,6 +7,7 @@
  * (payload bytes XOR 0x5a) to show a user stage in a chain.
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -15,6 +16,7 @@
 #include "gcomp_codec.h"
 
 #include "randk_codec.h"
+#include "transport_loop.h"
 
 #define XORMASK_WIRE_ID 201
 
@@ -588,6 +590,278 @@ static void test_register_valid_table(void **state)
     assert_non_null(strstr(gcomp_last_error(), "out of range [0, 1]"));
 }
 
+/* ---- a user GCOMP_CAP_INTEGER codec on the integer ring ------------------------------------------
+ * tern1: one scale per tensor s = max |x| (x = g + r); codes t = +1 above s/2, -1 below -s/2,
+ * else 0 (no randomness); sums of m ranks travel as one int8 per element. The integer ring
+ * runs these entries, not TernGrad's: its results are checked against the same arithmetic
+ * done here, bit for bit. */
+#define TERN1_WIRE_ID 202
+
+static int8_t tern1_code(float x, float s) { return x > 0.5f * s ? 1 : x < -0.5f * s ? -1 : 0; }
+
+static size_t tern1_max_body(const void *params, size_t count)
+{
+    (void)params;
+    return 4 + count;
+}
+
+static float tern1_scale(const float *g, const float *r, size_t n)
+{
+    float s = 0.0f;
+    for (size_t i = 0; i < n; i++) {
+        float a = fabsf(r ? g[i] + r[i] : g[i]);
+        if (!(a <= s)) s = a; /* NaN wins */
+    }
+    return s;
+}
+
+static gcomp_result tern1_encode(const void *params, gcomp_encode_ctx *ctx, const float *g, const float *r_in,
+                                 float *r_out, size_t count, uint8_t *body, size_t cap, size_t *written, uint32_t *flags)
+{
+    float s = tern1_scale(g, r_in, count);
+    (void)params;
+    if (cap < 4 + count) return gcomp_codec_fail(GCOMP_ERR_BUFFER_TOO_SMALL, "tern1: need %zu bytes", 4 + count);
+    if (!isfinite(s)) ctx->nonfinite = 1;
+    memcpy(body, &s, 4);
+    for (size_t i = 0; i < count; i++) {
+        float x = r_in ? g[i] + r_in[i] : g[i];
+        int8_t t = tern1_code(x, s);
+        body[4 + i] = (uint8_t)t;
+        if (r_out) r_out[i] = x - (float)t * s;
+    }
+    *written = 4 + count;
+    *flags = 0;
+    return GCOMP_SUCCESS;
+}
+
+static gcomp_result tern1_decode_add(const void *params, uint32_t flags, const uint8_t *body, size_t bytes, float *acc,
+                                     size_t count)
+{
+    float s;
+    (void)params;
+    if (flags || bytes != 4 + count) return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "tern1: bad body");
+    memcpy(&s, body, 4);
+    for (size_t i = 0; i < count; i++) acc[i] += (float)(int8_t)body[4 + i] * s;
+    return GCOMP_SUCCESS;
+}
+
+static size_t tern1_num_scales(const void *params, size_t count)
+{
+    (void)params;
+    (void)count;
+    return 1;
+}
+
+static gcomp_result tern1_local_scales(const void *params, gcomp_encode_ctx *ctx, const float *g, const float *r,
+                                       size_t count, float *scales)
+{
+    (void)params;
+    (void)ctx;
+    scales[0] = tern1_scale(g, r, count);
+    return GCOMP_SUCCESS;
+}
+
+static size_t tern1_int_align(const void *params, size_t count)
+{
+    (void)params;
+    (void)count;
+    return 1;
+}
+
+static size_t tern1_int_sum_bytes(const void *params, size_t n, uint32_t m)
+{
+    (void)params;
+    (void)m;
+    return n;
+}
+
+static int tern1_calls[4]; /* ternarise, add_pack, values: the ring did call this codec */
+
+static gcomp_result tern1_int_ternarise(const void *params, const gcomp_encode_ctx *ctx, const float *g,
+                                        const float *r_in, float *r_out, size_t n, const float *scales, int8_t *t)
+{
+    size_t a = (size_t)ctx->offset;
+    (void)params;
+    __atomic_fetch_add(&tern1_calls[0], 1, __ATOMIC_RELAXED);
+    for (size_t i = a; i < a + n; i++) {
+        float x = r_in ? g[i] + r_in[i] : g[i];
+        t[i - a] = tern1_code(x, scales[0]);
+        if (r_out) r_out[i] = x - (float)t[i - a] * scales[0];
+    }
+    return GCOMP_SUCCESS;
+}
+
+static gcomp_result tern1_int_sums_add_pack(const void *params, const uint8_t *in, size_t in_bytes, uint32_t m_in,
+                                            const int8_t *t, size_t n, uint8_t *out)
+{
+    (void)params;
+    __atomic_fetch_add(&tern1_calls[1], 1, __ATOMIC_RELAXED);
+    if (m_in && in_bytes != n) return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "tern1: %zu bytes of sums, expected %zu", in_bytes, n);
+    for (size_t i = 0; i < n; i++) {
+        int v = m_in ? (int8_t)in[i] : 0;
+        if (v < -(int)m_in || v > (int)m_in) return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "tern1: sum out of range");
+        out[i] = (uint8_t)(int8_t)(v + t[i]);
+    }
+    return GCOMP_SUCCESS;
+}
+
+static gcomp_result tern1_int_sums_values(const void *params, const uint8_t *in, size_t bytes, size_t lo, size_t n,
+                                          uint32_t m, const float *scales, float divisor, float *out, void *scratch)
+{
+    (void)params;
+    (void)lo;
+    (void)scratch;
+    __atomic_fetch_add(&tern1_calls[2], 1, __ATOMIC_RELAXED);
+    if (bytes != n) return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "tern1: %zu bytes of final sums, expected %zu", bytes, n);
+    for (size_t i = 0; i < n; i++) {
+        int v = (int8_t)in[i];
+        if (v < -(int)m || v > (int)m) return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "tern1: final sum out of range");
+        out[i] = (float)v * scales[0] / divisor;
+    }
+    return GCOMP_SUCCESS;
+}
+
+static const gcomp_codec_vtable tern1_vt = {
+    .abi_version = GCOMP_CODEC_ABI_VERSION,
+    .name = "tern1",
+    .wire_id = TERN1_WIRE_ID,
+    .caps = GCOMP_CAP_INTEGER,
+    .max_body_bytes = tern1_max_body,
+    .encode = tern1_encode,
+    .decode_add = tern1_decode_add,
+    .num_scales = tern1_num_scales,
+    .local_scales = tern1_local_scales,
+    .int_align = tern1_int_align,
+    .int_sum_bytes = tern1_int_sum_bytes,
+    .int_ternarise = tern1_int_ternarise,
+    .int_sums_add_pack = tern1_int_sums_add_pack,
+    .int_sums_values = tern1_int_sums_values,
+};
+
+/* An INTEGER codec without an entry the ring needs is refused, and the message names it. */
+static void test_integer_entries_required(void **state)
+{
+    static const char *const names[] = {"num_scales", "local_scales", "int_align", "int_sum_bytes",
+                                        "int_ternarise", "int_sums_add_pack", "int_sums_values"};
+    (void)state;
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        gcomp_codec_vtable v = tern1_vt;
+        v.name = "tern1_lacking";
+        v.wire_id = 203;
+        switch (i) {
+        case 0: v.num_scales = NULL; break;
+        case 1: v.local_scales = NULL; break;
+        case 2: v.int_align = NULL; break;
+        case 3: v.int_sum_bytes = NULL; break;
+        case 4: v.int_ternarise = NULL; break;
+        case 5: v.int_sums_add_pack = NULL; break;
+        default: v.int_sums_values = NULL; break;
+        }
+        assert_int_equal(gcomp_codec_register(&v), GCOMP_ERR_INVALID_ARG);
+        if (!strstr(gcomp_last_error(), names[i]) || !strstr(gcomp_last_error(), "GCOMP_CAP_INTEGER"))
+            fail_msg("missing %s: the message does not name it: %s", names[i], gcomp_last_error());
+    }
+    /* a sparse codec gives all three pair entries or none */
+    {
+        gcomp_codec_vtable v = randk_vt;
+        v.name = "randk_half";
+        v.wire_id = 204;
+        v.sparse_k = tern1_num_scales;
+        assert_int_equal(gcomp_codec_register(&v), GCOMP_ERR_INVALID_ARG);
+        assert_non_null(strstr(gcomp_last_error(), "sparse_pairs"));
+    }
+}
+
+#define TERN1_N 3001
+#define TERN1_STEPS 3
+#define TERN1_MAX_RANKS 4
+
+typedef struct tern1_job {
+    gcomp__loop_world *w;
+    int rank;
+    gcomp_op op;
+    gcomp_result rc;
+    gcomp_schedule sched;
+    float out[TERN1_STEPS][TERN1_N];
+} tern1_job;
+
+static float tern1_input(int rank, int step, size_t i)
+{
+    return (float)((int)((i * 7 + (size_t)rank * 13 + (size_t)step * 5) % 17) - 8) * 0.25f + 0.01f * (float)rank;
+}
+
+static void *tern1_rank(void *arg)
+{
+    tern1_job *j = arg;
+    gcomp_config cfg = gcomp_config_default();
+    gcomp_comm *comm = NULL;
+    gcomp_comm_stats st;
+    static _Thread_local float x[TERN1_N];
+    cfg.codec = "tern1";
+    cfg.min_bytes = 0;
+    cfg.timeout_ms = 20000;
+    j->rc = gcomp__comm_create_loop(j->w, j->rank, &cfg, &comm);
+    for (int t = 0; t < TERN1_STEPS && j->rc == GCOMP_SUCCESS; t++) {
+        for (size_t i = 0; i < TERN1_N; i++) x[i] = tern1_input(j->rank, t, i);
+        j->rc = gcomp_allreduce(comm, x, j->out[t], TERN1_N, GCOMP_F32, j->op, 5, NULL);
+    }
+    if (j->rc == GCOMP_SUCCESS && gcomp_comm_stats_get(comm, &st) == GCOMP_SUCCESS) j->sched = st.last_schedule;
+    gcomp_comm_destroy(comm);
+    return NULL;
+}
+
+/* The integer ring runs the user codec's entries: results equal tern1's arithmetic done
+ * here (shared max scale, codes summed exactly, residuals kept), bit for bit, on 2-4 ranks. */
+static void test_user_integer_codec_ring(void **state)
+{
+    static tern1_job jobs[TERN1_MAX_RANKS];
+    static float r[TERN1_MAX_RANKS][TERN1_N], xs[TERN1_MAX_RANKS][TERN1_N];
+    (void)state;
+    assert_int_equal(gcomp_codec_register(&tern1_vt), GCOMP_SUCCESS);
+    for (int n = 2; n <= TERN1_MAX_RANKS; n++) {
+        for (int op = 0; op < 2; op++) {
+            pthread_t th[TERN1_MAX_RANKS];
+            gcomp__loop_world *w = NULL;
+            memset(tern1_calls, 0, sizeof tern1_calls);
+            assert_int_equal(gcomp__loop_world_create(n, &w), GCOMP_SUCCESS);
+            for (int k = 0; k < n; k++) {
+                jobs[k].w = w;
+                jobs[k].rank = k;
+                jobs[k].op = op ? GCOMP_AVG : GCOMP_SUM;
+                assert_int_equal(pthread_create(&th[k], NULL, tern1_rank, &jobs[k]), 0);
+            }
+            for (int k = 0; k < n; k++) pthread_join(th[k], NULL);
+            gcomp__loop_world_destroy(w);
+            assert_true(tern1_calls[0] > 0 && tern1_calls[1] > 0 && tern1_calls[2] > 0);
+            memset(r, 0, sizeof r);
+            for (int t = 0; t < TERN1_STEPS; t++) {
+                float s = 0.0f;
+                for (int k = 0; k < n; k++) {
+                    for (size_t i = 0; i < TERN1_N; i++) xs[k][i] = tern1_input(k, t, i) + r[k][i];
+                    if (tern1_scale(xs[k], NULL, TERN1_N) > s) s = tern1_scale(xs[k], NULL, TERN1_N);
+                }
+                for (size_t i = 0; i < TERN1_N; i++) {
+                    int sum = 0;
+                    float want;
+                    for (int k = 0; k < n; k++) {
+                        int8_t c = tern1_code(xs[k][i], s);
+                        sum += c;
+                        r[k][i] = xs[k][i] - (float)c * s;
+                    }
+                    want = (float)sum * s / (op ? (float)n : 1.0f);
+                    for (int k = 0; k < n; k++) {
+                        assert_int_equal(jobs[k].rc, GCOMP_SUCCESS);
+                        assert_int_equal(jobs[k].sched, GCOMP_SCHED_INTEGER);
+                        if (memcmp(&jobs[k].out[t][i], &want, 4) != 0)
+                            fail_msg("%d ranks, %s, step %d, rank %d, element %zu: %.9g, expected %.9g", n,
+                                     op ? "AVG" : "SUM", t, k, i, jobs[k].out[t][i], want);
+                    }
+                }
+            }
+        }
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -596,6 +870,7 @@ int main(void)
         cmocka_unit_test(test_error_feedback),      cmocka_unit_test(test_chains),
         cmocka_unit_test(test_corrupt_payloads),    cmocka_unit_test(test_register_errors),
         cmocka_unit_test(test_register_param_tables), cmocka_unit_test(test_register_valid_table),
+        cmocka_unit_test(test_integer_entries_required), cmocka_unit_test(test_user_integer_codec_ring),
     };
     return cmocka_run_group_tests(tests, group_setup, NULL);
 }
