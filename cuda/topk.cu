@@ -8,13 +8,17 @@
  *   pass 1     x = g + r, stored into the residual's output buffer (the unkept part of the
  *              residual is then done, and later passes read 4 bytes an element), and the
  *              histogram of the top 11 key bits (key = bits & 0x7fffffff, as on the CPU);
- *   select     a radix select on the keys, 11 + 11 + 9 bits: each digit's histogram (per-block
- *              counts in shared memory, added into a global one) and a one-block kernel that
- *              finds the bin of the k-th largest key. The result is a rule: keep key > T, and
- *              of the keys == T the `tie_need` with the lowest indices;
- *   compact    per-tile counts of keys > T and == T, an exclusive scan over the tiles, and a
- *              scatter of the kept indices in index order (ballots within a warp, a scan
- *              across the warps of a tile): stable, no atomics that could reorder;
+ *   select     a radix select on the keys, 11 + 11 + 9 bits, each digit's bin found by a
+ *              one-block kernel (the bin b with (count above b) < need <= (that + hist[b]), as
+ *              topk.c's find_bin takes it). After digit 0 one pass per tile counts the keys
+ *              above the threshold's bin and lists the keys in it (with their tile): digits
+ *              1 and 2 are histogrammed from that list, not from x, unless it overflowed
+ *              (n/16 + 1024 entries: heavy ties), when they read x. The result is a rule:
+ *              keep key > T, and of the keys == T the `tie_need` with the lowest indices;
+ *   compact    per-tile counts of keys > T and == T (from the list's tiles, or from x), an
+ *              exclusive scan over the tiles, and a scatter of the kept indices in index
+ *              order (ballots within a warp, a scan across the warps of a tile): stable, no
+ *              atomics that could reorder;
  *   body       one warp per block of 128 pairs: gaps, the value fields, the Rice parameter
  *              (one candidate b per lane, the minimum of (bits, b) as topk.h's
  *              gcomp_topk_rice_param takes it), then a scan of the block sizes gives every
@@ -25,15 +29,25 @@
  *   The selection state lives in scratch, so the host enqueues the same launches whatever the
  *   data; a kernel whose digit is not needed returns at once.
  *
+ * Cost (H100, 64 Mi floats, ratio 0.01, test_cuda_topk's test_timing, commit cf7baf3): encode
+ * 0.91 ms against 0.18 ms for a device-to-device copy of the floats, i.e. 0.30 of the copy's
+ * rate with effective bytes counted as codec_perf does (g, r read, r written, body). Under
+ * ncu, pass 1 ran at the copy's bandwidth (0.28 ms) and the per-tile collect and scatter
+ * (0.20 and 0.23 ms) and the one-block tile scan (0.07 ms) took most of the rest; they were
+ * then rebuilt (tiles looped over with the next tile's loads in flight, a two-level scan),
+ * which no GPU has timed yet.
+ *
  * Decode: a body's block starts are only known after parsing the blocks before it (the Rice
- * codes have no fixed width), so one payload's chain is parsed by one thread: about k pairs
- * times a few tens of cycles (tens of milliseconds at k = 670 thousand). A later format that
- * stored each block's byte offset after k (4 bytes a block, under 1 % of the body) would let a
- * warp parse each block independently. decode_add parses twice, as the CPU does: a first kernel
- * checks everything (status->error on a fault), a second adds only when status->error == 0,
- * so a corrupt body never touches acc. sum_payloads parses every rank's body in parallel into
- * lists (scratch), then sums a tile of the result per block, ranks in order from 0.0f, and
- * divides as codecs/divide.h does: what gcomp__topk_sum_pairs computes, bit for bit.
+ * codes have no fixed width), so one payload's chain is parsed by one thread, at about 0.3 us
+ * a pair: decode_add of the 671,089 pairs above takes 0.39 s (two parses). That is the price of
+ * format 2 on a GPU; a later format that stored each block's byte offset and first index after
+ * k (12 bytes a block of 128 pairs, about 2 % of the body) would let a warp parse and check
+ * every block independently. decode_add parses twice, as the CPU does: a first kernel checks
+ * everything (status->error on a fault), a second adds only when status->error == 0, so a
+ * corrupt body never touches acc. sum_payloads parses every rank's body in parallel (one
+ * thread each) into lists (scratch), then sums a tile of the result per block, ranks in order
+ * from 0.0f, and divides as codecs/divide.h does: what gcomp__topk_sum_pairs computes, bit
+ * for bit. A rank whose k is not the expected one is refused, as the CPU's sparse gather does.
  */
 #include <cuda_runtime.h>
 #include <math.h>
