@@ -18,7 +18,6 @@ gcomp_result gcomp__codec_unregister(const gcomp_codec_vtable *vt);
 
 /* ---- spec parsing (spec.c) ---- */
 #define GCOMP_MAX_STAGES 4
-#define GCOMP_SPEC_MAX 512
 
 typedef struct gcomp__stage {
     const gcomp_codec_vtable *vt;

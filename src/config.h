@@ -7,10 +7,8 @@
 
 #include "internal.h"
 
-#define GCOMP_CONFIG_CODEC_MAX 512 /* = GCOMP_SPEC_MAX: a spec string and its terminator */
-
 typedef struct gcomp__config {
-    char codec[GCOMP_CONFIG_CODEC_MAX];
+    char codec[GCOMP_SPEC_MAX];
     int64_t min_bytes;
     int error_feedback;
     uint64_t seed;

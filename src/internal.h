@@ -40,6 +40,8 @@ const char *gcomp__quote(char *out, size_t cap, const char *s, size_t max_chars)
         }                                                                                   \
     } while (0)
 
+#define GCOMP_SPEC_MAX 512 /* longest codec spec string, terminator included */
+
 /* CLOCK_MONOTONIC seconds: every deadline of the library is on this clock. */
 double gcomp__now(void);
 
