@@ -1085,7 +1085,12 @@ static gcomp_result tk_sum_payloads(const void *params, const uint8_t *const *pa
 }
 
 extern "C" const gcomp_codec_cuda_ops gcomp__cuda_ops_topk = {
-    tk_scratch_bytes, tk_encode, tk_decode_add_host,
-    nullptr,          nullptr,   nullptr,
-    nullptr,          tk_sum_payloads,
+    .scratch_bytes = tk_scratch_bytes,
+    .encode = tk_encode,
+    .decode_add = tk_decode_add_host,
+    .local_scales = nullptr, /* not an integer-ring codec */
+    .ternarise = nullptr,
+    .sums_add_pack = nullptr,
+    .sums_values = nullptr,
+    .sum_payloads = tk_sum_payloads,
 };
