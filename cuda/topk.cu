@@ -96,7 +96,7 @@ struct tk_und {
 
 /* Where everything of an encode lives in scratch (offsets in bytes, 256-aligned). */
 struct tk_layout {
-    size_t state, hist, tile_gt, tile_eq, off_gt, off_eq, groups, gt1, und_gt, und_eq, list, idx, blk_info, blk_bytes,
+    size_t state, hist, tile_gt, tile_eq, off_gt, off_eq, gt1, und_gt, und_eq, list, idx, blk_info, blk_bytes,
         blk_off, total;
     size_t list_cap;
 };
@@ -116,7 +116,6 @@ static tk_layout tk_encode_layout(size_t n, uint64_t k)
     l.tile_eq = at, at += tk_align(tiles * 8);
     l.off_gt = at, at += tk_align(tiles * 8);
     l.off_eq = at, at += tk_align(tiles * 8);
-    l.groups = at, at += tk_align(2 * ((tiles + TK_SCAN_THREADS - 1) / TK_SCAN_THREADS) * 8);
     l.gt1 = at, at += tk_align(tiles * 8);
     l.und_gt = at, at += tk_align(tiles * 8);
     l.und_eq = at, at += tk_align(tiles * 8); /* right after und_gt: one memset clears both */
@@ -309,25 +308,11 @@ static __global__ void tk_digit_hist(const float *g, const gcomp_cuda_residual *
     tk_flush_hist(sh, 1u << d, hist);
 }
 
-/* The keys of a warp's slice of tile t into registers (0 past n). */
-static __device__ __forceinline__ void tk_load_slice(const uint32_t *x, size_t n, size_t t, uint32_t *keys)
-{
-    const size_t base = t * TK_TILE + (size_t)(threadIdx.x >> 5) * TK_WARP_ITEMS;
-#pragma unroll
-    for (unsigned j = 0; j < TK_WARP_ITEMS / 32; j++) {
-        int valid;
-        keys[j] = tk_item(x, n, base, j, &valid);
-        (void)valid;
-    }
-}
-
-/* After digit 0, per tile (blocks loop over tiles, loading the next tile's keys while they
- * work on the current one): the keys whose top digit is above the threshold's bin B (all
- * kept: gt1); the keys in bin B go into the undecided list when it has room for all of them
- * (then the later digits and counts read the list, not x). */
-static __global__ void __launch_bounds__(TK_TILE_THREADS, 4)
-    tk_collect(const float *g, const gcomp_cuda_residual *res, size_t n, size_t tiles, tk_select *st,
-               size_t list_cap, tk_und *list, unsigned long long *gt1)
+/* After digit 0, one block per tile: per tile, the keys whose top digit is above the
+ * threshold's bin B (all kept: gt1); the keys in bin B go into the undecided list when it has
+ * room for all of them (then the later digits and counts read the list, not x). */
+static __global__ void tk_collect(const float *g, const gcomp_cuda_residual *res, size_t n, tk_select *st,
+                                  size_t list_cap, tk_und *list, unsigned long long *gt1)
 {
     __shared__ unsigned long long scan_sh[33];
     __shared__ unsigned long long base_sh;
@@ -336,44 +321,43 @@ static __global__ void __launch_bounds__(TK_TILE_THREADS, 4)
     const unsigned top_shift = TK_KEY_BITS - TK_D0;
     const uint32_t bin = st->prefix;
     const unsigned warp = threadIdx.x >> 5, lane = threadIdx.x & 31u;
-    uint32_t keys[TK_WARP_ITEMS / 32], next[TK_WARP_ITEMS / 32];
-    if (blockIdx.x < tiles) tk_load_slice(x, n, blockIdx.x, keys);
-    for (size_t t = blockIdx.x; t < tiles; t += gridDim.x) {
-        const size_t base = t * TK_TILE + (size_t)warp * TK_WARP_ITEMS;
-        unsigned gt = 0, und = 0;
-        unsigned long long slot, total;
-        if (t + gridDim.x < tiles) tk_load_slice(x, n, t + gridDim.x, next);
+    const size_t base = (size_t)blockIdx.x * TK_TILE + (size_t)warp * TK_WARP_ITEMS;
+    uint32_t keys[TK_WARP_ITEMS / 32];
+    unsigned gt = 0, und = 0;
+    unsigned long long slot, total;
 #pragma unroll
-        for (unsigned j = 0; j < TK_WARP_ITEMS / 32; j++) {
-            const int valid = base + (size_t)j * 32 + lane < n;
-            const uint32_t top = keys[j] >> top_shift;
-            gt += valid && top > bin;
-            und += valid && top == bin;
-        }
-        /* list slots: a block-wide scan of the per-thread counts, one global atomic per tile */
-        slot = tk_block_scan(und, scan_sh, &total);
-        if (threadIdx.x == 0) base_sh = total ? atomicAdd(&st->list_n, total) : 0;
-        for (unsigned o = 16; o; o >>= 1) gt += __shfl_down_sync(TK_FULL, gt, o);
-        if (lane == 0) wg[warp] = gt;
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            unsigned long long sg = 0;
-            for (unsigned w = 0; w < TK_TILE_THREADS / 32; w++) sg += wg[w];
-            gt1[t] = sg;
-            if (base_sh + total > list_cap) st->overflow = 1;
-        }
-        slot += base_sh;
+    for (unsigned j = 0; j < TK_WARP_ITEMS / 32; j++) {
+        int valid;
+        keys[j] = tk_item(x, n, base, j, &valid);
+        (void)valid;
+    }
 #pragma unroll
-        for (unsigned j = 0; j < TK_WARP_ITEMS / 32; j++) {
-            const int valid = base + (size_t)j * 32 + lane < n;
-            if (valid && keys[j] >> top_shift == bin) {
-                if (slot < list_cap) list[slot] = tk_und{keys[j], (uint32_t)t};
-                slot++;
-            }
-        }
+    for (unsigned j = 0; j < TK_WARP_ITEMS / 32; j++) {
+        const int valid = base + (size_t)j * 32 + lane < n;
+        const uint32_t top = keys[j] >> top_shift;
+        gt += valid && top > bin;
+        und += valid && top == bin;
+    }
+    /* list slots: a block-wide scan of the per-thread counts, one global atomic per block */
+    slot = tk_block_scan(und, scan_sh, &total);
+    if (threadIdx.x == 0) base_sh = total ? atomicAdd(&st->list_n, total) : 0;
+    for (unsigned o = 16; o; o >>= 1) gt += __shfl_down_sync(TK_FULL, gt, o);
+    if (lane == 0) wg[warp] = gt;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned long long sg = 0;
+        for (unsigned w = 0; w < TK_TILE_THREADS / 32; w++) sg += wg[w];
+        gt1[blockIdx.x] = sg;
+        if (base_sh + total > list_cap) st->overflow = 1;
+    }
+    slot += base_sh;
 #pragma unroll
-        for (unsigned j = 0; j < TK_WARP_ITEMS / 32; j++) keys[j] = next[j];
-        __syncthreads(); /* wg and base_sh are rewritten for the next tile */
+    for (unsigned j = 0; j < TK_WARP_ITEMS / 32; j++) {
+        const int valid = base + (size_t)j * 32 + lane < n;
+        if (valid && keys[j] >> top_shift == bin) {
+            if (slot < list_cap) list[slot] = tk_und{keys[j], (uint32_t)blockIdx.x};
+            slot++;
+        }
     }
 }
 
@@ -504,43 +488,24 @@ static __global__ void tk_count(const float *g, const gcomp_cuda_residual *res, 
     }
 }
 
-/* Exclusive scans of the tile counts in two levels: each block scans a group of 1024 tiles
- * (coalesced) and writes the group's totals; tk_scan_groups scans those. The scatter adds
- * both. */
+/* Exclusive scans of the tile counts; checks that the rule keeps exactly k. */
 static __global__ void tk_scan_tiles(const unsigned long long *tile_gt, const unsigned long long *tile_eq,
                                      unsigned long long *off_gt, unsigned long long *off_eq, size_t tiles,
-                                     unsigned long long *group_gt, unsigned long long *group_eq)
+                                     const tk_select *st, uint64_t k, gcomp_cuda_status *status)
 {
     __shared__ unsigned long long sh[33];
-    const size_t i = (size_t)blockIdx.x * TK_SCAN_THREADS + threadIdx.x;
-    const unsigned long long vg = i < tiles ? tile_gt[i] : 0, ve = i < tiles ? tile_eq[i] : 0;
-    unsigned long long tg, te;
-    const unsigned long long eg = tk_block_scan(vg, sh, &tg);
-    const unsigned long long ee = tk_block_scan(ve, sh, &te);
-    if (i < tiles) off_gt[i] = eg, off_eq[i] = ee;
-    if (threadIdx.x == 0) group_gt[blockIdx.x] = tg, group_eq[blockIdx.x] = te;
-}
-
-/* The group offsets (in place); checks that the rule keeps exactly k. */
-static __global__ void tk_scan_groups(unsigned long long *group_gt, unsigned long long *group_eq, size_t groups,
-                                      const tk_select *st, uint64_t k, gcomp_cuda_status *status)
-{
-    __shared__ unsigned long long sh[33];
-    const unsigned long long gt = tk_scan_array(group_gt, group_gt, groups, sh);
-    const unsigned long long eq = tk_scan_array(group_eq, group_eq, groups, sh);
+    const unsigned long long gt = tk_scan_array(tile_gt, off_gt, tiles, sh);
+    const unsigned long long eq = tk_scan_array(tile_eq, off_eq, tiles, sh);
     if (threadIdx.x == 0) {
         const unsigned long long ties = eq < st->tie_need ? eq : st->tie_need;
         if (gt + ties != k) tk_set_error(status, GCOMP_ERR_INTERNAL);
     }
 }
 
-/* The kept indices of each tile, in index order, at their place in idx[0..k) (blocks loop
- * over tiles, loading the next tile's keys while they place the current one's). */
-static __global__ void __launch_bounds__(TK_TILE_THREADS, 3)
-    tk_scatter(const float *g, const gcomp_cuda_residual *res, size_t n, size_t tiles, const tk_select *st,
-               const unsigned long long *off_gt, const unsigned long long *off_eq,
-               const unsigned long long *group_gt, const unsigned long long *group_eq, unsigned long long *idx,
-               uint64_t k)
+/* The kept indices of a tile, in index order, at their place in idx[0..k). */
+static __global__ void __launch_bounds__(TK_TILE_THREADS, 4) tk_scatter(const float *g, const gcomp_cuda_residual *res, size_t n, const tk_select *st,
+                                  const unsigned long long *off_gt, const unsigned long long *off_eq,
+                                  unsigned long long *idx, uint64_t k)
 {
     __shared__ unsigned wg[TK_TILE_THREADS / 32], we[TK_TILE_THREADS / 32];
     const uint32_t *x = (const uint32_t *)tk_x(g, res);
@@ -548,40 +513,40 @@ static __global__ void __launch_bounds__(TK_TILE_THREADS, 3)
     const unsigned long long tie_need = st->tie_need;
     const unsigned warp = threadIdx.x >> 5, lane = threadIdx.x & 31u;
     const unsigned lt_mask = (1u << lane) - 1u;
-    uint32_t keys[TK_WARP_ITEMS / 32], next[TK_WARP_ITEMS / 32];
-    if (blockIdx.x < tiles) tk_load_slice(x, n, blockIdx.x, keys);
-    for (size_t t = blockIdx.x; t < tiles; t += gridDim.x) {
-        const size_t base = t * TK_TILE + (size_t)warp * TK_WARP_ITEMS;
-        unsigned gt = 0, eq = 0;
-        unsigned long long gt_before, eq_before;
-        if (t + gridDim.x < tiles) tk_load_slice(x, n, t + gridDim.x, next);
+    const size_t base = (size_t)blockIdx.x * TK_TILE + (size_t)warp * TK_WARP_ITEMS;
+    uint32_t keys[TK_WARP_ITEMS / 32];
+    unsigned gt = 0, eq = 0;
+    unsigned long long gt_before, eq_before;
+    /* every load first, then the ballots: a ballot waits for its load, and interleaved they
+     * would put one memory latency per round on the warp's path */
 #pragma unroll
-        for (unsigned j = 0; j < TK_WARP_ITEMS / 32; j++) {
-            const int valid = base + (size_t)j * 32 + lane < n;
-            gt += __popc(__ballot_sync(TK_FULL, valid && keys[j] > thr));
-            eq += __popc(__ballot_sync(TK_FULL, valid && keys[j] == thr));
-        }
-        if (lane == 0) wg[warp] = gt, we[warp] = eq;
-        __syncthreads();
-        gt_before = off_gt[t] + group_gt[t / TK_SCAN_THREADS];
-        eq_before = off_eq[t] + group_eq[t / TK_SCAN_THREADS];
-        for (unsigned w = 0; w < warp; w++) gt_before += wg[w], eq_before += we[w];
+    for (unsigned j = 0; j < TK_WARP_ITEMS / 32; j++) {
+        int valid;
+        keys[j] = tk_item(x, n, base, j, &valid); /* validity is tested again below */
+        (void)valid;
+    }
 #pragma unroll
-        for (unsigned j = 0; j < TK_WARP_ITEMS / 32; j++) {
-            const size_t i = base + (size_t)j * 32 + lane;
-            const int valid = i < n, is_gt = valid && keys[j] > thr, is_eq = valid && keys[j] == thr;
-            const unsigned mgt = __ballot_sync(TK_FULL, is_gt), meq = __ballot_sync(TK_FULL, is_eq);
-            const unsigned long long g_lt = gt_before + __popc(mgt & lt_mask), e_lt = eq_before + __popc(meq & lt_mask);
-            unsigned long long pos = ~0ull;
-            if (is_gt) pos = g_lt + (e_lt < tie_need ? e_lt : tie_need);
-            else if (is_eq && e_lt < tie_need) pos = g_lt + e_lt;
-            if (pos < k) idx[pos] = i;
-            gt_before += __popc(mgt);
-            eq_before += __popc(meq);
-        }
+    for (unsigned j = 0; j < TK_WARP_ITEMS / 32; j++) {
+        const int valid = base + (size_t)j * 32 + lane < n;
+        gt += __popc(__ballot_sync(TK_FULL, valid && keys[j] > thr));
+        eq += __popc(__ballot_sync(TK_FULL, valid && keys[j] == thr));
+    }
+    if (lane == 0) wg[warp] = gt, we[warp] = eq;
+    __syncthreads();
+    gt_before = off_gt[blockIdx.x], eq_before = off_eq[blockIdx.x];
+    for (unsigned w = 0; w < warp; w++) gt_before += wg[w], eq_before += we[w];
 #pragma unroll
-        for (unsigned j = 0; j < TK_WARP_ITEMS / 32; j++) keys[j] = next[j];
-        __syncthreads(); /* wg and we are rewritten for the next tile */
+    for (unsigned j = 0; j < TK_WARP_ITEMS / 32; j++) {
+        const size_t i = base + (size_t)j * 32 + lane;
+        const int valid = i < n, is_gt = valid && keys[j] > thr, is_eq = valid && keys[j] == thr;
+        const unsigned mgt = __ballot_sync(TK_FULL, is_gt), meq = __ballot_sync(TK_FULL, is_eq);
+        const unsigned long long g_lt = gt_before + __popc(mgt & lt_mask), e_lt = eq_before + __popc(meq & lt_mask);
+        unsigned long long pos = ~0ull;
+        if (is_gt) pos = g_lt + (e_lt < tie_need ? e_lt : tie_need);
+        else if (is_eq && e_lt < tie_need) pos = g_lt + e_lt;
+        if (pos < k) idx[pos] = i;
+        gt_before += __popc(mgt);
+        eq_before += __popc(meq);
     }
 }
 
@@ -791,16 +756,6 @@ static unsigned tk_stream_grid(size_t n, unsigned threads)
     return (unsigned)want;
 }
 
-/* Blocks of the per-tile kernels: each loops over tiles, so a few per SM are enough. */
-static unsigned tk_tile_grid(size_t tiles)
-{
-    int dev = 0, sms = 132;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-        sms = 132;
-    (void)cudaGetLastError();
-    return (unsigned)(tiles < (size_t)sms * 4 ? (tiles ? tiles : 1) : (size_t)sms * 4);
-}
-
 static size_t tk_max_body(const gcomp_topk_params *p, size_t count)
 {
     const uint64_t k = gcomp_topk_k(p, count);
@@ -837,9 +792,6 @@ static gcomp_result tk_encode(const void *params, const gcomp_encode_ctx *ctx, c
     unsigned long long *gt1 = (unsigned long long *)(s + l.gt1), *und_gt = (unsigned long long *)(s + l.und_gt);
     unsigned long long *und_eq = (unsigned long long *)(s + l.und_eq);
     tk_und *list = (tk_und *)(s + l.list);
-    const size_t groups = (tiles + TK_SCAN_THREADS - 1) / TK_SCAN_THREADS;
-    unsigned long long *group_gt = (unsigned long long *)(s + l.groups), *group_eq = group_gt + groups;
-    const unsigned tile_grid = tk_tile_grid(tiles);
     unsigned long long *idx = (unsigned long long *)(s + l.idx);
     uint32_t *blk_info = (uint32_t *)(s + l.blk_info);
     unsigned long long *blk_bytes = (unsigned long long *)(s + l.blk_bytes), *blk_off = (unsigned long long *)(s + l.blk_off);
@@ -866,7 +818,7 @@ static gcomp_result tk_encode(const void *params, const gcomp_encode_ctx *ctx, c
     TK_LAUNCHED("tk_pass1");
     tk_select_digit<<<1, TK_SCAN_THREADS, 0, stream>>>(hist, 0, TK_D0, k, flags, st, status);
     TK_LAUNCHED("tk_select_digit");
-    tk_collect<<<tile_grid, TK_TILE_THREADS, 0, stream>>>(g, res, n, tiles, st, l.list_cap, list, gt1);
+    tk_collect<<<(unsigned)tiles, TK_TILE_THREADS, 0, stream>>>(g, res, n, st, l.list_cap, list, gt1);
     TK_LAUNCHED("tk_collect");
     tk_digit_hist<<<grid, TK_HIST_THREADS, 0, stream>>>(g, res, n, st, TK_D1, list, hist + TK_NBINS);
     TK_LAUNCHED("tk_digit_hist");
@@ -881,13 +833,9 @@ static gcomp_result tk_encode(const void *params, const gcomp_encode_ctx *ctx, c
     TK_LAUNCHED("tk_und_count");
     tk_count<<<(unsigned)tiles, TK_TILE_THREADS, 0, stream>>>(g, res, n, st, gt1, und_gt, und_eq, tile_gt, tile_eq);
     TK_LAUNCHED("tk_count");
-    tk_scan_tiles<<<(unsigned)groups, TK_SCAN_THREADS, 0, stream>>>(tile_gt, tile_eq, off_gt, off_eq, tiles,
-                                                                    group_gt, group_eq);
+    tk_scan_tiles<<<1, TK_SCAN_THREADS, 0, stream>>>(tile_gt, tile_eq, off_gt, off_eq, tiles, st, k, status);
     TK_LAUNCHED("tk_scan_tiles");
-    tk_scan_groups<<<1, TK_SCAN_THREADS, 0, stream>>>(group_gt, group_eq, groups, st, k, status);
-    TK_LAUNCHED("tk_scan_groups");
-    tk_scatter<<<tile_grid, TK_TILE_THREADS, 0, stream>>>(g, res, n, tiles, st, off_gt, off_eq, group_gt, group_eq,
-                                                          idx, k);
+    tk_scatter<<<(unsigned)tiles, TK_TILE_THREADS, 0, stream>>>(g, res, n, st, off_gt, off_eq, idx, k);
     TK_LAUNCHED("tk_scatter");
 
     tk_block_prep<<<body_grid, TK_WARPS_PER_BLOCK * 32, 0, stream>>>(g, res, idx, k, fp16, blk_info, blk_bytes, status);
