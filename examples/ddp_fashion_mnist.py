@@ -28,6 +28,7 @@ plain allreduce):
 import argparse
 import gzip
 import hashlib
+import json
 import os
 import socket
 import struct
@@ -71,6 +72,12 @@ def parse():
                         "gradient bytes per step for the same data")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
+    p.add_argument("--sweep-point", action="store_true",
+                   help="run ONE setting for bench/sweep --cmd: gcomp's hook with the codec in "
+                        "GCOMP_CODEC (none included, so its bytes are measured too), error "
+                        "feedback from GCOMP_EF, --seed from GCOMP_SEED; gcomp writes its stats "
+                        "to GCOMP_STATS_FILE and rank 0 prints the GCOMP_RESULT line "
+                        "(docs/SWEEP.md)")
     p.add_argument("--master-addr", default="127.0.0.1",
                    help="address of rank 0 for torch.distributed's rendezvous [127.0.0.1]; "
                         "examples/netem_ddp.sh passes rank 0's emulated host")
@@ -84,6 +91,12 @@ def parse():
     bad = [s for s in a.settings if s not in SETTINGS]
     if bad:
         p.error("unknown setting(s) %s" % ", ".join(bad))
+    if a.sweep_point:
+        if not os.environ.get("GCOMP_CODEC"):
+            p.error("--sweep-point needs GCOMP_CODEC (bench/sweep --cmd sets it)")
+        GCOMP_SPECS["gcomp-sweep"] = os.environ["GCOMP_CODEC"]
+        a.settings = ["gcomp-sweep"]
+        a.seed = int(os.environ.get("GCOMP_SEED", a.seed))
     return a
 
 
@@ -241,6 +254,15 @@ def main():
             print("# %-15s acc %.2f %%  %.1f s  final loss %.3f  identical params: %s"
                   % (setting, r["acc"], r["wall"], r["loss"], "yes" if r["same"] else "NO"),
                   flush=True)
+    if a.sweep_point and WORLD.rank == 0:
+        # bench/sweep's convention: one line; steps = the steps gcomp's stats count (those
+        # after --start-iter), train_steps and train_time_s the whole training loop.
+        r = rows[0]
+        print("GCOMP_RESULT " + json.dumps(dict(
+            test_acc=round(r["acc"], 4), loss=round(r["loss"], 6),
+            steps=max(0, r["steps"] - a.start_iter), train_steps=r["steps"],
+            train_time_s=round(r["wall"], 4), epochs=a.epochs, identical_params=r["same"])),
+            flush=True)
     if WORLD.rank == 0:
         base = next((r for r in rows if r["setting"] == "none"), None)
         print("\nDDP (gloo) on Fashion-MNIST, MLP 784-%s-10, %d ranks, %g epoch(s)%s, %d steps, "

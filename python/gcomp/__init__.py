@@ -428,8 +428,10 @@ class Comm:
         return d
 
     def close(self):
-        """Free the communicator (not collective). Later calls raise ValueError."""
+        """Free the communicator (not collective). Later calls raise ValueError. With
+        GCOMP_STATS_FILE set, first writes this Comm's stats() there (see _write_stats_file)."""
         if self._h is not None:
+            _write_stats_file(self)
             _lib.comm_destroy(self._h)
             self._h = None
             _live_comms.discard(self)
@@ -448,6 +450,32 @@ class Comm:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _write_stats_file(comm):
+    """GCOMP_STATS_FILE, as the interposer (docs/INTERPOSE.md) writes it: one JSON file per
+    rank, "%r" in the path replaced by the MPI_COMM_WORLD rank, else ".rank<N>" appended.
+    Holds rank, size, codec and this Comm's stats() (counters since the last stats_reset()),
+    among them raw_bytes, wire_bytes and baseline_bytes as the interposer's file. Written when
+    the Comm closes (close(), or at exit); a later Comm in the same process overwrites it.
+    bench/sweep --cmd reads it. Best effort: a failure is reported on stderr, never raised."""
+    path = os.environ.get("GCOMP_STATS_FILE")
+    if not path:
+        return
+    import json
+    import sys
+    try:
+        from mpi4py import MPI
+        wrank = MPI.COMM_WORLD.Get_rank() if MPI.Is_initialized() and not MPI.Is_finalized() \
+            else comm.rank
+        path = path.replace("%r", str(wrank)) if "%r" in path else "%s.rank%d" % (path, wrank)
+        d = dict(rank=wrank, size=comm.size, codec=comm.codec, source="gcomp.Comm")
+        d.update(comm.stats())
+        with open(path, "w") as f:
+            json.dump(d, f)
+            f.write("\n")
+    except Exception as exc:  # noqa: B902 - a stats file must not break the program
+        print("gcomp: cannot write GCOMP_STATS_FILE %r: %s" % (path, exc), file=sys.stderr)
 
 
 # ---- residual checkpoints ------------------------------------------------------------------
