@@ -14,8 +14,7 @@
  *                     double, compared and rounded as on the host; scale -> body, nonfinite
  *   4. k_pack         one thread per code byte of the planar tiles: elements j, j+q, j+2q, j+3q
  *                     of its tile (coalesced across the warp), residual fused, written only when
- *                     every scale is finite (read from the status block, on the device);
- *                     k_pack1 (one scale): 4 bytes per thread with 16-byte loads and stores
+ *                     every scale is finite (read from the status block, on the device)
  * With buckets small enough (bucket <= FUSE_MAX), k_fused does 1-4 for one bucket per thread
  * block, the bucket held in shared memory, so g and r are read once. It writes a double-
  * buffered residual (buf[cur ^ 1]: harmless before the other buckets' scales are known, the
@@ -335,29 +334,6 @@ static __global__ void k_scales(tg_geom G, tg_scratch S, float *scales, uint8_t 
 
 /* ---- pass 4: ternarise and pack, one thread per code byte -------------------------------- */
 
-/* Code byte c (of bucket j, whose scale is s) with its four elements; residual fused. */
-static __device__ __forceinline__ void pack_byte(const tg_geom &G, const float *g, const float *r, float *ro,
-                                                 const tg_rng &q, uint64_t offset, float s, uint64_t j, uint64_t c,
-                                                 uint8_t *codes)
-{
-    uint64_t b0 = j * G.B, lc = c - b0 / 4, t0 = lc / (TILE / 4), jj = lc - t0 * (TILE / 4);
-    uint64_t a = b0 + t0 * TILE, left = bucket_len(G, j) - t0 * TILE;
-    uint32_t len = left < TILE ? (uint32_t)left : TILE, qb = (len + 3) / 4;
-    uint32_t byte = 0;
-#pragma unroll
-    for (uint32_t p = 0; p < 4; p++) {
-        uint32_t k = (uint32_t)jj + p * qb;
-        if (k < len) {
-            uint64_t i = a + k;
-            float x = load_x(g, r, i);
-            uint32_t cd = code_of(x, s, q, offset + i);
-            byte |= cd << (2 * p);
-            if (ro) ro[i] = __fsub_rn(x, __fmul_rn(code_value(cd), s));
-        }
-    }
-    codes[c] = (uint8_t)byte;
-}
-
 static __global__ void k_pack(tg_geom G, const float *g, const gcomp_cuda_residual *res, uint64_t seed,
                               uint64_t step, uint64_t offset, uint32_t rank, uint8_t *body,
                               const gcomp_cuda_status *st)
@@ -366,69 +342,27 @@ static __global__ void k_pack(tg_geom G, const float *g, const gcomp_cuda_residu
     float *ro = st->nonfinite ? nullptr : res_out(res); /* every scale finite, or no bucket writes */
     const tg_rng q = rng_of(res_key(res, seed, step, rank), offset);
     const uint64_t nbytes = (G.n + 3) / 4;
+    const uint8_t *scales = body;
     uint8_t *codes = body + 4 * G.nb;
     for (uint64_t c = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; c < nbytes; c += (uint64_t)gridDim.x * blockDim.x) {
-        uint64_t j = G.nb > 1 ? 4 * c / G.B : 0;
-        pack_byte(G, g, r, ro, q, offset, gcomp_bits_f32(gcomp_le_load_u32(body + 4 * j)), j, c, codes);
-    }
-}
-
-/* k_pack for one scale (bucket=0, the paper's default): 4 code bytes per thread. In a whole
- * tile (q = 256) bytes 4Q..4Q+3 hold elements 4Q..4Q+3 of each of the 4 planes, so with
- * 16-byte aligned arrays they are four float4 loads of g (and of r) and four float4 stores of
- * the residual: 4x the bytes in flight per load instruction of k_pack. The last, partial
- * tile and unaligned arrays take pack_byte. */
-static __global__ void k_pack1(tg_geom G, const float *g, const gcomp_cuda_residual *res, uint64_t seed,
-                               uint64_t step, uint64_t offset, uint32_t rank, uint8_t *body,
-                               const gcomp_cuda_status *st)
-{
-    const float *r = res_in(res);
-    float *ro = st->nonfinite ? nullptr : res_out(res); /* the scale is finite, or no write */
-    const tg_rng q = rng_of(res_key(res, seed, step, rank), offset);
-    const uint64_t nbytes = (G.n + 3) / 4, nquads = (nbytes + 3) / 4, whole = G.n / TILE;
-    const float s = gcomp_bits_f32(gcomp_le_load_u32(body));
-    uint8_t *codes = body + 4;
-    const bool vec = (((uintptr_t)g | (uintptr_t)r | (uintptr_t)ro) & 15u) == 0;
-    const bool word = ((uintptr_t)codes & 3u) == 0;
-    for (uint64_t Q = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; Q < nquads; Q += (uint64_t)gridDim.x * blockDim.x) {
-        const uint64_t c0 = 4 * Q, t0 = c0 / (TILE / 4);
-        if (!vec || t0 >= whole) {
-            for (uint64_t c = c0; c < c0 + 4 && c < nbytes; c++) pack_byte(G, g, r, ro, q, offset, s, 0, c, codes);
-            continue;
-        }
-        const uint64_t e0 = t0 * TILE + (c0 - t0 * (TILE / 4)); /* element of byte c0, plane 0 */
-        float4 gv[4], rv[4];
+        uint64_t j = G.nb > 1 ? 4 * c / G.B : 0, b0 = j * G.B;
+        uint64_t lc = c - b0 / 4, t0 = lc / (TILE / 4), jj = lc - t0 * (TILE / 4);
+        uint64_t a = b0 + t0 * TILE, left = bucket_len(G, j) - t0 * TILE;
+        uint32_t len = left < TILE ? (uint32_t)left : TILE, qb = (len + 3) / 4;
+        float s = gcomp_bits_f32(gcomp_le_load_u32(scales + 4 * j));
+        uint32_t byte = 0;
 #pragma unroll
-        for (int p = 0; p < 4; p++) { /* all loads first: 8 x 16 bytes in flight */
-            gv[p] = *(const float4 *)(g + e0 + (uint64_t)p * (TILE / 4));
-            if (r) rv[p] = *(const float4 *)(r + e0 + (uint64_t)p * (TILE / 4));
-        }
-        uint32_t bytes = 0; /* byte u of the quad in bits 8u .. 8u+7 */
-#pragma unroll
-        for (int p = 0; p < 4; p++) {
-            const uint64_t i = e0 + (uint64_t)p * (TILE / 4);
-            float x[4] = {gv[p].x, gv[p].y, gv[p].z, gv[p].w};
-            if (r) {
-                x[0] = __fadd_rn(x[0], rv[p].x);
-                x[1] = __fadd_rn(x[1], rv[p].y);
-                x[2] = __fadd_rn(x[2], rv[p].z);
-                x[3] = __fadd_rn(x[3], rv[p].w);
+        for (uint32_t p = 0; p < 4; p++) {
+            uint32_t k = (uint32_t)jj + p * qb;
+            if (k < len) {
+                uint64_t i = a + k;
+                float x = load_x(g, r, i);
+                uint32_t cd = code_of(x, s, q, offset + i);
+                byte |= cd << (2 * p);
+                if (ro) ro[i] = __fsub_rn(x, __fmul_rn(code_value(cd), s));
             }
-            float o[4];
-#pragma unroll
-            for (int u = 0; u < 4; u++) {
-                uint32_t cd = code_of(x[u], s, q, offset + i + u);
-                bytes |= cd << (8 * u + 2 * p);
-                o[u] = __fsub_rn(x[u], __fmul_rn(code_value(cd), s));
-            }
-            if (ro) *(float4 *)(ro + i) = make_float4(o[0], o[1], o[2], o[3]);
         }
-        if (word) {
-            *(uint32_t *)(codes + c0) = bytes;
-        } else {
-#pragma unroll
-            for (int u = 0; u < 4; u++) codes[c0 + u] = (uint8_t)(bytes >> (8 * u));
-        }
+        codes[c] = (uint8_t)byte;
     }
 }
 
@@ -867,12 +801,8 @@ static gcomp_result tg_cuda_encode(const void *params, const gcomp_encode_ctx *c
         return GCOMP_SUCCESS;
     }
     TG_CHECK(scale_passes(&G, g, res, S, nullptr, body, status, need, s));
-    if (G.nb == 1)
-        k_pack1<<<grid_for((count + 15) / 16, THREADS), THREADS, 0, s>>>(G, g, res, ctx->seed, ctx->step, ctx->offset,
-                                                                        ctx->rank, body, status);
-    else
-        k_pack<<<grid_for((count + 3) / 4, THREADS), THREADS, 0, s>>>(G, g, res, ctx->seed, ctx->step, ctx->offset,
-                                                                      ctx->rank, body, status);
+    k_pack<<<grid_for((count + 3) / 4, THREADS), THREADS, 0, s>>>(G, g, res, ctx->seed, ctx->step, ctx->offset,
+                                                                  ctx->rank, body, status);
     LAUNCHED("k_pack");
     return GCOMP_SUCCESS;
 }
