@@ -68,6 +68,8 @@ static inline GCOMP_HD uint64_t gcomp_topk_k(const gcomp_topk_params *p, uint64_
         k = (uint64_t)p->k;
     } else {
         double want = p->ratio * (double)n;
+        /* (double)n may round up to 2^64, which no uint64_t holds: convert only below it */
+        if (!(want < (double)n)) return n;
         k = (uint64_t)want;
         if ((double)k < want) k++; /* ceil without libm */
     }

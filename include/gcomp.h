@@ -125,8 +125,8 @@ const char *gcomp_codec_spec(const gcomp_codec *codec);
 /* Elements whose values an encode of count elements carries: top-k's k (see
  * gcomp_codec_create; e.g. 10 for "topk:ratio=0.01" and count 1000), count for none, fp16,
  * bf16 and terngrad (every element), and for user codecs that are not GCOMP_CAP_SPARSE.
- * 0 for count 0, and 0 with gcomp_last_error() set for a NULL codec or a user sparse codec
- * (whose k the library cannot know). */
+ * 0 for count 0, and 0 with gcomp_last_error() set for a NULL codec, a user sparse codec
+ * (whose k the library cannot know) or count > GCOMP_MAX_COUNT. */
 size_t gcomp_codec_kept(const gcomp_codec *codec, size_t count);
 
 /* Largest count the codec API accepts (encode refuses more with GCOMP_ERR_INVALID_ARG):
@@ -339,9 +339,10 @@ gcomp_result gcomp_comm_config_get(const gcomp_comm *comm, gcomp_config *out);
  * saved with another codec spec, by another rank or communicator size, or with a key whose
  * count differs from the one this communicator already uses (GCOMP_ERR_MISMATCH), a damaged
  * or truncated blob (GCOMP_ERR_CORRUPT, checksummed), a newer format version
- * (GCOMP_ERR_UNSUPPORTED), and a communicator with error feedback off
- * (GCOMP_ERR_INVALID_ARG). The _file variants write (through a temporary file renamed over
- * path) and read a file; I/O failures are GCOMP_ERR_INVALID_ARG naming the path.
+ * (GCOMP_ERR_UNSUPPORTED). Save and load both refuse a communicator with error feedback off
+ * (GCOMP_ERR_INVALID_ARG): it has no residuals. The _file variants write (through a temporary
+ * file renamed over path) and read a regular file; I/O failures (a directory too) are
+ * GCOMP_ERR_INVALID_ARG naming the path.
  * Not thread-safe with calls on the same communicator. */
 gcomp_result gcomp_comm_residuals_save(gcomp_comm *comm, void *buf, size_t cap, size_t *written);
 gcomp_result gcomp_comm_residuals_load(gcomp_comm *comm, const void *buf, size_t bytes);

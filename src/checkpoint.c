@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "codecs/common.h"
 #include "comm.h"
@@ -83,6 +84,9 @@ gcomp_result gcomp_comm_residuals_save(gcomp_comm *comm, void *buf, size_t cap, 
     size_t n = 0, need;
     uint8_t *p = buf;
     if (!comm || !written) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_residuals_save: NULL comm or written");
+    /* no state to save, and a load of the blob would be refused: refuse here, as load does */
+    if (!comm->cfg.error_feedback)
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_residuals_save: the communicator has error feedback off (GCOMP_EF=0)");
     spec = gcomp_codec_spec(comm->codec);
     GCOMP_CHECK(sorted_residuals(comm, &v, &n));
     need = blob_bytes(spec, v, n);
@@ -240,23 +244,32 @@ gcomp_result gcomp_comm_residuals_save_file(gcomp_comm *comm, const char *path)
 gcomp_result gcomp_comm_residuals_load_file(gcomp_comm *comm, const char *path)
 {
     FILE *f;
-    long len;
+    struct stat st;
+    size_t len;
     void *buf = NULL;
     gcomp_result rc;
     if (!path) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_residuals_load_file: NULL path");
     if (!(f = fopen(path, "rb"))) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "cannot open '%s': %s", path, strerror(errno));
-    if (fseek(f, 0, SEEK_END) != 0 || (len = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) {
+    /* fstat, not fseek/ftell: glibc opens a directory and its ftell says LONG_MAX */
+    if (fstat(fileno(f), &st) != 0) {
+        rc = gcomp__fail(GCOMP_ERR_INVALID_ARG, "cannot read '%s': %s", path, strerror(errno));
         fclose(f);
-        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "cannot read '%s': %s", path, strerror(errno));
+        return rc;
     }
-    if (len > 0 && !(buf = malloc((size_t)len))) {
+    if (!S_ISREG(st.st_mode) || st.st_size < 0 || (uint64_t)st.st_size > SIZE_MAX) {
         fclose(f);
-        return gcomp__fail(GCOMP_ERR_NOMEM, "residual checkpoint: cannot allocate %ld bytes", len);
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "cannot read '%s': %s", path,
+                           S_ISDIR(st.st_mode) ? "it is a directory" : "not a regular file");
     }
-    if (len > 0 && fread(buf, 1, (size_t)len, f) != (size_t)len)
+    len = (size_t)st.st_size;
+    if (len > 0 && !(buf = malloc(len))) {
+        fclose(f);
+        return gcomp__fail(GCOMP_ERR_NOMEM, "residual checkpoint: cannot allocate %zu bytes", len);
+    }
+    if (len > 0 && fread(buf, 1, len, f) != len)
         rc = gcomp__fail(GCOMP_ERR_INVALID_ARG, "cannot read '%s'", path);
     else
-        rc = gcomp_comm_residuals_load(comm, buf, (size_t)len);
+        rc = gcomp_comm_residuals_load(comm, buf, len);
     fclose(f);
     free(buf);
     return rc;

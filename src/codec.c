@@ -79,6 +79,11 @@ size_t gcomp_codec_kept(const gcomp_codec *c, size_t count)
         gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_codec_kept: codec is NULL");
         return 0;
     }
+    if (count > GCOMP_MAX_COUNT) { /* as gcomp_codec_max_encoded_bytes: no codec sees such counts */
+        gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_codec_kept: count %zu is more than GCOMP_MAX_COUNT (%zu)", count,
+                    (size_t)GCOMP_MAX_COUNT);
+        return 0;
+    }
     el = &c->chain.stages[0];
     if (el->vt == &gcomp__codec_topk) return (size_t)gcomp_topk_k(el->params, count);
     if (el->vt->caps & GCOMP_CAP_SPARSE) { /* a user codec: its k is its own business */

@@ -135,8 +135,9 @@ gcomp_result gcomp__comm_create(gcomp__transport *tp, const gcomp_config *cfg, g
                          gcomp_codec_spec(c->codec));
         goto fail;
     }
-    gcomp__debug("rank %d/%d: codec %s, min_bytes %lld, ef %d", tp->rank, tp->size, gcomp_codec_spec(c->codec),
-                 (long long)c->cfg.min_bytes, c->cfg.error_feedback);
+    if (c->cfg.debug)
+        gcomp__log("rank %d/%d: codec %s, min_bytes %lld, ef %d", tp->rank, tp->size, gcomp_codec_spec(c->codec),
+                   (long long)c->cfg.min_bytes, c->cfg.error_feedback);
     *out = c;
     return GCOMP_SUCCESS;
 fail:

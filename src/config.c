@@ -1,12 +1,13 @@
 /*
  * config.c — communicator configuration. One table names every GCOMP_* environment
  * variable; they are read once, when a communicator is created, and only for the fields
- * the caller's struct leaves unset. This is the only place gcomp reads the environment
- * (besides GCOMP_DEBUG for logging).
+ * the caller's struct leaves unset. This is the only place gcomp reads the environment:
+ * the process-wide logging switch (errors.c) reads GCOMP_DEBUG through gcomp__env_debug.
  */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "config.h"
 
@@ -39,6 +40,22 @@ static const env_param params[] = {
     {"GCOMP_DEBUG", "gcomp_config.debug", 0, 0, 1, offsetof(gcomp__config, debug), 1},
 };
 
+/* GCOMP_DEBUG takes words too (the docs and the interposer say GCOMP_DEBUG=INFO), in any case. */
+static const struct {
+    const char *word;
+    int level;
+} debug_words[] = {{"NONE", 0}, {"INFO", 1}};
+
+static int debug_word(const char *s, int64_t *v)
+{
+    for (size_t i = 0; i < sizeof debug_words / sizeof debug_words[0]; i++)
+        if (strcasecmp(s, debug_words[i].word) == 0) {
+            *v = debug_words[i].level;
+            return 1;
+        }
+    return 0;
+}
+
 static gcomp_result from_env(const env_param *p, int64_t *v)
 {
     const char *s = getenv(p->env);
@@ -46,6 +63,15 @@ static gcomp_result from_env(const env_param *p, int64_t *v)
     long long x;
     *v = p->def;
     if (!s || !*s) return GCOMP_SUCCESS;
+    if (p->offset == offsetof(gcomp__config, debug)) {
+        if (debug_word(s, v)) return GCOMP_SUCCESS;
+        if ((s[0] == '0' || s[0] == '1') && !s[1]) {
+            *v = s[0] - '0';
+            return GCOMP_SUCCESS;
+        }
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "environment variable GCOMP_DEBUG='%s' is not one of 0, 1, NONE "
+                           "(= 0) or INFO (= 1)", gcomp__quote(q, sizeof q, s, 32));
+    }
     errno = 0;
     x = strtoll(s, &end, 10);
     /* strtoll would skip leading whitespace: refuse it like any other stray character */
@@ -64,6 +90,15 @@ static int64_t user_value(const gcomp_config *cfg, const env_param *p)
     if (p->offset == offsetof(gcomp__config, seed)) return cfg->seed;
     if (p->offset == offsetof(gcomp__config, timeout_ms)) return cfg->timeout_ms;
     return cfg->debug;
+}
+
+int gcomp__env_debug(void)
+{
+    const char *s = getenv("GCOMP_DEBUG");
+    int64_t v = 0;
+    if (!s || !*s) return 0;
+    if (debug_word(s, &v)) return (int)v;
+    return (s[0] == '0' || s[0] == '1') && !s[1] ? s[0] - '0' : 0; /* unparsable: off (creation says why) */
 }
 
 gcomp_result gcomp__config_resolve(const gcomp_config *cfg, gcomp__config *out)

@@ -16,6 +16,10 @@ typedef struct gcomp__config {
     int debug;
 } gcomp__config;
 
+/* GCOMP_DEBUG as a level (0 or 1; 0 when unset or unparsable), for the process-wide logging
+ * switch (errors.c). Never fails, never logs: gcomp__fail itself asks it. */
+int gcomp__env_debug(void);
+
 /* Fill unset fields of cfg (may be NULL) from GCOMP_* environment variables, then defaults. */
 gcomp_result gcomp__config_resolve(const gcomp_config *cfg, gcomp__config *out);
 

@@ -307,8 +307,8 @@ gcomp_result gcomp_allreduce(gcomp_comm *c, const void *send, void *recv, size_t
     }
     st.last_schedule = p.sched;
     gcomp__comm_add_stats(c, p.key, &st);
-    if (gcomp__debug_enabled())
-        gcomp__debug("rank %d key %llu: %s, %zu elements, %llu wire bytes, %.3f ms", c->tp->rank, (unsigned long long)key,
+    if (c->cfg.debug) /* the communicator's own switch: gcomp_config.debug, else GCOMP_DEBUG */
+        gcomp__log("rank %d key %llu: %s, %zu elements, %llu wire bytes, %.3f ms", c->tp->rank, (unsigned long long)key,
                      gcomp_schedule_name(st.last_schedule), count, (unsigned long long)st.wire_bytes,
                      1e3 * (gcomp__now() - t0));
     return GCOMP_SUCCESS;

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "config.h" /* gcomp__env_debug */
 #include "gcomp_codec.h" /* gcomp_codec_fail */
 #include "internal.h"
 
@@ -87,15 +88,13 @@ gcomp_result gcomp_codec_fail(gcomp_result rc, const char *fmt, ...)
     return rc;
 }
 
-/* GCOMP_DEBUG is read once, the first time anything asks. */
+/* The process-wide switch (failures, GCOMP_CHECK traces, lines outside any communicator):
+ * GCOMP_DEBUG, read once through config.c the first time anything asks. A communicator's
+ * own lines follow its gcomp_config.debug instead (gcomp__log). */
 static int debug_level;
 static pthread_once_t debug_once = PTHREAD_ONCE_INIT;
 
-static void read_debug_env(void)
-{
-    const char *v = getenv("GCOMP_DEBUG");
-    debug_level = (v && *v && *v != '0') ? 1 : 0;
-}
+static void read_debug_env(void) { debug_level = gcomp__env_debug(); }
 
 int gcomp__debug_enabled(void)
 {
@@ -103,14 +102,27 @@ int gcomp__debug_enabled(void)
     return debug_level;
 }
 
+static void vlog(const char *fmt, va_list ap)
+{
+    fputs("gcomp: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+}
+
 void gcomp__debug(const char *fmt, ...)
 {
     va_list ap;
     if (!gcomp__debug_enabled()) return;
     va_start(ap, fmt);
-    fputs("gcomp: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    vlog(fmt, ap);
+    va_end(ap);
+}
+
+void gcomp__log(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vlog(fmt, ap);
     va_end(ap);
 }
 

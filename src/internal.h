@@ -13,6 +13,8 @@
 gcomp_result gcomp__fail(gcomp_result rc, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Debug log to stderr when GCOMP_DEBUG is set. */
 void gcomp__debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* A line to stderr unconditionally: for a communicator's own lines, gated by its cfg.debug. */
+void gcomp__log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 int gcomp__debug_enabled(void);
 /* s made safe to echo in a message: control/non-ASCII bytes as \xNN, at most max_chars
  * characters of s then "..."; written to out (cap bytes), which is returned. */

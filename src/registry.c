@@ -98,6 +98,35 @@ static gcomp_result check_bounds(const gcomp_codec_vtable *vt, const gcomp_param
     return GCOMP_SUCCESS;
 }
 
+/* Longest text the canonical spec (spec.c) can give a value of p: an int64_t is at most 20
+ * characters ("-9223372036854775808"), a double at most 24 (sign, 17 digits, '.', "e-308"),
+ * an enum its longest choice. */
+static size_t longest_value(const gcomp_param_def *p)
+{
+    size_t n = 0;
+    if (p->type == GCOMP_PARAM_INT) return 20;
+    if (p->type == GCOMP_PARAM_DOUBLE) return 24;
+    for (size_t i = 0; p->choices[i]; i++)
+        if (strlen(p->choices[i]) > n) n = strlen(p->choices[i]);
+    return n;
+}
+
+/* Every create spells all parameters out in the canonical spec, which must fit in
+ * GCOMP_SPEC_MAX: a codec whose spec can outgrow it would register and then fail every
+ * create, so refuse it here (with a bound that is safe, not exact). */
+static gcomp_result check_spec_length(const gcomp_codec_vtable *vt)
+{
+    size_t len = strlen(vt->name);
+    for (size_t i = 0; i < vt->n_params; i++)
+        len += 2 + strlen(vt->params[i].name) + longest_value(&vt->params[i]); /* ":name=" or ",name=" */
+    if (len > GCOMP_SPEC_MAX - 1)
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "codec '%s': its canonical spec (every parameter spelled out) can "
+                           "reach %zu characters, more than the %d a spec may have (counting 20 for an integer value, "
+                           "24 for a double, an enum's longest choice): use fewer or shorter parameters",
+                           vt->name, len, GCOMP_SPEC_MAX - 1);
+    return GCOMP_SUCCESS;
+}
+
 static gcomp_result check_params(const gcomp_codec_vtable *vt)
 {
     if (vt->n_params > MAX_PARAMS)
@@ -134,7 +163,7 @@ static gcomp_result check_params(const gcomp_codec_vtable *vt)
         }
         GCOMP_CHECK(p->type == GCOMP_PARAM_ENUM ? check_enum(vt, p) : check_bounds(vt, p));
     }
-    return GCOMP_SUCCESS;
+    return check_spec_length(vt);
 }
 
 /* The integer ring runs on the codec's own entries (src/sched_integer.c): refuse a codec that

@@ -1,10 +1,15 @@
 /* test_errors.c — result codes, messages, dtype sizes and argument checking of the API. */
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include "test_util.h"
 #include "config.h"
+#include "transport_loop.h"
 
 static void test_result_strings(void **state)
 {
@@ -226,6 +231,80 @@ static void test_config_messages(void **state)
     }
 }
 
+/* GCOMP_DEBUG takes 0, 1 and the words the docs use (GCOMP_DEBUG=INFO made every
+ * communicator creation fail: "not an integer in [0, 1]"). */
+static void test_debug_env_words(void **state)
+{
+    static const struct {
+        const char *value;
+        int level;
+    } ok[] = {{"INFO", 1}, {"info", 1}, {"1", 1}, {"0", 0}, {"NONE", 0}, {"none", 0}, {"", 0}};
+    static const char *const bad[] = {"2", "yes", " 1", "INFO2", "-1"};
+    gcomp__config out;
+    (void)state;
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        setenv("GCOMP_DEBUG", ok[i].value, 1);
+        if (gcomp__config_resolve(NULL, &out) != GCOMP_SUCCESS || out.debug != ok[i].level)
+            fail_msg("GCOMP_DEBUG='%s': %s, debug %d", ok[i].value, gcomp_last_error(), out.debug);
+        assert_int_equal(gcomp__env_debug(), ok[i].level);
+    }
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        setenv("GCOMP_DEBUG", bad[i], 1);
+        assert_int_equal(gcomp__config_resolve(NULL, &out), GCOMP_ERR_INVALID_ARG);
+        assert_non_null(strstr(gcomp_last_error(), "GCOMP_DEBUG="));
+        assert_non_null(strstr(gcomp_last_error(), "INFO"));
+        assert_int_equal(gcomp__env_debug(), 0);
+    }
+    unsetenv("GCOMP_DEBUG");
+}
+
+/* What a one-rank loopback communicator with gcomp_config.debug = debug writes to stderr
+ * while it is created, runs one compressed call and is destroyed (into out, cap bytes). */
+static void debug_output(int debug, char *out, size_t cap)
+{
+    gcomp__loop_world *w = NULL;
+    gcomp_comm *c = NULL;
+    gcomp_config cfg = gcomp_config_default();
+    float x[256];
+    int fds[2], saved;
+    ssize_t got;
+    for (size_t i = 0; i < 256; i++) x[i] = (float)i;
+    cfg.codec = "fp16";
+    cfg.min_bytes = 0;
+    cfg.debug = debug;
+    fflush(stderr);
+    assert_int_equal(pipe(fds), 0);
+    saved = dup(2);
+    dup2(fds[1], 2);
+    assert_int_equal(gcomp__loop_world_create(1, &w), GCOMP_SUCCESS);
+    assert_int_equal(gcomp__comm_create_loop(w, 0, &cfg, &c), GCOMP_SUCCESS);
+    assert_int_equal(gcomp_allreduce(c, x, x, 256, GCOMP_F32, GCOMP_SUM, 7, NULL), GCOMP_SUCCESS);
+    gcomp_comm_destroy(c);
+    gcomp__loop_world_destroy(w);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    close(fds[1]);
+    fcntl(fds[0], F_SETFL, O_NONBLOCK);
+    got = read(fds[0], out, cap - 1);
+    out[got > 0 ? got : 0] = '\0';
+    close(fds[0]);
+}
+
+/* Issue 18 item 5: gcomp_config.debug was resolved and ignored (the lines followed the
+ * environment only). A communicator's own lines follow its cfg.debug. */
+static void test_config_debug_logs(void **state)
+{
+    char out[8192];
+    (void)state;
+    unsetenv("GCOMP_DEBUG");
+    debug_output(1, out, sizeof out);
+    if (!strstr(out, "gcomp: rank 0 key 7: ") || !strstr(out, "gcomp: rank 0/1: codec fp16"))
+        fail_msg("cfg.debug = 1 logged: '%s'", out);
+    debug_output(0, out, sizeof out);
+    if (strstr(out, "gcomp: rank")) fail_msg("cfg.debug = 0 logged: '%s'", out);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -233,7 +312,8 @@ int main(void)
         cmocka_unit_test(test_null_arguments), cmocka_unit_test(test_buffer_too_small),
         cmocka_unit_test(test_half_dtypes),    cmocka_unit_test(test_zero_count),
         cmocka_unit_test(test_bound_overflow), cmocka_unit_test(test_failed_encode_writes_nothing),
-        cmocka_unit_test(test_config_messages),
+        cmocka_unit_test(test_config_messages), cmocka_unit_test(test_debug_env_words),
+        cmocka_unit_test(test_config_debug_logs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -178,6 +178,15 @@ static void test_refusals(void)
     expect_refused(c, copy, bytes, GCOMP_ERR_UNSUPPORTED, "a newer format version");
 
     CHECK(gcomp_comm_residuals_load(noef, blob, bytes) == GCOMP_ERR_INVALID_ARG, "loaded into a communicator without EF");
+    /* save refuses it too (it used to write a blob that no load would take) */
+    tmp = 0;
+    CHECK(gcomp_comm_residuals_save(noef, NULL, 0, &tmp) == GCOMP_ERR_INVALID_ARG &&
+              strstr(gcomp_last_error(), "error feedback off"), "saved from a communicator without EF: %s", gcomp_last_error());
+    CHECK(gcomp_comm_residuals_save_file(noef, "/tmp/gcomp_ckpt_noef.bin") == GCOMP_ERR_INVALID_ARG,
+          "saved a file from a communicator without EF");
+    /* a directory opens for reading under glibc and ftell said LONG_MAX (NOMEM, or ASan abort) */
+    CHECK(gcomp_comm_residuals_load_file(c, "/tmp") == GCOMP_ERR_INVALID_ARG && strstr(gcomp_last_error(), "'/tmp'") &&
+              strstr(gcomp_last_error(), "directory"), "a directory: %s", gcomp_last_error());
     CHECK(gcomp_comm_residuals_save_file(c, "/nonexistent-dir/x.bin") == GCOMP_ERR_INVALID_ARG, "unwritable path accepted");
     CHECK(gcomp_comm_residuals_load_file(c, "/nonexistent-dir/x.bin") == GCOMP_ERR_INVALID_ARG, "missing file accepted");
 

@@ -168,6 +168,23 @@ static void test_kept(void **state)
         gcomp_codec_destroy(c);
     }
     assert_int_equal(gcomp_codec_kept(NULL, 10), 0);
+    /* past GCOMP_MAX_COUNT: 0 and a message, never a wrapped double->size_t (ratio=1 made
+     * SIZE_MAX a 2^64 double, and kept returned 1); below it top-k's k is still exact */
+    {
+        static const char *const specs[] = {"topk:ratio=1", "topk", "none", "topk:k=3"};
+        for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
+            gcomp_codec *c = tu_codec(specs[i]);
+            if (gcomp_codec_kept(c, SIZE_MAX) != 0 || !strstr(gcomp_last_error(), "GCOMP_MAX_COUNT"))
+                fail_msg("%s, SIZE_MAX elements: kept %zu (%s)", specs[i], gcomp_codec_kept(c, SIZE_MAX),
+                         gcomp_last_error());
+            gcomp_codec_destroy(c);
+        }
+    }
+    {
+        gcomp_codec *c = tu_codec("topk:ratio=1");
+        assert_true(gcomp_codec_kept(c, GCOMP_MAX_COUNT) == GCOMP_MAX_COUNT);
+        gcomp_codec_destroy(c);
+    }
 }
 
 static void test_long_spec(void **state)

@@ -555,6 +555,55 @@ static void test_register_param_tables(void **state)
     }
 }
 
+/* A table whose canonical spec can outgrow GCOMP_SPEC_MAX (511 characters) is refused at
+ * registration: it used to register, and then every create failed "canonical spec longer
+ * than 511". Nine doubles with 31-character names can reach 5 + 9 * (2 + 31 + 24) = 518;
+ * eight reach 461, register, and a create with every value at its longest text works. */
+static void test_register_spec_length(void **state)
+{
+    static gcomp_param_def params[64];
+    static char pn[64][40];
+    static double fields[64];
+    static const struct {
+        const char *name;
+        uint16_t id;
+        size_t n;
+        int ok;
+    } cases[] = {{"lenno", 470, 64, 0}, {"lenn9", 471, 9, 0}, {"lenok", 472, 8, 1}};
+    char spec[1024];
+    (void)state;
+    for (size_t i = 0; i < 64; i++) {
+        snprintf(pn[i], sizeof pn[i], "p%02zu_abcdefghijabcdefghijabcdefg", i); /* 31 characters */
+        params[i] = (gcomp_param_def)P_DBL(pn[i], i * sizeof(double), -1e300, 1e300, 0);
+    }
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        gcomp_codec_vtable *v = malloc(sizeof *v);
+        gcomp_result rc;
+        assert_non_null(v);
+        *v = table_vt(cases[k].name, cases[k].id, params, cases[k].n, cases[k].n * sizeof fields[0]);
+        rc = gcomp_codec_register(v);
+        if (!cases[k].ok) {
+            if (rc != GCOMP_ERR_INVALID_ARG)
+                fail_msg("%zu long parameters: %s %s", cases[k].n, gcomp_result_name(rc), gcomp_last_error());
+            assert_non_null(strstr(gcomp_last_error(), "canonical spec"));
+            assert_non_null(strstr(gcomp_last_error(), cases[k].name));
+            assert_null(gcomp_codec_find(cases[k].name));
+            free(v);
+            continue;
+        }
+        assert_int_equal(rc, GCOMP_SUCCESS); /* v stays registered for the process */
+        {
+            size_t o = (size_t)snprintf(spec, sizeof spec, "none+%s", cases[k].name); /* a byte stage */
+            gcomp_codec *c = NULL;
+            for (size_t i = 0; i < cases[k].n; i++)
+                o += (size_t)snprintf(spec + o, sizeof spec - o, "%c%s=-1.2345678901234567e-300", i ? ',' : ':', pn[i]);
+            if (gcomp_codec_create(spec, NULL, &c) != GCOMP_SUCCESS) fail_msg("%s", gcomp_last_error());
+            assert_int_equal(strlen(gcomp_codec_spec(c)), 5 + 461);
+            gcomp_codec_destroy(c);
+        }
+    }
+}
+
 /* A table that uses every type at its edges registers, and its values parse as declared. */
 static void test_register_valid_table(void **state)
 {
@@ -871,6 +920,7 @@ int main(void)
         cmocka_unit_test(test_corrupt_payloads),    cmocka_unit_test(test_register_errors),
         cmocka_unit_test(test_register_param_tables), cmocka_unit_test(test_register_valid_table),
         cmocka_unit_test(test_integer_entries_required), cmocka_unit_test(test_user_integer_codec_ring),
+        cmocka_unit_test(test_register_spec_length),
     };
     return cmocka_run_group_tests(tests, group_setup, NULL);
 }
