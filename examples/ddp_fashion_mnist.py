@@ -251,8 +251,9 @@ def main():
         rows.append(run(setting, a, train, test))
         r = rows[-1]
         if WORLD.rank == 0:
-            print("# %-15s acc %.2f %%  %.1f s  final loss %.3f  identical params: %s"
-                  % (setting, r["acc"], r["wall"], r["loss"], "yes" if r["same"] else "NO"),
+            print("# %-15s acc %.2f %%  %.1f s  %.2f ms/step  %.0f bytes/step  final loss %.3f  "
+                  "identical params: %s" % (setting, r["acc"], r["wall"], 1000 * r["wall"] / r["steps"],
+                                            r["wire"], r["loss"], "yes" if r["same"] else "NO"),
                   flush=True)
     if a.sweep_point and WORLD.rank == 0:
         # bench/sweep's convention: one line; steps = the steps gcomp's stats count (those
