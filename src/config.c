@@ -36,7 +36,7 @@ static const env_param params[] = {
     {"GCOMP_MIN_BYTES", "gcomp_config.min_bytes", 65536, 0, INT64_MAX, offsetof(gcomp__config, min_bytes), 0},
     {"GCOMP_EF", "gcomp_config.error_feedback", 1, 0, 1, offsetof(gcomp__config, error_feedback), 1},
     {"GCOMP_SEED", "gcomp_config.seed", 0, 0, INT64_MAX, offsetof(gcomp__config, seed), 0},
-    {"GCOMP_TIMEOUT_MS", "gcomp_config.timeout_ms", 300000, 1, INT64_MAX, offsetof(gcomp__config, timeout_ms), 0},
+    {"GCOMP_TIMEOUT_MS", "gcomp_config.timeout_ms", GCOMP__TIMEOUT_MS_DEFAULT, 1, INT64_MAX, offsetof(gcomp__config, timeout_ms), 0},
     {"GCOMP_DEBUG", "gcomp_config.debug", 0, 0, 1, offsetof(gcomp__config, debug), 1},
 };
 

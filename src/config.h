@@ -7,6 +7,8 @@
 
 #include "internal.h"
 
+#define GCOMP__TIMEOUT_MS_DEFAULT 300000 /* GCOMP_TIMEOUT_MS when neither the struct nor the environment sets it */
+
 typedef struct gcomp__config {
     char codec[GCOMP_SPEC_MAX];
     int64_t min_bytes;

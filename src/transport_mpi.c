@@ -13,7 +13,16 @@
  * ran into it before the ranks agreed on min_bytes). So every wait runs with
  * MPI_ERRORS_RETURN on MPI_COMM_WORLD too, restored before the wait returns; and every
  * agreement has the same size on every rank, so out-of-step ranks cannot truncate each
- * other's agreement in the first place.
+ * other's agreement in the first place. The starts of nonblocking calls (MPI_Iallreduce,
+ * MPI_Isend/Irecv, MPI_Comm_idup) run under the same swap: Open MPI raises some errors
+ * there too (MPI_Iallreduce(MPI_IN_PLACE) on an intercommunicator aborted the job).
+ *
+ * Creation has a deadline as well: the duplicate comes from MPI_Comm_idup polled against
+ * the configuration's timeout_ms, so a rank that never joins turns into GCOMP_ERR_TIMEOUT
+ * on the ranks that waited. Their idup stays pending (MPI cannot cancel it) and completes
+ * when the late rank arrives; that duplicate is never used nor freed (left to
+ * MPI_Finalize). The late rank's own creation then waits timeout_ms in the agreement
+ * nobody else joins, and returns GCOMP_ERR_TIMEOUT too.
  */
 #include <limits.h>
 #include <sched.h>
@@ -22,6 +31,7 @@
 
 #include <mpi.h>
 
+#include "config.h"
 #include "transport.h"
 #include "gcomp_mpi.h"
 
@@ -71,17 +81,33 @@ static gcomp_result poll_all(int n, MPI_Request *reqs, MPI_Status *st, double de
     }
 }
 
-/* poll_all with MPI_COMM_WORLD's error handler set to MPI_ERRORS_RETURN meanwhile (see the
- * file comment: Open MPI reports failed nonblocking collectives there). */
+/* MPI_ERRORS_RETURN on comm until quiet_end (see the file comment: Open MPI reports some
+ * errors through MPI_COMM_WORLD's handler, which aborts by default). */
+typedef struct quiet {
+    MPI_Comm comm;
+    MPI_Errhandler saved;
+    int swapped;
+} quiet;
+
+static quiet quiet_begin(MPI_Comm comm)
+{
+    quiet q = {comm, MPI_ERRHANDLER_NULL, 0};
+    q.swapped = MPI_Comm_get_errhandler(comm, &q.saved) == MPI_SUCCESS &&
+                MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN) == MPI_SUCCESS;
+    return q;
+}
+
+static void quiet_end(quiet *q)
+{
+    if (q->swapped) MPI_Comm_set_errhandler(q->comm, q->saved);
+    if (q->saved != MPI_ERRHANDLER_NULL) MPI_Errhandler_free(&q->saved);
+}
+
 static gcomp_result wait_all(int n, MPI_Request *reqs, MPI_Status *st, double deadline, int cancellable, const char *what)
 {
-    MPI_Errhandler world = MPI_ERRHANDLER_NULL;
-    gcomp_result rc;
-    int swapped = MPI_Comm_get_errhandler(MPI_COMM_WORLD, &world) == MPI_SUCCESS &&
-                  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN) == MPI_SUCCESS;
-    rc = poll_all(n, reqs, st, deadline, cancellable, what);
-    if (swapped) MPI_Comm_set_errhandler(MPI_COMM_WORLD, world);
-    if (world != MPI_ERRHANDLER_NULL) MPI_Errhandler_free(&world);
+    quiet q = quiet_begin(MPI_COMM_WORLD);
+    gcomp_result rc = poll_all(n, reqs, st, deadline, cancellable, what);
+    quiet_end(&q);
     return rc;
 }
 
@@ -89,17 +115,21 @@ static gcomp_result mpi_start(gcomp__transport *t, int to, const void *sbuf, siz
                               size_t rcap)
 {
     mpi_transport *m = (mpi_transport *)t;
+    quiet q;
+    gcomp_result rc = GCOMP_SUCCESS;
     int err;
     if (sbytes > INT_MAX || rcap > INT_MAX)
         return gcomp__fail(GCOMP_ERR_UNSUPPORTED, "MPI transport: message of %zu bytes exceeds 2 GiB", sbytes > rcap ? sbytes : rcap);
+    q = quiet_begin(MPI_COMM_WORLD);
     err = MPI_Irecv(rbuf, (int)rcap, MPI_BYTE, from, GCOMP_TAG, m->comm, &m->ring[0]);
-    if (err != MPI_SUCCESS) return mpi_fail(err, "MPI_Irecv");
-    err = MPI_Isend(sbuf, (int)sbytes, MPI_BYTE, to, GCOMP_TAG, m->comm, &m->ring[1]);
     if (err != MPI_SUCCESS) {
+        rc = mpi_fail(err, "MPI_Irecv");
+    } else if ((err = MPI_Isend(sbuf, (int)sbytes, MPI_BYTE, to, GCOMP_TAG, m->comm, &m->ring[1])) != MPI_SUCCESS) {
         MPI_Cancel(&m->ring[0]);
-        return mpi_fail(err, "MPI_Isend");
+        rc = mpi_fail(err, "MPI_Isend");
     }
-    return GCOMP_SUCCESS;
+    quiet_end(&q);
+    return rc;
 }
 
 static gcomp_result mpi_finish(gcomp__transport *t, size_t *rbytes, double deadline)
@@ -128,12 +158,15 @@ static gcomp_result mpi_allreduce(mpi_transport *m, void *vals, size_t n, size_t
     MPI_Request req;
     MPI_Status st;
     gcomp_result rc;
+    quiet q;
     int err;
     if (n > INT_MAX) return gcomp__fail(GCOMP_ERR_UNSUPPORTED, "MPI transport: %zu elements exceed INT_MAX", n);
     if (m->abandoned) return gcomp__fail(GCOMP_ERR_COMM_INVALID, "an earlier collective timed out");
     GCOMP_CHECK(gcomp__reserve(&m->coll, &m->coll_cap, n * esize));
     memcpy(m->coll, vals, n * esize);
+    q = quiet_begin(MPI_COMM_WORLD);
     err = MPI_Iallreduce(MPI_IN_PLACE, m->coll, (int)n, type, op, m->comm, &req);
+    quiet_end(&q);
     if (err != MPI_SUCCESS) return mpi_fail(err, what);
     rc = wait_all(1, &req, &st, deadline, 0, what);
     if (rc == GCOMP_ERR_TIMEOUT) {
@@ -171,11 +204,31 @@ static void mpi_destroy(gcomp__transport *t)
     if (m->owned) free(m);
 }
 
+/* *dup from MPI_Comm_idup, polled against the deadline. After a timeout the request is left
+ * pending (MPI cannot cancel it) and will still write *dup: the caller leaks that memory. */
+static gcomp_result dup_until(MPI_Comm comm, MPI_Comm *dup, double deadline)
+{
+    MPI_Request req = MPI_REQUEST_NULL;
+    MPI_Status st;
+    gcomp_result rc;
+    quiet world = quiet_begin(MPI_COMM_WORLD), user = quiet_begin(comm);
+    int err = MPI_Comm_idup(comm, dup, &req);
+    rc = err != MPI_SUCCESS ? mpi_fail(err, "MPI_Comm_idup") : poll_all(1, &req, &st, deadline, 0, "MPI_Comm_idup (creation)");
+    quiet_end(&user);
+    quiet_end(&world);
+    return rc;
+}
+
 gcomp_result gcomp_comm_create_mpi(MPI_Comm comm, const gcomp_config *cfg, gcomp_comm **out)
 {
     static const mpi_transport zero;
+    static MPI_Comm fallback_dup; /* outlives a timed-out idup of the stack fallback */
     mpi_transport *m, fallback = zero;
-    int init = 0, finalized = 0, err;
+    gcomp__config resolved;
+    double deadline;
+    int init = 0, finalized = 0, inter = 0, err;
+    quiet q;
+    gcomp_result rc;
     if (out) *out = NULL;
     /* these hold on every rank alike (or the program is erroneous anyway): nothing to join */
     MPI_Initialized(&init);
@@ -183,18 +236,32 @@ gcomp_result gcomp_comm_create_mpi(MPI_Comm comm, const gcomp_config *cfg, gcomp
     MPI_Finalized(&finalized);
     if (finalized) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_create_mpi: MPI is already finalized (MPI_Finalize was called)");
     if (comm == MPI_COMM_NULL) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_create_mpi: MPI_COMM_NULL");
-    /* Every other failure (NULL out, bad config, no memory) still joins MPI_Comm_dup and
-     * the creation's agreement (gcomp__comm_create), so no rank waits for this one. Without
-     * memory for the transport, a stack copy carries the agreement. */
+    /* before any collective: the agreement's MPI_Iallreduce(MPI_IN_PLACE) is invalid on an
+     * intercommunicator, and every rank of one gets the same answer here */
+    q = quiet_begin(MPI_COMM_WORLD);
+    err = MPI_Comm_test_inter(comm, &inter);
+    quiet_end(&q);
+    if (err != MPI_SUCCESS) return mpi_fail(err, "gcomp_comm_create_mpi: MPI_Comm_test_inter");
+    if (inter)
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_create_mpi: intercommunicators are not supported "
+                           "(MPI_Intercomm_merge makes an intracommunicator of one)");
+    /* Every other failure (NULL out, bad config, no memory) still joins the duplication and
+     * the creation's agreement (gcomp__comm_create), so no rank waits for this one: a bad
+     * configuration waits with the default deadline. Without memory for the transport, a
+     * stack copy carries the agreement. */
+    deadline = gcomp__now() + 1e-3 * (double)(gcomp__config_resolve(cfg, &resolved) == GCOMP_SUCCESS
+                                                  ? resolved.timeout_ms : GCOMP__TIMEOUT_MS_DEFAULT);
     m = calloc(1, sizeof *m);
     if (m) m->owned = 1;
     else m = &fallback;
     m->ring[0] = m->ring[1] = MPI_REQUEST_NULL;
-    err = MPI_Comm_dup(comm, &m->comm);
-    if (err != MPI_SUCCESS) {
+    rc = dup_until(comm, m->owned ? &m->comm : &fallback_dup, deadline);
+    if (rc == GCOMP_ERR_TIMEOUT) return rc; /* m (or fallback_dup) stays the pending idup's target */
+    if (rc != GCOMP_SUCCESS) {
         if (m->owned) free(m);
-        return mpi_fail(err, "MPI_Comm_dup");
+        return rc;
     }
+    if (!m->owned) m->comm = fallback_dup;
     MPI_Comm_set_errhandler(m->comm, MPI_ERRORS_RETURN);
     MPI_Comm_rank(m->comm, &m->base.rank);
     MPI_Comm_size(m->comm, &m->base.size);

@@ -3,9 +3,11 @@
  * documented outcome on every rank. Modes:
  *   (default)  injected allocation failure, a truncated message on the wire, edge values,
  *              ranks that disagree on min_bytes, mismatched collectives inside the
- *              transport, a failure at creation on one rank, creation after MPI_Finalize
+ *              transport, a failure at creation on one rank, an intercommunicator
+ *              (even sizes), creation after MPI_Finalize
  *   --stop     one rank is stopped (SIGSTOP) mid-run: the others time out, then refuse;
- *              destroy, MPI_Barrier and MPI_Finalize follow when the late rank arrives
+ *              destroy, MPI_Barrier and MPI_Finalize follow when the late rank arrives;
+ *              one rank comes 3 s late to a creation with a 1 s deadline
  *   --kill     one rank is killed: the job must end non-zero (checked by the ctest wrapper)
  */
 #include <math.h>
@@ -223,6 +225,30 @@ static void test_create_local_failure(void)
     gcomp_comm_destroy(c);
 }
 
+/* An intercommunicator is refused on every rank, before any collective: the agreement's
+ * MPI_Iallreduce(MPI_IN_PLACE) is invalid there, and Open MPI aborted the job at its start
+ * through MPI_COMM_WORLD's handler (before the fix). Needs an even size (two halves). */
+static void test_intercomm(void)
+{
+    MPI_Comm half, inter;
+    gcomp_config cfg = gcomp_config_default();
+    gcomp_comm *c = NULL;
+    gcomp_result rc;
+    double t0 = MPI_Wtime();
+    if (size % 2) return;
+    MPI_Comm_split(MPI_COMM_WORLD, rank % 2, rank, &half);
+    MPI_Intercomm_create(half, 0, MPI_COMM_WORLD, rank % 2 ? 0 : 1, 7, &inter);
+    cfg.codec = "fp16";
+    cfg.timeout_ms = 5000;
+    rc = gcomp_comm_create_mpi(inter, &cfg, &c);
+    CHECK(all_ranks(rc == GCOMP_ERR_INVALID_ARG && c == NULL &&
+                    strstr(gcomp_last_error(), "intercommunicators are not supported") != NULL),
+          "an intercommunicator -> %s: %s", gcomp_result_name(rc), gcomp_last_error());
+    CHECK(MPI_Wtime() - t0 < 4.0, "refusing an intercommunicator took %.2f s", MPI_Wtime() - t0);
+    MPI_Comm_free(&inter);
+    MPI_Comm_free(&half);
+}
+
 static long resident_kib(void)
 {
     long pages = 0, resident = 0;
@@ -302,6 +328,34 @@ static void test_stopped_rank(void)
     MPI_Barrier(MPI_COMM_WORLD);
 }
 
+/* Creation has a deadline: the last rank comes 3 s late to a creation with timeout_ms =
+ * 1000. The others get GCOMP_ERR_TIMEOUT from the duplication in about 1 s (before the fix
+ * they waited in MPI_Comm_dup for it, then succeeded); the late rank's duplication completes
+ * against their pending ones, and it times out in the agreement nobody else joins. Then
+ * MPI_Barrier and MPI_Finalize (in main) must not trip over what was left pending. */
+static void test_late_create(void)
+{
+    gcomp_config cfg = gcomp_config_default();
+    gcomp_comm *c = NULL;
+    gcomp_result rc;
+    double t0, took;
+    cfg.codec = "fp16";
+    cfg.timeout_ms = 1000;
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (rank == size - 1) sleep(3);
+    t0 = MPI_Wtime();
+    rc = gcomp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &c);
+    took = MPI_Wtime() - t0;
+    CHECK(rc == GCOMP_ERR_TIMEOUT && c == NULL, "creation with a rank 3 s late -> %s: %s", gcomp_result_name(rc),
+          gcomp_last_error());
+    if (rank != size - 1) {
+        CHECK(took < 2.5, "the creation timed out after %.2f s with a 1 s deadline", took);
+        CHECK(strstr(gcomp_last_error(), "MPI_Comm_idup") != NULL, "the message: %s", gcomp_last_error());
+    }
+    gcomp_comm_destroy(c);
+    MPI_Barrier(MPI_COMM_WORLD);
+}
+
 /* The last rank dies mid-run; mpirun must end the job with a non-zero status. */
 static void test_killed_rank(void)
 {
@@ -324,6 +378,7 @@ int main(int argc, char **argv)
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     if (!strcmp(mode, "--stop")) {
         test_stopped_rank();
+        test_late_create();
     } else if (!strcmp(mode, "--kill")) {
         test_killed_rank();
     } else {
@@ -333,6 +388,7 @@ int main(int argc, char **argv)
         test_no_growth();
         test_min_bytes_mismatch();
         test_create_local_failure();
+        test_intercomm();
         /* it leaves a timed-out collective behind, whose communicator and buffer destroy
          * leaks on purpose (docs/RELIABILITY.md, known limits): not a leak to report */
         if (!getenv("GCOMP_TEST_UNDER_VALGRIND")) test_mismatched_collectives();
