@@ -155,11 +155,11 @@ void gcomp_comm_destroy(gcomp_comm *c)
     }
     gcomp_codec_destroy(c->codec);
     gcomp_codec_destroy(c->dense_codec);
-    if (c->tp) c->tp->destroy(c->tp);
-    /* after a timeout a ring exchange may still be sending from the workspace: MPI cannot
-     * cancel sends, so it is leaked on purpose rather than freed under it */
-    if (!c->broken)
+    /* after a timeout an MPI ring exchange may still be sending from the workspace (MPI
+     * cannot cancel sends): then it is leaked on purpose rather than freed under it */
+    if (!c->broken || (c->tp && c->tp->releases_buffers_on_timeout))
         for (int d = 0; d < 2; d++) gcomp__ws_free(&c->ws[d]);
+    if (c->tp) c->tp->destroy(c->tp);
     free(c);
 }
 

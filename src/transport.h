@@ -19,6 +19,11 @@ typedef struct gcomp__transport gcomp__transport;
 struct gcomp__transport {
     int rank, size;
     gcomp__mem_kind mem; /* the memory every buffer passed below must be in */
+    /* 1: once finish_sendrecv has returned, even with a timeout, the transport touches the
+     * exchange's buffers no more (the loopback transport copies messages). 0 (MPI, which
+     * cannot cancel a send): a timed-out exchange may still use them, so a communicator
+     * broken by a timeout leaks its workspace rather than free it under the transport. */
+    int releases_buffers_on_timeout;
     /* Start sending sbytes to rank `to` while receiving at most rcap bytes from rank `from`
      * (one exchange in flight at a time); finish waits for both, until deadline (absolute
      * gcomp__now() seconds). The caller computes in between: that is the overlap. A message

@@ -271,6 +271,7 @@ gcomp_result gcomp__transport_loop_create(gcomp__loop_world *w, int rank, gcomp_
     lt->base.allreduce_max_u64 = loop_max_u64;
     lt->base.allreduce_sum_f32 = loop_sum_f32;
     lt->base.destroy = loop_destroy;
+    lt->base.releases_buffers_on_timeout = 1; /* messages are copied at both ends */
     *out = &lt->base;
     return GCOMP_SUCCESS;
 }
