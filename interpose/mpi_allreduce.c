@@ -12,7 +12,11 @@
  *     the op is predefined MPI_SUM;
  *   - the communicator is an intracommunicator with more than one rank;
  *   - count * 4 >= the communicator's min_bytes (GCOMP_MIN_BYTES, default 65536);
- *   - MPI is initialised and MPI_Finalize has not begun.
+ *   - the send buffer is MPI_IN_PLACE or not the receive buffer (an aliased call is
+ *     erroneous: MPI's own answer to it is an error, MPI_ERR_BUFFER, which the caller gets);
+ *   - MPI is initialised and MPI_Finalize has not begun: the library defines MPI_Finalize
+ *     too, to note that before MPI deletes attributes (a program's own MPI_COMM_SELF delete
+ *     callback may reduce during MPI_Finalize, before the interposer's callback runs).
  * Everything else goes to PMPI_Allreduce (or Open MPI's own Fortran binding) with the
  * caller's arguments untouched, so its result is exactly MPI's. MPI_Iallreduce and the other
  * collectives are not intercepted at all.
@@ -64,9 +68,10 @@ enum {
     PASS_OP,       /* not predefined MPI_SUM (MPI_MAX, user ops) */
     PASS_COMM,     /* intercommunicator, one rank, or a gcomp communicator that failed */
     PASS_SMALL,    /* count * 4 below min_bytes */
+    PASS_ALIASED,  /* sendbuf == recvbuf without MPI_IN_PLACE: erroneous, MPI reports it */
     PASS_REASONS
 };
-static const char *const pass_names[PASS_REASONS] = {"disabled", "datatype", "op", "communicator", "small"};
+static const char *const pass_names[PASS_REASONS] = {"disabled", "datatype", "op", "communicator", "small", "aliased"};
 
 /* One MPI communicator's gcomp side. */
 typedef struct ip_comm {
@@ -145,10 +150,11 @@ static void summary_line(char *out, size_t cap)
     snprintf(out, cap,
              "gcomp_mpi: rank %d: codec %s, MPI_Allreduce calls: %" PRIu64 " compressed (%" PRIu64
              " without error feedback), %" PRIu64 " passed through (disabled %" PRIu64 ", datatype %" PRIu64 ", op %" PRIu64
-             ", communicator %" PRIu64 ", small %" PRIu64 "); %" PRIu64 " bytes sent instead of %" PRIu64 " (%" PRId64
-             " saved)",
+             ", communicator %" PRIu64 ", small %" PRIu64 ", aliased %" PRIu64 "); %" PRIu64 " bytes sent instead of %"
+             PRIu64 " (%" PRId64 " saved)",
              world_rank(), S.enabled ? S.codec : "(off)", S.compressed, S.no_ef_calls, passed, S.passed[PASS_DISABLED],
-             S.passed[PASS_TYPE], S.passed[PASS_OP], S.passed[PASS_COMM], S.passed[PASS_SMALL], S.wire_bytes,
+             S.passed[PASS_TYPE], S.passed[PASS_OP], S.passed[PASS_COMM], S.passed[PASS_SMALL], S.passed[PASS_ALIASED],
+             S.wire_bytes,
              S.baseline_bytes, (int64_t)(S.baseline_bytes - S.wire_bytes));
 }
 
@@ -261,7 +267,7 @@ static ip_comm *comm_state(MPI_Comm comm)
     if (flag) return c;
     if (!(c = calloc(1, sizeof *c))) return NULL;
     c->comm = comm;
-    cfg.debug = S.debug; /* gcomp's own GCOMP_DEBUG is 0/1; ours accepts INFO too */
+    cfg.debug = S.debug; /* ours is any value but "0"; gcomp's own takes 0, 1, NONE, INFO */
     inside_gcomp++;
     if (gcomp_comm_create_mpi(comm, &cfg, &c->g) != GCOMP_SUCCESS) {
         /* the creation agrees across ranks: every rank lands here and passes through */
@@ -325,11 +331,13 @@ static int is_float(MPI_Datatype type)
     return PMPI_Type_size(type, &size) == MPI_SUCCESS && size == 4;
 }
 
-/* Which reason sends this call to MPI, or -1 to compress it; sets *out for compression. */
-static int classify(int n, MPI_Datatype type, MPI_Op op, MPI_Comm comm, ip_comm **out)
+/* Which reason sends this call to MPI, or -1 to compress it; sets *out for compression.
+ * aliased: the send buffer is the receive buffer and not MPI_IN_PLACE. */
+static int classify(int n, MPI_Datatype type, MPI_Op op, MPI_Comm comm, int aliased, ip_comm **out)
 {
     int inter = 0, size = 0;
-    if (inside_gcomp || !setup() || !S.enabled || S.finalizing) return PASS_DISABLED;
+    if (inside_gcomp || __atomic_load_n(&S.finalizing, __ATOMIC_ACQUIRE) || !setup() || !S.enabled) return PASS_DISABLED;
+    if (aliased) return PASS_ALIASED;
     if (!is_float(type)) return PASS_TYPE;
     if (op != MPI_SUM) return PASS_OP;
     if (comm == MPI_COMM_NULL || PMPI_Comm_test_inter(comm, &inter) != MPI_SUCCESS || inter) return PASS_COMM;
@@ -365,10 +373,20 @@ static int compressed_allreduce(ip_comm *c, const void *send, void *recv, int n)
 EXPORT int MPI_Allreduce(const void *sendbuf, void *recvbuf, int count_, MPI_Datatype type, MPI_Op op, MPI_Comm comm)
 {
     ip_comm *c = NULL;
-    int why = classify(count_, type, op, comm, &c);
+    int why = classify(count_, type, op, comm, sendbuf == recvbuf && sendbuf != MPI_IN_PLACE, &c);
     if (why < 0) return compressed_allreduce(c, sendbuf, recvbuf, count_);
     if (!inside_gcomp && S.ready) bump(&S.passed[why]);
     return PMPI_Allreduce(sendbuf, recvbuf, count_, type, op, comm);
+}
+
+/* From here on every call passes through: MPI_Finalize deletes attributes first, and a
+ * program's MPI_COMM_SELF callback set after ours runs (and may reduce) before ours. (Open
+ * MPI's Fortran MPI_FINALIZE goes to PMPI_Finalize directly: there the flag is set by our
+ * MPI_COMM_SELF callback, as before.) */
+EXPORT int MPI_Finalize(void)
+{
+    __atomic_store_n(&S.finalizing, 1, __ATOMIC_RELEASE);
+    return PMPI_Finalize();
 }
 
 /* ---- Fortran (Open MPI): mpif.h and `use mpi` call mpi_allreduce_, whose body
@@ -395,7 +413,8 @@ static void fortran_allreduce(char *send, char *recv, MPI_Fint *n, MPI_Fint *typ
     static fortran_allreduce_fn *real;
     MPI_Comm c_comm = PMPI_Comm_f2c(*comm);
     ip_comm *c = NULL;
-    int why = classify((int)*n, PMPI_Type_f2c(*type), PMPI_Op_f2c(*op), c_comm, &c);
+    int why = classify((int)*n, PMPI_Type_f2c(*type), PMPI_Op_f2c(*op), c_comm, send == recv && !fortran_in_place(send),
+                       &c);
     if (why < 0) {
         int rc = compressed_allreduce(c, fortran_in_place(send) ? MPI_IN_PLACE : send, recv, (int)*n);
         if (ierr) *ierr = (MPI_Fint)rc;

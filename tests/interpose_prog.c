@@ -5,7 +5,9 @@
  * Every case calls MPI_Allreduce (which the interposer may replace) and checks it against
  * PMPI_Allreduce on the same input (which nobody replaces, so it is MPI's own answer):
  *   - cases the interposer must leave alone (int, double, MPI_MAX, a user op, a derived
- *     datatype, a small float buffer, an intercommunicator, MPI_Iallreduce): bit-exact;
+ *     datatype, a small float buffer, an intercommunicator, MPI_Iallreduce, and a float sum
+ *     during MPI_Finalize from a MPI_COMM_SELF delete callback): bit-exact;
+ *   - an aliased call (sendbuf == recvbuf, not MPI_IN_PLACE): MPI's own error;
  *   - float sums at or above the threshold, in place too, on MPI_COMM_WORLD and on a split
  *     communicator: with --bound exact bit-exact; with --bound fp16|terngrad|topk within that
  *     codec's bound, different from MPI's answer (so something did compress them), and
@@ -97,6 +99,26 @@ static void check_exact(const void *got, const void *ref, size_t bytes, const ch
 
 /* A sum as a user op, over floats or groups of 4 floats (MPI_SUM is not defined on derived
  * datatypes). */
+/* A program's own MPI_COMM_SELF attribute, set after the interposer's (at the first
+ * MPI_Allreduce): MPI_Finalize deletes it first, while the interposer's communicators are
+ * still alive. Its float sum must go to MPI (the interposer compressed it before it noted
+ * MPI_Finalize itself). */
+static int at_finalize(MPI_Comm comm, int keyval, void *val, void *extra)
+{
+    enum { N = 40000 };
+    float *x = malloc(N * sizeof *x), *a = malloc(N * sizeof *a), *b = malloc(N * sizeof *b);
+    (void)comm, (void)keyval, (void)val, (void)extra;
+    for (int i = 0; i < N; i++) x[i] = (float)sin(0.37 * i + 1.3 * rank) * (1.0f + (float)(i % 7));
+    PMPI_Allreduce(x, b, N, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    MPI_Allreduce(x, a, N, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    if (memcmp(a, b, N * sizeof *a)) {
+        fprintf(stderr, "rank %d: FAIL: a float sum during MPI_Finalize differs from MPI's (compressed?)\n", rank);
+        failures++;
+    }
+    free(x), free(a), free(b);
+    return MPI_SUCCESS;
+}
+
 static void user_sum(void *in, void *inout, int *len, MPI_Datatype *t)
 {
     int n = *t == MPI_FLOAT ? *len : 4 * *len;
@@ -163,6 +185,29 @@ int main(int argc, char **argv)
 
     /* float sums: compressed when the interposer is on */
     float_sums(MPI_COMM_WORLD, "world", compress);
+
+    /* the same buffer as send and receive buffer (not MPI_IN_PLACE): erroneous, and the
+     * caller gets MPI's own error for it (the interposer compressed it, successfully) */
+    {
+        int got, want;
+        MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+        memcpy(fa, fx, n * sizeof *fa);
+        want = PMPI_Allreduce(fa, fa, n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+        memcpy(fa, fx, n * sizeof *fa);
+        got = MPI_Allreduce(fa, fa, n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+        MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_ARE_FATAL);
+        CHECK(want != MPI_SUCCESS, "MPI accepted an aliased MPI_Allreduce: the case tests nothing");
+        CHECK(got == want, "aliased MPI_Allreduce -> %d, MPI says %d", got, want);
+        n_passed++;
+    }
+
+    /* a reduction inside MPI_Finalize (see at_finalize): passed through, counted now */
+    {
+        int key;
+        MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, at_finalize, &key, NULL);
+        MPI_Comm_set_attr(MPI_COMM_SELF, key, NULL);
+        n_passed++;
+    }
 
     /* a small float sum: below the threshold */
     PMPI_Allreduce(fx, fb, N_SMALL, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
