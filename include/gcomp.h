@@ -10,8 +10,9 @@
  *  - Handles are opaque. Destroy functions accept NULL and do nothing.
  *  - The caller owns every buffer it passes in; the library never keeps a pointer to a
  *    caller buffer after a call returns.
- *  - The library never prints to stdout and never calls exit/abort. With GCOMP_DEBUG=1 in
- *    the environment it logs failures to stderr.
+ *  - The library never prints to stdout and never calls exit/abort. With GCOMP_DEBUG=1 (or
+ *    INFO) in the environment it logs failures to stderr; a communicator logs its creation
+ *    and each call when its gcomp_config.debug is 1 (unset: GCOMP_DEBUG).
  */
 #ifndef GCOMP_H
 #define GCOMP_H
@@ -262,8 +263,10 @@ typedef struct gcomp_config {
     int64_t min_bytes;     /* GCOMP_MIN_BYTES; default 65536: smaller tensors bypass */
     int error_feedback;    /* GCOMP_EF (0/1); default 1 */
     int64_t seed;          /* GCOMP_SEED; default 0 */
-    int64_t timeout_ms;    /* GCOMP_TIMEOUT_MS; default 300000; a stuck peer -> TIMEOUT */
-    int debug;             /* GCOMP_DEBUG (0/1); default 0: log to stderr */
+    int64_t timeout_ms;    /* GCOMP_TIMEOUT_MS; default 300000; a stuck peer (or one that
+                            * never joins the creation) -> TIMEOUT */
+    int debug;             /* GCOMP_DEBUG: 0 or NONE, 1 or INFO (any case); default 0.
+                            * 1: this communicator logs its creation and each call to stderr */
 } gcomp_config;
 
 #define GCOMP_UNSET (-1)
