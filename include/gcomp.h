@@ -22,6 +22,15 @@
 
 struct CUstream_st; /* cudaStream_t without including CUDA */
 
+/* What the shared library exports: the library is built with hidden visibility, and only
+ * declarations marked GCOMP_API (the public API of gcomp.h, gcomp_codec.h, gcomp_mpi.h) are
+ * visible outside it; internal gcomp__ names never are. */
+#if defined(__GNUC__) || defined(__clang__)
+#define GCOMP_API __attribute__((visibility("default")))
+#else
+#define GCOMP_API
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -54,16 +63,16 @@ typedef enum gcomp_result {
 } gcomp_result;
 
 /* Static message for a result code ("unknown result code" for values not in the enum). */
-const char *gcomp_strerror(gcomp_result rc);
+GCOMP_API const char *gcomp_strerror(gcomp_result rc);
 
 /* The enum name of a result code, e.g. "GCOMP_ERR_CORRUPT". */
-const char *gcomp_result_name(gcomp_result rc);
+GCOMP_API const char *gcomp_result_name(gcomp_result rc);
 
 /* Detail of the last failure on the calling thread, the reason first, e.g.
  * "topk: ratio=2 is out of range [1e-06, 1] (spec 'topk:ratio=2')". User text in a message
  * is shortened and its control characters escaped (\xNN). Thread-local storage owned by
  * the library; valid until the next failing gcomp call on this thread. Never NULL. */
-const char *gcomp_last_error(void);
+GCOMP_API const char *gcomp_last_error(void);
 
 /* Element types of gradient buffers. Codecs compute in fp32; f16/bf16 inputs are widened. */
 typedef enum gcomp_dtype {
@@ -74,7 +83,7 @@ typedef enum gcomp_dtype {
 } gcomp_dtype;
 
 /* Size in bytes of one element, 0 for an invalid dtype. */
-size_t gcomp_dtype_size(gcomp_dtype dtype);
+GCOMP_API size_t gcomp_dtype_size(gcomp_dtype dtype);
 
 /* Key value meaning "no error feedback for this call". */
 #define GCOMP_KEY_NONE UINT64_MAX
@@ -93,7 +102,7 @@ typedef struct gcomp_codec_options {
     int error_feedback; /* 1: keep per-key residuals (default); 0: ignore keys. */
 } gcomp_codec_options;
 
-gcomp_codec_options gcomp_codec_options_default(void);
+GCOMP_API gcomp_codec_options gcomp_codec_options_default(void);
 
 /* Create a codec chain from a spec string, e.g. "terngrad", "topk:ratio=0.01,values=fp16",
  * "fp16+zstd:level=1". Grammar: name[:key=value[,key=value]*][+name[:...]]*, at most 4
@@ -112,23 +121,23 @@ gcomp_codec_options gcomp_codec_options_default(void);
  * gcomp_codec_destroy. Errors: GCOMP_ERR_INVALID_ARG (NULL spec/out),
  * GCOMP_ERR_INVALID_SPEC (unknown codec or key, malformed or out-of-range value; the
  * message names it), GCOMP_ERR_NOMEM. */
-gcomp_result gcomp_codec_create(const char *spec, const gcomp_codec_options *opts,
+GCOMP_API gcomp_result gcomp_codec_create(const char *spec, const gcomp_codec_options *opts,
                                 gcomp_codec **out);
 
 /* Free the object and its residuals. Accepts NULL. Destroying an object twice or using it
  * after destroy is undefined, like free(). */
-void gcomp_codec_destroy(gcomp_codec *codec);
+GCOMP_API void gcomp_codec_destroy(gcomp_codec *codec);
 
 /* The canonical spec of the chain with every parameter spelled out, e.g.
  * "topk:ratio=0.01,k=0,values=fp32". Owned by the codec object. */
-const char *gcomp_codec_spec(const gcomp_codec *codec);
+GCOMP_API const char *gcomp_codec_spec(const gcomp_codec *codec);
 
 /* Elements whose values an encode of count elements carries: top-k's k (see
  * gcomp_codec_create; e.g. 10 for "topk:ratio=0.01" and count 1000), count for none, fp16,
  * bf16 and terngrad (every element), and for user codecs that are not GCOMP_CAP_SPARSE.
  * 0 for count 0, and 0 with gcomp_last_error() set for a NULL codec, a user sparse codec
  * (whose k the library cannot know) or count > GCOMP_MAX_COUNT. */
-size_t gcomp_codec_kept(const gcomp_codec *codec, size_t count);
+GCOMP_API size_t gcomp_codec_kept(const gcomp_codec *codec, size_t count);
 
 /* Largest count the codec API accepts (encode refuses more with GCOMP_ERR_INVALID_ARG):
  * no buffer of this many elements fits in memory anyway, and below it no codec's bound
@@ -139,7 +148,7 @@ size_t gcomp_codec_kept(const gcomp_codec *codec, size_t count);
  * ZSTD_compressBound: size the output buffer of gcomp_codec_encode with it.
  * Returns 0, with gcomp_last_error() set, if codec is NULL or the bound does not fit in a
  * size_t (count > GCOMP_MAX_COUNT, or a user codec's bound that large). */
-size_t gcomp_codec_max_encoded_bytes(const gcomp_codec *codec, size_t count);
+GCOMP_API size_t gcomp_codec_max_encoded_bytes(const gcomp_codec *codec, size_t count);
 
 /* Encode count elements of src (dtype) into dst (capacity dst_cap bytes). *written receives
  * the payload size. With error feedback on and key != GCOMP_KEY_NONE, the residual of the
@@ -154,20 +163,20 @@ size_t gcomp_codec_max_encoded_bytes(const gcomp_codec *codec, size_t count);
  * Errors: GCOMP_ERR_INVALID_ARG (NULL pointers with count > 0, bad dtype,
  * count > GCOMP_MAX_COUNT), GCOMP_ERR_BUFFER_TOO_SMALL, GCOMP_ERR_NOMEM.
  * Not thread-safe on the same codec object. */
-gcomp_result gcomp_codec_encode(gcomp_codec *codec, uint64_t key, const void *src, size_t count,
+GCOMP_API gcomp_result gcomp_codec_encode(gcomp_codec *codec, uint64_t key, const void *src, size_t count,
                                 gcomp_dtype dtype, void *dst, size_t dst_cap, size_t *written);
 
 /* Decode a payload made by a codec of the same spec and ADD it to acc[0..count) in fp32.
  * The payload is untrusted: every length, index and declared size is checked.
  * Errors: GCOMP_ERR_INVALID_ARG (NULL pointers), GCOMP_ERR_CORRUPT (malformed payload,
  * other codec, or a count other than the caller's). On error acc may be partly updated. */
-gcomp_result gcomp_codec_decode_add(gcomp_codec *codec, const void *payload, size_t bytes,
+GCOMP_API gcomp_result gcomp_codec_decode_add(gcomp_codec *codec, const void *payload, size_t bytes,
                                     float *acc, size_t count);
 
 /* Decode a payload into dst (count elements of dtype), overwriting it. Same checks as
  * gcomp_codec_decode_add; for f16/bf16 dst the fp32 result is rounded to nearest even.
  * Uses a scratch buffer owned by the codec object when dtype is not f32. */
-gcomp_result gcomp_codec_decode(gcomp_codec *codec, const void *payload, size_t bytes, void *dst,
+GCOMP_API gcomp_result gcomp_codec_decode(gcomp_codec *codec, const void *payload, size_t bytes, void *dst,
                                 size_t count, gcomp_dtype dtype);
 
 /* ---- device buffers (CUDA builds) ----
@@ -195,28 +204,28 @@ gcomp_result gcomp_codec_decode(gcomp_codec *codec, const void *payload, size_t 
  * Errors found before launching are returned at once (as by the plain functions, plus
  * GCOMP_ERR_TRANSPORT for a CUDA runtime error); errors found by kernels (a corrupt
  * payload: acc is then left untouched) are returned by the next gcomp_codec_sync. */
-gcomp_result gcomp_codec_encode_async(gcomp_codec *codec, uint64_t key, const void *src, size_t count,
+GCOMP_API gcomp_result gcomp_codec_encode_async(gcomp_codec *codec, uint64_t key, const void *src, size_t count,
                                       gcomp_dtype dtype, void *dst, size_t dst_cap, size_t *written,
                                       struct CUstream_st *stream);
-gcomp_result gcomp_codec_decode_add_async(gcomp_codec *codec, const void *payload, size_t bytes, float *acc,
+GCOMP_API gcomp_result gcomp_codec_decode_add_async(gcomp_codec *codec, const void *payload, size_t bytes, float *acc,
                                           size_t count, struct CUstream_st *stream);
-gcomp_result gcomp_codec_decode_async(gcomp_codec *codec, const void *payload, size_t bytes, void *dst,
+GCOMP_API gcomp_result gcomp_codec_decode_async(gcomp_codec *codec, const void *payload, size_t bytes, void *dst,
                                       size_t count, gcomp_dtype dtype, struct CUstream_st *stream);
 
 /* Wait for stream, then return the first device-side error of this object's async calls since
  * the last sync (GCOMP_ERR_CORRUPT for a bad payload; GCOMP_SUCCESS if none) and fold their
  * counts (wire bytes, overflows, non-finite calls, decodes) into the stats. Blocks the host.
  * A codec object never used with device buffers returns GCOMP_SUCCESS at once. */
-gcomp_result gcomp_codec_sync(gcomp_codec *codec, struct CUstream_st *stream);
+GCOMP_API gcomp_result gcomp_codec_sync(gcomp_codec *codec, struct CUstream_st *stream);
 
 /* Residuals (error feedback). Copy a key's residual out (count must equal the key's
  * count; GCOMP_ERR_INVALID_ARG if the key has none), set it (creates or resizes the key; for
  * restoring checkpoints), or drop it. */
-gcomp_result gcomp_codec_residual_get(const gcomp_codec *codec, uint64_t key, float *dst,
+GCOMP_API gcomp_result gcomp_codec_residual_get(const gcomp_codec *codec, uint64_t key, float *dst,
                                       size_t count);
-gcomp_result gcomp_codec_residual_set(gcomp_codec *codec, uint64_t key, const float *src,
+GCOMP_API gcomp_result gcomp_codec_residual_set(gcomp_codec *codec, uint64_t key, const float *src,
                                       size_t count);
-gcomp_result gcomp_codec_residual_reset(gcomp_codec *codec, uint64_t key);
+GCOMP_API gcomp_result gcomp_codec_residual_reset(gcomp_codec *codec, uint64_t key);
 
 /* Counters since creation (or the last gcomp_codec_stats_reset). */
 typedef struct gcomp_stats {
@@ -228,8 +237,8 @@ typedef struct gcomp_stats {
     uint64_t nonfinite_calls; /* encodes whose input held NaN/Inf (residual left untouched) */
 } gcomp_stats;
 
-gcomp_result gcomp_codec_stats(const gcomp_codec *codec, gcomp_stats *out);
-gcomp_result gcomp_codec_stats_reset(gcomp_codec *codec);
+GCOMP_API gcomp_result gcomp_codec_stats(const gcomp_codec *codec, gcomp_stats *out);
+GCOMP_API gcomp_result gcomp_codec_stats_reset(gcomp_codec *codec);
 
 /* ------------------------------------------------------------------------------------ */
 /* Communicators and the compressed allreduce.                                            */
@@ -253,7 +262,7 @@ typedef enum gcomp_schedule {
     GCOMP_SCHED_SPARSE_AS_DENSE = 5 /* top-k whose gather would cost more than a dense ring */
 } gcomp_schedule;
 
-const char *gcomp_schedule_name(gcomp_schedule s);
+GCOMP_API const char *gcomp_schedule_name(gcomp_schedule s);
 
 /* Configuration of a communicator. Start from gcomp_config_default() (everything unset);
  * an unset field is filled from the environment variable named beside it, read once at
@@ -272,7 +281,7 @@ typedef struct gcomp_config {
 #define GCOMP_UNSET (-1)
 
 /* All fields unset (codec NULL, numbers GCOMP_UNSET). */
-gcomp_config gcomp_config_default(void);
+GCOMP_API gcomp_config gcomp_config_default(void);
 
 /* Statistics of a communicator (all keys) or of one key. Times are this rank's, in seconds. */
 typedef struct gcomp_comm_stats {
@@ -308,7 +317,7 @@ typedef struct gcomp_comm_stats {
  * then unusable), GCOMP_ERR_COMM_INVALID (after an earlier timeout or transport error),
  * GCOMP_ERR_TRANSPORT, GCOMP_ERR_CORRUPT (a payload failed its checks), GCOMP_ERR_NOMEM.
  * Not thread-safe on the same communicator. */
-gcomp_result gcomp_allreduce(gcomp_comm *comm, const void *send, void *recv, size_t count, gcomp_dtype dtype,
+GCOMP_API gcomp_result gcomp_allreduce(gcomp_comm *comm, const void *send, void *recv, size_t count, gcomp_dtype dtype,
                              gcomp_op op, uint64_t key, struct CUstream_st *stream);
 
 /* Free the communicator and its residuals; does not touch the user's MPI/NCCL communicator.
@@ -316,23 +325,23 @@ gcomp_result gcomp_allreduce(gcomp_comm *comm, const void *send, void *recv, siz
  * is undefined, like free(). After a timeout, the MPI duplicate communicator and the buffers
  * its pending requests use are left to MPI_Finalize (freeing them under a pending collective
  * crashes Open MPI when the late peer arrives); MPI_Barrier and MPI_Finalize stay safe. */
-void gcomp_comm_destroy(gcomp_comm *comm);
+GCOMP_API void gcomp_comm_destroy(gcomp_comm *comm);
 
-gcomp_result gcomp_comm_stats_get(const gcomp_comm *comm, gcomp_comm_stats *out);
+GCOMP_API gcomp_result gcomp_comm_stats_get(const gcomp_comm *comm, gcomp_comm_stats *out);
 /* Stats of one key; GCOMP_ERR_INVALID_ARG if the key was never used. */
-gcomp_result gcomp_comm_key_stats(const gcomp_comm *comm, uint64_t key, gcomp_comm_stats *out);
-gcomp_result gcomp_comm_stats_reset(gcomp_comm *comm);
+GCOMP_API gcomp_result gcomp_comm_key_stats(const gcomp_comm *comm, uint64_t key, gcomp_comm_stats *out);
+GCOMP_API gcomp_result gcomp_comm_stats_reset(gcomp_comm *comm);
 
 /* Rank and size of the communicator. */
-int gcomp_comm_rank(const gcomp_comm *comm);
-int gcomp_comm_size(const gcomp_comm *comm);
+GCOMP_API int gcomp_comm_rank(const gcomp_comm *comm);
+GCOMP_API int gcomp_comm_size(const gcomp_comm *comm);
 /* The canonical codec spec the communicator uses. */
-const char *gcomp_comm_codec(const gcomp_comm *comm);
+GCOMP_API const char *gcomp_comm_codec(const gcomp_comm *comm);
 
 /* The communicator's resolved configuration: every field set (from the struct it was created
  * with, the environment, then defaults); out->codec points at the canonical spec, owned by
  * the communicator. Errors: GCOMP_ERR_INVALID_ARG (NULL argument). */
-gcomp_result gcomp_comm_config_get(const gcomp_comm *comm, gcomp_config *out);
+GCOMP_API gcomp_result gcomp_comm_config_get(const gcomp_comm *comm, gcomp_config *out);
 
 /* Residual checkpoints: this rank's error-feedback state (every key's residual and step) as a
  * versioned little-endian blob, to store with the trainer's checkpoint. Not collective: each
@@ -347,21 +356,21 @@ gcomp_result gcomp_comm_config_get(const gcomp_comm *comm, gcomp_config *out);
  * file renamed over path) and read a regular file; I/O failures (a directory too) are
  * GCOMP_ERR_INVALID_ARG naming the path.
  * Not thread-safe with calls on the same communicator. */
-gcomp_result gcomp_comm_residuals_save(gcomp_comm *comm, void *buf, size_t cap, size_t *written);
-gcomp_result gcomp_comm_residuals_load(gcomp_comm *comm, const void *buf, size_t bytes);
-gcomp_result gcomp_comm_residuals_save_file(gcomp_comm *comm, const char *path);
-gcomp_result gcomp_comm_residuals_load_file(gcomp_comm *comm, const char *path);
+GCOMP_API gcomp_result gcomp_comm_residuals_save(gcomp_comm *comm, void *buf, size_t cap, size_t *written);
+GCOMP_API gcomp_result gcomp_comm_residuals_load(gcomp_comm *comm, const void *buf, size_t bytes);
+GCOMP_API gcomp_result gcomp_comm_residuals_save_file(gcomp_comm *comm, const char *path);
+GCOMP_API gcomp_result gcomp_comm_residuals_load_file(gcomp_comm *comm, const char *path);
 
 /* ------------------------------------------------------------------------------------ */
 /* Half-precision helpers (round to nearest even; NaN stays NaN).                          */
 /* ------------------------------------------------------------------------------------ */
-uint16_t gcomp_f32_to_f16(float f);
-float gcomp_f16_to_f32(uint16_t h);
-uint16_t gcomp_f32_to_bf16(float f);
-float gcomp_bf16_to_f32(uint16_t h);
+GCOMP_API uint16_t gcomp_f32_to_f16(float f);
+GCOMP_API float gcomp_f16_to_f32(uint16_t h);
+GCOMP_API uint16_t gcomp_f32_to_bf16(float f);
+GCOMP_API float gcomp_bf16_to_f32(uint16_t h);
 
 /* Names of the registered codecs, one per call: idx from 0 until NULL is returned. */
-const char *gcomp_codec_name_at(size_t idx);
+GCOMP_API const char *gcomp_codec_name_at(size_t idx);
 
 #ifdef __cplusplus
 }

@@ -285,11 +285,11 @@ typedef struct gcomp_codec_vtable {
  * Thread-safe. Errors: GCOMP_ERR_INVALID_ARG (NULL, wrong ABI version, missing functions,
  * bad name, a built-in wire id, or a parameter table that breaks a rule of gcomp_param_def;
  * the message names the entry), GCOMP_ERR_EXISTS (name or wire id taken), GCOMP_ERR_NOMEM. */
-gcomp_result gcomp_codec_register(const gcomp_codec_vtable *vt);
+GCOMP_API gcomp_result gcomp_codec_register(const gcomp_codec_vtable *vt);
 
 /* Look up a registered codec by name or by wire id; NULL if none. Thread-safe. */
-const gcomp_codec_vtable *gcomp_codec_find(const char *name);
-const gcomp_codec_vtable *gcomp_codec_find_id(uint16_t wire_id);
+GCOMP_API const gcomp_codec_vtable *gcomp_codec_find(const char *name);
+GCOMP_API const gcomp_codec_vtable *gcomp_codec_find_id(uint16_t wire_id);
 
 /* ---- the payload header, written and checked by the library --------------------------
  * 32 bytes, little-endian:
@@ -319,12 +319,12 @@ typedef struct gcomp_header {
 
 /* Serialise / parse the header. gcomp_header_read checks magic, version, reserved, dtype and
  * that body_bytes equals the payload size minus the header (GCOMP_ERR_CORRUPT otherwise). */
-void gcomp_header_write(uint8_t out[GCOMP_HEADER_BYTES], const gcomp_header *h);
-gcomp_result gcomp_header_read(const uint8_t *payload, size_t bytes, gcomp_header *h);
+GCOMP_API void gcomp_header_write(uint8_t out[GCOMP_HEADER_BYTES], const gcomp_header *h);
+GCOMP_API gcomp_result gcomp_header_read(const uint8_t *payload, size_t bytes, gcomp_header *h);
 
 /* Record a failure detail for gcomp_last_error() (printf format) and return rc, so a codec
  * can write: return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "topk: index %llu >= count", i); */
-gcomp_result gcomp_codec_fail(gcomp_result rc, const char *fmt, ...)
+GCOMP_API gcomp_result gcomp_codec_fail(gcomp_result rc, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 2, 3)))
 #endif

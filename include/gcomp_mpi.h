@@ -26,7 +26,7 @@ extern "C" {
  * Errors: GCOMP_ERR_INVALID_ARG (NULL out, MPI not initialised or already finalized,
  * MPI_COMM_NULL), GCOMP_ERR_INVALID_SPEC, GCOMP_ERR_MISMATCH (ranks configured different
  * codecs), GCOMP_ERR_TRANSPORT, GCOMP_ERR_NOMEM, GCOMP_ERR_TIMEOUT (a rank never joined). */
-gcomp_result gcomp_comm_create_mpi(MPI_Comm comm, const gcomp_config *cfg, gcomp_comm **out);
+GCOMP_API gcomp_result gcomp_comm_create_mpi(MPI_Comm comm, const gcomp_config *cfg, gcomp_comm **out);
 
 #ifdef __cplusplus
 }
