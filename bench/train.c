@@ -465,7 +465,7 @@ int main(int argc, char **argv)
                 fprintf(jf, "\"schedules\": [");
                 for (int b = 0; b < nb; b++) {
                     gcomp_comm_stats ks;
-                    check_gcomp(gcomp_comm_key_stats(comm, (uint64_t)b, &ks), "gcomp_comm_key_stats");
+                    check_gcomp(gcomp_comm_key_stats_get(comm, (uint64_t)b, &ks), "gcomp_comm_key_stats_get");
                     fprintf(jf, "%s{\"key\": %d, \"tensors\": \"%s..%s\", \"elements\": %zu, \"schedule\": \"%s\"}",
                             b ? ", " : "", b, train_model_tensor(m, buckets[b].first)->name,
                             train_model_tensor(m, buckets[b].last)->name, buckets[b].count,

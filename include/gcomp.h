@@ -237,7 +237,9 @@ typedef struct gcomp_stats {
     uint64_t nonfinite_calls; /* encodes whose input held NaN/Inf (residual left untouched) */
 } gcomp_stats;
 
-GCOMP_API gcomp_result gcomp_codec_stats(const gcomp_codec *codec, gcomp_stats *out);
+/* Every object's counters are read with <object>_stats_get and zeroed with <object>_stats_reset
+ * (gcomp_codec_*, gcomp_comm_*, and gcomp_comm_key_stats_get for one key). */
+GCOMP_API gcomp_result gcomp_codec_stats_get(const gcomp_codec *codec, gcomp_stats *out);
 GCOMP_API gcomp_result gcomp_codec_stats_reset(gcomp_codec *codec);
 
 /* ------------------------------------------------------------------------------------ */
@@ -329,7 +331,7 @@ GCOMP_API void gcomp_comm_destroy(gcomp_comm *comm);
 
 GCOMP_API gcomp_result gcomp_comm_stats_get(const gcomp_comm *comm, gcomp_comm_stats *out);
 /* Stats of one key; GCOMP_ERR_INVALID_ARG if the key was never used. */
-GCOMP_API gcomp_result gcomp_comm_key_stats(const gcomp_comm *comm, uint64_t key, gcomp_comm_stats *out);
+GCOMP_API gcomp_result gcomp_comm_key_stats_get(const gcomp_comm *comm, uint64_t key, gcomp_comm_stats *out);
 GCOMP_API gcomp_result gcomp_comm_stats_reset(gcomp_comm *comm);
 
 /* Rank and size of the communicator. */

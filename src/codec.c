@@ -410,9 +410,9 @@ gcomp_result gcomp_codec_sync(gcomp_codec *c, struct CUstream_st *stream)
     return gcomp__codec_device_sync(DEVICE_PARTS(c), stream);
 }
 
-gcomp_result gcomp_codec_stats(const gcomp_codec *c, gcomp_stats *out)
+gcomp_result gcomp_codec_stats_get(const gcomp_codec *c, gcomp_stats *out)
 {
-    if (!c || !out) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_codec_stats: NULL argument");
+    if (!c || !out) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_codec_stats_get: NULL argument");
     *out = c->stats;
     return GCOMP_SUCCESS;
 }

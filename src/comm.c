@@ -274,10 +274,10 @@ gcomp_result gcomp_comm_stats_get(const gcomp_comm *c, gcomp_comm_stats *out)
     return GCOMP_SUCCESS;
 }
 
-gcomp_result gcomp_comm_key_stats(const gcomp_comm *c, uint64_t key, gcomp_comm_stats *out)
+gcomp_result gcomp_comm_key_stats_get(const gcomp_comm *c, uint64_t key, gcomp_comm_stats *out)
 {
     const gcomp__key *k;
-    if (!c || !out) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_key_stats: NULL argument");
+    if (!c || !out) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_key_stats_get: NULL argument");
     k = gcomp__comm_find_key(c, key);
     if (!k) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "key %llu was never used on this communicator", (unsigned long long)key);
     *out = k->stats;

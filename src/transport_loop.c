@@ -278,7 +278,7 @@ gcomp_result gcomp__transport_loop_create(gcomp__loop_world *w, int rank, gcomp_
 
 gcomp_result gcomp__comm_create_loop(gcomp__loop_world *w, int rank, const gcomp_config *cfg, gcomp_comm **out)
 {
-    gcomp__transport *tp;
+    gcomp__transport *tp = NULL; /* gcc cannot see through GCOMP_CHECK */
     if (!out) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp__comm_create_loop: out is NULL");
     *out = NULL;
     GCOMP_CHECK(gcomp__transport_loop_create(w, rank, &tp));

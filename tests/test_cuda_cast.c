@@ -149,8 +149,8 @@ static void compare(const char *spec, size_t n, gcomp_dtype dtype, int steps, si
     d2h(outg, d_out + 4 * off, n * es);
     same_bytes("decode results", spec, n, steps, outc, outg, n * es);
 
-    OK(gcomp_codec_stats(cpu, &sc));
-    OK(gcomp_codec_stats(gpu, &sg));
+    OK(gcomp_codec_stats_get(cpu, &sc));
+    OK(gcomp_codec_stats_get(gpu, &sg));
     assert_int_equal(sc.encode_calls, sg.encode_calls);
     assert_int_equal(sc.decode_calls, sg.decode_calls);
     assert_int_equal(sc.raw_bytes, sg.raw_bytes);
@@ -242,8 +242,8 @@ static void nonfinite_case(const char *spec, float bad)
             free(acc), free(accg);
         }
     }
-    OK(gcomp_codec_stats(cpu, &sc));
-    OK(gcomp_codec_stats(gpu, &sg));
+    OK(gcomp_codec_stats_get(cpu, &sc));
+    OK(gcomp_codec_stats_get(gpu, &sg));
     assert_int_equal(sg.nonfinite_calls, 1);
     assert_int_equal(sc.nonfinite_calls, sg.nonfinite_calls);
     assert_int_equal(sc.overflow_count, sg.overflow_count);
@@ -414,9 +414,9 @@ static void test_graph_replay(void **state)
     same_bytes("cpu vs graph accumulators", "fp16", n, 3, acc, acc_a, n * 4);
     { /* the kernels count the replays: the same stats as the async calls and the CPU */
         gcomp_stats sa, sb, sc;
-        OK(gcomp_codec_stats(a, &sa));
-        OK(gcomp_codec_stats(b, &sb));
-        OK(gcomp_codec_stats(cpu, &sc));
+        OK(gcomp_codec_stats_get(a, &sa));
+        OK(gcomp_codec_stats_get(b, &sb));
+        OK(gcomp_codec_stats_get(cpu, &sc));
         assert_memory_equal(&sa, &sb, sizeof sa);
         assert_memory_equal(&sa, &sc, sizeof sa);
     }

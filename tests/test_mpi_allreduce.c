@@ -246,7 +246,7 @@ static void test_zero_and_bypass(void)
         CHECK(ok, "bypass result is not the fp32 sum");
     }
     CHECK(same_on_all_ranks(y, sizeof y), "bypass results differ across ranks");
-    CHECK(gcomp_comm_key_stats(c, 2, &st) == GCOMP_SUCCESS && st.last_schedule == GCOMP_SCHED_BYPASS, "bypass stats");
+    CHECK(gcomp_comm_key_stats_get(c, 2, &st) == GCOMP_SUCCESS && st.last_schedule == GCOMP_SCHED_BYPASS, "bypass stats");
     memcpy(ref, y, sizeof y);
     memcpy(y, x, sizeof x);
     CHECK(gcomp_allreduce(c, y, y, 1000, GCOMP_F32, GCOMP_SUM, 2, NULL) == GCOMP_SUCCESS && memcmp(y, ref, sizeof y) == 0,
@@ -390,7 +390,7 @@ static void check_nonfinite_keeps(const char *spec, int overflow, gcomp_dtype dt
     for (int i = 0; i < N; i++) zero &= y[i] == 0.0f;
     CHECK(all_ranks(zero), "%s after %s: all-zero input does not give zeros (residual committed on some rank)", spec, how);
     gcomp_comm_stats_get(c, &st);
-    gcomp_comm_key_stats(c, 3, &kst);
+    gcomp_comm_key_stats_get(c, 3, &kst);
     CHECK(all_ranks(st.nonfinite_calls == 1 && kst.nonfinite_calls == 1), "%s %s: nonfinite_calls %llu (key %llu), want 1",
           spec, how, (unsigned long long)st.nonfinite_calls, (unsigned long long)kst.nonfinite_calls);
     free(x); free(y); free(h); free(hy);

@@ -237,7 +237,7 @@ class Codec:
 
     def stats(self):
         s = _lib.CodecStats()
-        _check(_lib.codec_stats(self._handle(), ctypes.byref(s)), "gcomp_codec_stats")
+        _check(_lib.codec_stats(self._handle(), ctypes.byref(s)), "gcomp_codec_stats_get")
         return _stats_dict(s, _lib.CodecStats._fields_)
 
     def stats_reset(self):
@@ -387,7 +387,7 @@ class Comm:
             _check(_lib.comm_stats_get(self._handle(), ctypes.byref(s)), "gcomp_comm_stats_get")
         else:
             _check(_lib.comm_key_stats(self._handle(), _key(key), ctypes.byref(s)),
-                   "gcomp_comm_key_stats")
+                   "gcomp_comm_key_stats_get")
         return _stats_dict(s, _lib.CommStats._fields_)
 
     def stats_reset(self):

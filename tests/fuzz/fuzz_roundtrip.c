@@ -190,10 +190,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         int nf_x, nf_dec;
         float *t;
         add(g, r, x, n);
-        FUZZ_CHECK(gcomp_codec_stats(c, &before) == GCOMP_SUCCESS);
+        FUZZ_CHECK(gcomp_codec_stats_get(c, &before) == GCOMP_SUCCESS);
         FUZZ_CHECK(gcomp_codec_encode(c, KEY, src, n, dtype, buf, cap, &written) == GCOMP_SUCCESS);
         FUZZ_CHECK(written >= GCOMP_HEADER_BYTES && written <= cap);
-        FUZZ_CHECK(gcomp_codec_stats(c, &after) == GCOMP_SUCCESS);
+        FUZZ_CHECK(gcomp_codec_stats_get(c, &after) == GCOMP_SUCCESS);
         FUZZ_CHECK(gcomp_codec_decode(c, buf, written, dec, n, GCOMP_F32) == GCOMP_SUCCESS);
 
         if (fs->kind == FK_TOPK) check_topk(fs, x, dec, n);
