@@ -19,13 +19,27 @@ struct gcomp_codec {
     gcomp__residual_store residuals;
     gcomp_stats stats;
     uint64_t nokey_step; /* step counter of calls without error feedback */
-    /* scratch, grown on demand and reused */
+    /* scratch from the host device ops, grown on demand and reused */
     void *widen;
     size_t widen_cap;
     void *stage_buf[2];
     size_t stage_cap[2];
     gcomp__codec_device *dev; /* device buffers' state (codec_device.c); NULL until a device call */
 };
+
+/* Grow a scratch buffer of the codec object to at least bytes, from the host device ops
+ * (never shrinks). Its contents are not kept: every caller fills the buffer it grows. */
+static gcomp_result scratch_reserve(void **buf, size_t *cap, size_t bytes)
+{
+    void *p = NULL;
+    if (bytes <= *cap) return GCOMP_SUCCESS;
+    if (gcomp__device_host.alloc(bytes, &p) != GCOMP_SUCCESS)
+        return gcomp__fail(GCOMP_ERR_NOMEM, "cannot allocate %zu bytes of scratch", bytes);
+    gcomp__device_host.free(*buf);
+    *buf = p;
+    *cap = bytes;
+    return GCOMP_SUCCESS;
+}
 
 /* What the device path (codec_device.c) works on: device buffers take it at each entry. */
 #define DEVICE_PARTS(c) \
@@ -64,9 +78,9 @@ void gcomp_codec_destroy(gcomp_codec *c)
     gcomp__chain_free(&c->chain);
     gcomp__residual_store_free(&c->residuals);
     gcomp__codec_device_free(c->dev);
-    free(c->widen);
-    free(c->stage_buf[0]);
-    free(c->stage_buf[1]);
+    gcomp__device_host.free(c->widen);
+    gcomp__device_host.free(c->stage_buf[0]);
+    gcomp__device_host.free(c->stage_buf[1]);
     free(c);
 }
 
@@ -207,7 +221,7 @@ static gcomp_result encode_chain(gcomp_codec *c, gcomp_encode_ctx *ctx, const fl
         return gcomp__fail(GCOMP_ERR_INVALID_ARG, "encode: %s cannot bound %zu elements in a size_t", c->chain.canonical,
                            count);
     if (direct && n == 1) return encode_element(c, ctx, x, r_in, r_out, count, dtype, dst, cap, written);
-    for (int b = 0; b < 2; b++) GCOMP_CHECK(gcomp__reserve(&c->stage_buf[b], &c->stage_cap[b], bound));
+    for (int b = 0; b < 2; b++) GCOMP_CHECK(scratch_reserve(&c->stage_buf[b], &c->stage_cap[b], bound));
     GCOMP_CHECK(encode_element(c, ctx, x, r_in, r_out, count, dtype, c->stage_buf[0], c->stage_cap[0], &bytes));
     if (n > 1) {
         /* the last stage writes into dst, or into the scratch buffer its input is not in */
@@ -242,7 +256,7 @@ gcomp_result gcomp_codec_encode(gcomp_codec *c, uint64_t key, const void *src, s
     GCOMP_CHECK(check_buffers("gcomp_codec_encode", src, dst, count));
     if (!dst) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_codec_encode: dst is NULL");
     if (dtype != GCOMP_F32) {
-        GCOMP_CHECK(gcomp__reserve(&c->widen, &c->widen_cap, count * sizeof(float)));
+        GCOMP_CHECK(scratch_reserve(&c->widen, &c->widen_cap, count * sizeof(float)));
         GCOMP_CHECK(gcomp__device_host.widen(src, dtype, count, c->widen, NULL));
         x = c->widen;
     }
@@ -296,7 +310,7 @@ gcomp_result gcomp__codec_element_body(gcomp_codec *c, const void *payload, size
         size_t inner_cap = bound_of_prefix(&c->chain, i, count), inner = 0;
         GCOMP_CHECK(gcomp_header_read(p, bytes, &h));
         GCOMP_CHECK(expect_header(st->vt, &h, count));
-        GCOMP_CHECK(gcomp__reserve(&c->stage_buf[i & 1], &c->stage_cap[i & 1], inner_cap));
+        GCOMP_CHECK(scratch_reserve(&c->stage_buf[i & 1], &c->stage_cap[i & 1], inner_cap));
         GCOMP_CHECK(st->vt->stage_decode(st->params, st->state, h.flags, p + GCOMP_HEADER_BYTES, h.body_bytes,
                                          c->stage_buf[i & 1], inner_cap, &inner));
         p = c->stage_buf[i & 1];
@@ -337,7 +351,7 @@ gcomp_result gcomp_codec_decode(gcomp_codec *c, const void *payload, size_t byte
     if (!gcomp_dtype_size(dtype)) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_codec_decode: invalid dtype %d", (int)dtype);
     GCOMP_CHECK(check_buffers("gcomp_codec_decode", payload, dst, count));
     if (dtype != GCOMP_F32) {
-        GCOMP_CHECK(gcomp__reserve(&c->widen, &c->widen_cap, count * sizeof(float)));
+        GCOMP_CHECK(scratch_reserve(&c->widen, &c->widen_cap, count * sizeof(float)));
         acc = c->widen;
     }
     if (count) memset(acc, 0, count * sizeof(float));
@@ -457,7 +471,7 @@ gcomp_result gcomp__codec_stages_encode(gcomp_codec *c, const void *in, size_t n
         return GCOMP_SUCCESS;
     }
     for (int b = 0; b < 2; b++)
-        GCOMP_CHECK(gcomp__reserve(&c->stage_buf[b], &c->stage_cap[b], gcomp__codec_stages_bound(c, n)));
+        GCOMP_CHECK(scratch_reserve(&c->stage_buf[b], &c->stage_cap[b], gcomp__codec_stages_bound(c, n)));
     return encode_byte_stages(c, in, n, count, GCOMP_F32, out, cap, written);
 }
 
@@ -478,7 +492,7 @@ gcomp_result gcomp__codec_stages_decode(gcomp_codec *c, const void *in, size_t n
         int last = i == 1;
         uint8_t *o = last ? out : c->stage_buf[i & 1];
         size_t o_cap = last ? cap : c->stage_cap[i & 1], inner = 0;
-        if (!last) GCOMP_CHECK(gcomp__reserve(&c->stage_buf[i & 1], &c->stage_cap[i & 1], gcomp__codec_stages_bound(c, cap)));
+        if (!last) GCOMP_CHECK(scratch_reserve(&c->stage_buf[i & 1], &c->stage_cap[i & 1], gcomp__codec_stages_bound(c, cap)));
         o = last ? out : c->stage_buf[i & 1];
         o_cap = last ? cap : c->stage_cap[i & 1];
         GCOMP_CHECK(gcomp_header_read(p, bytes, &h));

@@ -47,6 +47,11 @@ typedef struct gcomp__device_ops {
      * GCOMP_ERR_NOMEM with the size in the message. Not for the hot path: callers keep it. */
     gcomp_result (*alloc)(size_t bytes, void **out);
     void (*free)(void *p); /* NULL is a no-op; waits for work using p to finish (CUDA) */
+    /* Optional: bytes of zeroed memory, at once, freed with free(); errors as alloc. Only
+     * as aligned as malloc (16 bytes), not 256: the host's comes from calloc, whose fresh
+     * pages the kernel maps lazily, so a large residual costs nothing until first touched.
+     * NULL where zeroing is stream work (CUDA): use alloc, then memset_async on the stream. */
+    gcomp_result (*alloc_zeroed)(size_t bytes, void **out);
     gcomp_result (*memset_async)(void *dst, int value, size_t bytes, struct CUstream_st *stream);
     /* Either side may be host or this device's memory (direction from the pointers). A copy
      * into pageable host memory returns when done. */

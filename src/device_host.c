@@ -23,6 +23,13 @@ static gcomp_result host_alloc(size_t bytes, void **out)
 
 static void host_free(void *p) { free(p); }
 
+static gcomp_result host_alloc_zeroed(size_t bytes, void **out)
+{
+    *out = calloc(bytes ? bytes : 1, 1);
+    if (!*out) return gcomp__fail(GCOMP_ERR_NOMEM, "host memory: cannot allocate %zu zeroed bytes", bytes);
+    return GCOMP_SUCCESS;
+}
+
 static gcomp_result host_memset(void *dst, int value, size_t bytes, struct CUstream_st *stream)
 {
     (void)stream;
@@ -142,6 +149,7 @@ const gcomp__device_ops gcomp__device_host = {
     .name = "host",
     .alloc = host_alloc,
     .free = host_free,
+    .alloc_zeroed = host_alloc_zeroed,
     .memset_async = host_memset,
     .copy_async = host_copy,
     .widen = host_widen,

@@ -1,12 +1,14 @@
 /*
- * residual.c — error-feedback residuals, one per caller-given 64-bit key, in an
- * open-addressing hash table. Buffers are created zeroed at a key's first call and
- * recreated when its element count changes.
+ * residual.c — error-feedback residuals of host buffers, one per caller-given 64-bit key, in
+ * an open-addressing hash table. Buffers come from the host device ops (device.h), created
+ * zeroed at a key's first call and recreated when its element count changes. (Residuals of
+ * device buffers live in codec_device.c.)
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "codec_internal.h"
+#include "device.h"
 
 static size_t slot_of(uint64_t key, size_t cap)
 {
@@ -42,18 +44,28 @@ static gcomp_result grow(gcomp__residual_store *s)
 
 static void free_buffers(gcomp__residual *r)
 {
-    free(r->buf[0]);
-    free(r->buf[1]);
+    gcomp__device_host.free(r->buf[0]);
+    gcomp__device_host.free(r->buf[1]);
     r->buf[0] = r->buf[1] = NULL;
     r->count = 0;
 }
 
-/* calloc: the kernel hands out zero pages lazily, so a large new residual costs nothing
- * until the first encode touches it. */
+/* Zeroed by the host's alloc_zeroed (calloc): the kernel hands out zero pages lazily, so a
+ * large new residual costs nothing until the first encode touches it. */
+static gcomp_result alloc_zeroed(size_t count, float **out)
+{
+    void *p = NULL;
+    *out = NULL;
+    if (count > SIZE_MAX / sizeof(float) ||
+        gcomp__device_host.alloc_zeroed(count * sizeof(float), &p) != GCOMP_SUCCESS)
+        return gcomp__fail(GCOMP_ERR_NOMEM, "cannot allocate a residual of %zu elements", count);
+    *out = p;
+    return GCOMP_SUCCESS;
+}
+
 static gcomp_result alloc_buffers(gcomp__residual *r, size_t count)
 {
-    r->buf[0] = calloc(count ? count : 1, sizeof(float));
-    if (!r->buf[0]) return gcomp__fail(GCOMP_ERR_NOMEM, "cannot allocate a residual of %zu elements", count);
+    GCOMP_CHECK(alloc_zeroed(count, &r->buf[0]));
     r->count = count;
     r->cur = 0;
     r->step = 0;
@@ -63,9 +75,7 @@ static gcomp_result alloc_buffers(gcomp__residual *r, size_t count)
 static gcomp_result ensure_second(gcomp__residual *r)
 {
     if (r->buf[r->cur ^ 1]) return GCOMP_SUCCESS;
-    r->buf[r->cur ^ 1] = calloc(r->count ? r->count : 1, sizeof(float));
-    if (!r->buf[r->cur ^ 1]) return gcomp__fail(GCOMP_ERR_NOMEM, "cannot allocate a residual of %zu elements", r->count);
-    return GCOMP_SUCCESS;
+    return alloc_zeroed(r->count, &r->buf[r->cur ^ 1]);
 }
 
 gcomp__residual *gcomp__residual_find(const gcomp__residual_store *s, uint64_t key)

@@ -38,6 +38,16 @@ static void test_memory(void **state)
     assert_int_equal(p[101], 0xab);
     ops->free(p);
     ops->free(NULL);
+    /* the residual store's buffers: zeroed at once (calloc), including a size of 0 */
+    assert_non_null(ops->alloc_zeroed);
+    assert_int_equal(ops->alloc_zeroed(1 << 20, (void **)&p), GCOMP_SUCCESS);
+    for (size_t i = 0; i < (1u << 20); i += 4093) assert_int_equal(p[i], 0);
+    assert_int_equal(p[(1 << 20) - 1], 0);
+    ops->free(p);
+    p = NULL;
+    assert_int_equal(ops->alloc_zeroed(0, (void **)&p), GCOMP_SUCCESS);
+    assert_non_null(p);
+    ops->free(p);
 }
 
 static void test_widen_narrow_divide(void **state)
