@@ -10,7 +10,7 @@ PACKAGES=(
   iproute2 valgrind
   zlib1g-dev libopenblas-dev dataset-fashion-mnist gnuplot-nox
   clang libclang-rt-14-dev
-  python3-mpi4py python3-numpy gfortran
+  python3-mpi4py python3-numpy python3-torch gfortran
 )
 
 missing=()
