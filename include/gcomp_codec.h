@@ -185,7 +185,10 @@ typedef struct gcomp_codec_vtable {
     const gcomp_param_def *params;
     size_t n_params;
     size_t params_size; /* size of the struct the library fills from the table */
-    /* Optional cross-parameter check after parsing; write a message into msg. */
+    /* Optional cross-parameter check after parsing. Refuse as every other entry fails: return
+     * gcomp_codec_fail(GCOMP_ERR_INVALID_SPEC, "reason"), or write the reason into msg
+     * (msg_cap bytes; it wins when both are given). The library reports the reason with the
+     * codec's name and the spec, as GCOMP_ERR_INVALID_SPEC. */
     gcomp_result (*check_params)(const void *params, char *msg, size_t msg_cap);
 
     /* ---- element codecs ---- */

@@ -38,6 +38,8 @@ static _Thread_local char last_error[512];
 
 const char *gcomp_last_error(void) { return last_error; }
 
+void gcomp__error_clear(void) { last_error[0] = '\0'; }
+
 static gcomp_result vfail(gcomp_result rc, const char *fmt, va_list ap)
 {
     vsnprintf(last_error, sizeof last_error, fmt, ap);
@@ -79,6 +81,7 @@ gcomp_result gcomp__fail(gcomp_result rc, const char *fmt, ...)
     return rc;
 }
 
+/* The codecs' name for gcomp__fail: the same recording and logging (vfail). */
 gcomp_result gcomp_codec_fail(gcomp_result rc, const char *fmt, ...)
 {
     va_list ap;

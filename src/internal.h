@@ -16,6 +16,8 @@ void gcomp__debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* A line to stderr unconditionally: for a communicator's own lines, gated by its cfg.debug. */
 void gcomp__log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 int gcomp__debug_enabled(void);
+/* Empty this thread's gcomp_last_error(), so a caller can tell whether a callee recorded one. */
+void gcomp__error_clear(void);
 /* s made safe to echo in a message: control/non-ASCII bytes as \xNN, at most max_chars
  * characters of s then "..."; written to out (cap bytes), which is returned. */
 const char *gcomp__quote(char *out, size_t cap, const char *s, size_t max_chars);

@@ -251,6 +251,20 @@ static gcomp_result append_canonical(const char *spec, gcomp__chain *c, const gc
     return GCOMP_SUCCESS;
 }
 
+/* A codec's cross-parameter check. It reports a refusal as every codec failure is reported,
+ * with gcomp_codec_fail (or, as codecs may still do, by writing the reason into msg); either
+ * way the reason is reported once more through spec_fail, so the message names the codec
+ * and the spec like every other spec error. */
+static gcomp_result check_params(const char *spec, const gcomp_codec_vtable *vt, const void *params)
+{
+    char msg[256] = "", reason[256], qm[4 * 200 + 8];
+    gcomp__error_clear();
+    if (vt->check_params(params, msg, sizeof msg) == GCOMP_SUCCESS) return GCOMP_SUCCESS;
+    snprintf(reason, sizeof reason, "%s",
+             msg[0] ? msg : gcomp_last_error()[0] ? gcomp_last_error() : "its parameters were refused (no reason given)");
+    return spec_fail(GCOMP_ERR_INVALID_SPEC, spec, "%s: %s", vt->name, gcomp__quote(qm, sizeof qm, reason, 200));
+}
+
 static gcomp_result parse_stage(const char *spec, const char *base, char *text, size_t idx, gcomp__chain *c)
 {
     char *colon = strchr(text, ':');
@@ -274,11 +288,7 @@ static gcomp_result parse_stage(const char *spec, const char *base, char *text, 
     c->n_stages = idx + 1;
     for (size_t i = 0; i < vt->n_params; i++) set_default(&vt->params[i], st->params);
     if (colon) GCOMP_CHECK(parse_params(spec, base, vt, colon + 1, st->params));
-    if (vt->check_params) {
-        char msg[256] = "", qm[4 * 200 + 8];
-        if (vt->check_params(st->params, msg, sizeof msg) != GCOMP_SUCCESS)
-            return spec_fail(GCOMP_ERR_INVALID_SPEC, spec, "%s: %s", vt->name, gcomp__quote(qm, sizeof qm, msg, 200));
-    }
+    if (vt->check_params) GCOMP_CHECK(check_params(spec, vt, st->params));
     if (vt->state_create) {
         st->state = vt->state_create(st->params);
         if (!st->state) return spec_fail(GCOMP_ERR_NOMEM, spec, "%s: cannot create its state", vt->name);

@@ -1,7 +1,9 @@
 /* test_spec.c — the one spec parser: canonical forms and every kind of error message. */
+#include <stdio.h>
 #include <string.h>
 
 #include "test_util.h"
+#include "gcomp_codec.h"
 
 #define GCOMP_SPEC_MAX_TEST 1024
 
@@ -187,6 +189,43 @@ static void test_kept(void **state)
     }
 }
 
+/* Issue 18 item 5: check_params refuses as every codec entry fails (gcomp_codec_fail), or
+ * through its msg buffer; either way the message names the codec and the spec, and a
+ * refusal without a reason does not echo an older, unrelated message. */
+static int chk_mode;
+
+static gcomp_result chk_check_params(const void *params, char *msg, size_t cap)
+{
+    (void)params;
+    if (chk_mode == 0) return gcomp_codec_fail(GCOMP_ERR_INVALID_SPEC, "refused through gcomp_codec_fail");
+    if (chk_mode == 1) snprintf(msg, cap, "refused through msg");
+    return chk_mode == 3 ? GCOMP_SUCCESS : GCOMP_ERR_INVALID_SPEC;
+}
+
+static void test_check_params(void **state)
+{
+    static gcomp_codec_vtable chk;
+    gcomp_codec *c = NULL;
+    (void)state;
+    expect_error("terngrad:bucket=6",
+                 "terngrad: bucket=6 must be a multiple of 4 (codes pack 4 per byte) (spec 'terngrad:bucket=6')");
+    chk = *gcomp_codec_find("fp16");
+    chk.name = "chk";
+    chk.wire_id = 150;
+    chk.check_params = chk_check_params;
+    assert_int_equal(gcomp_codec_register(&chk), GCOMP_SUCCESS);
+    chk_mode = 0;
+    expect_error("chk+zstd", "chk: refused through gcomp_codec_fail (spec 'chk+zstd')");
+    chk_mode = 1;
+    expect_error("chk", "chk: refused through msg (spec 'chk')");
+    chk_mode = 2;
+    expect_error("bogus", "unknown codec"); /* an older message that must not be echoed */
+    expect_error("chk", "chk: its parameters were refused (no reason given) (spec 'chk')");
+    chk_mode = 3;
+    assert_int_equal(gcomp_codec_create("chk", NULL, &c), GCOMP_SUCCESS);
+    gcomp_codec_destroy(c);
+}
+
 static void test_long_spec(void **state)
 {
     char spec[1024];
@@ -206,6 +245,7 @@ int main(void)
         cmocka_unit_test(test_numbers),
         cmocka_unit_test(test_messages),
         cmocka_unit_test(test_kept),
+        cmocka_unit_test(test_check_params),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
