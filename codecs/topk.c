@@ -27,9 +27,12 @@
  *            over x that stops once all k are found; the survivors are the kept indices,
  *            already in increasing order.
  *
- * Scratch per call, malloc'd and freed inside encode: 2^D uint64 + 4 x 2^D uint32 counts
- * (D <= 16 digit bits: 1.5 MiB at most) and a candidate list of uint64 index + uint32 key per
- * candidate (about 1.7% of n at ratio 0.01; never more than max(k + n/8, ~n/7) + 16 entries).
+ * Scratch (topk_select): 2^D uint64 + 4 x 2^D uint32 counts (D <= 16 digit bits: 1.5 MiB at
+ * most) and a candidate list of uint64 index + uint32 key per candidate (about 1.7% of n at
+ * ratio 0.01; never more than max(k + n/8, ~n/7) + 16 entries). It is the codec object's
+ * state (state_create): grown when a call needs more and reused by every later call, so a
+ * steady-state encode allocates nothing. Only an encode without state (ctx->state NULL)
+ * allocates its own and frees it before returning.
  */
 #include "topk.h"
 #include "divide.h"
@@ -227,10 +230,6 @@ static inline size_t append_group(const float *g, const float *r, size_t i, size
     return c;
 }
 
-/* One chunk of pass 1 (elements base .. base + n of the tensor; g, r, xo point at the chunk).
- * Inlined into each call site with constant NULL-ness of r and xo and a constant spec, so
- * every variant is a straight loop. Returns the new list length, or SIZE_MAX when the list
- * overflowed (the guess was wrong; pass 2 will collect). */
 /* Stores a group of x. Large tensors are streamed past the cache (non-temporal stores): x
  * is not read again soon, and a plain store would first read every line it writes. Small
  * ones stay in the cache for the next call, which reads them as its residual. */
@@ -246,6 +245,10 @@ static inline void store_group(float *dst, const float *xb, int stream)
     memcpy(dst, xb, TOPK_GROUP * sizeof *dst);
 }
 
+/* One chunk of pass 1 (elements base .. base + n of the tensor; g, r, xo point at the chunk).
+ * Inlined into each call site with constant NULL-ness of r and xo and a constant spec, so
+ * every variant is a straight loop. Returns the new list length, or SIZE_MAX when the list
+ * overflowed (the guess was wrong; pass 2 will collect). */
 static inline __attribute__((always_inline)) size_t
 pass1_loop(topk_select *s, const float *g, const float *r, float *xo, size_t n, size_t base,
            int spec, uint32_t t0, size_t c)

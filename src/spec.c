@@ -193,7 +193,7 @@ static gcomp_result parse_params(const char *spec, const char *base, const gcomp
         const gcomp_param_def *p;
         char qk[4 * QUOTE_TEXT + 8];
         if (comma) *comma = '\0';
-        if (!*kv)
+        if (!*kv) /* "a=1,,b=2" or a trailing ',' ("topk:" alone was refused above) */
             return spec_fail(GCOMP_ERR_INVALID_SPEC, spec, "empty element at character %zu", (size_t)(kv - base) + 1);
         eq = strchr(kv, '=');
         if (!eq)
