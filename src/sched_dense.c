@@ -2,13 +2,20 @@
  * sched_dense.c — the dense ring for codecs whose values can be summed after decoding
  * (none, fp16, bf16; and top-k's payloads decoded, when a gather would cost more).
  *
- * Each rank first encodes its N chunks once (error feedback fused, so the residual keeps
+ * Each rank encodes each of its N chunks once (error feedback fused, so the residual keeps
  * what this first rounding dropped). Reduce-scatter, N-1 steps: send a chunk's payload to
  * the right, receive the left neighbour's partial sum of the next chunk, decode it, add this
  * rank's own decoded chunk in fp32 and re-encode. The rank then owns one fully reduced
  * chunk, encodes it a last time, and the allgather forwards those final payloads unchanged.
  * Every rank -- the owner included -- takes each result chunk from decoding its final
  * payload, so all ranks hold the same bits.
+ *
+ * Overlap, as in the integer ring: only the first chunk this rank sends is encoded before
+ * the ring starts; its own encode of the chunk a step receives runs while that step's
+ * message travels, and in the allgather each chunk is decoded into the result while the
+ * next one travels. Neither moves an operation across another on the same element (every
+ * element still gets 0 + received, + own, re-encode), so the result bits and the wire
+ * bytes are those of the unpipelined ring.
  *
  * Wire bytes per rank: the sum over 2(N-1) steps of one chunk's payload (header included),
  * about 2(N-1)/N * count * (bytes per element of the codec) + 2(N-1) * 32.
@@ -86,15 +93,24 @@ static gcomp_result decode_chunk(dense_ctx *d, const uint8_t *payload, size_t by
     return GCOMP_SUCCESS;
 }
 
+/* Reduce-scatter. Step s receives chunk r-s-1; this rank's own payload of that chunk is
+ * encoded while the step's message travels (it is read only after the message is in). */
 static gcomp_result reduce_scatter(dense_ctx *d)
 {
-    gcomp__ring *ring = &d->call->ring;
-    int n = ring->size, r = ring->rank;
-    size_t sbytes = d->bytes[r], rbytes = 0;
+    gcomp__call *call = d->call;
+    gcomp__ring *ring = &call->ring;
+    int n = ring->size, r = ring->rank, own = !call->reencoded;
+    size_t sbytes, rbytes = 0;
     const uint8_t *out = slot(d, r);
+    GCOMP_STEP(ring, encode_chunk(d, call->x, r, own, slot(d, r), &d->bytes[r]));
+    sbytes = d->bytes[r];
     for (int s = 0; s < n - 1; s++) {
         int recv_j = gcomp__ring_rel(ring, -s - 1);
-        GCOMP_CHECK(gcomp__ring_exchange(ring, out, sbytes, d->rbuf, d->bound, &rbytes));
+        GCOMP_CHECK(gcomp__ring_start(ring, out, sbytes, d->rbuf, d->bound));
+        gcomp__ring_progress(ring);
+        GCOMP_STEP(ring, encode_chunk(d, call->x, recv_j, own, slot(d, recv_j), &d->bytes[recv_j]));
+        gcomp__ring_progress(ring);
+        GCOMP_CHECK(gcomp__ring_finish(ring, &rbytes));
         GCOMP_STEP(ring, decode_chunk(d, d->rbuf, rbytes, recv_j, d->acc, 0));
         GCOMP_STEP(ring, decode_chunk(d, slot(d, recv_j), d->bytes[recv_j], recv_j, d->acc, 1));
         if (s + 1 < n - 1) { /* re-encode the partial sum for the next hop */
@@ -105,30 +121,35 @@ static gcomp_result reduce_scatter(dense_ctx *d)
     return GCOMP_SUCCESS;
 }
 
+/* Allgather: step s forwards chunk r+1-s and receives chunk r-s; the chunk that arrived
+ * last (the owned one at first) is decoded into the result while the next travels. */
 static gcomp_result allgather(dense_ctx *d)
 {
     gcomp__ring *ring = &d->call->ring;
-    int n = ring->size;
+    int n = ring->size, prev = gcomp__ring_right(ring);
     for (int s = 0; s < n - 1; s++) {
         int send_j = gcomp__ring_rel(ring, 1 - s), recv_j = gcomp__ring_rel(ring, -s);
-        GCOMP_CHECK(gcomp__ring_exchange(ring, slot(d, send_j), d->bytes[send_j], slot(d, recv_j), d->bound,
-                                         &d->bytes[recv_j]));
-        GCOMP_STEP(ring, decode_chunk(d, slot(d, recv_j), d->bytes[recv_j], recv_j, d->call->result, 0));
+        GCOMP_CHECK(gcomp__ring_start(ring, slot(d, send_j), d->bytes[send_j], slot(d, recv_j), d->bound));
+        gcomp__ring_progress(ring);
+        GCOMP_STEP(ring, decode_chunk(d, slot(d, prev), d->bytes[prev], prev, d->call->result, 0));
+        gcomp__ring_progress(ring);
+        GCOMP_CHECK(gcomp__ring_finish(ring, &d->bytes[recv_j]));
+        prev = recv_j;
     }
+    GCOMP_STEP(ring, decode_chunk(d, slot(d, prev), d->bytes[prev], prev, d->call->result, 0));
     return GCOMP_SUCCESS;
 }
 
 static gcomp_result dense_run(gcomp__call *call)
 {
     gcomp__ring *ring = &call->ring;
-    int n = ring->size, own = gcomp__ring_right(ring);
+    int own = gcomp__ring_right(ring);
     dense_ctx d;
     layout(call, &d);
     GCOMP_CHECK(gcomp__ws_check(call->ws));
-    for (int j = 0; j < n; j++) GCOMP_STEP(ring, encode_chunk(&d, call->x, j, !call->reencoded, slot(&d, j), &d.bytes[j]));
+    memset(d.bytes, 0, (size_t)ring->size * sizeof(size_t));
     GCOMP_CHECK(reduce_scatter(&d));
     GCOMP_STEP(ring, encode_chunk(&d, d.acc, own, 0, slot(&d, own), &d.bytes[own]));
-    GCOMP_STEP(ring, decode_chunk(&d, slot(&d, own), d.bytes[own], own, call->result, 0));
     GCOMP_CHECK(allgather(&d));
     return GCOMP_SUCCESS;
 }
