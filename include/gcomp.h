@@ -322,6 +322,42 @@ typedef struct gcomp_comm_stats {
 GCOMP_API gcomp_result gcomp_allreduce(gcomp_comm *comm, const void *send, void *recv, size_t count, gcomp_dtype dtype,
                              gcomp_op op, uint64_t key, struct CUstream_st *stream);
 
+/* A nonblocking allreduce in flight (gcomp_iallreduce); freed by the gcomp_wait or
+ * gcomp_test that completes it, which sets the caller's pointer to NULL (as MPI_Wait does). */
+typedef struct gcomp_request gcomp_request;
+
+/* Nonblocking gcomp_allreduce: the same arguments, guarantees and errors, reported by the
+ * gcomp_wait (or gcomp_test) that completes *req, on every rank. Collective: every rank
+ * issues the same calls in the same order. Calls on one communicator run one after another
+ * in the order issued (gcomp_allreduce included: it is iallreduce + wait); several may be in
+ * flight. send and recv stay the caller's and must not be touched (recv read, send written)
+ * until the request completes. Each call's timeout_ms starts when it starts to run; a
+ * timeout or transport error of one marks the communicator unusable, so the calls queued
+ * behind it complete with GCOMP_ERR_COMM_INVALID.
+ * Progress: at the first call the communicator starts a progress thread (joined by
+ * gcomp_comm_destroy) that runs the queued calls while the caller computes. Over MPI that
+ * thread needs MPI_THREAD_MULTIPLE (MPI_Init_thread): with a lower level (MPI_Query_thread,
+ * checked at creation and at the first call) no thread is started and the calls run inside
+ * gcomp_test and gcomp_wait on the caller's thread instead, without overlap (GCOMP_DEBUG=1
+ * logs which). Also over MPI, the progress thread sets MPI_COMM_WORLD's error handler to
+ * MPI_ERRORS_RETURN while it waits (see gcomp_allreduce over MPI).
+ * Returns at once: GCOMP_ERR_INVALID_ARG (comm or req NULL; *req is then NULL),
+ * GCOMP_ERR_NOMEM. Not thread-safe on the same communicator: issue, test and wait its
+ * calls from one thread at a time. Complete every request before gcomp_comm_destroy
+ * (destroy lets the calls in flight finish; a request never completed is leaked). */
+GCOMP_API gcomp_result gcomp_iallreduce(gcomp_comm *comm, const void *send, void *recv, size_t count,
+                                        gcomp_dtype dtype, gcomp_op op, uint64_t key, struct CUstream_st *stream,
+                                        gcomp_request **req);
+/* *done = 1 and the call's result if *req has completed (then *req is freed and set to
+ * NULL), else *done = 0 and GCOMP_SUCCESS. Does not block with a progress thread; without
+ * one it runs the queued calls up to *req and returns when they are done.
+ * GCOMP_ERR_INVALID_ARG if req, *req or done is NULL. */
+GCOMP_API gcomp_result gcomp_test(gcomp_request **req, int *done);
+/* Blocks until *req completes (each call ends by its own timeout_ms), frees it, sets *req
+ * to NULL and returns the call's result (gcomp_last_error() holds its detail on this
+ * thread). GCOMP_ERR_INVALID_ARG if req or *req is NULL. */
+GCOMP_API gcomp_result gcomp_wait(gcomp_request **req);
+
 /* Free the communicator and its residuals; does not touch the user's MPI/NCCL communicator.
  * Not collective. Accepts NULL. Destroying a communicator twice or using it after destroy
  * is undefined, like free(). After a timeout, the MPI duplicate communicator and the buffers

@@ -111,9 +111,12 @@ gcomp_result gcomp__comm_create(gcomp__transport *tp, const gcomp_config *cfg, g
     if (out) *out = NULL;
     if (!c) return gcomp__comm_join_failed(tp, gcomp__fail(GCOMP_ERR_NOMEM, "gcomp_comm_create: out of memory"));
     c->tp = tp;
+    /* whether nonblocking calls may progress on a thread of their own (request.c) */
+    c->threads_ok = !tp->threads_ok || tp->threads_ok(NULL, 0);
     /* A local failure (NULL out, bad spec, bad GCOMP_* variable) still joins the agreement
      * below, so the other ranks get an error too instead of waiting for this one. */
     if (!out) local = gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_create: out is NULL");
+    if (local == GCOMP_SUCCESS) local = gcomp__queue_init(c);
     if (local == GCOMP_SUCCESS) local = gcomp__config_resolve(cfg, &c->cfg);
     if (local == GCOMP_SUCCESS) {
         opts.seed = c->cfg.seed;
@@ -136,8 +139,9 @@ gcomp_result gcomp__comm_create(gcomp__transport *tp, const gcomp_config *cfg, g
         goto fail;
     }
     if (c->cfg.debug)
-        gcomp__log("rank %d/%d: codec %s, min_bytes %lld, ef %d", tp->rank, tp->size, gcomp_codec_spec(c->codec),
-                   (long long)c->cfg.min_bytes, c->cfg.error_feedback);
+        gcomp__log("rank %d/%d: codec %s, min_bytes %lld, ef %d, progress thread %s", tp->rank, tp->size,
+                   gcomp_codec_spec(c->codec), (long long)c->cfg.min_bytes, c->cfg.error_feedback,
+                   c->threads_ok ? "allowed" : "not allowed (nonblocking calls progress in gcomp_test/gcomp_wait)");
     *out = c;
     return GCOMP_SUCCESS;
 fail:
@@ -148,6 +152,7 @@ fail:
 void gcomp_comm_destroy(gcomp_comm *c)
 {
     if (!c) return;
+    gcomp__queue_destroy(c); /* the calls in flight end first, and the progress thread */
     while (c->keys) {
         gcomp__key *k = c->keys;
         c->keys = k->next;

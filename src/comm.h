@@ -12,6 +12,8 @@
 #include "transport.h"
 #include "workspace.h"
 
+#include <pthread.h>
+
 /* ---- per-key state ---- */
 typedef struct gcomp__key {
     uint64_t key;
@@ -23,6 +25,39 @@ typedef struct gcomp__key {
     struct gcomp__key *next;
 } gcomp__key;
 
+/* The arguments of one allreduce, as the user passed them. */
+typedef struct gcomp__args {
+    const void *send;
+    void *recv;
+    size_t count;
+    gcomp_dtype dtype;
+    gcomp_op op;
+    uint64_t key;
+    struct CUstream_st *stream;
+} gcomp__args;
+
+/* A call issued and not yet freed by gcomp_wait/gcomp_test (request.c). */
+struct gcomp_request {
+    gcomp_comm *comm;
+    gcomp__args args;
+    int done;                   /* under comm->q.lock */
+    gcomp_result rc;            /* valid once done */
+    char detail[512];           /* the runner's gcomp_last_error() on failure (thread-local there) */
+    struct gcomp_request *next; /* the queue */
+};
+
+/* The calls of a communicator, run one after another in the order issued (request.c). */
+typedef struct gcomp__queue {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;        /* a call finished, or one was queued, or stop */
+    struct gcomp_request *head, *tail; /* issued, not yet started */
+    int running;                /* a call is being run (by the thread or a caller) */
+    int mode;                   /* GCOMP__PROGRESS_*: decided at the first call */
+    int inited, thread_started, stop;
+    pthread_t thread;
+} gcomp__queue;
+enum { GCOMP__PROGRESS_UNDECIDED = 0, GCOMP__PROGRESS_THREAD = 1, GCOMP__PROGRESS_CALLER = 2 };
+
 struct gcomp_comm {
     gcomp__config cfg;
     gcomp__transport *tp;
@@ -33,7 +68,18 @@ struct gcomp_comm {
     uint64_t nokey_step;         /* the step of GCOMP_KEY_NONE calls without error feedback */
     gcomp_comm_stats stats;
     gcomp__workspace ws[2];      /* scratch per device kind (gcomp__device_kind) */
+    int threads_ok;              /* the transport allows a progress thread (checked at creation) */
+    gcomp__queue q;
 };
+
+/* ---- the engine (engine.c) and the request queue (request.c) ---- */
+/* Run one call to its end on this thread (the caller of gcomp_allreduce, or the progress
+ * thread). Calls of a communicator never run concurrently: request.c serialises them. */
+gcomp_result gcomp__engine_run(gcomp_comm *c, const gcomp__args *a);
+/* The queue's lock and condition (at creation), and its end at destroy: waits for the
+ * calls in flight to finish and joins the progress thread. */
+gcomp_result gcomp__queue_init(gcomp_comm *c);
+void gcomp__queue_destroy(gcomp_comm *c);
 
 /* The key's state, created at its first call (count recorded). */
 gcomp_result gcomp__comm_key(gcomp_comm *c, uint64_t key, size_t count, gcomp__key **out);

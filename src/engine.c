@@ -1,5 +1,6 @@
 /*
- * engine.c — gcomp_allreduce: check -> plan -> agree -> run -> finish.
+ * engine.c — one allreduce: check -> plan -> agree -> run -> finish (gcomp_allreduce and
+ * gcomp_iallreduce queue it as a request, request.c, which runs it here).
  *
  *   check   the arguments, locally (shared with the other ranks before anyone acts on them)
  *   plan    the schedule from the codec's capabilities and the byte counts (bypass, dense
@@ -265,15 +266,22 @@ static gcomp_result run_compressed(gcomp_comm *c, gcomp__call *call, plan *p, co
     return GCOMP_SUCCESS;
 }
 
-gcomp_result gcomp_allreduce(gcomp_comm *c, const void *send, void *recv, size_t count, gcomp_dtype dtype, gcomp_op op,
-                             uint64_t key, struct CUstream_st *stream)
+/* One call, from start to end, on the thread that runs it (the caller's, or the
+ * communicator's progress thread: request.c). Its deadline starts now, when it starts to
+ * run, not when it was issued, so calls queued behind a slow one keep their whole timeout. */
+gcomp_result gcomp__engine_run(gcomp_comm *c, const gcomp__args *a)
 {
+    const void *send = a->send;
+    void *recv = a->recv;
+    size_t count = a->count;
+    gcomp_dtype dtype = a->dtype;
+    gcomp_op op = a->op;
+    uint64_t key = a->key;
     gcomp_comm_stats st;
     gcomp__call call;
     plan p;
     gcomp_result local;
     double t0 = gcomp__now(), t_agree;
-    if (!c) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_allreduce: comm is NULL");
     if (c->broken) return gcomp__fail(GCOMP_ERR_COMM_INVALID, "communicator is unusable after an earlier timeout or transport error");
     memset(&st, 0, sizeof st);
     memset(&call, 0, sizeof call);
@@ -287,7 +295,7 @@ gcomp_result gcomp_allreduce(gcomp_comm *c, const void *send, void *recv, size_t
     call.count = count;
     call_codec(&call, c->codec);
     p.dtype = dtype;
-    local = check_args(send, recv, count, dtype, op, stream);
+    local = check_args(send, recv, count, dtype, op, a->stream);
     if (local == GCOMP_SUCCESS && count > 0) local = prepare_call(c, &call, &p, send, key, op);
     t_agree = gcomp__now();
     GCOMP_CHECK(gcomp__comm_agree_call(c, local, count, dtype, op, call.ring.deadline));

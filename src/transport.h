@@ -39,6 +39,12 @@ struct gcomp__transport {
     /* In-place float sum of n floats over all ranks (the uncompressed path). */
     gcomp_result (*allreduce_sum_f32)(gcomp__transport *t, float *vals, size_t n, double deadline);
     void (*destroy)(gcomp__transport *t);
+    /* 1 if a progress thread of the library may use this transport while the user's own
+     * threads call the library underneath (MPI: MPI_THREAD_MULTIPLE); 0 with the reason in
+     * why. Takes no transport, so decorators copy it as is. NULL: always 1 (the loopback
+     * transport: each rank's transport is used by one thread at a time, which the
+     * communicator's queue guarantees). */
+    int (*threads_ok)(char *why, size_t cap);
 };
 
 /* ---- handing a transport to a communicator (comm.c) ----

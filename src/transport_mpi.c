@@ -26,6 +26,7 @@
  */
 #include <limits.h>
 #include <sched.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -141,6 +142,20 @@ static gcomp_result mpi_finish(gcomp__transport *t, size_t *rbytes, double deadl
     MPI_Get_count(&st[0], MPI_BYTE, &got);
     *rbytes = (size_t)got;
     return GCOMP_SUCCESS;
+}
+
+/* A progress thread calls MPI while the user's threads may too: that needs
+ * MPI_THREAD_MULTIPLE (MPI_Init_thread). Asked at creation and at the first iallreduce. */
+static int mpi_threads_ok(char *why, size_t cap)
+{
+    int level = MPI_THREAD_SINGLE;
+    const char *name;
+    if (MPI_Query_thread(&level) != MPI_SUCCESS) level = MPI_THREAD_SINGLE;
+    if (level == MPI_THREAD_MULTIPLE) return 1;
+    name = level == MPI_THREAD_SERIALIZED ? "MPI_THREAD_SERIALIZED"
+           : level == MPI_THREAD_FUNNELED ? "MPI_THREAD_FUNNELED" : "MPI_THREAD_SINGLE";
+    if (why && cap) snprintf(why, cap, "MPI was initialised with %s, a progress thread needs MPI_THREAD_MULTIPLE", name);
+    return 0;
 }
 
 /* A probe for a tag nobody sends drives Open MPI's progress engine without touching the
@@ -271,6 +286,7 @@ gcomp_result gcomp_comm_create_mpi(MPI_Comm comm, const gcomp_config *cfg, gcomp
     m->base.allreduce_max_u64 = mpi_max_u64;
     m->base.allreduce_sum_f32 = mpi_sum_f32;
     m->base.destroy = mpi_destroy;
+    m->base.threads_ok = mpi_threads_ok;
     if (!m->owned) return gcomp__comm_join_failed(&m->base, gcomp__fail(GCOMP_ERR_NOMEM, "gcomp_comm_create_mpi: out of memory"));
     return gcomp__comm_create(&m->base, cfg, out);
 }

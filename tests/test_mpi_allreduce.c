@@ -511,10 +511,97 @@ static void test_schedules_match_loop(void)
     }
 }
 
+/* Nonblocking calls: many in flight (one of them a mismatch, rank size-1's count differs)
+ * give the same results as the same calls made blocking on a twin communicator, the
+ * mismatch GCOMP_ERR_MISMATCH on every rank; then a stopped peer: the waits of the others
+ * return GCOMP_ERR_TIMEOUT. With MPI_THREAD_MULTIPLE (main asks for it) the calls progress
+ * on the communicator's thread, else inside gcomp_test/gcomp_wait. */
+#define NB_CALLS 10
+static size_t nb_count(int i) { return i % 4 == 0 ? 100 : 3001 + 1000 * (size_t)(i % 3); }
+
+static void test_nonblocking(void)
+{
+    static const char *const specs[] = {"fp16", "terngrad", "topk:ratio=0.01"};
+    for (size_t s = 0; s < sizeof specs / sizeof specs[0]; s++) {
+        gcomp_comm *nb = make_comm(specs[s], 4096, 1), *ref = make_comm(specs[s], 4096, 1);
+        gcomp_request *req[NB_CALLS] = {0};
+        float *x[NB_CALLS], *y[NB_CALLS], *z[NB_CALLS];
+        gcomp_result rc[NB_CALLS], want[NB_CALLS];
+        int ok = nb && ref;
+        for (int i = 0; i < NB_CALLS; i++) {
+            size_t n = nb_count(i) + 1;
+            x[i] = malloc(n * sizeof(float));
+            y[i] = calloc(n, sizeof(float));
+            z[i] = calloc(n, sizeof(float));
+            fill_input(x[i], n, rank, i);
+        }
+        for (int i = 0; ok && i < NB_CALLS; i++) {
+            size_t n = nb_count(i) + (i == 5 && rank == size - 1);
+            want[i] = gcomp_allreduce(ref, x[i], z[i], n, GCOMP_F32, GCOMP_SUM, (uint64_t)(i % 4), NULL);
+            rc[i] = gcomp_iallreduce(nb, x[i], y[i], n, GCOMP_F32, GCOMP_SUM, (uint64_t)(i % 4), NULL, &req[i]);
+            CHECK(rc[i] == GCOMP_SUCCESS, "%s: iallreduce %d: %s", specs[s], i, gcomp_last_error());
+        }
+        for (int i = NB_CALLS - 1; ok && i >= 0; i--) {
+            int done = 0;
+            gcomp_result t = GCOMP_SUCCESS;
+            if (i % 3 == 0) /* some by polling: a completed test returns the call's result */
+                while (!done && (t = gcomp_test(&req[i], &done)) == GCOMP_SUCCESS) {}
+            rc[i] = done ? t : gcomp_wait(&req[i]);
+        }
+        for (int i = 0; ok && i < NB_CALLS; i++) {
+            gcomp_result expect = i == 5 ? GCOMP_ERR_MISMATCH : GCOMP_SUCCESS;
+            CHECK(all_ranks(rc[i] == expect && want[i] == expect), "%s: call %d: nonblocking %s, blocking %s", specs[s], i,
+                  gcomp_result_name(rc[i]), gcomp_result_name(want[i]));
+            if (expect == GCOMP_SUCCESS)
+                CHECK(all_ranks(memcmp(y[i], z[i], nb_count(i) * sizeof(float)) == 0) &&
+                          same_on_all_ranks(y[i], nb_count(i) * sizeof(float)),
+                      "%s: call %d differs from the blocking call", specs[s], i);
+        }
+        gcomp_comm_destroy(nb);
+        gcomp_comm_destroy(ref);
+        for (int i = 0; i < NB_CALLS; i++) {
+            free(x[i]);
+            free(y[i]);
+            free(z[i]);
+        }
+    }
+}
+
+/* Last in main: the timed-out communicator leaves MPI requests pending (left to MPI_Finalize). */
+static void test_nonblocking_stopped_peer(void)
+{
+    gcomp_config cfg = gcomp_config_default();
+    gcomp_comm *c = NULL;
+    gcomp_request *req[3] = {0};
+    float x[5000] = {0}, y[3][5000];
+    gcomp_result rc[3];
+    double t0;
+    cfg.codec = "fp16";
+    cfg.min_bytes = 0;
+    cfg.timeout_ms = 500;
+    CHECK(gcomp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &c) == GCOMP_SUCCESS, "create: %s", gcomp_last_error());
+    if (!c) return;
+    if (rank == size - 1) { /* stopped: joins after the others' deadline */
+        MPI_Barrier(MPI_COMM_WORLD);
+    } else {
+        t0 = MPI_Wtime();
+        for (int i = 0; i < 3; i++) gcomp_iallreduce(c, x, y[i], 5000, GCOMP_F32, GCOMP_SUM, 1, NULL, &req[i]);
+        for (int i = 0; i < 3; i++) rc[i] = gcomp_wait(&req[i]);
+        CHECK(rc[0] == GCOMP_ERR_TIMEOUT, "first wait on a stopped peer: %s", gcomp_result_name(rc[0]));
+        CHECK((rc[1] == GCOMP_ERR_TIMEOUT || rc[1] == GCOMP_ERR_COMM_INVALID) &&
+                  (rc[2] == GCOMP_ERR_TIMEOUT || rc[2] == GCOMP_ERR_COMM_INVALID),
+              "queued behind the timeout: %s, %s", gcomp_result_name(rc[1]), gcomp_result_name(rc[2]));
+        CHECK(MPI_Wtime() - t0 < 10.0, "the waits took %.1f s", MPI_Wtime() - t0);
+        MPI_Barrier(MPI_COMM_WORLD);
+    }
+    gcomp_comm_destroy(c);
+}
+
 int main(int argc, char **argv)
 {
-    int fail_any;
-    MPI_Init(&argc, &argv);
+    int fail_any, provided = 0;
+    /* MPI_THREAD_MULTIPLE lets nonblocking calls progress on a thread (test_nonblocking) */
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     CHECK(gcomp_codec_register(&randk_vt) == GCOMP_SUCCESS, "register randk: %s", gcomp_last_error());
@@ -529,6 +616,9 @@ int main(int argc, char **argv)
     test_rounding_advances_without_ef();
     test_half_dtypes();
     test_schedules_match_loop();
+    test_nonblocking();
+    test_nonblocking_stopped_peer();
+    if (rank == 0 && provided < MPI_THREAD_MULTIPLE) printf("note: MPI_THREAD_MULTIPLE not provided; nonblocking calls ran without a progress thread\n");
     fail_any = n_fail;
     MPI_Allreduce(MPI_IN_PLACE, &fail_any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
     if (rank == 0) printf("mpi_allreduce (%d ranks): %d passed, %d failed\n", size, n_pass, n_fail);

@@ -1,0 +1,235 @@
+/*
+ * test_nonblocking.c — gcomp_iallreduce / gcomp_test / gcomp_wait over the loopback
+ * transport (2 to 5 ranks as threads, no mpirun), with the progress thread and with
+ * progress inside test/wait (the mode a communicator takes over MPI below
+ * MPI_THREAD_MULTIPLE): many requests in flight give bit-identical results to the same
+ * calls made blocking; a stopped peer gives GCOMP_ERR_TIMEOUT from the wait; a mismatch
+ * among requests in flight gives GCOMP_ERR_MISMATCH on every rank, without a hang.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <cmocka.h>
+
+#include "comm.h"
+#include "transport_loop.h"
+
+#define MAX_RANKS 5
+#define N_CALLS 12
+
+typedef struct job {
+    gcomp__loop_world *w;
+    int rank, size;
+    const char *spec;
+    int blocking;       /* 1: the same calls with gcomp_allreduce (the reference) */
+    int no_thread;      /* 1: no progress thread (progress in test/wait) */
+    int variant;
+    gcomp_result rc[N_CALLS];
+    uint64_t hash[N_CALLS];
+    int progressed;     /* the first request completed while nobody tested or waited */
+    int mode;
+} job;
+
+enum { V_MANY = 0, V_TIMEOUT = 1, V_MISMATCH = 2 };
+
+static uint64_t fnv(const void *p, size_t n)
+{
+    const uint8_t *b = p;
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
+}
+
+/* Call i's count and key: a few sizes (the first below min_bytes: bypass), keys reused so
+ * error feedback carries over between calls in flight. */
+static size_t call_count(int i) { return i % 4 == 0 ? 100 : 3001 + 1000 * (size_t)(i % 3); }
+static uint64_t call_key(int i) { return (uint64_t)(i % 6); }
+
+static void fill(float *x, size_t n, int rank, int i)
+{
+    uint32_t s = 2654435761u * (uint32_t)(rank + 1) + 40503u * (uint32_t)(i + 1);
+    for (size_t k = 0; k < n; k++) {
+        s = s * 1664525u + 1013904223u;
+        x[k] = (float)((int32_t)(s >> 8) - (1 << 23)) * 0x1p-22f;
+    }
+}
+
+static void *run_job(void *arg)
+{
+    job *j = arg;
+    gcomp_config cfg = gcomp_config_default();
+    gcomp_comm *comm = NULL;
+    gcomp_request *req[N_CALLS] = {0};
+    float *x[N_CALLS], *y[N_CALLS];
+    int n_calls = j->variant == V_MANY ? N_CALLS : 4;
+    cfg.codec = j->spec;
+    cfg.min_bytes = 4096;
+    cfg.seed = 3;
+    cfg.timeout_ms = j->variant == V_TIMEOUT ? 300 : 20000;
+    for (int i = 0; i < N_CALLS; i++) {
+        x[i] = malloc(call_count(i) * sizeof(float) + 4);
+        y[i] = malloc(call_count(i) * sizeof(float) + 4);
+        fill(x[i], call_count(i), j->rank, i);
+        j->rc[i] = GCOMP_ERR_INTERNAL;
+    }
+    if (gcomp__comm_create_loop(j->w, j->rank, &cfg, &comm) != GCOMP_SUCCESS) goto out;
+    if (j->no_thread) comm->threads_ok = 0;
+    if (j->variant == V_TIMEOUT && j->rank == j->size - 1) usleep(1200 * 1000);
+    for (int i = 0; i < n_calls; i++) {
+        size_t count = call_count(i);
+        if (j->variant == V_MISMATCH && i == 2 && j->rank == 1) count++;
+        if (j->blocking) {
+            j->rc[i] = gcomp_allreduce(comm, x[i], y[i], count, GCOMP_F32, GCOMP_SUM, call_key(i), NULL);
+        } else if (j->variant == V_MANY && i == 7) {
+            /* a blocking call among requests in flight runs after them, in order */
+            j->rc[i] = gcomp_allreduce(comm, x[i], y[i], count, GCOMP_F32, GCOMP_SUM, call_key(i), NULL);
+        } else {
+            j->rc[i] = gcomp_iallreduce(comm, x[i], y[i], count, GCOMP_F32, GCOMP_SUM, call_key(i), NULL, &req[i]);
+            if (j->rc[i] == GCOMP_SUCCESS) j->rc[i] = GCOMP_ERR_INTERNAL; /* until waited */
+        }
+        if (i == 0 && !j->blocking && !j->no_thread) {
+            /* the caller "computes": with a progress thread the call completes meanwhile */
+            for (int t = 0; t < 400 && !j->progressed; t++) {
+                pthread_mutex_lock(&comm->q.lock);
+                j->progressed = req[0]->done;
+                pthread_mutex_unlock(&comm->q.lock);
+                usleep(1000);
+            }
+        }
+    }
+    j->mode = comm->q.mode;
+    /* complete them: some by gcomp_test polling, the rest by gcomp_wait in reverse order */
+    for (int i = 0; i < n_calls; i += 3) {
+        int done = 0;
+        if (!req[i]) continue;
+        while (!done) {
+            gcomp_result rc = gcomp_test(&req[i], &done);
+            if (done || rc != GCOMP_SUCCESS) j->rc[i] = rc;
+            if (rc != GCOMP_SUCCESS) break;
+        }
+        if (done && req[i]) j->rc[i] = GCOMP_ERR_INTERNAL; /* completed requests are freed */
+    }
+    for (int i = n_calls - 1; i >= 0; i--)
+        if (req[i]) j->rc[i] = gcomp_wait(&req[i]);
+    for (int i = 0; i < n_calls; i++) j->hash[i] = j->rc[i] == GCOMP_SUCCESS ? fnv(y[i], call_count(i) * sizeof(float)) : 0;
+out:
+    gcomp_comm_destroy(comm);
+    for (int i = 0; i < N_CALLS; i++) {
+        free(x[i]);
+        free(y[i]);
+    }
+    return NULL;
+}
+
+static void run_world(int n, job *jobs)
+{
+    pthread_t th[MAX_RANKS];
+    gcomp__loop_world *w = NULL;
+    assert_int_equal(gcomp__loop_world_create(n, &w), GCOMP_SUCCESS);
+    for (int r = 0; r < n; r++) {
+        jobs[r].w = w;
+        jobs[r].rank = r;
+        jobs[r].size = n;
+        assert_int_equal(pthread_create(&th[r], NULL, run_job, &jobs[r]), 0);
+    }
+    for (int r = 0; r < n; r++) pthread_join(th[r], NULL);
+    gcomp__loop_world_destroy(w);
+}
+
+static void run(int n, const char *spec, int variant, int blocking, int no_thread, job *jobs)
+{
+    memset(jobs, 0, sizeof(job) * MAX_RANKS);
+    for (int r = 0; r < n; r++) {
+        jobs[r].spec = spec;
+        jobs[r].variant = variant;
+        jobs[r].blocking = blocking;
+        jobs[r].no_thread = no_thread;
+    }
+    run_world(n, jobs);
+}
+
+static void test_many_in_flight_match_blocking(void **state)
+{
+    static const char *const specs[] = {"fp16", "terngrad", "topk:ratio=0.01", "topk:ratio=1"};
+    (void)state;
+    for (size_t s = 0; s < sizeof specs / sizeof specs[0]; s++)
+        for (int n = 2; n <= MAX_RANKS; n++) {
+            job ref[MAX_RANKS], nb[MAX_RANKS];
+            run(n, specs[s], V_MANY, 1, 0, ref);
+            for (int no_thread = 0; no_thread <= 1; no_thread++) {
+                run(n, specs[s], V_MANY, 0, no_thread, nb);
+                for (int r = 0; r < n; r++) {
+                    assert_int_equal(nb[r].mode, no_thread ? GCOMP__PROGRESS_CALLER : GCOMP__PROGRESS_THREAD);
+                    if (!no_thread) assert_true(nb[r].progressed);
+                    for (int i = 0; i < N_CALLS; i++) {
+                        assert_int_equal(ref[r].rc[i], GCOMP_SUCCESS);
+                        if (nb[r].rc[i] != GCOMP_SUCCESS || nb[r].hash[i] != ref[r].hash[i] || ref[r].hash[i] != ref[0].hash[i])
+                            fail_msg("%s, %d ranks, %s: rank %d call %d: %s, hash %016llx, blocking %016llx", specs[s], n,
+                                     no_thread ? "no thread" : "progress thread", r, i, gcomp_result_name(nb[r].rc[i]),
+                                     (unsigned long long)nb[r].hash[i], (unsigned long long)ref[r].hash[i]);
+                    }
+                }
+            }
+        }
+}
+
+static void test_stopped_peer_times_out(void **state)
+{
+    job jobs[MAX_RANKS];
+    double t0 = gcomp__now();
+    (void)state;
+    for (int no_thread = 0; no_thread <= 1; no_thread++) {
+        run(3, "fp16", V_TIMEOUT, 0, no_thread, jobs);
+        for (int r = 0; r < 3; r++) {
+            /* the first call times out; the ones queued behind it find the communicator broken */
+            if (jobs[r].rc[0] != GCOMP_ERR_TIMEOUT) fail_msg("rank %d: %s", r, gcomp_result_name(jobs[r].rc[0]));
+            for (int i = 1; i < 4; i++)
+                assert_true(jobs[r].rc[i] == GCOMP_ERR_TIMEOUT || jobs[r].rc[i] == GCOMP_ERR_COMM_INVALID);
+        }
+    }
+    assert_true(gcomp__now() - t0 < 20.0);
+}
+
+static void test_mismatch_in_flight(void **state)
+{
+    (void)state;
+    for (int n = 2; n <= MAX_RANKS; n++)
+        for (int no_thread = 0; no_thread <= 1; no_thread++) {
+            job jobs[MAX_RANKS];
+            double t0 = gcomp__now();
+            run(n, "terngrad", V_MISMATCH, 0, no_thread, jobs);
+            for (int r = 0; r < n; r++)
+                for (int i = 0; i < 4; i++)
+                    if (jobs[r].rc[i] != (i == 2 ? GCOMP_ERR_MISMATCH : GCOMP_SUCCESS))
+                        fail_msg("%d ranks: rank %d call %d returned %s", n, r, i, gcomp_result_name(jobs[r].rc[i]));
+            assert_true(gcomp__now() - t0 < 10.0);
+        }
+}
+
+static void test_null_arguments(void **state)
+{
+    gcomp_request *req = (gcomp_request *)1;
+    int done = 1;
+    (void)state;
+    assert_int_equal(gcomp_iallreduce(NULL, NULL, NULL, 0, GCOMP_F32, GCOMP_SUM, 0, NULL, &req), GCOMP_ERR_INVALID_ARG);
+    assert_null(req);
+    assert_int_equal(gcomp_wait(NULL), GCOMP_ERR_INVALID_ARG);
+    assert_int_equal(gcomp_wait(&req), GCOMP_ERR_INVALID_ARG);
+    assert_int_equal(gcomp_test(&req, &done), GCOMP_ERR_INVALID_ARG);
+    assert_int_equal(done, 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_null_arguments),
+        cmocka_unit_test(test_many_in_flight_match_blocking),
+        cmocka_unit_test(test_stopped_peer_times_out),
+        cmocka_unit_test(test_mismatch_in_flight),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
