@@ -30,12 +30,10 @@
 
 #include <mpi.h>
 
+#include "bench_util.h" /* KIB, MIB, GIB, sizes and integers on the command line */
 #include "gcomp.h"
 #include "gcomp_mpi.h"
 
-#define KIB ((size_t)1 << 10)
-#define MIB ((size_t)1 << 20)
-#define GIB ((size_t)1 << 30)
 #define MAX_CODECS 32
 #define MAX_ITERS 100000
 #define BENCH_KEY 1                /* one tensor; the communicator keeps its residual */
@@ -135,42 +133,10 @@ static void usage(FILE *f, const char *prog)
         prog);
 }
 
-/* "64M", "4K", "1G", "4096" (powers of 1024, as nccl-tests). */
-static int parse_size(const char *s, size_t *out)
-{
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno || end == s || *s == '-') return -1;
-    size_t mult = 1;
-    switch (*end) {
-    case 'k': case 'K': mult = KIB; end++; break;
-    case 'm': case 'M': mult = MIB; end++; break;
-    case 'g': case 'G': mult = GIB; end++; break;
-    default: break;
-    }
-    if (mult > 1 && (strcmp(end, "iB") == 0 || strcmp(end, "B") == 0)) end += strlen(end);
-    if (*end != '\0' || v > SIZE_MAX / mult) return -1;
-    *out = (size_t)v * mult;
-    return 0;
-}
-
-static int parse_long(const char *s, long long lo, long long hi, long long *out)
-{
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (errno || end == s || *end != '\0' || v < lo || v > hi) return -1;
-    *out = v;
-    return 0;
-}
-
+/* Only rank 0 says it; every rank returns the bad-usage status. */
 static int bad_value(const struct options *o, const char *opt, const char *val, const char *want)
 {
-    if (o->talk)
-        fprintf(stderr, "allreduce_perf: bad value '%s' for %s: expected %s (see -h)\n", val, opt,
-                want);
-    return 2;
+    return o->talk ? bench_bad_value("allreduce_perf", opt, val, want, "-h") : 2;
 }
 
 static int parse_dtype(const char *s, gcomp_dtype *out)
@@ -190,20 +156,20 @@ static int parse_option(struct options *o, int c, const char *arg)
     long long v;
     switch (c) {
     case 'b':
-        return parse_size(arg, &o->min_bytes) ? bad_value(o, "-b", arg, "a size like 64M") : 0;
+        return bench_parse_size(arg, &o->min_bytes) ? bad_value(o, "-b", arg, "a size like 64M") : 0;
     case 'e':
-        return parse_size(arg, &o->max_bytes) ? bad_value(o, "-e", arg, "a size like 64M") : 0;
+        return bench_parse_size(arg, &o->max_bytes) ? bad_value(o, "-e", arg, "a size like 64M") : 0;
     case 'f':
-        if (parse_long(arg, 2, 1 << 20, &v)) return bad_value(o, "-f", arg, "an integer >= 2");
+        if (bench_parse_int(arg, 2, 1 << 20, &v)) return bad_value(o, "-f", arg, "an integer >= 2");
         o->factor = (size_t)v;
         return 0;
     case 'n': case 'w':
-        if (parse_long(arg, c == 'n', MAX_ITERS, &v))
+        if (bench_parse_int(arg, c == 'n', MAX_ITERS, &v))
             return bad_value(o, c == 'n' ? "-n" : "-w", arg, c == 'n' ? "1..100000" : "0..100000");
         *(c == 'n' ? &o->iters : &o->warmup) = (int)v;
         return 0;
     case 'c': case OPT_EF:
-        if (parse_long(arg, 0, 1, &v)) return bad_value(o, c == 'c' ? "-c" : "--ef", arg, "0 or 1");
+        if (bench_parse_int(arg, 0, 1, &v)) return bad_value(o, c == 'c' ? "-c" : "--ef", arg, "0 or 1");
         *(c == 'c' ? &o->check : &o->ef) = (int)v;
         return 0;
     case 'o':
@@ -214,7 +180,7 @@ static int parse_option(struct options *o, int c, const char *arg)
     case 'd':
         return parse_dtype(arg, &o->dtype) ? bad_value(o, "-d", arg, "float, half or bfloat16") : 0;
     case OPT_MIN_BYTES:
-        if (parse_long(arg, 0, LLONG_MAX, &v)) return bad_value(o, "--min-bytes", arg, "bytes >= 0");
+        if (bench_parse_int(arg, 0, LLONG_MAX, &v)) return bad_value(o, "--min-bytes", arg, "bytes >= 0");
         o->gcomp_min_bytes = v;
         return 0;
     case OPT_CODEC:
@@ -770,14 +736,6 @@ static void print_footer(const struct bench *b)
 /* Setup                                                                                     */
 /* ---------------------------------------------------------------------------------------- */
 
-static void *alloc_touched(size_t bytes)
-{
-    size_t rounded = (bytes + 4095) / 4096 * 4096;
-    void *p = aligned_alloc(4096, rounded);
-    if (p) memset(p, 0, rounded); /* page faults now, not in the timed calls */
-    return p;
-}
-
 /* Rank 0 only; opened before any row so a bad path fails before minutes of work. */
 static int open_json(struct bench *b)
 {
@@ -797,8 +755,8 @@ static int open_json(struct bench *b)
 static int setup(struct bench *b)
 {
     size_t count = b->o.max_bytes / gcomp_dtype_size(b->o.dtype);
-    b->send = alloc_touched(b->o.max_bytes);
-    b->recv = alloc_touched(b->o.max_bytes);
+    b->send = bench_alloc_touched(b->o.max_bytes);
+    b->recv = bench_alloc_touched(b->o.max_bytes);
     b->per_rank = malloc(sizeof *b->per_rank * (size_t)b->nranks);
     int ok = b->send && b->recv && b->per_rank, all_ok;
     MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);

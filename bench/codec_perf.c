@@ -136,40 +136,10 @@ static void usage(FILE *f, const char *prog)
         prog, MAX_ITERS);
 }
 
-/* "4K", "64M", "1G", "4096"; an optional "B" or "iB" after the suffix. */
-static int parse_size(const char *s, size_t *out)
-{
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno || end == s || *s == '-') return -1;
-    size_t mult = 1;
-    switch (*end) {
-    case 'k': case 'K': mult = KIB; end++; break;
-    case 'm': case 'M': mult = MIB; end++; break;
-    case 'g': case 'G': mult = GIB; end++; break;
-    default: break;
-    }
-    if (mult > 1 && (strcmp(end, "iB") == 0 || strcmp(end, "B") == 0)) end += strlen(end);
-    if (*end != '\0' || v > SIZE_MAX / mult) return -1;
-    *out = (size_t)v * mult;
-    return 0;
-}
-
-static int parse_long(const char *s, long lo, long hi, long *out)
-{
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end != '\0' || v < lo || v > hi) return -1;
-    *out = v;
-    return 0;
-}
-
+/* Sizes, integers and the message for a bad value: bench_util.h, shared with allreduce_perf. */
 static int bad_value(const char *prog, const char *opt, const char *val, const char *want)
 {
-    fprintf(stderr, "%s: bad value '%s' for %s: expected %s (see --help)\n", prog, val, opt, want);
-    return 2;
+    return bench_bad_value(prog, opt, val, want, "--help");
 }
 
 static int add_spec(struct config *cfg, const char *prog, const char *spec)
@@ -187,37 +157,37 @@ enum { OPT_EF = 256, OPT_DIST, OPT_JSON, OPT_JSON_OUT, OPT_CODEC, OPT_STAT, OPT_
 /* One option; returns 0, or the exit status (2) on a bad value. */
 static int parse_option(struct config *cfg, const char *prog, int c, const char *arg)
 {
-    long v;
+    long long v;
     char *end;
     switch (c) {
     case 'b':
-        if (parse_size(arg, &cfg->min_bytes)) return bad_value(prog, "-b", arg, "a size like 4K");
+        if (bench_parse_size(arg, &cfg->min_bytes)) return bad_value(prog, "-b", arg, "a size like 4K");
         cfg->min_set = 1;
         return 0;
     case 'e':
-        if (parse_size(arg, &cfg->max_bytes)) return bad_value(prog, "-e", arg, "a size like 64M");
+        if (bench_parse_size(arg, &cfg->max_bytes)) return bad_value(prog, "-e", arg, "a size like 64M");
         cfg->max_set = 1;
         return 0;
     case 's':
-        if (parse_size(arg, &cfg->min_bytes)) return bad_value(prog, "-s", arg, "a size like 64M");
+        if (bench_parse_size(arg, &cfg->min_bytes)) return bad_value(prog, "-s", arg, "a size like 64M");
         cfg->max_bytes = cfg->min_bytes;
         cfg->min_set = cfg->max_set = 1;
         return 0;
     case 'f':
-        if (parse_long(arg, 2, 1L << 20, &v)) return bad_value(prog, "-f", arg, "an integer >= 2");
+        if (bench_parse_int(arg, 2, 1L << 20, &v)) return bad_value(prog, "-f", arg, "an integer >= 2");
         cfg->factor = (size_t)v;
         cfg->factor_set = 1;
         return 0;
     case 'n':
-        if (parse_long(arg, 1, MAX_ITERS, &v)) return bad_value(prog, "-n", arg, "1..1000");
+        if (bench_parse_int(arg, 1, MAX_ITERS, &v)) return bad_value(prog, "-n", arg, "1..1000");
         cfg->iters = (int)v;
         return 0;
     case 'w':
-        if (parse_long(arg, 0, MAX_ITERS, &v)) return bad_value(prog, "-w", arg, "0..1000");
+        if (bench_parse_int(arg, 0, MAX_ITERS, &v)) return bad_value(prog, "-w", arg, "0..1000");
         cfg->warmup = (int)v;
         return 0;
     case OPT_EF:
-        if (parse_long(arg, 0, 1, &v)) return bad_value(prog, "--ef", arg, "0 or 1");
+        if (bench_parse_int(arg, 0, 1, &v)) return bad_value(prog, "--ef", arg, "0 or 1");
         cfg->ef = (int)v;
         return 0;
     case OPT_DIST:
@@ -553,15 +523,6 @@ static int check_specs(const struct config *cfg, const char *prog, size_t *paylo
     return 0;
 }
 
-static void *alloc_touched(size_t bytes)
-{
-    size_t rounded = (bytes + 4095) / 4096 * 4096;
-    void *p = aligned_alloc(4096, rounded ? rounded : 4096);
-    /* Writing every page now keeps page faults out of the timed calls. */
-    if (p) memset(p, 0, rounded);
-    return p;
-}
-
 static void free_buffers(struct buffers *b)
 {
     free(b->grad);
@@ -572,10 +533,10 @@ static void free_buffers(struct buffers *b)
 
 static int alloc_buffers(struct buffers *b, size_t bytes, size_t payload_cap)
 {
-    b->grad = alloc_touched(bytes);
-    b->acc = alloc_touched(bytes);
-    b->copy = alloc_touched(bytes);
-    b->payload = alloc_touched(payload_cap);
+    b->grad = bench_alloc_touched(bytes);
+    b->acc = bench_alloc_touched(bytes);
+    b->copy = bench_alloc_touched(bytes);
+    b->payload = bench_alloc_touched(payload_cap);
     b->payload_cap = payload_cap;
     return b->grad && b->acc && b->copy && b->payload ? 0 : -1;
 }

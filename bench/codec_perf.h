@@ -9,11 +9,9 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "bench_util.h" /* KIB, MIB, GIB */
 #include "gcomp.h"
 
-#define KIB ((size_t)1 << 10)
-#define MIB ((size_t)1 << 20)
-#define GIB ((size_t)1 << 30)
 #define MAX_ITERS 1000
 #define MAX_SPECS 64
 #define BENCH_KEY 1 /* any key but GCOMP_KEY_NONE enables the residual */
