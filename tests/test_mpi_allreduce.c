@@ -16,31 +16,10 @@
 #include "gcomp.h"
 #include "gcomp_codec.h"
 #include "gcomp_mpi.h"
+#include "mpi_test_util.h"
 #include "randk_codec.h"
-#include "schedule_cases.h"
+#include "schedule_cases.h" /* also sc_splitmix and sc_hash */
 #include "golden/schedules_expected.h"
-
-static int rank, size, n_pass, n_fail;
-
-#define CHECK(cond, ...)                                                                   \
-    do {                                                                                   \
-        if (cond) {                                                                        \
-            n_pass++;                                                                      \
-        } else {                                                                           \
-            n_fail++;                                                                      \
-            fprintf(stderr, "rank %d: FAIL %s:%d: ", rank, __FILE__, __LINE__);            \
-            fprintf(stderr, __VA_ARGS__);                                                  \
-            fputc('\n', stderr);                                                           \
-        }                                                                                  \
-    } while (0)
-
-static uint64_t splitmix(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
 
 /* Gaussian-ish input of rank r at step t (sum of uniforms: cheap and deterministic). */
 static void fill_input(float *x, size_t n, int r, int t)
@@ -48,31 +27,17 @@ static void fill_input(float *x, size_t n, int r, int t)
     uint64_t s = 1000003ull * (uint64_t)r + 7919ull * (uint64_t)t + 1;
     for (size_t i = 0; i < n; i++) {
         double u = 0;
-        for (int k = 0; k < 4; k++) u += (double)(splitmix(&s) >> 11) * 0x1p-53;
+        for (int k = 0; k < 4; k++) u += (double)(sc_splitmix(&s) >> 11) * 0x1p-53;
         x[i] = (float)((u - 2.0) * 1.7);
     }
-}
-
-static uint64_t hash_bytes(const void *p, size_t n)
-{
-    const uint8_t *b = p;
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
-    return h;
 }
 
 /* True on every rank iff every rank holds the same bytes. */
 static int same_on_all_ranks(const void *p, size_t n)
 {
-    uint64_t h = hash_bytes(p, n), hv[2] = {h, ~h};
+    uint64_t h = sc_hash(SC_HASH_INIT, p, n), hv[2] = {h, ~h};
     MPI_Allreduce(MPI_IN_PLACE, hv, 2, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
     return hv[0] == h && ~hv[1] == h;
-}
-
-static int all_ranks(int ok)
-{
-    MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_LAND, MPI_COMM_WORLD);
-    return ok;
 }
 
 static gcomp_comm *make_comm(const char *spec, int64_t min_bytes, int ef)
@@ -619,9 +584,7 @@ int main(int argc, char **argv)
     test_nonblocking();
     test_nonblocking_stopped_peer();
     if (rank == 0 && provided < MPI_THREAD_MULTIPLE) printf("note: MPI_THREAD_MULTIPLE not provided; nonblocking calls ran without a progress thread\n");
-    fail_any = n_fail;
-    MPI_Allreduce(MPI_IN_PLACE, &fail_any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-    if (rank == 0) printf("mpi_allreduce (%d ranks): %d passed, %d failed\n", size, n_pass, n_fail);
+    fail_any = mpi_test_finish("mpi_allreduce", "");
     MPI_Finalize();
     return fail_any ? 1 : 0;
 }

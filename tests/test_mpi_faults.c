@@ -23,27 +23,8 @@
 
 #include "gcomp.h"
 #include "gcomp_mpi.h"
+#include "mpi_test_util.h"
 #include "src/comm.h"
-
-static int rank, size, n_pass, n_fail;
-
-#define CHECK(cond, ...)                                                                   \
-    do {                                                                                   \
-        if (cond) {                                                                        \
-            n_pass++;                                                                      \
-        } else {                                                                           \
-            n_fail++;                                                                      \
-            fprintf(stderr, "rank %d: FAIL %s:%d: ", rank, __FILE__, __LINE__);            \
-            fprintf(stderr, __VA_ARGS__);                                                  \
-            fputc('\n', stderr);                                                           \
-        }                                                                                  \
-    } while (0)
-
-static int all_ranks(int ok)
-{
-    MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_LAND, MPI_COMM_WORLD);
-    return ok;
-}
 
 static gcomp_comm *make_comm(const char *spec, int64_t timeout_ms)
 {
@@ -393,9 +374,7 @@ int main(int argc, char **argv)
          * leaks on purpose (docs/RELIABILITY.md, known limits): not a leak to report */
         if (!getenv("GCOMP_TEST_UNDER_VALGRIND")) test_mismatched_collectives();
     }
-    fail_any = n_fail;
-    MPI_Allreduce(MPI_IN_PLACE, &fail_any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-    if (rank == 0) printf("mpi_faults %s(%d ranks): %d passed, %d failed\n", mode, size, n_pass, n_fail);
+    fail_any = mpi_test_finish("mpi_faults", mode);
     MPI_Finalize();
     if (!mode[0]) { /* creation after MPI_Finalize: an error, not an abort */
         gcomp_comm *c = NULL;
