@@ -365,6 +365,8 @@ GCOMP_API gcomp_result gcomp_wait(gcomp_request **req);
  * crashes Open MPI when the late peer arrives); MPI_Barrier and MPI_Finalize stay safe. */
 GCOMP_API void gcomp_comm_destroy(gcomp_comm *comm);
 
+/* Stats are written by the thread that runs each call: read or reset them when no
+ * gcomp_iallreduce of this communicator is in flight. */
 GCOMP_API gcomp_result gcomp_comm_stats_get(const gcomp_comm *comm, gcomp_comm_stats *out);
 /* Stats of one key; GCOMP_ERR_INVALID_ARG if the key was never used. */
 GCOMP_API gcomp_result gcomp_comm_key_stats_get(const gcomp_comm *comm, uint64_t key, gcomp_comm_stats *out);
