@@ -25,6 +25,7 @@
  * nobody else joins, and returns GCOMP_ERR_TIMEOUT too.
  */
 #include <limits.h>
+#include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -90,9 +91,27 @@ typedef struct quiet {
     int swapped;
 } quiet;
 
+/* MPI_COMM_WORLD's swap is shared by every gcomp thread of the process: progress threads of
+ * several communicators (and a caller's blocking call) wait at the same time, and two
+ * interleaved save/set/restore sequences would leave MPI_ERRORS_RETURN installed for good.
+ * The first to enter saves the user's handler, the last to leave restores it. This is the
+ * one piece of process-wide state of the transport; it exists because the handler is. */
+static pthread_mutex_t world_lock = PTHREAD_MUTEX_INITIALIZER;
+static int world_depth;
+static MPI_Errhandler world_saved = MPI_ERRHANDLER_NULL;
+static int world_swapped;
+
 static quiet quiet_begin(MPI_Comm comm)
 {
     quiet q = {comm, MPI_ERRHANDLER_NULL, 0};
+    if (comm == MPI_COMM_WORLD) {
+        pthread_mutex_lock(&world_lock);
+        if (world_depth++ == 0)
+            world_swapped = MPI_Comm_get_errhandler(comm, &world_saved) == MPI_SUCCESS &&
+                            MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN) == MPI_SUCCESS;
+        pthread_mutex_unlock(&world_lock);
+        return q;
+    }
     q.swapped = MPI_Comm_get_errhandler(comm, &q.saved) == MPI_SUCCESS &&
                 MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN) == MPI_SUCCESS;
     return q;
@@ -100,6 +119,17 @@ static quiet quiet_begin(MPI_Comm comm)
 
 static void quiet_end(quiet *q)
 {
+    if (q->comm == MPI_COMM_WORLD) {
+        pthread_mutex_lock(&world_lock);
+        if (--world_depth == 0) {
+            if (world_swapped) MPI_Comm_set_errhandler(MPI_COMM_WORLD, world_saved);
+            if (world_saved != MPI_ERRHANDLER_NULL) MPI_Errhandler_free(&world_saved);
+            world_saved = MPI_ERRHANDLER_NULL;
+            world_swapped = 0;
+        }
+        pthread_mutex_unlock(&world_lock);
+        return;
+    }
     if (q->swapped) MPI_Comm_set_errhandler(q->comm, q->saved);
     if (q->saved != MPI_ERRHANDLER_NULL) MPI_Errhandler_free(&q->saved);
 }

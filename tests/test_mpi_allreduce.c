@@ -524,6 +524,14 @@ static void test_nonblocking(void)
         }
         gcomp_comm_destroy(nb);
         gcomp_comm_destroy(ref);
+        {
+            /* the progress thread and the blocking calls both swapped MPI_COMM_WORLD's handler
+             * while they waited: the user's is back */
+            MPI_Errhandler eh;
+            MPI_Comm_get_errhandler(MPI_COMM_WORLD, &eh);
+            CHECK(eh == MPI_ERRORS_ARE_FATAL, "MPI_COMM_WORLD's error handler was not restored");
+            MPI_Errhandler_free(&eh);
+        }
         for (int i = 0; i < NB_CALLS; i++) {
             free(x[i]);
             free(y[i]);
