@@ -23,6 +23,10 @@ extern "C" {
  * restores the previous handler before returning: Open MPI 4.1 reports a failed nonblocking
  * collective through MPI_COMM_WORLD's handler, which would abort the job. A thread that
  * uses MPI_COMM_WORLD concurrently sees that handler meanwhile.
+ * Thread level: blocking calls need none beyond what the caller uses. gcomp_iallreduce
+ * runs its calls on a progress thread only when MPI provides MPI_THREAD_MULTIPLE
+ * (MPI_Query_thread, here and at the first gcomp_iallreduce); with a lower level they run
+ * inside gcomp_test/gcomp_wait on the caller's thread (GCOMP_DEBUG=1 logs which).
  * Errors: GCOMP_ERR_INVALID_ARG (NULL out, MPI not initialised or already finalized,
  * MPI_COMM_NULL), GCOMP_ERR_INVALID_SPEC, GCOMP_ERR_MISMATCH (ranks configured different
  * codecs), GCOMP_ERR_TRANSPORT, GCOMP_ERR_NOMEM, GCOMP_ERR_TIMEOUT (a rank never joined). */
