@@ -142,8 +142,9 @@ static gcomp_result prepare_call(gcomp_comm *c, gcomp__call *call, plan *p, cons
     GCOMP_CHECK(layout(c, call, p, 1));
     GCOMP_CHECK(gcomp__ws_fit(call->ws));
     if (p->sched == GCOMP_SCHED_BYPASS) return GCOMP_SUCCESS;
-    if (!c->cfg.error_feedback) {
-        /* the stochastic rounding must move on every call, or the same input rounds the same
+    if (!c->cfg.error_feedback || key == GCOMP_KEY_NONE) {
+        /* GCOMP_KEY_NONE means no error feedback, as for a codec object (gcomp.h). The
+         * stochastic rounding must still move on every call, or the same input rounds the same
          * way forever and the average over steps never converges */
         call->step = key == GCOMP_KEY_NONE ? c->nokey_step++ : p->key->step++;
         return GCOMP_SUCCESS;

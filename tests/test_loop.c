@@ -183,10 +183,50 @@ static void test_stopped_peer_times_out(void **state)
     run_fault_variant(VARIANT_STOPPED_PEER, 3, GCOMP_ERR_TIMEOUT);
 }
 
+/* GCOMP_KEY_NONE keeps no residual even with error feedback on (gcomp.h): the same input
+ * twice gives the same fp16 result (with a residual, the second call would add the first's
+ * rounding error). */
+static void *run_key_none(void *arg)
+{
+    rank_job *j = arg;
+    gcomp_config cfg = gcomp_config_default();
+    gcomp_comm *comm = NULL;
+    size_t n = 5003;
+    float *x = malloc(n * sizeof(float)), *y1 = malloc(n * sizeof(float)), *y2 = malloc(n * sizeof(float));
+    uint64_t s = 99 + (uint64_t)j->rank;
+    for (size_t i = 0; i < n; i++) x[i] = (float)((double)(sc_splitmix(&s) >> 11) * 0x1p-53 - 0.5) * 3.3f;
+    cfg.codec = "fp16";
+    cfg.min_bytes = 0;
+    cfg.error_feedback = 1;
+    j->rc = gcomp__comm_create_loop(j->w, j->rank, &cfg, &comm);
+    if (j->rc == GCOMP_SUCCESS) j->rc = gcomp_allreduce(comm, x, y1, n, GCOMP_F32, GCOMP_SUM, GCOMP_KEY_NONE, NULL);
+    if (j->rc == GCOMP_SUCCESS) j->rc = gcomp_allreduce(comm, x, y2, n, GCOMP_F32, GCOMP_SUM, GCOMP_KEY_NONE, NULL);
+    if (j->rc == GCOMP_SUCCESS && memcmp(y1, y2, n * sizeof(float)) != 0) j->rc = GCOMP_ERR_INTERNAL;
+    gcomp_comm_destroy(comm);
+    free(x);
+    free(y1);
+    free(y2);
+    return NULL;
+}
+
+static void test_key_none_keeps_no_residual(void **state)
+{
+    (void)state;
+    for (int n = 2; n <= 4; n++) {
+        rank_job jobs[MAX_RANKS];
+        memset(jobs, 0, sizeof jobs);
+        run_world(n, run_key_none, jobs);
+        for (int r = 0; r < n; r++)
+            if (jobs[r].rc != GCOMP_SUCCESS)
+                fail_msg("%d ranks: rank %d: %s (INTERNAL: the second call differed)", n, r, gcomp_result_name(jobs[r].rc));
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_schedule),
+        cmocka_unit_test(test_key_none_keeps_no_residual),
         cmocka_unit_test(test_mismatch),
         cmocka_unit_test(test_local_failure_after_agreement),
         cmocka_unit_test(test_stopped_peer_times_out),
