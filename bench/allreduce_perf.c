@@ -40,7 +40,7 @@
 #define DATA_SEED 0x5eed0f9c0a7ULL /* fixed: every run sees the same tensors */
 #define GOLDEN 0x9e3779b97f4a7c15ULL
 
-static const char *const default_codecs[] = {"none", "fp16", "terngrad", "topk:ratio=0.01"};
+static const char *const default_codecs[] = { "none", "fp16", "terngrad", "topk:ratio=0.01" };
 
 struct options {
     const char *codecs[MAX_CODECS];
@@ -86,51 +86,51 @@ struct row {
 static void usage(FILE *f, const char *prog)
 {
     fprintf(f,
-        "usage: mpirun -np N %s [options]\n"
-        "\n"
-        "Times gcomp_allreduce and plain MPI_Allreduce of the same buffers in the same run and\n"
-        "reports them like nccl-tests' all_reduce_perf (out-of-place only).\n"
-        "\n"
-        "  -b, --minbytes SIZE     smallest size (default 64M); K, M, G are powers of 1024\n"
-        "  -e, --maxbytes SIZE     largest size (default: -b, or 64M)\n"
-        "  -f, --stepfactor N      multiply the size by N (integer >= 2) between rows (default 2)\n"
-        "  -n, --iters N           timed calls per measurement (default 20)\n"
-        "  -w, --warmup_iters N    untimed calls before each measurement (default 5)\n"
-        "  -c, --check 0|1         check the result against an exact fp64 sum (default 1)\n"
-        "  -o, --op sum|avg        reduction (default sum)\n"
-        "  -d, --datatype T        float, half or bfloat16 (default float)\n"
-        "      --codec SPEC        gcomp codec spec; repeat for several blocks of rows\n"
-        "                          (default: none, fp16, terngrad, topk:ratio=0.01)\n"
-        "      --ef 0|1            error feedback (default 1); the timed calls run with the\n"
-        "                          residual of the warmup calls, i.e. in steady state\n"
-        "      --min-bytes N       gcomp_config.min_bytes (default 0): tensors smaller than N\n"
-        "                          bytes bypass compression. 0 compresses every size, so small\n"
-        "                          rows show the codec's own overhead instead of a bypass.\n"
-        "  -J, --json FILE         also write one JSON object per row to FILE (JSON lines)\n"
-        "  -v, --verbose           print where gcomp's time goes (encode, comm, decode)\n"
-        "  -h, --help              this text\n"
-        "\n"
-        "Columns (bandwidths from the uncompressed size, like nccl-tests):\n"
-        "  time      us per gcomp_allreduce, mean of -n calls, slowest rank\n"
-        "  algbw     size / time (GB/s);  busbw = algbw * 2(n-1)/n\n"
-        "  #wrong    elements whose error exceeds the codec's bound, plus ranks whose result\n"
-        "            differs in any bit from rank 0's. The check uses the FIRST call of a fresh\n"
-        "            communicator (zero residual). Bounds per element, S = sum_r |x_r|,\n"
-        "            M = max |x| over all elements and ranks:\n"
-        "              none 1e-5 S;  fp16 (n+1) (1e-3 S + 2^-24);  bf16 (n+1) 8e-3 S;\n"
-        "              terngrad n M + S;  top-k S (each x1.00001); other codecs n M + S;\n"
-        "            divided by n for avg; half/bfloat16 data add one output rounding.\n"
-        "  wire_B    bytes one rank sends per call (gcomp_comm_stats), max over ranks\n"
-        "  cr        2(n-1)/n * size (what a plain ring sends per rank) / wire_B\n"
-        "  rel_err   ||y - exact|| / ||exact|| of the checked call; max_err its max |y - exact|\n"
-        "  base_us   us per MPI_Allreduce of the same buffers (half types: a user-defined\n"
-        "            MPI_Op summing in fp32; avg: sum, then a local division, timed)\n"
-        "  speedup   base_us / time;  sched  the schedule gcomp ran\n"
-        "\n"
-        "Data: Gaussian-like (Irwin-Hall sum of 4 uniforms, mean 0, sd 1), a fixed function of\n"
-        "(rank, index), the same for every codec. Exit status: 0 ok, 1 wrong results (with -c 1)\n"
-        "or a failed call, 2 bad usage.\n",
-        prog);
+            "usage: mpirun -np N %s [options]\n"
+            "\n"
+            "Times gcomp_allreduce and plain MPI_Allreduce of the same buffers in the same run and\n"
+            "reports them like nccl-tests' all_reduce_perf (out-of-place only).\n"
+            "\n"
+            "  -b, --minbytes SIZE     smallest size (default 64M); K, M, G are powers of 1024\n"
+            "  -e, --maxbytes SIZE     largest size (default: -b, or 64M)\n"
+            "  -f, --stepfactor N      multiply the size by N (integer >= 2) between rows (default 2)\n"
+            "  -n, --iters N           timed calls per measurement (default 20)\n"
+            "  -w, --warmup_iters N    untimed calls before each measurement (default 5)\n"
+            "  -c, --check 0|1         check the result against an exact fp64 sum (default 1)\n"
+            "  -o, --op sum|avg        reduction (default sum)\n"
+            "  -d, --datatype T        float, half or bfloat16 (default float)\n"
+            "      --codec SPEC        gcomp codec spec; repeat for several blocks of rows\n"
+            "                          (default: none, fp16, terngrad, topk:ratio=0.01)\n"
+            "      --ef 0|1            error feedback (default 1); the timed calls run with the\n"
+            "                          residual of the warmup calls, i.e. in steady state\n"
+            "      --min-bytes N       gcomp_config.min_bytes (default 0): tensors smaller than N\n"
+            "                          bytes bypass compression. 0 compresses every size, so small\n"
+            "                          rows show the codec's own overhead instead of a bypass.\n"
+            "  -J, --json FILE         also write one JSON object per row to FILE (JSON lines)\n"
+            "  -v, --verbose           print where gcomp's time goes (encode, comm, decode)\n"
+            "  -h, --help              this text\n"
+            "\n"
+            "Columns (bandwidths from the uncompressed size, like nccl-tests):\n"
+            "  time      us per gcomp_allreduce, mean of -n calls, slowest rank\n"
+            "  algbw     size / time (GB/s);  busbw = algbw * 2(n-1)/n\n"
+            "  #wrong    elements whose error exceeds the codec's bound, plus ranks whose result\n"
+            "            differs in any bit from rank 0's. The check uses the FIRST call of a fresh\n"
+            "            communicator (zero residual). Bounds per element, S = sum_r |x_r|,\n"
+            "            M = max |x| over all elements and ranks:\n"
+            "              none 1e-5 S;  fp16 (n+1) (1e-3 S + 2^-24);  bf16 (n+1) 8e-3 S;\n"
+            "              terngrad n M + S;  top-k S (each x1.00001); other codecs n M + S;\n"
+            "            divided by n for avg; half/bfloat16 data add one output rounding.\n"
+            "  wire_B    bytes one rank sends per call (gcomp_comm_stats), max over ranks\n"
+            "  cr        2(n-1)/n * size (what a plain ring sends per rank) / wire_B\n"
+            "  rel_err   ||y - exact|| / ||exact|| of the checked call; max_err its max |y - exact|\n"
+            "  base_us   us per MPI_Allreduce of the same buffers (half types: a user-defined\n"
+            "            MPI_Op summing in fp32; avg: sum, then a local division, timed)\n"
+            "  speedup   base_us / time;  sched  the schedule gcomp ran\n"
+            "\n"
+            "Data: Gaussian-like (Irwin-Hall sum of 4 uniforms, mean 0, sd 1), a fixed function of\n"
+            "(rank, index), the same for every codec. Exit status: 0 ok, 1 wrong results (with -c 1)\n"
+            "or a failed call, 2 bad usage.\n",
+            prog);
 }
 
 /* Only rank 0 says it; every rank returns the bad-usage status. */
@@ -141,14 +141,22 @@ static int bad_value(const struct options *o, const char *opt, const char *val, 
 
 static int parse_dtype(const char *s, gcomp_dtype *out)
 {
-    if (strcmp(s, "float") == 0 || strcmp(s, "f32") == 0) *out = GCOMP_F32;
-    else if (strcmp(s, "half") == 0 || strcmp(s, "f16") == 0) *out = GCOMP_F16;
-    else if (strcmp(s, "bfloat16") == 0 || strcmp(s, "bf16") == 0) *out = GCOMP_BF16;
-    else return -1;
+    if (strcmp(s, "float") == 0 || strcmp(s, "f32") == 0)
+        *out = GCOMP_F32;
+    else if (strcmp(s, "half") == 0 || strcmp(s, "f16") == 0)
+        *out = GCOMP_F16;
+    else if (strcmp(s, "bfloat16") == 0 || strcmp(s, "bf16") == 0)
+        *out = GCOMP_BF16;
+    else
+        return -1;
     return 0;
 }
 
-enum { OPT_CODEC = 256, OPT_EF, OPT_MIN_BYTES };
+enum {
+    OPT_CODEC = 256,
+    OPT_EF,
+    OPT_MIN_BYTES
+};
 
 /* One option; returns 0, or the exit status (2) on a bad value. */
 static int parse_option(struct options *o, int c, const char *arg)
@@ -163,19 +171,24 @@ static int parse_option(struct options *o, int c, const char *arg)
         if (bench_parse_int(arg, 2, 1 << 20, &v)) return bad_value(o, "-f", arg, "an integer >= 2");
         o->factor = (size_t)v;
         return 0;
-    case 'n': case 'w':
+    case 'n':
+    case 'w':
         if (bench_parse_int(arg, c == 'n', MAX_ITERS, &v))
             return bad_value(o, c == 'n' ? "-n" : "-w", arg, c == 'n' ? "1..100000" : "0..100000");
         *(c == 'n' ? &o->iters : &o->warmup) = (int)v;
         return 0;
-    case 'c': case OPT_EF:
+    case 'c':
+    case OPT_EF:
         if (bench_parse_int(arg, 0, 1, &v)) return bad_value(o, c == 'c' ? "-c" : "--ef", arg, "0 or 1");
         *(c == 'c' ? &o->check : &o->ef) = (int)v;
         return 0;
     case 'o':
-        if (strcmp(arg, "sum") == 0) o->op = GCOMP_SUM;
-        else if (strcmp(arg, "avg") == 0) o->op = GCOMP_AVG;
-        else return bad_value(o, "-o", arg, "sum or avg");
+        if (strcmp(arg, "sum") == 0)
+            o->op = GCOMP_SUM;
+        else if (strcmp(arg, "avg") == 0)
+            o->op = GCOMP_AVG;
+        else
+            return bad_value(o, "-o", arg, "sum or avg");
         return 0;
     case 'd':
         return parse_dtype(arg, &o->dtype) ? bad_value(o, "-d", arg, "float, half or bfloat16") : 0;
@@ -204,15 +217,11 @@ static int check_sizes(struct options *o, int max_set)
     size_t esize = gcomp_dtype_size(o->dtype);
     if (!max_set && o->max_bytes < o->min_bytes) o->max_bytes = o->min_bytes;
     if (o->min_bytes > o->max_bytes) {
-        if (o->talk)
-            fprintf(stderr, "allreduce_perf: -b %zu is larger than -e %zu\n", o->min_bytes,
-                    o->max_bytes);
+        if (o->talk) fprintf(stderr, "allreduce_perf: -b %zu is larger than -e %zu\n", o->min_bytes, o->max_bytes);
         return 2;
     }
     if (o->min_bytes < esize || o->max_bytes / esize > INT_MAX) {
-        if (o->talk)
-            fprintf(stderr, "allreduce_perf: sizes must hold 1 to INT_MAX elements of %zu bytes\n",
-                    esize);
+        if (o->talk) fprintf(stderr, "allreduce_perf: sizes must hold 1 to INT_MAX elements of %zu bytes\n", esize);
         return 2;
     }
     return 0;
@@ -222,14 +231,21 @@ static int check_sizes(struct options *o, int max_set)
 static int parse_args(int argc, char **argv, struct options *o)
 {
     static const struct option longopts[] = {
-        {"minbytes", required_argument, 0, 'b'},   {"maxbytes", required_argument, 0, 'e'},
-        {"stepfactor", required_argument, 0, 'f'}, {"iters", required_argument, 0, 'n'},
-        {"warmup_iters", required_argument, 0, 'w'}, {"check", required_argument, 0, 'c'},
-        {"op", required_argument, 0, 'o'},         {"datatype", required_argument, 0, 'd'},
-        {"json", required_argument, 0, 'J'},       {"verbose", no_argument, 0, 'v'},
-        {"codec", required_argument, 0, OPT_CODEC}, {"ef", required_argument, 0, OPT_EF},
-        {"min-bytes", required_argument, 0, OPT_MIN_BYTES}, {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0},
+        { "minbytes", required_argument, 0, 'b' },
+        { "maxbytes", required_argument, 0, 'e' },
+        { "stepfactor", required_argument, 0, 'f' },
+        { "iters", required_argument, 0, 'n' },
+        { "warmup_iters", required_argument, 0, 'w' },
+        { "check", required_argument, 0, 'c' },
+        { "op", required_argument, 0, 'o' },
+        { "datatype", required_argument, 0, 'd' },
+        { "json", required_argument, 0, 'J' },
+        { "verbose", no_argument, 0, 'v' },
+        { "codec", required_argument, 0, OPT_CODEC },
+        { "ef", required_argument, 0, OPT_EF },
+        { "min-bytes", required_argument, 0, OPT_MIN_BYTES },
+        { "help", no_argument, 0, 'h' },
+        { 0, 0, 0, 0 },
     };
     int c, rc, max_set = 0;
     opterr = o->talk;
@@ -285,16 +301,19 @@ static uint64_t rank_stream(int rank) { return mix64(DATA_SEED + GOLDEN * (uint6
 static float grad_value(uint64_t stream, size_t i)
 {
     uint64_t h = mix64(stream + GOLDEN * (uint64_t)i);
-    uint32_t s = (uint32_t)(h & 0xffff) + (uint32_t)((h >> 16) & 0xffff) +
-                 (uint32_t)((h >> 32) & 0xffff) + (uint32_t)(h >> 48);
+    uint32_t s =
+        (uint32_t)(h & 0xffff) + (uint32_t)((h >> 16) & 0xffff) + (uint32_t)((h >> 32) & 0xffff) + (uint32_t)(h >> 48);
     return (float)((((double)s + 2.0) / 65536.0 - 2.0) * 1.7320508075688772);
 }
 
 static void store_value(void *buf, size_t i, float v, gcomp_dtype d)
 {
-    if (d == GCOMP_F16) ((uint16_t *)buf)[i] = gcomp_f32_to_f16(v);
-    else if (d == GCOMP_BF16) ((uint16_t *)buf)[i] = gcomp_f32_to_bf16(v);
-    else ((float *)buf)[i] = v;
+    if (d == GCOMP_F16)
+        ((uint16_t *)buf)[i] = gcomp_f32_to_f16(v);
+    else if (d == GCOMP_BF16)
+        ((uint16_t *)buf)[i] = gcomp_f32_to_bf16(v);
+    else
+        ((float *)buf)[i] = v;
 }
 
 static double load_value(const void *buf, size_t i, gcomp_dtype d)
@@ -351,23 +370,27 @@ static int codec_is(const char *spec, const char *name)
 
 static struct bound make_bound(const char *spec, int n, gcomp_op op, gcomp_dtype dtype)
 {
-    struct bound b = {0};
+    struct bound b = { 0 };
     double slack = 1.00001; /* fp32 summation and scaling in the engine */
-    if (codec_is(spec, "none")) b.s_abs = 1e-5;
+    if (codec_is(spec, "none"))
+        b.s_abs = 1e-5;
     else if (codec_is(spec, "fp16")) {
         /* every hop rounds a partial sum once; subnormals add an absolute 2^-25 each */
         b.s_abs = (n + 1) * 1e-3;
         b.abs = (n + 1) * 0x1p-24;
-    } else if (codec_is(spec, "bf16")) b.s_abs = (n + 1) * 8e-3;
+    } else if (codec_is(spec, "bf16"))
+        b.s_abs = (n + 1) * 8e-3;
     else if (codec_is(spec, "topk")) {
-        b.s_abs = slack;   /* a dropped element loses |x|, a kept one at most that */
+        b.s_abs = slack;     /* a dropped element loses |x|, a kept one at most that */
         b.abs = n * 0x1p-24; /* values=fp16 may flush a kept value to a subnormal */
     } else {
-        b.s_abs = slack;   /* terngrad: |s t - x| <= M + |x| per rank */
+        b.s_abs = slack; /* terngrad: |s t - x| <= M + |x| per rank */
         b.m_max = n * slack;
     }
-    if (dtype == GCOMP_F16) b.out_u = 0x1p-11, b.out_abs = 0x1p-25;
-    else if (dtype == GCOMP_BF16) b.out_u = 0x1p-8;
+    if (dtype == GCOMP_F16)
+        b.out_u = 0x1p-11, b.out_abs = 0x1p-25;
+    else if (dtype == GCOMP_BF16)
+        b.out_u = 0x1p-8;
     b.div = op == GCOMP_AVG ? n : 1;
     return b;
 }
@@ -384,8 +407,7 @@ struct check {
 };
 
 /* Regenerates every rank's input, sums it in fp64 and compares with y element by element. */
-static void check_result(const struct bench *b, const struct bound *bd, size_t count,
-                         double max_x, struct check *out)
+static void check_result(const struct bench *b, const struct bound *bd, size_t count, double max_x, struct check *out)
 {
     uint64_t *streams = b->per_rank;
     double num = 0, den = 0;
@@ -444,8 +466,7 @@ static int count_divergent(const struct bench *b, size_t bytes)
 
 static void die_gcomp(const struct bench *b, const char *what, gcomp_result rc)
 {
-    fprintf(stderr, "allreduce_perf: rank %d: %s: %s (%s)\n", b->rank, what, gcomp_last_error(),
-            gcomp_result_name(rc));
+    fprintf(stderr, "allreduce_perf: rank %d: %s: %s (%s)\n", b->rank, what, gcomp_last_error(), gcomp_result_name(rc));
     MPI_Abort(MPI_COMM_WORLD, 1); /* a failed collective would leave the others hanging */
 }
 
@@ -456,8 +477,7 @@ static void sum_f16(void *in, void *inout, int *len, MPI_Datatype *dt)
     const uint16_t *a = in;
     uint16_t *y = inout;
     (void)dt;
-    for (int i = 0; i < *len; i++)
-        y[i] = gcomp_f32_to_f16(gcomp_f16_to_f32(a[i]) + gcomp_f16_to_f32(y[i]));
+    for (int i = 0; i < *len; i++) y[i] = gcomp_f32_to_f16(gcomp_f16_to_f32(a[i]) + gcomp_f16_to_f32(y[i]));
 }
 
 static void sum_bf16(void *in, void *inout, int *len, MPI_Datatype *dt)
@@ -465,8 +485,7 @@ static void sum_bf16(void *in, void *inout, int *len, MPI_Datatype *dt)
     const uint16_t *a = in;
     uint16_t *y = inout;
     (void)dt;
-    for (int i = 0; i < *len; i++)
-        y[i] = gcomp_f32_to_bf16(gcomp_bf16_to_f32(a[i]) + gcomp_bf16_to_f32(y[i]));
+    for (int i = 0; i < *len; i++) y[i] = gcomp_f32_to_bf16(gcomp_bf16_to_f32(a[i]) + gcomp_bf16_to_f32(y[i]));
 }
 
 static void setup_baseline_op(struct bench *b)
@@ -474,8 +493,10 @@ static void setup_baseline_op(struct bench *b)
     b->own_op = b->o.dtype != GCOMP_F32;
     b->mpi_type = b->own_op ? MPI_UINT16_T : MPI_FLOAT;
     b->mpi_op = MPI_SUM;
-    if (b->o.dtype == GCOMP_F16) MPI_Op_create(sum_f16, 1, &b->mpi_op);
-    else if (b->o.dtype == GCOMP_BF16) MPI_Op_create(sum_bf16, 1, &b->mpi_op);
+    if (b->o.dtype == GCOMP_F16)
+        MPI_Op_create(sum_f16, 1, &b->mpi_op);
+    else if (b->o.dtype == GCOMP_BF16)
+        MPI_Op_create(sum_bf16, 1, &b->mpi_op);
 }
 
 /* MPI has no average: sum, then divide locally (part of the timed call). */
@@ -496,8 +517,7 @@ static void one_call(const struct bench *b, gcomp_comm *comm, size_t count)
         baseline_call(b, count);
         return;
     }
-    gcomp_result rc = gcomp_allreduce(comm, b->send, b->recv, count, b->o.dtype, b->o.op,
-                                      BENCH_KEY, NULL);
+    gcomp_result rc = gcomp_allreduce(comm, b->send, b->recv, count, b->o.dtype, b->o.op, BENCH_KEY, NULL);
     if (rc != GCOMP_SUCCESS) die_gcomp(b, "gcomp_allreduce", rc);
 }
 
@@ -613,15 +633,14 @@ struct peer {
 /* nccl-tests names every rank's host and device; here the "device" is host memory. */
 static void print_ranks(const struct bench *b)
 {
-    struct peer me = {(int)getpid(), ""}, *all = NULL;
+    struct peer me = { (int)getpid(), "" }, *all = NULL;
     gethostname(me.host, sizeof me.host - 1);
     if (b->rank == 0 && !(all = malloc(sizeof *all * (size_t)b->nranks))) return;
     MPI_Gather(&me, (int)sizeof me, MPI_BYTE, all, (int)sizeof me, MPI_BYTE, 0, MPI_COMM_WORLD);
     if (b->rank != 0) return;
     printf("# Using devices\n");
     for (int r = 0; r < b->nranks; r++)
-        printf("#  Rank %2d Group  0 Pid %6d on %10s device host [host memory, MPI]\n", r,
-               all[r].pid, all[r].host);
+        printf("#  Rank %2d Group  0 Pid %6d on %10s device host [host memory, MPI]\n", r, all[r].pid, all[r].host);
     free(all);
 }
 
@@ -631,9 +650,8 @@ static void print_header(const struct bench *b)
     printf("# nThread 1 nGpus 0 minBytes %zu maxBytes %zu step: %zu(factor) warmup iters: %d "
            "iters: %d agg iters: 1 validation: %d graph: 0\n",
            o->min_bytes, o->max_bytes, o->factor, o->warmup, o->iters, o->check);
-    printf("#\n# gcomp %d.%d.%d allreduce_perf: nranks %d, ef %d, min_bytes %lld, codecs:",
-           GCOMP_VERSION_MAJOR, GCOMP_VERSION_MINOR, GCOMP_VERSION_PATCH, b->nranks, o->ef,
-           o->gcomp_min_bytes);
+    printf("#\n# gcomp %d.%d.%d allreduce_perf: nranks %d, ef %d, min_bytes %lld, codecs:", GCOMP_VERSION_MAJOR,
+           GCOMP_VERSION_MINOR, GCOMP_VERSION_PATCH, b->nranks, o->ef, o->gcomp_min_bytes);
     for (size_t i = 0; i < o->ncodecs; i++) printf(" %s", o->codecs[i]);
     printf("\n# baseline: MPI_Allreduce on MPI_COMM_WORLD, same buffers, same run\n#\n");
 }
@@ -642,8 +660,7 @@ static void print_block_header(const struct bench *b, const char *spec)
 {
     gcomp_codec *codec = NULL;
     gcomp_codec_create(spec, NULL, &codec); /* checked at startup */
-    printf("#\n# codec %s (%s), nranks %d\n", spec, codec ? gcomp_codec_spec(codec) : "?",
-           b->nranks);
+    printf("#\n# codec %s (%s), nranks %d\n", spec, codec ? gcomp_codec_spec(codec) : "?", b->nranks);
     gcomp_codec_destroy(codec);
     printf("#                                                    gcomp_allreduce, out-of-place"
            "                                                   MPI_Allreduce\n");
@@ -666,8 +683,8 @@ static void print_row(const struct bench *b, const struct row *r)
     printf("%12zu  %12zu  %8s  %6s  %6d %10.1f %8.3f %8.3f %6s %13.0f %8.2f %10s %10s "
            "%12.1f %8.2f  %s\n",
            r->bytes, r->count, dtype_name(b->o.dtype), op_name(b->o.op), -1, r->time_s * 1e6, bw,
-           bw * bus_factor(b->nranks), wrong, r->wire_bytes, ratio(b, r), rel, max_err,
-           r->base_s * 1e6, r->base_s / r->time_s, gcomp_schedule_name(r->schedule));
+           bw * bus_factor(b->nranks), wrong, r->wire_bytes, ratio(b, r), rel, max_err, r->base_s * 1e6,
+           r->base_s / r->time_s, gcomp_schedule_name(r->schedule));
     if (b->o.verbose)
         printf("#   phases per call, us, each the max over ranks: encode %.1f  comm %.1f  "
                "decode %.1f  (call %.1f)\n",
@@ -678,8 +695,10 @@ static void print_row(const struct bench *b, const struct row *r)
 /* JSON has no inf/nan: a non-finite value is written as null. */
 static void json_num(FILE *f, const char *key, double v)
 {
-    if (isfinite(v)) fprintf(f, ",\"%s\":%.9g", key, v);
-    else fprintf(f, ",\"%s\":null", key);
+    if (isfinite(v))
+        fprintf(f, ",\"%s\":%.9g", key, v);
+    else
+        fprintf(f, ",\"%s\":null", key);
 }
 
 /* Spec strings are plain ASCII without quotes (the parser rejects anything else). */
@@ -687,15 +706,17 @@ static void json_row(const struct bench *b, const struct row *r)
 {
     FILE *f = b->json;
     double bw = algbw(r->bytes, r->time_s), base_bw = algbw(r->bytes, r->base_s);
-    fprintf(f, "{\"size\":%zu,\"count\":%zu,\"type\":\"%s\",\"redop\":\"%s\",\"root\":-1", r->bytes,
-            r->count, dtype_name(b->o.dtype), op_name(b->o.op));
+    fprintf(f, "{\"size\":%zu,\"count\":%zu,\"type\":\"%s\",\"redop\":\"%s\",\"root\":-1", r->bytes, r->count,
+            dtype_name(b->o.dtype), op_name(b->o.op));
     json_num(f, "time_us", r->time_s * 1e6);
     json_num(f, "algbw", bw);
     json_num(f, "busbw", bw * bus_factor(b->nranks));
-    if (r->nwrong < 0) fprintf(f, ",\"nwrong\":null");
-    else fprintf(f, ",\"nwrong\":%lld", r->nwrong);
-    fprintf(f, ",\"codec\":\"%s\",\"schedule\":\"%s\",\"nranks\":%d", r->codec,
-            gcomp_schedule_name(r->schedule), b->nranks);
+    if (r->nwrong < 0)
+        fprintf(f, ",\"nwrong\":null");
+    else
+        fprintf(f, ",\"nwrong\":%lld", r->nwrong);
+    fprintf(f, ",\"codec\":\"%s\",\"schedule\":\"%s\",\"nranks\":%d", r->codec, gcomp_schedule_name(r->schedule),
+            b->nranks);
     json_num(f, "wire_bytes", r->wire_bytes);
     json_num(f, "cr", ratio(b, r));
     json_num(f, "rel_err", r->rel_err);
@@ -706,8 +727,8 @@ static void json_row(const struct bench *b, const struct row *r)
     json_num(f, "encode_us", r->enc_s * 1e6);
     json_num(f, "comm_us", r->comm_s * 1e6);
     json_num(f, "decode_us", r->dec_s * 1e6);
-    fprintf(f, ",\"ef\":%d,\"min_bytes\":%lld,\"iters\":%d,\"warmup\":%d}\n", b->o.ef,
-            b->o.gcomp_min_bytes, b->o.iters, b->o.warmup);
+    fprintf(f, ",\"ef\":%d,\"min_bytes\":%lld,\"iters\":%d,\"warmup\":%d}\n", b->o.ef, b->o.gcomp_min_bytes, b->o.iters,
+            b->o.warmup);
     fflush(f);
 }
 
@@ -727,8 +748,7 @@ static void print_footer(const struct bench *b)
 {
     double n = b->rows ? (double)b->rows : 1.0;
     printf("#\n# MPI_Allreduce avg bus bandwidth : %g\n", b->base_busbw_sum / n);
-    printf("# Out of bounds values : %lld %s\n", b->nwrong_total,
-           b->nwrong_total ? "FAILED" : "OK");
+    printf("# Out of bounds values : %lld %s\n", b->nwrong_total, b->nwrong_total ? "FAILED" : "OK");
     printf("# Avg bus bandwidth    : %g \n#\n", b->busbw_sum / n);
 }
 
@@ -743,8 +763,7 @@ static int open_json(struct bench *b)
     if (b->rank == 0 && b->o.json_path) {
         b->json = fopen(b->o.json_path, "w");
         if (!b->json) {
-            fprintf(stderr, "allreduce_perf: cannot write %s: %s\n", b->o.json_path,
-                    strerror(errno));
+            fprintf(stderr, "allreduce_perf: cannot write %s: %s\n", b->o.json_path, strerror(errno));
             ok = 0;
         }
     }
@@ -798,13 +817,21 @@ static void run_all(struct bench *b)
 
 int main(int argc, char **argv)
 {
-    struct bench b = {0};
+    struct bench b = { 0 };
     MPI_Init(&argc, &argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &b.rank);
     MPI_Comm_size(MPI_COMM_WORLD, &b.nranks);
-    b.o = (struct options){.min_bytes = 64 * MIB, .max_bytes = 64 * MIB, .factor = 2, .iters = 20,
-                           .warmup = 5, .check = 1, .ef = 1, .gcomp_min_bytes = 0,
-                           .op = GCOMP_SUM, .dtype = GCOMP_F32, .talk = b.rank == 0};
+    b.o = (struct options){ .min_bytes = 64 * MIB,
+                            .max_bytes = 64 * MIB,
+                            .factor = 2,
+                            .iters = 20,
+                            .warmup = 5,
+                            .check = 1,
+                            .ef = 1,
+                            .gcomp_min_bytes = 0,
+                            .op = GCOMP_SUM,
+                            .dtype = GCOMP_F32,
+                            .talk = b.rank == 0 };
     int rc = parse_args(argc, argv, &b.o);
     if (rc < 0) rc = check_codecs(&b.o) ? 2 : -1;
     if (rc >= 0) { /* -h or bad usage: nothing was allocated */

@@ -27,10 +27,23 @@ static inline int bench_parse_size(const char *s, size_t *out)
     v = strtoull(s, &end, 10);
     if (errno || end == s || *s == '-') return -1;
     switch (*end) {
-    case 'k': case 'K': mult = KIB; end++; break;
-    case 'm': case 'M': mult = MIB; end++; break;
-    case 'g': case 'G': mult = GIB; end++; break;
-    default: break;
+    case 'k':
+    case 'K':
+        mult = KIB;
+        end++;
+        break;
+    case 'm':
+    case 'M':
+        mult = MIB;
+        end++;
+        break;
+    case 'g':
+    case 'G':
+        mult = GIB;
+        end++;
+        break;
+    default:
+        break;
     }
     if (mult > 1 && (strcmp(end, "iB") == 0 || strcmp(end, "B") == 0)) end += strlen(end);
     if (*end != '\0' || v > SIZE_MAX / mult) return -1;

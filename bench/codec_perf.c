@@ -38,15 +38,22 @@
 #define MAX_REPS 100000L
 
 static const char *const default_specs[] = {
-    "none", "fp16", "bf16", "terngrad", "terngrad:bucket=4096", "topk:ratio=0.01",
-    "topk:ratio=0.001", "topk:ratio=0.01,values=fp16", "fp16+zstd:level=1",
+    "none",
+    "fp16",
+    "bf16",
+    "terngrad",
+    "terngrad:bucket=4096",
+    "topk:ratio=0.01",
+    "topk:ratio=0.001",
+    "topk:ratio=0.01,values=fp16",
+    "fp16+zstd:level=1",
 };
 
 /* Allocated once at the largest size and reused by every row (smaller sizes use a prefix). */
 struct buffers {
-    float *grad;  /* the input tensor */
-    float *acc;   /* fp32 accumulator for decode_add */
-    void *copy;   /* memcpy destination */
+    float *grad; /* the input tensor */
+    float *acc;  /* fp32 accumulator for decode_add */
+    void *copy;  /* memcpy destination */
     void *payload;
     size_t payload_cap;
 };
@@ -65,75 +72,75 @@ struct row {
 static void usage(FILE *f, const char *prog)
 {
     fprintf(f,
-        "usage: %s [options] [SPEC ...]\n"
-        "\n"
-        "Measures gcomp codecs on one CPU thread: compression ratio, relative error, encode and\n"
-        "decode time and bandwidth, against memcpy of the same buffer in the same run.\n"
-        "With --device cuda: the same on GPU buffers, against cudaMemcpyAsync device to device.\n"
-        "\n"
-        "SPEC is a codec spec such as 'topk:ratio=0.01,values=fp16' or 'fp16+zstd:level=1'\n"
-        "(positional, or repeated --codec SPEC). Default: none fp16 bf16 terngrad\n"
-        "terngrad:bucket=4096 topk:ratio=0.01 topk:ratio=0.001 topk:ratio=0.01,values=fp16\n"
-        "fp16+zstd:level=1.\n"
-        "\n"
-        "Sizes (bytes of fp32 data, multiples of 4; suffixes K, M, G are powers of 1024):\n"
-        "  -b, --minbytes SIZE   smallest size (default 64M)\n"
-        "  -e, --maxbytes SIZE   largest size (default 64M); with only one of -b/-e given the\n"
-        "                        other follows it if needed\n"
-        "  -f, --stepfactor N    multiply the size by N (integer >= 2) between rows (default 2)\n"
-        "  -s, --size SIZE       one size only (same as -b SIZE -e SIZE)\n"
-        "  With --device cuda and none of -b/-e/-s/-f: 16M 64M 256M 1G (-b 16M -e 1G -f 4).\n"
-        "\n"
-        "Device:\n"
-        "  --device cpu|cuda     cpu (default): host buffers, one thread. cuda: buffers on the\n"
-        "                        current CUDA device; calls run on a stream and are timed with\n"
-        "                        CUDA events (encode with gcomp_codec_encode_async, decode with\n"
-        "                        gcomp_codec_decode_add_async), memcpy is cudaMemcpyAsync device\n"
-        "                        to device. Before timing a spec, its device payloads, residual\n"
-        "                        and decode are compared byte for byte with the CPU reference\n"
-        "                        (two steps of error feedback at the first size); a spec that\n"
-        "                        differs is reported and not timed (exit status 1). Specs the\n"
-        "                        device path does not support (+zstd) are skipped with a note.\n"
-        "\n"
-        "Timing:\n"
-        "  -n, --iters N         timed samples (1..%d, default 5)\n"
-        "  -w, --warmup N        untimed calls before the samples (default 1); they also size\n"
-        "                        the samples: a sample repeats the call until it lasts >= 1 ms\n"
-        "      --stat median|best  which sample is reported (default median)\n"
-        "\n"
-        "Data and codec:\n"
-        "  --dist gauss|heavy    gauss: N(0,1) (default); heavy: Student-t, 3 degrees of freedom.\n"
-        "                        Deterministic (fixed seed), the same tensor for every codec.\n"
-        "  --scale X             multiply the data by X (default 1), e.g. 1e-4 to see fp16\n"
-        "                        underflow on realistic gradient magnitudes\n"
-        "  --ef 0|1              1 (default): encode with a key so error feedback is on; the\n"
-        "                        timed calls run in steady state (the residual exists).\n"
-        "                        0: encode with GCOMP_KEY_NONE (no residual).\n"
-        "\n"
-        "Output:\n"
-        "  --json                one JSON object per row, one per line, instead of the table\n"
-        "  --json-out FILE       also write those JSON lines to FILE (with the table or --json)\n"
-        "  -h, --help            this text\n"
-        "\n"
-        "Columns:\n"
-        "  cr        raw bytes / wire bytes (headers included)\n"
-        "  rel_err   ||x - x^|| / ||x|| in double, x^ decoded (decode_add into zeros) from the\n"
-        "            FIRST encode of the tensor in a fresh codec object, i.e. with a zero\n"
-        "            residual: the codec's own error, not the error-feedback state. cr and\n"
-        "            wire_bytes are of the same payload.\n"
-        "  enc_ms, dec_ms   time of one call (median or best sample)\n"
-        "  *_GB/s    charged bytes / time / 1e9, each byte charged once:\n"
-        "              encode = gradient read + payload write\n"
-        "                       (+ residual read + residual write with --ef 1)\n"
-        "              decode = payload read + fp32 accumulator read + accumulator write\n"
-        "                       (the whole accumulator, even for sparse codecs)\n"
-        "              memcpy = source read + destination write = 2 x size\n"
-        "  enc/memcpy  enc_GB/s / memcpy_GB/s (JSON key enc_vs_memcpy)\n"
-        "  cuda mode: copy_GB/s is the device-to-device copy, enc/copy and dec/copy the ratios\n"
-        "            (JSON keys copy_GBps, enc_ratio, dec_ratio; enc_GBps, dec_GBps; device)\n"
-        "\n"
-        "Exit status: 0 ok, 1 a codec call failed, 2 bad usage or a bad spec.\n",
-        prog, MAX_ITERS);
+            "usage: %s [options] [SPEC ...]\n"
+            "\n"
+            "Measures gcomp codecs on one CPU thread: compression ratio, relative error, encode and\n"
+            "decode time and bandwidth, against memcpy of the same buffer in the same run.\n"
+            "With --device cuda: the same on GPU buffers, against cudaMemcpyAsync device to device.\n"
+            "\n"
+            "SPEC is a codec spec such as 'topk:ratio=0.01,values=fp16' or 'fp16+zstd:level=1'\n"
+            "(positional, or repeated --codec SPEC). Default: none fp16 bf16 terngrad\n"
+            "terngrad:bucket=4096 topk:ratio=0.01 topk:ratio=0.001 topk:ratio=0.01,values=fp16\n"
+            "fp16+zstd:level=1.\n"
+            "\n"
+            "Sizes (bytes of fp32 data, multiples of 4; suffixes K, M, G are powers of 1024):\n"
+            "  -b, --minbytes SIZE   smallest size (default 64M)\n"
+            "  -e, --maxbytes SIZE   largest size (default 64M); with only one of -b/-e given the\n"
+            "                        other follows it if needed\n"
+            "  -f, --stepfactor N    multiply the size by N (integer >= 2) between rows (default 2)\n"
+            "  -s, --size SIZE       one size only (same as -b SIZE -e SIZE)\n"
+            "  With --device cuda and none of -b/-e/-s/-f: 16M 64M 256M 1G (-b 16M -e 1G -f 4).\n"
+            "\n"
+            "Device:\n"
+            "  --device cpu|cuda     cpu (default): host buffers, one thread. cuda: buffers on the\n"
+            "                        current CUDA device; calls run on a stream and are timed with\n"
+            "                        CUDA events (encode with gcomp_codec_encode_async, decode with\n"
+            "                        gcomp_codec_decode_add_async), memcpy is cudaMemcpyAsync device\n"
+            "                        to device. Before timing a spec, its device payloads, residual\n"
+            "                        and decode are compared byte for byte with the CPU reference\n"
+            "                        (two steps of error feedback at the first size); a spec that\n"
+            "                        differs is reported and not timed (exit status 1). Specs the\n"
+            "                        device path does not support (+zstd) are skipped with a note.\n"
+            "\n"
+            "Timing:\n"
+            "  -n, --iters N         timed samples (1..%d, default 5)\n"
+            "  -w, --warmup N        untimed calls before the samples (default 1); they also size\n"
+            "                        the samples: a sample repeats the call until it lasts >= 1 ms\n"
+            "      --stat median|best  which sample is reported (default median)\n"
+            "\n"
+            "Data and codec:\n"
+            "  --dist gauss|heavy    gauss: N(0,1) (default); heavy: Student-t, 3 degrees of freedom.\n"
+            "                        Deterministic (fixed seed), the same tensor for every codec.\n"
+            "  --scale X             multiply the data by X (default 1), e.g. 1e-4 to see fp16\n"
+            "                        underflow on realistic gradient magnitudes\n"
+            "  --ef 0|1              1 (default): encode with a key so error feedback is on; the\n"
+            "                        timed calls run in steady state (the residual exists).\n"
+            "                        0: encode with GCOMP_KEY_NONE (no residual).\n"
+            "\n"
+            "Output:\n"
+            "  --json                one JSON object per row, one per line, instead of the table\n"
+            "  --json-out FILE       also write those JSON lines to FILE (with the table or --json)\n"
+            "  -h, --help            this text\n"
+            "\n"
+            "Columns:\n"
+            "  cr        raw bytes / wire bytes (headers included)\n"
+            "  rel_err   ||x - x^|| / ||x|| in double, x^ decoded (decode_add into zeros) from the\n"
+            "            FIRST encode of the tensor in a fresh codec object, i.e. with a zero\n"
+            "            residual: the codec's own error, not the error-feedback state. cr and\n"
+            "            wire_bytes are of the same payload.\n"
+            "  enc_ms, dec_ms   time of one call (median or best sample)\n"
+            "  *_GB/s    charged bytes / time / 1e9, each byte charged once:\n"
+            "              encode = gradient read + payload write\n"
+            "                       (+ residual read + residual write with --ef 1)\n"
+            "              decode = payload read + fp32 accumulator read + accumulator write\n"
+            "                       (the whole accumulator, even for sparse codecs)\n"
+            "              memcpy = source read + destination write = 2 x size\n"
+            "  enc/memcpy  enc_GB/s / memcpy_GB/s (JSON key enc_vs_memcpy)\n"
+            "  cuda mode: copy_GB/s is the device-to-device copy, enc/copy and dec/copy the ratios\n"
+            "            (JSON keys copy_GBps, enc_ratio, dec_ratio; enc_GBps, dec_GBps; device)\n"
+            "\n"
+            "Exit status: 0 ok, 1 a codec call failed, 2 bad usage or a bad spec.\n",
+            prog, MAX_ITERS);
 }
 
 /* Sizes, integers and the message for a bad value: bench_util.h, shared with allreduce_perf. */
@@ -152,7 +159,16 @@ static int add_spec(struct config *cfg, const char *prog, const char *spec)
     return 0;
 }
 
-enum { OPT_EF = 256, OPT_DIST, OPT_JSON, OPT_JSON_OUT, OPT_CODEC, OPT_STAT, OPT_SCALE, OPT_DEVICE };
+enum {
+    OPT_EF = 256,
+    OPT_DIST,
+    OPT_JSON,
+    OPT_JSON_OUT,
+    OPT_CODEC,
+    OPT_STAT,
+    OPT_SCALE,
+    OPT_DEVICE
+};
 
 /* One option; returns 0, or the exit status (2) on a bad value. */
 static int parse_option(struct config *cfg, const char *prog, int c, const char *arg)
@@ -191,14 +207,20 @@ static int parse_option(struct config *cfg, const char *prog, int c, const char 
         cfg->ef = (int)v;
         return 0;
     case OPT_DIST:
-        if (strcmp(arg, "gauss") == 0) cfg->dist = DIST_GAUSS;
-        else if (strcmp(arg, "heavy") == 0) cfg->dist = DIST_HEAVY;
-        else return bad_value(prog, "--dist", arg, "gauss or heavy");
+        if (strcmp(arg, "gauss") == 0)
+            cfg->dist = DIST_GAUSS;
+        else if (strcmp(arg, "heavy") == 0)
+            cfg->dist = DIST_HEAVY;
+        else
+            return bad_value(prog, "--dist", arg, "gauss or heavy");
         return 0;
     case OPT_STAT:
-        if (strcmp(arg, "median") == 0) cfg->stat = STAT_MEDIAN;
-        else if (strcmp(arg, "best") == 0) cfg->stat = STAT_BEST;
-        else return bad_value(prog, "--stat", arg, "median or best");
+        if (strcmp(arg, "median") == 0)
+            cfg->stat = STAT_MEDIAN;
+        else if (strcmp(arg, "best") == 0)
+            cfg->stat = STAT_BEST;
+        else
+            return bad_value(prog, "--stat", arg, "median or best");
         return 0;
     case OPT_SCALE:
         errno = 0;
@@ -207,9 +229,12 @@ static int parse_option(struct config *cfg, const char *prog, int c, const char 
             return bad_value(prog, "--scale", arg, "a positive finite number");
         return 0;
     case OPT_DEVICE:
-        if (strcmp(arg, "cpu") == 0) cfg->device = DEVICE_CPU;
-        else if (strcmp(arg, "cuda") == 0) cfg->device = DEVICE_CUDA;
-        else return bad_value(prog, "--device", arg, "cpu or cuda");
+        if (strcmp(arg, "cpu") == 0)
+            cfg->device = DEVICE_CPU;
+        else if (strcmp(arg, "cuda") == 0)
+            cfg->device = DEVICE_CUDA;
+        else
+            return bad_value(prog, "--device", arg, "cpu or cuda");
         return 0;
     case OPT_JSON:
         cfg->json = 1;
@@ -228,20 +253,19 @@ static int parse_option(struct config *cfg, const char *prog, int c, const char 
 static int check_sizes(struct config *cfg, const char *prog)
 {
     if (cfg->min_bytes > cfg->max_bytes) {
-        if (cfg->min_set && !cfg->max_set) cfg->max_bytes = cfg->min_bytes;
-        else if (cfg->max_set && !cfg->min_set) cfg->min_bytes = cfg->max_bytes;
+        if (cfg->min_set && !cfg->max_set)
+            cfg->max_bytes = cfg->min_bytes;
+        else if (cfg->max_set && !cfg->min_set)
+            cfg->min_bytes = cfg->max_bytes;
         else {
-            fprintf(stderr, "%s: -b %zu is larger than -e %zu\n", prog, cfg->min_bytes,
-                    cfg->max_bytes);
+            fprintf(stderr, "%s: -b %zu is larger than -e %zu\n", prog, cfg->min_bytes, cfg->max_bytes);
             return 2;
         }
     }
-    size_t sz[2] = {cfg->min_bytes, cfg->max_bytes};
+    size_t sz[2] = { cfg->min_bytes, cfg->max_bytes };
     for (int i = 0; i < 2; i++) {
         if (sz[i] == 0 || sz[i] % sizeof(float) != 0) {
-            fprintf(stderr,
-                    "%s: size %zu bytes is not a positive multiple of 4 (the data is fp32)\n",
-                    prog, sz[i]);
+            fprintf(stderr, "%s: size %zu bytes is not a positive multiple of 4 (the data is fp32)\n", prog, sz[i]);
             return 2;
         }
     }
@@ -252,15 +276,22 @@ static int check_sizes(struct config *cfg, const char *prog)
 static int parse_args(int argc, char **argv, struct config *cfg)
 {
     static const struct option longopts[] = {
-        {"minbytes", required_argument, 0, 'b'}, {"maxbytes", required_argument, 0, 'e'},
-        {"stepfactor", required_argument, 0, 'f'}, {"size", required_argument, 0, 's'},
-        {"iters", required_argument, 0, 'n'},    {"warmup", required_argument, 0, 'w'},
-        {"ef", required_argument, 0, OPT_EF},     {"dist", required_argument, 0, OPT_DIST},
-        {"stat", required_argument, 0, OPT_STAT}, {"scale", required_argument, 0, OPT_SCALE},
-        {"codec", required_argument, 0, OPT_CODEC}, {"json", no_argument, 0, OPT_JSON},
-        {"device", required_argument, 0, OPT_DEVICE}, {"json-out", required_argument, 0, OPT_JSON_OUT},
-        {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0},
+        { "minbytes", required_argument, 0, 'b' },
+        { "maxbytes", required_argument, 0, 'e' },
+        { "stepfactor", required_argument, 0, 'f' },
+        { "size", required_argument, 0, 's' },
+        { "iters", required_argument, 0, 'n' },
+        { "warmup", required_argument, 0, 'w' },
+        { "ef", required_argument, 0, OPT_EF },
+        { "dist", required_argument, 0, OPT_DIST },
+        { "stat", required_argument, 0, OPT_STAT },
+        { "scale", required_argument, 0, OPT_SCALE },
+        { "codec", required_argument, 0, OPT_CODEC },
+        { "json", no_argument, 0, OPT_JSON },
+        { "device", required_argument, 0, OPT_DEVICE },
+        { "json-out", required_argument, 0, OPT_JSON_OUT },
+        { "help", no_argument, 0, 'h' },
+        { 0, 0, 0, 0 },
     };
     const char *prog = argv[0];
     int c, rc;
@@ -288,8 +319,10 @@ static int parse_args(int argc, char **argv, struct config *cfg)
     }
 #ifndef GCOMP_BENCH_CUDA
     if (cfg->device == DEVICE_CUDA) {
-        fprintf(stderr, "%s: --device cuda: this codec_perf was built without CUDA "
-                        "(configure with -DGCOMP_WITH_CUDA=ON)\n", prog);
+        fprintf(stderr,
+                "%s: --device cuda: this codec_perf was built without CUDA "
+                "(configure with -DGCOMP_WITH_CUDA=ON)\n",
+                prog);
         return 2;
     }
 #endif
@@ -331,8 +364,7 @@ static double student_t3(uint64_t *s)
 void fill_data(float *x, size_t count, enum dist dist, double scale)
 {
     uint64_t s = DATA_SEED;
-    for (size_t i = 0; i < count; i++)
-        x[i] = (float)(scale * (dist == DIST_HEAVY ? student_t3(&s) : normal(&s)));
+    for (size_t i = 0; i < count; i++) x[i] = (float)(scale * (dist == DIST_HEAVY ? student_t3(&s) : normal(&s)));
 }
 
 double rel_error(const float *x, const float *xhat, size_t count)
@@ -386,8 +418,7 @@ struct copy_ctx {
 static int op_encode(void *p)
 {
     struct enc_ctx *c = p;
-    return gcomp_codec_encode(c->codec, c->key, c->src, c->count, GCOMP_F32, c->dst, c->cap,
-                              &c->written);
+    return gcomp_codec_encode(c->codec, c->key, c->src, c->count, GCOMP_F32, c->dst, c->cap, &c->written);
 }
 
 static int op_decode(void *p)
@@ -470,16 +501,16 @@ static int first_encode(struct enc_ctx *enc, float *acc, struct row *row)
 double gbps(double bytes, double s) { return s > 0 ? bytes / s / 1e9 : 0.0; }
 
 /* Fills row; returns 0, or the failing call's result (gcomp_last_error() has the detail). */
-static int run_row(const struct config *cfg, struct buffers *buf, const char *spec,
-                   size_t bytes, struct row *row)
+static int run_row(const struct config *cfg, struct buffers *buf, const char *spec, size_t bytes, struct row *row)
 {
     size_t count = bytes / sizeof(float);
     gcomp_codec *codec = make_codec(spec, cfg->ef);
     if (!codec) return GCOMP_ERR_INVALID_SPEC;
-    struct enc_ctx enc = {codec, cfg->ef ? BENCH_KEY : GCOMP_KEY_NONE, buf->grad, count,
-                          buf->payload, buf->payload_cap, 0};
-    struct copy_ctx cpy = {buf->copy, buf->grad, bytes};
-    struct dec_ctx dec = {codec, buf->payload, 0, buf->acc, count};
+    struct enc_ctx enc = {
+        codec, cfg->ef ? BENCH_KEY : GCOMP_KEY_NONE, buf->grad, count, buf->payload, buf->payload_cap, 0
+    };
+    struct copy_ctx cpy = { buf->copy, buf->grad, bytes };
+    struct dec_ctx dec = { codec, buf->payload, 0, buf->acc, count };
     int rc = first_encode(&enc, buf->acc, row);
     if (rc) goto out;
     rc = -1; /* time_op failure: the codec call set gcomp_last_error() */
@@ -543,7 +574,7 @@ static int alloc_buffers(struct buffers *b, size_t bytes, size_t payload_cap)
 
 static void read_cpu_model(char *out, size_t n)
 {
-    static const char *const keys[] = {"model name", "Hardware", "cpu model", "Processor"};
+    static const char *const keys[] = { "model name", "Hardware", "cpu model", "Processor" };
     char line[512];
     snprintf(out, n, "unknown CPU");
     FILE *f = fopen("/proc/cpuinfo", "r");
@@ -587,10 +618,14 @@ const char *dist_name(enum dist d) { return d == DIST_HEAVY ? "heavy" : "gauss";
 
 void fmt_size(size_t bytes, char *out, size_t n)
 {
-    if (bytes % GIB == 0) snprintf(out, n, "%zuG", bytes / GIB);
-    else if (bytes % MIB == 0) snprintf(out, n, "%zuM", bytes / MIB);
-    else if (bytes % KIB == 0) snprintf(out, n, "%zuK", bytes / KIB);
-    else snprintf(out, n, "%zu", bytes);
+    if (bytes % GIB == 0)
+        snprintf(out, n, "%zuG", bytes / GIB);
+    else if (bytes % MIB == 0)
+        snprintf(out, n, "%zuM", bytes / MIB);
+    else if (bytes % KIB == 0)
+        snprintf(out, n, "%zuK", bytes / KIB);
+    else
+        snprintf(out, n, "%zu", bytes);
 }
 
 int spec_width(const struct config *cfg)
@@ -603,26 +638,24 @@ int spec_width(const struct config *cfg)
 
 static void print_header(const struct config *cfg, const struct machine *m)
 {
-    printf("# codec_perf: gcomp %d.%d.%d | %s (%s), nproc %ld | 1 thread\n", GCOMP_VERSION_MAJOR,
-           GCOMP_VERSION_MINOR, GCOMP_VERSION_PATCH, m->cpu, m->arch, m->nproc);
-    printf("# ef=%d dist=%s scale=%g iters=%d warmup=%d stat=%s\n", cfg->ef,
-           dist_name(cfg->dist), cfg->scale, cfg->iters, cfg->warmup,
-           cfg->stat == STAT_BEST ? "best" : "median");
+    printf("# codec_perf: gcomp %d.%d.%d | %s (%s), nproc %ld | 1 thread\n", GCOMP_VERSION_MAJOR, GCOMP_VERSION_MINOR,
+           GCOMP_VERSION_PATCH, m->cpu, m->arch, m->nproc);
+    printf("# ef=%d dist=%s scale=%g iters=%d warmup=%d stat=%s\n", cfg->ef, dist_name(cfg->dist), cfg->scale,
+           cfg->iters, cfg->warmup, cfg->stat == STAT_BEST ? "best" : "median");
     printf("# GB/s charges each byte once: enc = grad + payload%s, dec = payload + 2 x acc, "
            "memcpy = 2 x size\n",
            cfg->ef ? " + 2 x residual" : "");
-    printf("%-*s %6s %8s %10s %11s %11s %9s %9s %11s %10s\n", spec_width(cfg), "spec", "size", "cr",
-           "rel_err", "enc_ms", "dec_ms", "enc_GB/s", "dec_GB/s", "memcpy_GB/s", "enc/memcpy");
+    printf("%-*s %6s %8s %10s %11s %11s %9s %9s %11s %10s\n", spec_width(cfg), "spec", "size", "cr", "rel_err",
+           "enc_ms", "dec_ms", "enc_GB/s", "dec_GB/s", "memcpy_GB/s", "enc/memcpy");
 }
 
 static void print_row_table(const struct config *cfg, const struct row *r)
 {
     char size[32];
     fmt_size(r->bytes, size, sizeof size);
-    printf("%-*s %6s %8.2f %10.3e %11.6f %11.6f %9.2f %9.2f %11.2f %10.3f\n", spec_width(cfg),
-           r->spec, size, (double)r->bytes / (double)r->wire_bytes, r->rel_err, r->enc_s * 1e3,
-           r->dec_s * 1e3, r->enc_gbps, r->dec_gbps, r->memcpy_gbps,
-           r->memcpy_gbps > 0 ? r->enc_gbps / r->memcpy_gbps : 0.0);
+    printf("%-*s %6s %8.2f %10.3e %11.6f %11.6f %9.2f %9.2f %11.2f %10.3f\n", spec_width(cfg), r->spec, size,
+           (double)r->bytes / (double)r->wire_bytes, r->rel_err, r->enc_s * 1e3, r->dec_s * 1e3, r->enc_gbps,
+           r->dec_gbps, r->memcpy_gbps, r->memcpy_gbps > 0 ? r->enc_gbps / r->memcpy_gbps : 0.0);
 }
 
 void json_string(FILE *f, const char *key, const char *s)
@@ -630,9 +663,12 @@ void json_string(FILE *f, const char *key, const char *s)
     fprintf(f, "\"%s\":\"", key);
     for (; *s; s++) {
         unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
-        else if (c < 0x20) fprintf(f, "\\u%04x", c);
-        else fputc(c, f);
+        if (c == '"' || c == '\\')
+            fprintf(f, "\\%c", c);
+        else if (c < 0x20)
+            fprintf(f, "\\u%04x", c);
+        else
+            fputc(c, f);
     }
     fputc('"', f);
 }
@@ -640,14 +676,15 @@ void json_string(FILE *f, const char *key, const char *s)
 /* JSON has no inf/nan: a non-finite value (a broken codec) is written as null. */
 void json_number(FILE *f, const char *key, double v)
 {
-    if (isfinite(v)) fprintf(f, ",\"%s\":%.6g", key, v);
-    else fprintf(f, ",\"%s\":null", key);
+    if (isfinite(v))
+        fprintf(f, ",\"%s\":%.6g", key, v);
+    else
+        fprintf(f, ",\"%s\":null", key);
 }
 
 /* Every row carries the machine and settings, so a line pasted alone still says where and
  * how it ran. */
-static void print_row_json(FILE *f, const struct config *cfg, const struct machine *m,
-                           const struct row *r)
+static void print_row_json(FILE *f, const struct config *cfg, const struct machine *m, const struct row *r)
 {
     fputc('{', f);
     json_string(f, "spec", r->spec);
@@ -664,8 +701,7 @@ static void print_row_json(FILE *f, const struct config *cfg, const struct machi
     json_string(f, "dist", dist_name(cfg->dist));
     fprintf(f, ",\"scale\":%g,\"iters\":%d,\"warmup\":%d,", cfg->scale, cfg->iters, cfg->warmup);
     json_string(f, "stat", cfg->stat == STAT_BEST ? "best" : "median");
-    fprintf(f, ",\"gcomp_version\":\"%d.%d.%d\",", GCOMP_VERSION_MAJOR, GCOMP_VERSION_MINOR,
-           GCOMP_VERSION_PATCH);
+    fprintf(f, ",\"gcomp_version\":\"%d.%d.%d\",", GCOMP_VERSION_MAJOR, GCOMP_VERSION_MINOR, GCOMP_VERSION_PATCH);
     json_string(f, "cpu", m->cpu);
     fprintf(f, ",\"nproc\":%ld}\n", m->nproc);
 }
@@ -686,23 +722,24 @@ void progress_done(size_t bytes)
 
 /* ---------------------------------------------------------------------------------------- */
 
-static int run_all(const struct config *cfg, struct buffers *buf, const struct machine *m,
-                   FILE *json_out, const char *prog)
+static int run_all(const struct config *cfg, struct buffers *buf, const struct machine *m, FILE *json_out,
+                   const char *prog)
 {
     if (!cfg->json) print_header(cfg, m);
     for (size_t i = 0; i < cfg->nspecs; i++) {
         for (size_t bytes = cfg->min_bytes; bytes <= cfg->max_bytes; bytes *= cfg->factor) {
-            struct row row = {0};
+            struct row row = { 0 };
             progress("running", cfg->specs[i], bytes);
             int rc = run_row(cfg, buf, cfg->specs[i], bytes, &row);
             progress_done(bytes);
             if (rc) {
-                fprintf(stderr, "%s: %s at %zu bytes: %s\n", prog, cfg->specs[i], bytes,
-                        gcomp_last_error());
+                fprintf(stderr, "%s: %s at %zu bytes: %s\n", prog, cfg->specs[i], bytes, gcomp_last_error());
                 return 1;
             }
-            if (cfg->json) print_row_json(stdout, cfg, m, &row);
-            else print_row_table(cfg, &row);
+            if (cfg->json)
+                print_row_json(stdout, cfg, m, &row);
+            else
+                print_row_table(cfg, &row);
             if (json_out) print_row_json(json_out, cfg, m, &row);
             fflush(stdout);
             if (json_out) fflush(json_out);
@@ -714,9 +751,15 @@ static int run_all(const struct config *cfg, struct buffers *buf, const struct m
 
 int main(int argc, char **argv)
 {
-    struct config cfg = {.min_bytes = 64 * MIB, .max_bytes = 64 * MIB, .factor = 2,
-                         .iters = 5, .warmup = 1, .ef = 1, .dist = DIST_GAUSS,
-                         .stat = STAT_MEDIAN, .scale = 1.0};
+    struct config cfg = { .min_bytes = 64 * MIB,
+                          .max_bytes = 64 * MIB,
+                          .factor = 2,
+                          .iters = 5,
+                          .warmup = 1,
+                          .ef = 1,
+                          .dist = DIST_GAUSS,
+                          .stat = STAT_MEDIAN,
+                          .scale = 1.0 };
     int rc = parse_args(argc, argv, &cfg);
     if (rc >= 0) return rc;
 
@@ -738,7 +781,7 @@ int main(int argc, char **argv)
     }
 #endif
 
-    struct buffers buf = {0};
+    struct buffers buf = { 0 };
     if (alloc_buffers(&buf, cfg.max_bytes, payload_cap)) {
         fprintf(stderr, "%s: out of memory for %zu-byte buffers\n", argv[0], cfg.max_bytes);
         free_buffers(&buf);

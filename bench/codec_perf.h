@@ -16,9 +16,18 @@
 #define MAX_SPECS 64
 #define BENCH_KEY 1 /* any key but GCOMP_KEY_NONE enables the residual */
 
-enum dist { DIST_GAUSS, DIST_HEAVY };
-enum stat { STAT_MEDIAN, STAT_BEST };
-enum device { DEVICE_CPU, DEVICE_CUDA };
+enum dist {
+    DIST_GAUSS,
+    DIST_HEAVY
+};
+enum stat {
+    STAT_MEDIAN,
+    STAT_BEST
+};
+enum device {
+    DEVICE_CPU,
+    DEVICE_CUDA
+};
 
 struct config {
     const char *specs[MAX_SPECS];
@@ -62,7 +71,7 @@ void progress_done(size_t bytes);
 
 /* The --device cuda run: every spec and size on device buffers. payload_cap fits every spec's
  * payload at the largest size. Returns the exit status (0 ok, 1 a failure). */
-int codec_perf_cuda(const struct config *cfg, const struct machine *m, size_t payload_cap,
-                    FILE *json_out, const char *prog);
+int codec_perf_cuda(const struct config *cfg, const struct machine *m, size_t payload_cap, FILE *json_out,
+                    const char *prog);
 
 #endif /* GCOMP_BENCH_CODEC_PERF_H */

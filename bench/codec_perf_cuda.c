@@ -100,8 +100,7 @@ struct dcopy {
 static int dop_encode(void *p, cudaStream_t stream)
 {
     struct denc *c = p;
-    return gcomp_codec_encode_async(c->codec, c->key, c->src, c->count, GCOMP_F32, c->dst, c->cap,
-                                    &c->written, stream);
+    return gcomp_codec_encode_async(c->codec, c->key, c->src, c->count, GCOMP_F32, c->dst, c->cap, &c->written, stream);
 }
 
 static int dop_decode(void *p, cudaStream_t stream)
@@ -162,7 +161,11 @@ static double time_dop(dop_fn fn, void *ctx, const struct config *cfg, struct gp
 /* The check against the CPU reference                                                       */
 /* ---------------------------------------------------------------------------------------- */
 
-enum check { CHECK_OK, CHECK_FAILED, CHECK_UNSUPPORTED };
+enum check {
+    CHECK_OK,
+    CHECK_FAILED,
+    CHECK_UNSUPPORTED
+};
 
 /* Index of the first differing byte, or n when equal. */
 static size_t first_diff(const void *a, const void *b, size_t n)
@@ -174,13 +177,12 @@ static size_t first_diff(const void *a, const void *b, size_t n)
 }
 
 /* The first differing float of two arrays as a message; 0 when equal. */
-static int floats_differ(const char *what, const float *dev, const float *cpu, size_t count,
-                         char *msg, size_t cap)
+static int floats_differ(const char *what, const float *dev, const float *cpu, size_t count, char *msg, size_t cap)
 {
     size_t i = first_diff(dev, cpu, count * sizeof(float)) / sizeof(float);
     if (i >= count) return 0;
-    snprintf(msg, cap, "%s element %zu of %zu differs: device %a, CPU %a", what, i, count,
-             (double)dev[i], (double)cpu[i]);
+    snprintf(msg, cap, "%s element %zu of %zu differs: device %a, CPU %a", what, i, count, (double)dev[i],
+             (double)cpu[i]);
     return 1;
 }
 
@@ -192,39 +194,34 @@ struct check_bufs {
 };
 
 /* One encode step on both sides; their payload sizes must match and the bytes be equal. */
-static enum check check_encode_step(struct check_bufs *k, struct dbuffers *b, struct gpu *d,
-                                    int step, size_t *written, char *msg, size_t cap)
+static enum check check_encode_step(struct check_bufs *k, struct dbuffers *b, struct gpu *d, int step, size_t *written,
+                                    char *msg, size_t cap)
 {
     size_t wc = 0, wd = 0;
-    int rc = gcomp_codec_encode(k->cpu, BENCH_KEY, b->host_grad, k->count, GCOMP_F32,
-                                k->cpu_payload, k->cap, &wc);
+    int rc = gcomp_codec_encode(k->cpu, BENCH_KEY, b->host_grad, k->count, GCOMP_F32, k->cpu_payload, k->cap, &wc);
     if (rc) {
         snprintf(msg, cap, "CPU encode step %d: %s", step, gcomp_last_error());
         return CHECK_FAILED;
     }
-    rc = gcomp_codec_encode_async(k->dev, BENCH_KEY, b->grad, k->count, GCOMP_F32, b->payload,
-                                  b->payload_cap, &wd, d->stream);
+    rc = gcomp_codec_encode_async(k->dev, BENCH_KEY, b->grad, k->count, GCOMP_F32, b->payload, b->payload_cap, &wd,
+                                  d->stream);
     if (rc == GCOMP_SUCCESS) rc = gcomp_codec_sync(k->dev, d->stream);
     if (rc) {
-        snprintf(msg, cap, "device encode step %d: %s: %s", step, gcomp_result_name(rc),
-                 gcomp_last_error());
+        snprintf(msg, cap, "device encode step %d: %s: %s", step, gcomp_result_name(rc), gcomp_last_error());
         return rc == GCOMP_ERR_UNSUPPORTED ? CHECK_UNSUPPORTED : CHECK_FAILED;
     }
     if (wc != wd) {
-        snprintf(msg, cap, "step %d: payload of %zu bytes on the device, %zu on the CPU", step, wd,
-                 wc);
+        snprintf(msg, cap, "step %d: payload of %zu bytes on the device, %zu on the CPU", step, wd, wc);
         return CHECK_FAILED;
     }
-    if (cuda_failed(cudaMemcpy(k->dev_payload, b->payload, wd, cudaMemcpyDeviceToHost),
-                    "cudaMemcpy payload to host")) {
+    if (cuda_failed(cudaMemcpy(k->dev_payload, b->payload, wd, cudaMemcpyDeviceToHost), "cudaMemcpy payload to host")) {
         snprintf(msg, cap, "step %d: reading the payload back failed", step);
         return CHECK_FAILED;
     }
     size_t i = first_diff(k->dev_payload, k->cpu_payload, wd);
     if (i < wd) {
-        snprintf(msg, cap, "step %d: payload byte %zu of %zu differs: device 0x%02x, CPU 0x%02x%s",
-                 step, i, wd, k->dev_payload[i], k->cpu_payload[i],
-                 i < 32 ? " (in the 32-byte header)" : "");
+        snprintf(msg, cap, "step %d: payload byte %zu of %zu differs: device 0x%02x, CPU 0x%02x%s", step, i, wd,
+                 k->dev_payload[i], k->cpu_payload[i], i < 32 ? " (in the 32-byte header)" : "");
         return CHECK_FAILED;
     }
     *written = wd;
@@ -233,8 +230,8 @@ static enum check check_encode_step(struct check_bufs *k, struct dbuffers *b, st
 
 /* Residuals after the steps (the device one read into host memory), then decode_add of the
  * last payload into zeros on both sides. */
-static enum check check_residual_decode(struct check_bufs *k, struct dbuffers *b, struct gpu *d,
-                                        size_t written, char *msg, size_t cap)
+static enum check check_residual_decode(struct check_bufs *k, struct dbuffers *b, struct gpu *d, size_t written,
+                                        char *msg, size_t cap)
 {
     size_t bytes = k->count * sizeof(float);
     if (gcomp_codec_residual_get(k->cpu, BENCH_KEY, k->cpu_out, k->count)) {
@@ -254,29 +251,24 @@ static enum check check_residual_decode(struct check_bufs *k, struct dbuffers *b
     }
     int rc = cuda_failed(cudaMemsetAsync(b->acc, 0, bytes, d->stream), "cudaMemsetAsync")
                  ? GCOMP_ERR_TRANSPORT
-                 : gcomp_codec_decode_add_async(k->dev, b->payload, written, b->acc, k->count,
-                                                d->stream);
+                 : gcomp_codec_decode_add_async(k->dev, b->payload, written, b->acc, k->count, d->stream);
     if (rc == GCOMP_SUCCESS) rc = gcomp_codec_sync(k->dev, d->stream);
     if (rc) {
         snprintf(msg, cap, "device decode_add: %s: %s", gcomp_result_name(rc), gcomp_last_error());
         return CHECK_FAILED;
     }
-    if (cuda_failed(cudaMemcpy(k->dev_out, b->acc, bytes, cudaMemcpyDeviceToHost),
-                    "cudaMemcpy acc to host")) {
+    if (cuda_failed(cudaMemcpy(k->dev_out, b->acc, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy acc to host")) {
         snprintf(msg, cap, "reading the decoded values back failed");
         return CHECK_FAILED;
     }
-    return floats_differ("decode_add", k->dev_out, k->cpu_out, k->count, msg, cap) ? CHECK_FAILED
-                                                                                  : CHECK_OK;
+    return floats_differ("decode_add", k->dev_out, k->cpu_out, k->count, msg, cap) ? CHECK_FAILED : CHECK_OK;
 }
 
 /* Compares the device path of spec with the CPU reference on the first `count` elements of
  * the tensor, with error feedback on. msg says what differed. */
-static enum check check_spec(struct dbuffers *b, struct gpu *d, const char *spec, size_t count,
-                             char *msg, size_t cap)
+static enum check check_spec(struct dbuffers *b, struct gpu *d, const char *spec, size_t count, char *msg, size_t cap)
 {
-    struct check_bufs k = {make_codec(spec, 1), make_codec(spec, 1), count, 0, NULL, NULL,
-                           NULL, NULL};
+    struct check_bufs k = { make_codec(spec, 1), make_codec(spec, 1), count, 0, NULL, NULL, NULL, NULL };
     enum check verdict = CHECK_FAILED;
     snprintf(msg, cap, "out of host memory for the check");
     if (!k.cpu || !k.dev) {
@@ -314,13 +306,10 @@ static int first_encode(struct denc *enc, struct dbuffers *b, struct gpu *d, str
     size_t bytes = enc->count * sizeof(float);
     int rc = dop_encode(enc, d->stream);
     if (!rc) rc = gcomp_codec_sync(enc->codec, d->stream);
-    if (!rc && cuda_failed(cudaMemsetAsync(b->acc, 0, bytes, d->stream), "cudaMemsetAsync"))
-        rc = -1;
-    if (!rc) rc = gcomp_codec_decode_add_async(enc->codec, enc->dst, enc->written, b->acc,
-                                               enc->count, d->stream);
+    if (!rc && cuda_failed(cudaMemsetAsync(b->acc, 0, bytes, d->stream), "cudaMemsetAsync")) rc = -1;
+    if (!rc) rc = gcomp_codec_decode_add_async(enc->codec, enc->dst, enc->written, b->acc, enc->count, d->stream);
     if (!rc) rc = gcomp_codec_sync(enc->codec, d->stream);
-    if (!rc && cuda_failed(cudaMemcpy(b->host_out, b->acc, bytes, cudaMemcpyDeviceToHost),
-                           "cudaMemcpy acc to host"))
+    if (!rc && cuda_failed(cudaMemcpy(b->host_out, b->acc, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy acc to host"))
         rc = -1;
     if (rc) return rc;
     row->wire_bytes = enc->written;
@@ -331,23 +320,22 @@ static int first_encode(struct denc *enc, struct dbuffers *b, struct gpu *d, str
 }
 
 /* Fills row; returns 0, a failing call's gcomp_result, or -1 (a CUDA call, printed). */
-static int run_row(const struct config *cfg, struct dbuffers *b, struct gpu *d,
-                   const char *spec, size_t bytes, struct drow *row)
+static int run_row(const struct config *cfg, struct dbuffers *b, struct gpu *d, const char *spec, size_t bytes,
+                   struct drow *row)
 {
     size_t count = bytes / sizeof(float);
     gcomp_codec *codec = make_codec(spec, cfg->ef);
     if (!codec) return GCOMP_ERR_INVALID_SPEC;
-    struct denc enc = {codec, cfg->ef ? BENCH_KEY : GCOMP_KEY_NONE, b->grad, count, b->payload,
-                       b->payload_cap, 0};
-    struct dcopy cpy = {b->copy, b->grad, bytes};
-    struct ddec dec = {codec, b->payload, 0, b->acc, count};
+    struct denc enc = { codec, cfg->ef ? BENCH_KEY : GCOMP_KEY_NONE, b->grad, count, b->payload, b->payload_cap, 0 };
+    struct dcopy cpy = { b->copy, b->grad, bytes };
+    struct ddec dec = { codec, b->payload, 0, b->acc, count };
     int rc = first_encode(&enc, b, d, row);
     if (rc) goto out;
     /* the copy first, right before the codec, so both see the same GPU state (clocks, L2) */
     if ((row->copy_s = time_dop(dop_copy, &cpy, cfg, d, &rc)) < 0) goto out;
     if ((row->enc_s = time_dop(dop_encode, &enc, cfg, d, &rc)) < 0) goto out;
     if ((rc = gcomp_codec_sync(codec, d->stream)) != 0) goto out; /* device-side errors */
-    dec.bytes = enc.written; /* the last timed payload: a steady-state one */
+    dec.bytes = enc.written;                                      /* the last timed payload: a steady-state one */
     if ((row->dec_s = time_dop(dop_decode, &dec, cfg, d, &rc)) < 0) goto out;
     if ((rc = gcomp_codec_sync(codec, d->stream)) != 0) goto out;
     row->spec = spec;
@@ -371,53 +359,47 @@ static void print_header(const struct config *cfg, const struct machine *m, cons
 {
     printf("# codec_perf: gcomp %d.%d.%d | cuda device %d: %s (sm_%d%d, %.1f GiB), runtime %d.%d, "
            "driver %d.%d | host %s\n",
-           GCOMP_VERSION_MAJOR, GCOMP_VERSION_MINOR, GCOMP_VERSION_PATCH, d->id, d->name,
-           d->cc_major, d->cc_minor, (double)d->mem_bytes / (double)GIB, d->runtime / 1000,
-           d->runtime % 1000 / 10, d->driver / 1000, d->driver % 1000 / 10, m->cpu);
-    printf("# ef=%d dist=%s scale=%g iters=%d warmup=%d stat=%s; CUDA events on one stream\n",
-           cfg->ef, dist_name(cfg->dist), cfg->scale, cfg->iters, cfg->warmup,
-           cfg->stat == STAT_BEST ? "best" : "median");
+           GCOMP_VERSION_MAJOR, GCOMP_VERSION_MINOR, GCOMP_VERSION_PATCH, d->id, d->name, d->cc_major, d->cc_minor,
+           (double)d->mem_bytes / (double)GIB, d->runtime / 1000, d->runtime % 1000 / 10, d->driver / 1000,
+           d->driver % 1000 / 10, m->cpu);
+    printf("# ef=%d dist=%s scale=%g iters=%d warmup=%d stat=%s; CUDA events on one stream\n", cfg->ef,
+           dist_name(cfg->dist), cfg->scale, cfg->iters, cfg->warmup, cfg->stat == STAT_BEST ? "best" : "median");
     printf("# every spec below matched the CPU reference byte for byte (payloads of %d encode "
            "steps, residual, decode_add) before it was timed\n",
            CHECK_STEPS);
     printf("# GB/s charges each byte once: enc = grad + payload%s, dec = payload + 2 x acc, "
            "copy = 2 x size (cudaMemcpyAsync device to device)\n",
            cfg->ef ? " + 2 x residual" : "");
-    printf("%-*s %6s %8s %10s %9s %9s %9s %9s %9s %8s %8s\n", spec_width(cfg), "spec", "size", "cr",
-           "rel_err", "enc_ms", "dec_ms", "enc_GB/s", "dec_GB/s", "copy_GB/s", "enc/copy",
-           "dec/copy");
+    printf("%-*s %6s %8s %10s %9s %9s %9s %9s %9s %8s %8s\n", spec_width(cfg), "spec", "size", "cr", "rel_err",
+           "enc_ms", "dec_ms", "enc_GB/s", "dec_GB/s", "copy_GB/s", "enc/copy", "dec/copy");
 }
 
 static void print_row_table(const struct config *cfg, const struct drow *r)
 {
     char size[32];
     fmt_size(r->bytes, size, sizeof size);
-    printf("%-*s %6s %8.2f %10.3e %9.4f %9.4f %9.1f %9.1f %9.1f %8.3f %8.3f\n", spec_width(cfg),
-           r->spec, size, (double)r->bytes / (double)r->wire_bytes, r->rel_err, r->enc_s * 1e3,
-           r->dec_s * 1e3, r->enc_gbps, r->dec_gbps, r->copy_gbps, ratio(r->enc_gbps, r->copy_gbps),
-           ratio(r->dec_gbps, r->copy_gbps));
+    printf("%-*s %6s %8.2f %10.3e %9.4f %9.4f %9.1f %9.1f %9.1f %8.3f %8.3f\n", spec_width(cfg), r->spec, size,
+           (double)r->bytes / (double)r->wire_bytes, r->rel_err, r->enc_s * 1e3, r->dec_s * 1e3, r->enc_gbps,
+           r->dec_gbps, r->copy_gbps, ratio(r->enc_gbps, r->copy_gbps), ratio(r->dec_gbps, r->copy_gbps));
 }
 
 /* The settings and the machine, after a row's own keys: a line pasted alone says where and
  * how it ran. */
-static void print_json_context(FILE *f, const struct config *cfg, const struct machine *m,
-                               const struct gpu *d)
+static void print_json_context(FILE *f, const struct config *cfg, const struct machine *m, const struct gpu *d)
 {
     fprintf(f, ",\"ef\":%d,", cfg->ef);
     json_string(f, "dist", dist_name(cfg->dist));
     fprintf(f, ",\"scale\":%g,\"iters\":%d,\"warmup\":%d,", cfg->scale, cfg->iters, cfg->warmup);
     json_string(f, "stat", cfg->stat == STAT_BEST ? "best" : "median");
-    fprintf(f, ",\"gcomp_version\":\"%d.%d.%d\",", GCOMP_VERSION_MAJOR, GCOMP_VERSION_MINOR,
-           GCOMP_VERSION_PATCH);
+    fprintf(f, ",\"gcomp_version\":\"%d.%d.%d\",", GCOMP_VERSION_MAJOR, GCOMP_VERSION_MINOR, GCOMP_VERSION_PATCH);
     json_string(f, "device", d->name);
-    fprintf(f, ",\"sm\":%d%d,\"cuda_runtime\":%d,\"cuda_driver\":%d,", d->cc_major, d->cc_minor,
-           d->runtime, d->driver);
+    fprintf(f, ",\"sm\":%d%d,\"cuda_runtime\":%d,\"cuda_driver\":%d,", d->cc_major, d->cc_minor, d->runtime, d->driver);
     json_string(f, "cpu", m->cpu);
     fprintf(f, "}\n");
 }
 
-static void print_row_json(FILE *f, const struct config *cfg, const struct machine *m,
-                           const struct gpu *d, const struct drow *r)
+static void print_row_json(FILE *f, const struct config *cfg, const struct machine *m, const struct gpu *d,
+                           const struct drow *r)
 {
     fputc('{', f);
     json_string(f, "spec", r->spec);
@@ -438,9 +420,8 @@ static void print_row_json(FILE *f, const struct config *cfg, const struct machi
 
 /* A spec that was not timed: a comment line in the table, an object with the reason in JSON
  * (so a JSON file records that the spec failed or was skipped). */
-static void print_untimed_json(FILE *f, const struct config *cfg, const struct machine *m,
-                               const struct gpu *d, const char *spec, const char *what,
-                               const char *msg)
+static void print_untimed_json(FILE *f, const struct config *cfg, const struct machine *m, const struct gpu *d,
+                               const char *spec, const char *what, const char *msg)
 {
     fputc('{', f);
     json_string(f, "spec", spec);
@@ -451,11 +432,13 @@ static void print_untimed_json(FILE *f, const struct config *cfg, const struct m
     print_json_context(f, cfg, m, d);
 }
 
-static void print_untimed(const struct config *cfg, const struct machine *m, const struct gpu *d,
-                          FILE *json_out, const char *spec, const char *what, const char *msg)
+static void print_untimed(const struct config *cfg, const struct machine *m, const struct gpu *d, FILE *json_out,
+                          const char *spec, const char *what, const char *msg)
 {
-    if (cfg->json) print_untimed_json(stdout, cfg, m, d, spec, what, msg);
-    else printf("# %s: %s: %s\n", spec, what, msg);
+    if (cfg->json)
+        print_untimed_json(stdout, cfg, m, d, spec, what, msg);
+    else
+        printf("# %s: %s: %s\n", spec, what, msg);
     if (json_out) print_untimed_json(json_out, cfg, m, d, spec, what, msg);
 }
 
@@ -484,8 +467,7 @@ static int open_device(struct gpu *d)
     d->cc_minor = prop.minor;
     d->mem_bytes = prop.totalGlobalMem;
     /* non-blocking: no implicit ordering with the legacy default stream */
-    if (cuda_failed(cudaStreamCreateWithFlags(&d->stream, cudaStreamNonBlocking),
-                    "cudaStreamCreateWithFlags") ||
+    if (cuda_failed(cudaStreamCreateWithFlags(&d->stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags") ||
         cuda_failed(cudaEventCreate(&d->start), "cudaEventCreate") ||
         cuda_failed(cudaEventCreate(&d->stop), "cudaEventCreate"))
         return 1;
@@ -532,13 +514,12 @@ static int alloc_dbuffers(struct dbuffers *b, const struct config *cfg, size_t p
     progress("generating", dist_name(cfg->dist), bytes);
     fill_data(b->host_grad, bytes / sizeof(float), cfg->dist, cfg->scale);
     progress_done(bytes);
-    return cuda_failed(cudaMemcpy(b->grad, b->host_grad, bytes, cudaMemcpyHostToDevice),
-                       "cudaMemcpy tensor to device");
+    return cuda_failed(cudaMemcpy(b->grad, b->host_grad, bytes, cudaMemcpyHostToDevice), "cudaMemcpy tensor to device");
 }
 
 /* Check, then every size of one spec. Returns 0, or 1 when the spec failed. */
-static int run_spec(const struct config *cfg, struct dbuffers *b, struct gpu *d,
-                    const struct machine *m, FILE *json_out, const char *spec, const char *prog)
+static int run_spec(const struct config *cfg, struct dbuffers *b, struct gpu *d, const struct machine *m,
+                    FILE *json_out, const char *spec, const char *prog)
 {
     char msg[512];
     progress("checking", spec, cfg->min_bytes);
@@ -550,13 +531,15 @@ static int run_spec(const struct config *cfg, struct dbuffers *b, struct gpu *d,
         return 0;
     }
     if (verdict != CHECK_OK) {
-        fprintf(stderr, "%s: %s: NOT TIMED: the device result differs from the CPU reference "
-                        "at %zu bytes: %s\n", prog, spec, cfg->min_bytes, msg);
+        fprintf(stderr,
+                "%s: %s: NOT TIMED: the device result differs from the CPU reference "
+                "at %zu bytes: %s\n",
+                prog, spec, cfg->min_bytes, msg);
         print_untimed(cfg, m, d, json_out, spec, "failed: differs from the CPU reference", msg);
         return 1;
     }
     for (size_t bytes = cfg->min_bytes; bytes <= cfg->max_bytes; bytes *= cfg->factor) {
-        struct drow row = {0};
+        struct drow row = { 0 };
         progress("running", spec, bytes);
         int rc = run_row(cfg, b, d, spec, bytes, &row);
         progress_done(bytes);
@@ -567,10 +550,14 @@ static int run_spec(const struct config *cfg, struct dbuffers *b, struct gpu *d,
             return 1;
         }
         if (row.nonfinite)
-            fprintf(stderr, "%s: %s at %zu bytes: %zu non-finite values decoded from a finite "
-                            "tensor\n", prog, spec, bytes, row.nonfinite);
-        if (cfg->json) print_row_json(stdout, cfg, m, d, &row);
-        else print_row_table(cfg, &row);
+            fprintf(stderr,
+                    "%s: %s at %zu bytes: %zu non-finite values decoded from a finite "
+                    "tensor\n",
+                    prog, spec, bytes, row.nonfinite);
+        if (cfg->json)
+            print_row_json(stdout, cfg, m, d, &row);
+        else
+            print_row_table(cfg, &row);
         if (json_out) print_row_json(json_out, cfg, m, d, &row);
         fflush(stdout);
         if (json_out) fflush(json_out);
@@ -579,17 +566,16 @@ static int run_spec(const struct config *cfg, struct dbuffers *b, struct gpu *d,
     return 0;
 }
 
-int codec_perf_cuda(const struct config *cfg, const struct machine *m, size_t payload_cap,
-                    FILE *json_out, const char *prog)
+int codec_perf_cuda(const struct config *cfg, const struct machine *m, size_t payload_cap, FILE *json_out,
+                    const char *prog)
 {
     struct gpu d;
-    struct dbuffers b = {0};
+    struct dbuffers b = { 0 };
     int failed = 1;
     if (open_device(&d) || alloc_dbuffers(&b, cfg, payload_cap)) goto out;
     if (!cfg->json) print_header(cfg, m, &d);
     failed = 0;
-    for (size_t i = 0; i < cfg->nspecs; i++)
-        failed |= run_spec(cfg, &b, &d, m, json_out, cfg->specs[i], prog);
+    for (size_t i = 0; i < cfg->nspecs; i++) failed |= run_spec(cfg, &b, &d, m, json_out, cfg->specs[i], prog);
 out:
     free_dbuffers(&b);
     close_device(&d);

@@ -118,8 +118,8 @@ static double parse_num(const char *opt, const char *s)
  * MPI_Init, so the MPI launch is untouched). Sets *note to what was done, for the log. */
 static void choose_blas_core(char **argv, const char **note)
 {
-    static const char *pre_avx2[] = {"prescott", "core2", "penryn", "dunnington", "nehalem", "sandybridge", "atom",
-                                     "katmai", "coppermine", "northwood", "banias", "unknown"};
+    static const char *pre_avx2[] = { "prescott", "core2",  "penryn",     "dunnington", "nehalem", "sandybridge",
+                                      "atom",     "katmai", "coppermine", "northwood",  "banias",  "unknown" };
     const char *core = openblas_get_corename(), *want = NULL;
     int old = 0;
     *note = getenv("GCOMP_TRAIN_BLAS_NOTE");
@@ -146,39 +146,111 @@ static void choose_blas_core(char **argv, const char **note)
 
 static void parse_options(int argc, char **argv, options *o)
 {
-    enum { O_MODEL = 256, O_CODEC, O_EF, O_MINB, O_BUCKET, O_EPOCHS, O_BATCH, O_LR, O_SCHED, O_MOM, O_WD, O_SEED, O_EVALS,
-           O_DATA, O_JSON, O_QUIET, O_HELP };
-    static const struct option longopts[] = {
-        {"model", 1, 0, O_MODEL}, {"codec", 1, 0, O_CODEC}, {"ef", 1, 0, O_EF},
-        {"min-bytes", 1, 0, O_MINB}, {"bucket-bytes", 1, 0, O_BUCKET}, {"epochs", 1, 0, O_EPOCHS},
-        {"batch", 1, 0, O_BATCH}, {"lr", 1, 0, O_LR}, {"lr-schedule", 1, 0, O_SCHED},
-        {"momentum", 1, 0, O_MOM}, {"wd", 1, 0, O_WD}, {"seed", 1, 0, O_SEED},
-        {"evals-per-epoch", 1, 0, O_EVALS}, {"data", 1, 0, O_DATA}, {"json", 1, 0, O_JSON},
-        {"quiet", 0, 0, O_QUIET}, {"help", 0, 0, O_HELP}, {0, 0, 0, 0}};
+    enum {
+        O_MODEL = 256,
+        O_CODEC,
+        O_EF,
+        O_MINB,
+        O_BUCKET,
+        O_EPOCHS,
+        O_BATCH,
+        O_LR,
+        O_SCHED,
+        O_MOM,
+        O_WD,
+        O_SEED,
+        O_EVALS,
+        O_DATA,
+        O_JSON,
+        O_QUIET,
+        O_HELP
+    };
+    static const struct option longopts[] = { { "model", 1, 0, O_MODEL },
+                                              { "codec", 1, 0, O_CODEC },
+                                              { "ef", 1, 0, O_EF },
+                                              { "min-bytes", 1, 0, O_MINB },
+                                              { "bucket-bytes", 1, 0, O_BUCKET },
+                                              { "epochs", 1, 0, O_EPOCHS },
+                                              { "batch", 1, 0, O_BATCH },
+                                              { "lr", 1, 0, O_LR },
+                                              { "lr-schedule", 1, 0, O_SCHED },
+                                              { "momentum", 1, 0, O_MOM },
+                                              { "wd", 1, 0, O_WD },
+                                              { "seed", 1, 0, O_SEED },
+                                              { "evals-per-epoch", 1, 0, O_EVALS },
+                                              { "data", 1, 0, O_DATA },
+                                              { "json", 1, 0, O_JSON },
+                                              { "quiet", 0, 0, O_QUIET },
+                                              { "help", 0, 0, O_HELP },
+                                              { 0, 0, 0, 0 } };
     int c;
-    *o = (options){.model = "mlp", .codec = "none", .data = TRAIN_DATA_DEFAULT_DIR, .schedule = "cosine", .ef = 1,
-                   .batch = 128, .evals_per_epoch = 1, .epochs = 3, .lr = 0.05, .momentum = 0.9, .seed = 1};
+    *o = (options){ .model = "mlp",
+                    .codec = "none",
+                    .data = TRAIN_DATA_DEFAULT_DIR,
+                    .schedule = "cosine",
+                    .ef = 1,
+                    .batch = 128,
+                    .evals_per_epoch = 1,
+                    .epochs = 3,
+                    .lr = 0.05,
+                    .momentum = 0.9,
+                    .seed = 1 };
     opterr = 0;
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
         const char *name = optind > 1 ? argv[optind - 1] : "";
         switch (c) {
-        case O_MODEL: o->model = optarg; break;
-        case O_CODEC: o->codec = optarg; break;
-        case O_EF: o->ef = (int)parse_num("--ef", optarg); break;
-        case O_MINB: o->min_bytes = (long long)parse_num("--min-bytes", optarg); break;
-        case O_BUCKET: o->bucket_bytes = (long long)parse_num("--bucket-bytes", optarg); break;
-        case O_EPOCHS: o->epochs = parse_num("--epochs", optarg); break;
-        case O_BATCH: o->batch = (int)parse_num("--batch", optarg); break;
-        case O_LR: o->lr = parse_num("--lr", optarg); break;
-        case O_SCHED: o->schedule = optarg; break;
-        case O_MOM: o->momentum = parse_num("--momentum", optarg); break;
-        case O_WD: o->wd = parse_num("--wd", optarg); break;
-        case O_SEED: o->seed = (unsigned long long)parse_num("--seed", optarg); break;
-        case O_EVALS: o->evals_per_epoch = (int)parse_num("--evals-per-epoch", optarg); break;
-        case O_DATA: o->data = optarg; break;
-        case O_JSON: o->json = optarg; break;
-        case O_QUIET: o->quiet = 1; break;
-        case 'h': case O_HELP: usage(0); break;
+        case O_MODEL:
+            o->model = optarg;
+            break;
+        case O_CODEC:
+            o->codec = optarg;
+            break;
+        case O_EF:
+            o->ef = (int)parse_num("--ef", optarg);
+            break;
+        case O_MINB:
+            o->min_bytes = (long long)parse_num("--min-bytes", optarg);
+            break;
+        case O_BUCKET:
+            o->bucket_bytes = (long long)parse_num("--bucket-bytes", optarg);
+            break;
+        case O_EPOCHS:
+            o->epochs = parse_num("--epochs", optarg);
+            break;
+        case O_BATCH:
+            o->batch = (int)parse_num("--batch", optarg);
+            break;
+        case O_LR:
+            o->lr = parse_num("--lr", optarg);
+            break;
+        case O_SCHED:
+            o->schedule = optarg;
+            break;
+        case O_MOM:
+            o->momentum = parse_num("--momentum", optarg);
+            break;
+        case O_WD:
+            o->wd = parse_num("--wd", optarg);
+            break;
+        case O_SEED:
+            o->seed = (unsigned long long)parse_num("--seed", optarg);
+            break;
+        case O_EVALS:
+            o->evals_per_epoch = (int)parse_num("--evals-per-epoch", optarg);
+            break;
+        case O_DATA:
+            o->data = optarg;
+            break;
+        case O_JSON:
+            o->json = optarg;
+            break;
+        case O_QUIET:
+            o->quiet = 1;
+            break;
+        case 'h':
+        case O_HELP:
+            usage(0);
+            break;
         default:
             if (g_rank == 0) fprintf(stderr, "train: unknown option or missing value: %s\n", name);
             usage(2);
@@ -202,7 +274,7 @@ static int make_buckets(const train_model *m, long long bytes, bucket *b)
     for (int i = 0; i < nt; i++) {
         const train_tensor *t = train_model_tensor(m, i);
         if (nb == 0 || bytes == 0 || (bytes > 0 && (long long)(b[nb - 1].count * sizeof(float)) >= bytes))
-            b[nb++] = (bucket){.off = t->off, .count = 0, .first = i};
+            b[nb++] = (bucket){ .off = t->off, .count = 0, .first = i };
         b[nb - 1].count += t->count;
         b[nb - 1].last = i;
     }
@@ -240,8 +312,10 @@ static uint64_t param_hash(const float *p, size_t n)
 
 static void json_num(FILE *f, const char *key, double v, const char *sep)
 {
-    if (isfinite(v)) fprintf(f, "\"%s\": %.10g%s", key, v, sep);
-    else fprintf(f, "\"%s\": null%s", key, sep);
+    if (isfinite(v))
+        fprintf(f, "\"%s\": %.10g%s", key, v, sep);
+    else
+        fprintf(f, "\"%s\": null%s", key, sep);
 }
 
 static void json_str(FILE *f, const char *key, const char *v, const char *sep)
@@ -328,14 +402,15 @@ int main(int argc, char **argv)
         printf("# train: model %s (%zu parameters, %d tensors, %d gcomp keys), codec %s, ef %d, min_bytes %lld, "
                "%d ranks\n",
                o.model, np, train_model_ntensors(m), nb, gcomp_comm_codec(comm), o.ef, o.min_bytes, g_size);
-        printf("# batch %d (%d..%d per rank), lr %g (%s), momentum %g, wd %g, seed %llu, %.4g epochs = %ld steps of %ld "
-               "per epoch\n",
-               o.batch, o.batch / g_size, (o.batch + g_size - 1) / g_size, o.lr, o.schedule, o.momentum, o.wd, o.seed,
-               o.epochs, total, spe);
+        printf(
+            "# batch %d (%d..%d per rank), lr %g (%s), momentum %g, wd %g, seed %llu, %.4g epochs = %ld steps of %ld "
+            "per epoch\n",
+            o.batch, o.batch / g_size, (o.batch + g_size - 1) / g_size, o.lr, o.schedule, o.momentum, o.wd, o.seed,
+            o.epochs, total, spe);
         printf("# BLAS: OpenBLAS, %s kernels%s%s%s\n", openblas_get_corename(), blas_note ? " (" : "",
                blas_note ? blas_note : "", blas_note ? ")" : "");
-        printf("# %6s %7s %8s %9s %9s %14s %14s %9s %9s\n", "epoch", "loss", "train%", "test%", "elapsed", "wire B/step",
-               "raw B/step", "compute", "comm");
+        printf("# %6s %7s %8s %9s %9s %14s %14s %9s %9s\n", "epoch", "loss", "train%", "test%", "elapsed",
+               "wire B/step", "raw B/step", "compute", "comm");
         fflush(stdout);
     }
 
@@ -365,7 +440,8 @@ int main(int argc, char **argv)
                         "gcomp_allreduce");
         double t2 = now();
         float lr = (float)o.lr;
-        if (strcmp(o.schedule, "cosine") == 0) lr = (float)(o.lr * 0.5 * (1.0 + cos(M_PI * (double)step / (double)total)));
+        if (strcmp(o.schedule, "cosine") == 0)
+            lr = (float)(o.lr * 0.5 * (1.0 + cos(M_PI * (double)step / (double)total)));
         float mu = (float)o.momentum, wd = (float)o.wd;
         sgd_momentum_step(w, vel, g, np, lr, mu, wd);
         double t3 = now();
@@ -375,7 +451,7 @@ int main(int argc, char **argv)
 
         if ((step + 1) % eval_every != 0 && step + 1 != total) continue;
         /* evaluation: not counted in train time */
-        double sums[5] = {win_loss, (double)win_correct, (double)win_n, 0, 0}, tsum[2];
+        double sums[5] = { win_loss, (double)win_correct, (double)win_n, 0, 0 }, tsum[2];
         int tlo = (int)((long long)test.n * g_rank / g_size), thi = (int)((long long)test.n * (g_rank + 1) / g_size);
         int tok;
         train_model_eval(m, test.x + (size_t)tlo * 784, test.y + tlo, thi - tlo, &sums[3], &tok);
@@ -405,14 +481,22 @@ int main(int argc, char **argv)
         }
         win_loss = 0;
         win_correct = win_n = 0;
-        if (!isfinite(h->loss) && g_rank == 0) fprintf(stderr, "train: warning: loss is not finite at step %ld\n", step + 1);
+        if (!isfinite(h->loss) && g_rank == 0)
+            fprintf(stderr, "train: warning: loss is not finite at step %ld\n", step + 1);
     }
 
     /* final figures, averaged over ranks */
     gcomp_comm_stats st;
     check_gcomp(gcomp_comm_stats_get(comm, &st), "gcomp_comm_stats_get");
-    double f[9] = {(double)st.wire_bytes, (double)st.baseline_bytes, t_train, t_comm / (t_comm + t_compute), st.encode_s,
-                   st.comm_s, st.decode_s, (double)st.overflow_count, st.agree_s};
+    double f[9] = { (double)st.wire_bytes,
+                    (double)st.baseline_bytes,
+                    t_train,
+                    t_comm / (t_comm + t_compute),
+                    st.encode_s,
+                    st.comm_s,
+                    st.decode_s,
+                    (double)st.overflow_count,
+                    st.agree_s };
     MPI_Allreduce(MPI_IN_PLACE, f, 9, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
     f[8] /= g_size;
     for (int i = 0; i < 7; i++) f[i] /= g_size;
@@ -423,10 +507,11 @@ int main(int argc, char **argv)
     double wire = f[0] / (double)total, raw = (double)st.raw_bytes / (double)total;
     double cr = f[0] > 0 ? f[1] / f[0] : NAN, step_time = f[2] / (double)total;
     if (g_rank == 0) {
-        printf("# final: test %.2f%%, loss %.4f, wire %.0f B/step/rank, raw %.0f B/step, cr %.2f (vs uncompressed ring), "
-               "%.2f ms/step, comm share %.1f%%, weights %s on all ranks\n",
-               fin->test_acc, last_loss, wire, raw, cr, 1e3 * step_time, 100.0 * f[3],
-               hmin == hmax ? "identical" : "DIFFERENT");
+        printf(
+            "# final: test %.2f%%, loss %.4f, wire %.0f B/step/rank, raw %.0f B/step, cr %.2f (vs uncompressed ring), "
+            "%.2f ms/step, comm share %.1f%%, weights %s on all ranks\n",
+            fin->test_acc, last_loss, wire, raw, cr, 1e3 * step_time, 100.0 * f[3],
+            hmin == hmax ? "identical" : "DIFFERENT");
         if (hmin != hmax) fprintf(stderr, "train: warning: the weights differ between ranks\n");
         if (o.json) {
             FILE *jf = fopen(o.json, "w");
@@ -439,7 +524,8 @@ int main(int argc, char **argv)
                 fprintf(jf, "\"ef\": %d, \"ranks\": %d, ", o.ef, g_size);
                 json_num(jf, "epochs", o.epochs, ", ");
                 json_str(jf, "model", o.model, ", ");
-                fprintf(jf, "\"batch\": %d, \"steps\": %ld, \"min_bytes\": %lld, \"bucket_bytes\": %lld, \"keys\": %d, ",
+                fprintf(jf,
+                        "\"batch\": %d, \"steps\": %ld, \"min_bytes\": %lld, \"bucket_bytes\": %lld, \"keys\": %d, ",
                         o.batch, total, o.min_bytes, o.bucket_bytes, nb);
                 json_num(jf, "lr", o.lr, ", ");
                 json_str(jf, "lr_schedule", o.schedule, ", ");
@@ -461,7 +547,8 @@ int main(int argc, char **argv)
                 json_num(jf, "gcomp_comm_s_per_step", f[5] / (double)total, ", ");
                 json_num(jf, "gcomp_decode_s_per_step", f[6] / (double)total, ", ");
                 json_num(jf, "gcomp_agree_s_per_step", f[8] / (double)total, ", ");
-                fprintf(jf, "\"overflow_count\": %.0f, \"weights_identical\": %s, ", f[7], hmin == hmax ? "true" : "false");
+                fprintf(jf, "\"overflow_count\": %.0f, \"weights_identical\": %s, ", f[7],
+                        hmin == hmax ? "true" : "false");
                 fprintf(jf, "\"schedules\": [");
                 for (int b = 0; b < nb; b++) {
                     gcomp_comm_stats ks;

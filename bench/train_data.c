@@ -29,8 +29,7 @@ static int find_file(const char *dir, const char *name, char *path, size_t len)
 }
 
 /* Reads the whole IDX file: magic 0x0000 08 ndims, ndims big-endian sizes, then bytes. */
-static int read_idx(const char *path, int want_dims, uint32_t dims[3], unsigned char **data, char *err,
-                    size_t errlen)
+static int read_idx(const char *path, int want_dims, uint32_t dims[3], unsigned char **data, char *err, size_t errlen)
 {
     unsigned char hdr[16];
     size_t total = 1;

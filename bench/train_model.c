@@ -14,7 +14,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { L_DENSE, L_CONV, L_RELU, L_POOL };
+enum {
+    L_DENSE,
+    L_CONV,
+    L_RELU,
+    L_POOL
+};
 
 typedef struct layer {
     int kind;
@@ -280,7 +285,7 @@ static void forward_layer(train_model *m, int i, int n)
                     for (int ox = 0; ox < L->ow; ox++) {
                         size_t base = (size_t)s * isz + ((size_t)c * L->ih + 2 * oy) * L->iw + 2 * ox;
                         size_t best = base, o = (size_t)s * osz + ((size_t)c * L->oh + oy) * L->ow + ox;
-                        size_t cand[3] = {base + 1, base + (size_t)L->iw, base + (size_t)L->iw + 1};
+                        size_t cand[3] = { base + 1, base + (size_t)L->iw, base + (size_t)L->iw + 1 };
                         for (int q = 0; q < 3; q++)
                             if (x[cand[q]] > x[best]) best = cand[q];
                         y[o] = x[best];
@@ -335,7 +340,8 @@ static void backward_layer(train_model *m, int i, int n, const float *dy, float 
     case L_DENSE: {
         const float *w = m->params + m->t[L->wt].off;
         float *dw = m->grads + m->t[L->wt].off, *db = m->grads + m->t[L->bt].off;
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, L->oc, L->ic, n, 1.0f, dy, L->oc, x, L->ic, 0.0f, dw, L->ic);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, L->oc, L->ic, n, 1.0f, dy, L->oc, x, L->ic, 0.0f, dw,
+                    L->ic);
         memset(db, 0, (size_t)L->oc * sizeof(float));
         for (int s = 0; s < n; s++)
             for (int c = 0; c < L->oc; c++) db[c] += dy[(size_t)s * L->oc + c];
@@ -359,8 +365,8 @@ static void backward_layer(train_model *m, int i, int n, const float *dy, float 
             for (int c = 0; c < L->oc; c++)
                 for (int j = 0; j < ohw; j++) db[c] += dys[(size_t)c * ohw + j];
             if (dx) {
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, ckk, ohw, L->oc, 1.0f, w, ckk, dys, ohw, 0.0f, m->dcol,
-                            ohw);
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, ckk, ohw, L->oc, 1.0f, w, ckk, dys, ohw, 0.0f,
+                            m->dcol, ohw);
                 col2im_add(L, m->dcol, dx + (size_t)s * isz);
             }
         }
@@ -374,7 +380,8 @@ static void backward_layer(train_model *m, int i, int n, const float *dy, float 
         if (dx) {
             memset(dx, 0, (size_t)n * isz * sizeof(float));
             for (int s = 0; s < n; s++)
-                for (size_t o = 0; o < osz; o++) dx[(size_t)s * isz + (size_t)L->argmax[(size_t)s * osz + o]] += dy[(size_t)s * osz + o];
+                for (size_t o = 0; o < osz; o++)
+                    dx[(size_t)s * isz + (size_t)L->argmax[(size_t)s * osz + o]] += dy[(size_t)s * osz + o];
         }
         break;
     }

@@ -16,8 +16,8 @@
 
 typedef struct gcomp_bitwriter {
     uint8_t *out;
-    size_t pos;   /* bytes written */
-    uint64_t acc; /* bits not yet written */
+    size_t pos;    /* bytes written */
+    uint64_t acc;  /* bits not yet written */
     unsigned fill; /* how many, < 32 between calls */
 } gcomp_bitwriter;
 

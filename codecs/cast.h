@@ -45,8 +45,8 @@ static inline GCOMP_HD float gcomp_f16_to_f32_inline(uint16_t h)
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
     uint32_t em = (uint32_t)(h & 0x7fffu) << 13; /* exponent and mantissa in f32 position */
     uint32_t exp = em & 0x0f800000u;
-    uint32_t normal = em + 0x38000000u;                       /* rebias 15 -> 127 */
-    uint32_t infnan = em + 0x70000000u;                       /* exponent 31 -> 255 */
+    uint32_t normal = em + 0x38000000u; /* rebias 15 -> 127 */
+    uint32_t infnan = em + 0x70000000u; /* exponent 31 -> 255 */
     /* subnormal: build 2^-14 * (1 + m) exactly, then subtract 2^-14 (exact in f32) */
     uint32_t sub = gcomp_f32_bits(gcomp_bits_f32(em + 0x38800000u) - gcomp_bits_f32(0x38800000u));
     uint32_t o = exp == 0x0f800000u ? infnan : (exp == 0 ? sub : normal);

@@ -15,17 +15,17 @@
 
 #define TILE GCOMP_TG_TILE
 
-#define GCOMP_CHECK_TG(x)                                                                         \
-    do {                                                                                          \
-        gcomp_result tg_rc_ = (x);                                                                \
-        if (tg_rc_ != GCOMP_SUCCESS) return tg_rc_;                                               \
+#define GCOMP_CHECK_TG(x)                           \
+    do {                                            \
+        gcomp_result tg_rc_ = (x);                  \
+        if (tg_rc_ != GCOMP_SUCCESS) return tg_rc_; \
     } while (0)
 
 static const gcomp_param_def tg_params[] = {
-    {"bucket", GCOMP_PARAM_INT, offsetof(gcomp_terngrad_params, bucket), 0, 1073741824, 0, NULL,
-     "elements per scale, a multiple of 4; 0 = one scale per tensor"},
-    {"clip", GCOMP_PARAM_DOUBLE, offsetof(gcomp_terngrad_params, clip), 0, 1000, 2.5, NULL,
-     "clip |x| at clip * rms before ternarising (the paper's 2.5); 0 = off"},
+    { "bucket", GCOMP_PARAM_INT, offsetof(gcomp_terngrad_params, bucket), 0, 1073741824, 0, NULL,
+      "elements per scale, a multiple of 4; 0 = one scale per tensor" },
+    { "clip", GCOMP_PARAM_DOUBLE, offsetof(gcomp_terngrad_params, clip), 0, 1000, 2.5, NULL,
+      "clip |x| at clip * rms before ternarising (the paper's 2.5); 0 = off" },
 };
 
 /* Reported like every codec failure; the parser adds the codec's name and the spec. */
@@ -40,7 +40,12 @@ static gcomp_result tg_check_params(const void *params, char *msg, size_t cap)
     return GCOMP_SUCCESS;
 }
 
-static inline float load_f32(const uint8_t *p) { float v; memcpy(&v, p, 4); return v; }
+static inline float load_f32(const uint8_t *p)
+{
+    float v;
+    memcpy(&v, p, 4);
+    return v;
+}
 static inline void store_f32(uint8_t *p, float v) { memcpy(p, &v, 4); }
 
 static size_t bucket_len(const gcomp_terngrad_params *p, size_t n) { return p->bucket > 0 ? (size_t)p->bucket : n; }
@@ -62,12 +67,16 @@ GCOMP_SIMD_CLONES static uint32_t max_abs_bits(const float *g, const float *r, s
     if (r) {
         for (size_t i = 0; i < n; i++) {
             float x = g[i] + r[i];
-            uint32_t k; memcpy(&k, &x, 4); k &= 0x7fffffffu;
+            uint32_t k;
+            memcpy(&k, &x, 4);
+            k &= 0x7fffffffu;
             m = k > m ? k : m;
         }
     } else {
         for (size_t i = 0; i < n; i++) {
-            uint32_t k; memcpy(&k, &g[i], 4); k &= 0x7fffffffu;
+            uint32_t k;
+            memcpy(&k, &g[i], 4);
+            k &= 0x7fffffffu;
             m = k > m ? k : m;
         }
     }
@@ -80,7 +89,9 @@ GCOMP_SIMD_CLONES static uint32_t max_abs_bits(const float *g, const float *r, s
  * max |x| bits come out of the same pass (*maxbits is raised, never lowered). */
 GCOMP_SIMD_CLONES static double rms_block_sum(const float *g, const float *r, uint32_t *maxbits)
 {
-    enum { H = GCOMP_TG_RMS_BLOCK / 2 };
+    enum {
+        H = GCOMP_TG_RMS_BLOCK / 2
+    };
     double t[H];
     uint32_t m = *maxbits;
     for (size_t k = 0; k < H; k++) {
@@ -147,8 +158,10 @@ static float bucket_scale(const gcomp_terngrad_params *p, const float *g, const 
     uint32_t mbits;
     double ss = 0;
     float s;
-    if (p->clip > 0) ss = sumsq_and_max(g, r, n, &mbits);
-    else mbits = max_abs_bits(g, r, n);
+    if (p->clip > 0)
+        ss = sumsq_and_max(g, r, n, &mbits);
+    else
+        mbits = max_abs_bits(g, r, n);
     mbits = gcomp_tg_max_bits(mbits);
     memcpy(&s, &mbits, 4);
     if (p->clip > 0 && isfinite(s) && n) {
@@ -158,8 +171,8 @@ static float bucket_scale(const gcomp_terngrad_params *p, const float *g, const 
     return s;
 }
 
-static gcomp_result tg_local_scales(const void *params, gcomp_encode_ctx *ctx, const float *g, const float *r,
-                                    size_t n, float *scales)
+static gcomp_result tg_local_scales(const void *params, gcomp_encode_ctx *ctx, const float *g, const float *r, size_t n,
+                                    float *scales)
 {
     const gcomp_terngrad_params *p = params;
     size_t B = bucket_len(p, n);
@@ -178,9 +191,8 @@ static gcomp_result tg_local_scales(const void *params, gcomp_encode_ctx *ctx, c
  * site so every instantiation is a branch-free, vectorisable loop. Returns nonzero if any x
  * was non-finite. */
 static inline __attribute__((always_inline)) uint32_t quantize_run(int has_r_in, int has_r_out, const float *g,
-                                                                    const float *r_in, float *r_out, size_t m,
-                                                                    float s, uint32_t salt, uint32_t lo,
-                                                                    uint32_t *codes)
+                                                                   const float *r_in, float *r_out, size_t m, float s,
+                                                                   uint32_t salt, uint32_t lo, uint32_t *codes)
 {
     uint32_t bad = 0;
     for (size_t k = 0; k < m; k++) {
@@ -213,8 +225,8 @@ static uint32_t quantize_tile(const float *g, const float *r_in, float *r_out, s
 {
     uint64_t to_wrap = ((uint64_t)1 << 32) - (first & 0xffffffffull);
     size_t m1 = (uint64_t)m > to_wrap ? (size_t)to_wrap : m;
-    uint32_t bad = quantize_salted(g, r_in, r_out, m1, s, gcomp_tg_salt(key, (uint32_t)(first >> 32)), (uint32_t)first,
-                                   codes);
+    uint32_t bad =
+        quantize_salted(g, r_in, r_out, m1, s, gcomp_tg_salt(key, (uint32_t)(first >> 32)), (uint32_t)first, codes);
     if (m1 < m)
         bad |= quantize_salted(g + m1, r_in ? r_in + m1 : NULL, r_out ? r_out + m1 : NULL, m - m1, s,
                                gcomp_tg_salt(key, (uint32_t)((first + m1) >> 32)), 0, codes + m1);
@@ -240,8 +252,8 @@ static uint32_t quantize_bucket(const float *g, const float *r_in, float *r_out,
     uint32_t bad = 0;
     for (size_t done = 0; done < m;) {
         size_t i = a + done, len = m - done < TILE ? m - done : TILE;
-        bad |= quantize_tile(g + i, r_in ? r_in + i : NULL, r_out ? r_out + i : NULL, len, s, key, ctx->offset + i,
-                             codes);
+        bad |=
+            quantize_tile(g + i, r_in ? r_in + i : NULL, r_out ? r_out + i : NULL, len, s, key, ctx->offset + i, codes);
         pack_tile(codes, len, packed + i / 4); /* i is a multiple of 4: a is, and so is TILE */
         done += len;
     }
@@ -251,7 +263,8 @@ static uint32_t quantize_bucket(const float *g, const float *r_in, float *r_out,
 static gcomp_result check_cap(size_t n, const gcomp_terngrad_params *p, size_t cap, size_t *need)
 {
     *need = tg_max_body(p, n);
-    if (cap < *need) return gcomp_codec_fail(GCOMP_ERR_BUFFER_TOO_SMALL, "terngrad: need %zu body bytes, have %zu", *need, cap);
+    if (cap < *need)
+        return gcomp_codec_fail(GCOMP_ERR_BUFFER_TOO_SMALL, "terngrad: need %zu body bytes, have %zu", *need, cap);
     return GCOMP_SUCCESS;
 }
 
@@ -299,8 +312,8 @@ gcomp_result gcomp__tg_ternarise(const gcomp_terngrad_params *p, const gcomp_enc
         size_t m = n - a < B ? n - a : B;
         for (size_t done = 0; done < m; done += TILE) {
             size_t i = a + done, len = m - done < TILE ? m - done : TILE;
-            quantize_tile(g + i, r_in ? r_in + i : NULL, r_out ? r_out + i : NULL, len, scales[j], key,
-                          ctx->offset + i, codes);
+            quantize_tile(g + i, r_in ? r_in + i : NULL, r_out ? r_out + i : NULL, len, scales[j], key, ctx->offset + i,
+                          codes);
             for (size_t k = 0; k < len; k++) t[i + k] = (int8_t)((int32_t)(codes[k] & 1u) - (int32_t)(codes[k] >> 1));
         }
     }
@@ -336,11 +349,13 @@ static gcomp_result check_tile(const uint8_t *in, size_t len, size_t first)
     size_t q = (len + 3) / 4;
     uint8_t threes = 0;
     for (size_t j = 0; j < q; j++) threes |= in[j] & (in[j] >> 1) & 0x55;
-    if (threes) return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "terngrad: invalid code 3 in the tile at element %zu", first);
+    if (threes)
+        return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "terngrad: invalid code 3 in the tile at element %zu", first);
     for (unsigned p = 0; p < 4; p++)
         for (size_t j = plane_len(len, q, p); j < q; j++)
             if ((in[j] >> (2 * p)) & 3u)
-                return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "terngrad: padding bits set in the tile at element %zu", first);
+                return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "terngrad: padding bits set in the tile at element %zu",
+                                        first);
     return GCOMP_SUCCESS;
 }
 
@@ -367,19 +382,21 @@ static gcomp_result tg_decode_add(const void *params, uint32_t flags, const uint
     const uint8_t *packed = body + 4 * nb;
     if (flags) return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "terngrad: unknown flags 0x%x", flags);
     if (bytes != tg_max_body(p, n))
-        return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "terngrad: body of %zu bytes for %zu elements (expected %zu)", bytes, n,
-                                tg_max_body(p, n));
+        return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "terngrad: body of %zu bytes for %zu elements (expected %zu)", bytes,
+                                n, tg_max_body(p, n));
     /* validate everything first, so a corrupt payload leaves acc untouched */
     for (size_t a = 0, j = 0; a < n; a += B, j++) {
         size_t m = n - a < B ? n - a : B;
         float s = load_f32(body + 4 * j);
         if (s < 0) return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "terngrad: negative scale %g in bucket %zu", s, j);
-        for (size_t t = 0; t < m; t += TILE) GCOMP_CHECK_TG(check_tile(packed + (a + t) / 4, m - t < TILE ? m - t : TILE, a + t));
+        for (size_t t = 0; t < m; t += TILE)
+            GCOMP_CHECK_TG(check_tile(packed + (a + t) / 4, m - t < TILE ? m - t : TILE, a + t));
     }
     for (size_t a = 0, j = 0; a < n; a += B, j++) {
         size_t m = n - a < B ? n - a : B;
         float s = load_f32(body + 4 * j);
-        for (size_t t = 0; t < m; t += TILE) decode_tile(packed + (a + t) / 4, m - t < TILE ? m - t : TILE, s, acc + a + t);
+        for (size_t t = 0; t < m; t += TILE)
+            decode_tile(packed + (a + t) / 4, m - t < TILE ? m - t : TILE, s, acc + a + t);
     }
     return GCOMP_SUCCESS;
 }
@@ -436,14 +453,14 @@ static void sum_fmt_init(sum_fmt *f, uint32_t m, int16_t (*table)[8])
     if (!f->digits) return;
     /* count through the codes in base L, digit 0 lowest: no division per entry */
     int16_t d[8];
-    for (unsigned k = 0; k < 8; k++) d[k] = (int16_t)-(int32_t)m;
+    for (unsigned k = 0; k < 8; k++) d[k] = (int16_t) - (int32_t)m;
     for (uint64_t c = 0; c < 256; c++) {
         if (c >= f->lg) {
             memset(f->digits[c], 0, sizeof f->digits[c]);
             continue;
         }
         memcpy(f->digits[c], d, sizeof d);
-        for (unsigned k = 0; k < f->g && ++d[k] > (int32_t)m; k++) d[k] = (int16_t)-(int32_t)m;
+        for (unsigned k = 0; k < f->g && ++d[k] > (int32_t)m; k++) d[k] = (int16_t) - (int32_t)m;
     }
 }
 
@@ -453,7 +470,7 @@ static void sum_fmt_init(sum_fmt *f, uint32_t m, int16_t (*table)[8])
  * at; groups within 8 bytes of the block's end load the 8 bytes that end where they end, so
  * nothing past the block is read. */
 static inline __attribute__((always_inline)) uint64_t group_word(const uint8_t *in, size_t gi, unsigned w,
-                                                                   size_t groups)
+                                                                 size_t groups)
 {
     uint64_t word;
     if (gi * w + 8 <= groups * w) {
@@ -469,8 +486,8 @@ static inline __attribute__((always_inline)) uint64_t group_word(const uint8_t *
  * The int16 digit table gives the sums; a float table gives values of the sums. Returns
  * nonzero on an invalid code. */
 static inline __attribute__((always_inline)) uint64_t block_lookup(const unsigned w, const unsigned g, const size_t es,
-                                                                     uint64_t lg, const void *tab, const uint8_t *in,
-                                                                     void *out)
+                                                                   uint64_t lg, const void *tab, const uint8_t *in,
+                                                                   void *out)
 {
     const uint64_t mask = (1ull << w) - 1;
     const size_t groups = SUM_BLOCK / g / 8; /* of 8 codes in exactly w bytes, little-endian host */
@@ -488,7 +505,7 @@ static inline __attribute__((always_inline)) uint64_t block_lookup(const unsigne
 
 /* One block: sums (in [-m, m]) -> codes of width w, g digits of base L each. */
 static inline __attribute__((always_inline)) void block_pack(const unsigned w, const unsigned g, const uint32_t L,
-                                                               const sum_fmt *f, const int16_t *sums, uint8_t *out)
+                                                             const sum_fmt *f, const int16_t *sums, uint8_t *out)
 {
     const int32_t m = (int32_t)f->m;
     const size_t groups = SUM_BLOCK / g / 8;
@@ -502,28 +519,50 @@ static inline __attribute__((always_inline)) void block_pack(const unsigned w, c
         }
         /* a whole 8-byte store where it stays inside the block: the bytes past this group
          * are zero and the next groups' stores overwrite them */
-        if (gi * w + 8 <= groups * w) memcpy(out + gi * w, &word, 8);
-        else memcpy(out + gi * w, &word, w);
+        if (gi * w + 8 <= groups * w)
+            memcpy(out + gi * w, &word, 8);
+        else
+            memcpy(out + gi * w, &word, w);
     }
 }
 
 /* The formats of a ring of up to 5 ranks with every constant known at compile time; other
  * plain (g = 1) formats by width; the rest (g = 2 for m = 5) generic. */
-#define SUM_FORMATS(X, f, ...)                                                                 \
-    switch ((f)->m) {                                                                          \
-    case 1: X(8, 5, 3, f, __VA_ARGS__); break;                                                 \
-    case 2: X(7, 3, 5, f, __VA_ARGS__); break;                                                 \
-    case 3: X(3, 1, 7, f, __VA_ARGS__); break;                                                 \
-    case 4: X(7, 2, 9, f, __VA_ARGS__); break;                                                 \
-    default:                                                                                   \
-        if ((f)->g > 1) X((f)->w, (f)->g, (f)->L, f, __VA_ARGS__);                             \
-        else switch ((f)->w) {                                                                 \
-            case 4: X(4, 1, (f)->L, f, __VA_ARGS__); break;                                    \
-            case 5: X(5, 1, (f)->L, f, __VA_ARGS__); break;                                    \
-            case 6: X(6, 1, (f)->L, f, __VA_ARGS__); break;                                    \
-            case 7: X(7, 1, (f)->L, f, __VA_ARGS__); break;                                    \
-            default: X(8, 1, (f)->L, f, __VA_ARGS__); break;                                   \
-            }                                                                                  \
+#define SUM_FORMATS(X, f, ...)                         \
+    switch ((f)->m) {                                  \
+    case 1:                                            \
+        X(8, 5, 3, f, __VA_ARGS__);                    \
+        break;                                         \
+    case 2:                                            \
+        X(7, 3, 5, f, __VA_ARGS__);                    \
+        break;                                         \
+    case 3:                                            \
+        X(3, 1, 7, f, __VA_ARGS__);                    \
+        break;                                         \
+    case 4:                                            \
+        X(7, 2, 9, f, __VA_ARGS__);                    \
+        break;                                         \
+    default:                                           \
+        if ((f)->g > 1)                                \
+            X((f)->w, (f)->g, (f)->L, f, __VA_ARGS__); \
+        else                                           \
+            switch ((f)->w) {                          \
+            case 4:                                    \
+                X(4, 1, (f)->L, f, __VA_ARGS__);       \
+                break;                                 \
+            case 5:                                    \
+                X(5, 1, (f)->L, f, __VA_ARGS__);       \
+                break;                                 \
+            case 6:                                    \
+                X(6, 1, (f)->L, f, __VA_ARGS__);       \
+                break;                                 \
+            case 7:                                    \
+                X(7, 1, (f)->L, f, __VA_ARGS__);       \
+                break;                                 \
+            default:                                   \
+                X(8, 1, (f)->L, f, __VA_ARGS__);       \
+                break;                                 \
+            }                                          \
     }
 
 #define LOOKUP_X(w, g, L, f, es, tab, in, out, bad) bad = block_lookup(w, g, es, (f)->lg, tab, in, out) /* no L */
@@ -543,15 +582,12 @@ static uint64_t block_values_w(const sum_fmt *f, const float (*tab)[8], const ui
     return bad;
 }
 
-static void block_pack_w(const sum_fmt *f, const int16_t *sums, uint8_t *out)
-{
-    SUM_FORMATS(PACK_X, f, sums, out)
-}
+static void block_pack_w(const sum_fmt *f, const int16_t *sums, uint8_t *out) { SUM_FORMATS(PACK_X, f, sums, out) }
 
 /* Any n <= SUM_BLOCK sums (the last block, or sums wider than 8 bits), group by group. */
 static uint64_t slow_unpack(const sum_fmt *f, const uint8_t *in, size_t n, int16_t *out)
 {
-    gcomp_bitreader r = {in, 0, (size_t)gcomp_tg_sum_bytes(n, f->m), 0, 0};
+    gcomp_bitreader r = { in, 0, (size_t)gcomp_tg_sum_bytes(n, f->m), 0, 0 };
     uint64_t bad = 0;
     for (size_t i = 0; i < n; i += f->g) {
         unsigned k = n - i < f->g ? (unsigned)(n - i) : f->g;
@@ -565,7 +601,7 @@ static uint64_t slow_unpack(const sum_fmt *f, const uint8_t *in, size_t n, int16
 
 static void slow_pack(const sum_fmt *f, const int16_t *sums, size_t n, uint8_t *out)
 {
-    gcomp_bitwriter w = {out, 0, 0, 0};
+    gcomp_bitwriter w = { out, 0, 0, 0 };
     for (size_t i = 0; i < n; i += f->g) {
         unsigned k = n - i < f->g ? (unsigned)(n - i) : f->g;
         uint64_t c = 0;
@@ -582,8 +618,10 @@ static uint64_t unpack_block_any(const sum_fmt *f, const uint8_t *in, size_t n, 
 
 static void pack_block_any(const sum_fmt *f, const int16_t *sums, size_t n, uint8_t *out)
 {
-    if (n == SUM_BLOCK && f->w <= 8) block_pack_w(f, sums, out);
-    else slow_pack(f, sums, n, out);
+    if (n == SUM_BLOCK && f->w <= 8)
+        block_pack_w(f, sums, out);
+    else
+        slow_pack(f, sums, n, out);
 }
 
 gcomp_result gcomp__tg_sums_add_pack(const uint8_t *in, size_t in_bytes, uint32_t m_in, const int8_t *t, size_t n,
@@ -594,18 +632,24 @@ gcomp_result gcomp__tg_sums_add_pack(const uint8_t *in, size_t in_bytes, uint32_
     sum_fmt fi, fo;
     uint64_t bad = 0;
     if (m_in && in_bytes != gcomp_tg_sum_bytes(n, m_in))
-        return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "terngrad: %zu bytes of sums for %zu elements of %u ranks", in_bytes, n, m_in);
-    if (m_in >= 32767) return gcomp_codec_fail(GCOMP_ERR_UNSUPPORTED, "terngrad: sums of %u ranks do not fit int16", m_in + 1);
+        return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "terngrad: %zu bytes of sums for %zu elements of %u ranks", in_bytes,
+                                n, m_in);
+    if (m_in >= 32767)
+        return gcomp_codec_fail(GCOMP_ERR_UNSUPPORTED, "terngrad: sums of %u ranks do not fit int16", m_in + 1);
     if (m_in) sum_fmt_init(&fi, m_in, tab_in);
     sum_fmt_init(&fo, m_in + 1, NULL);
     for (size_t a = 0, b = 0; a < n; a += SUM_BLOCK, b++) {
         size_t len = n - a < SUM_BLOCK ? n - a : SUM_BLOCK;
-        if (m_in) bad |= unpack_block_any(&fi, in + b * fi.block_bytes, len, blk);
-        else memset(blk, 0, sizeof blk);
+        if (m_in)
+            bad |= unpack_block_any(&fi, in + b * fi.block_bytes, len, blk);
+        else
+            memset(blk, 0, sizeof blk);
         for (size_t i = 0; i < len; i++) blk[i] = (int16_t)(blk[i] + t[a + i]);
         pack_block_any(&fo, blk, len, out + b * fo.block_bytes);
     }
-    if (bad) return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "terngrad: a packed group of sums of %u ranks is out of range", m_in);
+    if (bad)
+        return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "terngrad: a packed group of sums of %u ranks is out of range",
+                                m_in);
     return GCOMP_SUCCESS;
 }
 
@@ -615,7 +659,8 @@ static gcomp_result check_final_sums(size_t bytes, size_t n, uint32_t m)
     if (m == 0) return gcomp_codec_fail(GCOMP_ERR_INVALID_ARG, "terngrad: sums of 0 ranks");
     if (m > 32767) return gcomp_codec_fail(GCOMP_ERR_UNSUPPORTED, "terngrad: sums of %u ranks do not fit int16", m);
     if (bytes != gcomp_tg_sum_bytes(n, m))
-        return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "terngrad: %zu bytes of sums for %zu elements of %u ranks", bytes, n, m);
+        return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "terngrad: %zu bytes of sums for %zu elements of %u ranks", bytes, n,
+                                m);
     return GCOMP_SUCCESS;
 }
 
@@ -630,11 +675,13 @@ gcomp_result gcomp__tg_sums_unpack(const uint8_t *in, size_t bytes, size_t n, ui
         size_t len = n - a < SUM_BLOCK ? n - a : SUM_BLOCK;
         bad |= unpack_block_any(&f, in + b * f.block_bytes, len, out + a);
     }
-    if (bad) return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "terngrad: a packed group of sums of %u ranks is out of range", m);
+    if (bad)
+        return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "terngrad: a packed group of sums of %u ranks is out of range", m);
     return GCOMP_SUCCESS;
 }
 
-gcomp_result gcomp__tg_sums_values(const uint8_t *in, size_t bytes, size_t n, uint32_t m, const float *value, float *out)
+gcomp_result gcomp__tg_sums_values(const uint8_t *in, size_t bytes, size_t n, uint32_t m, const float *value,
+                                   float *out)
 {
     int16_t tab[256][8], blk[SUM_BLOCK];
     float ftab[256][8];
@@ -648,13 +695,14 @@ gcomp_result gcomp__tg_sums_values(const uint8_t *in, size_t bytes, size_t n, ui
         size_t len = n - a < SUM_BLOCK ? n - a : SUM_BLOCK;
         const uint8_t *src = in + b * f.block_bytes;
         if (len == SUM_BLOCK && f.digits) {
-            bad |= block_values_w(&f, (const float (*)[8])ftab, src, out + a);
+            bad |= block_values_w(&f, (const float(*)[8])ftab, src, out + a);
             continue;
         }
         bad |= slow_unpack(&f, src, len, blk);
         for (size_t i = 0; i < len; i++) out[a + i] = value[blk[i] + (int32_t)m];
     }
-    if (bad) return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "terngrad: a packed group of sums of %u ranks is out of range", m);
+    if (bad)
+        return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "terngrad: a packed group of sums of %u ranks is out of range", m);
     return GCOMP_SUCCESS;
 }
 

@@ -58,7 +58,7 @@
 #define GCOMP_WIRE_ID_TERNGRAD 4
 #define GCOMP_TG_RMS_BLOCK 256  /* elements per block of the deterministic rms sum */
 #define GCOMP_TG_RMS_GROUP 1024 /* blocks per group of that sum (see gcomp__tg_rms) */
-#define GCOMP_TG_TILE 1024     /* elements per tile of the planar code layout */
+#define GCOMP_TG_TILE 1024      /* elements per tile of the planar code layout */
 
 typedef struct gcomp_terngrad_params {
     int64_t bucket; /* elements per scale; 0 = one scale per tensor (default) */
@@ -152,7 +152,8 @@ static inline GCOMP_HD uint64_t gcomp_tg_sum_pow(uint32_t m, unsigned k)
 static inline GCOMP_HD uint64_t gcomp_tg_sum_bytes(uint64_t n, uint32_t m)
 {
     unsigned g = gcomp_tg_sum_group(m);
-    uint64_t bits = n / g * gcomp_tg_bits_below(gcomp_tg_sum_pow(m, g)) + gcomp_tg_bits_below(gcomp_tg_sum_pow(m, (unsigned)(n % g)));
+    uint64_t bits = n / g * gcomp_tg_bits_below(gcomp_tg_sum_pow(m, g)) +
+                    gcomp_tg_bits_below(gcomp_tg_sum_pow(m, (unsigned)(n % g)));
     return (bits + 7) / 8;
 }
 
@@ -180,7 +181,8 @@ gcomp_result gcomp__tg_sums_add_pack(const uint8_t *in, size_t in_bytes, uint32_
 gcomp_result gcomp__tg_sums_unpack(const uint8_t *in, size_t bytes, size_t n, uint32_t m, int16_t *out);
 /* out[i] = value[sum_i + m] (value has 2m + 1 entries): the final sums straight to floats
  * through a table, one pass, no int16 array in between. Same checks as sums_unpack. */
-gcomp_result gcomp__tg_sums_values(const uint8_t *in, size_t bytes, size_t n, uint32_t m, const float *value, float *out);
+gcomp_result gcomp__tg_sums_values(const uint8_t *in, size_t bytes, size_t n, uint32_t m, const float *value,
+                                   float *out);
 /* encode with given scales, each >= the local one (the max over all ranks), so a non-finite
  * input always comes with a non-finite scale: what the integer ring's codes stand for (the
  * reference test_terngrad checks gcomp__tg_ternarise against; not in the vtable). */

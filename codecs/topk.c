@@ -47,25 +47,26 @@
 
 #define TOPK_KEY_BITS 31u
 #define TOPK_INF_KEY GCOMP_TOPK_INF_KEY
-#define TOPK_GROUP 16u           /* elements tested at once before any per-element work */
-#define TOPK_CHUNK ((size_t)1 << 30) /* elements per pass-1 chunk: uint32 counts stay exact */
+#define TOPK_GROUP 16u                    /* elements tested at once before any per-element work */
+#define TOPK_CHUNK ((size_t)1 << 30)      /* elements per pass-1 chunk: uint32 counts stay exact */
 #define TOPK_SPEC_MIN_N ((size_t)1 << 16) /* below: two passes over data that sits in cache */
 #define TOPK_SAMPLE 8192u
 #define TOPK_STREAM_MIN_N ((size_t)1 << 22) /* from 16 MiB of x: streamed stores (pass 1) */
-#define TOPK_NSUB ((size_t)4) /* partial histograms, so equal keys in a row do not wait on
+#define TOPK_NSUB \
+    ((size_t)4) /* partial histograms, so equal keys in a row do not wait on
                                  each other's increment */
 
 /* ---- parameters ---------------------------------------------------------------------- */
 
-static const char *const topk_value_choices[] = {"fp32", "fp16", NULL};
+static const char *const topk_value_choices[] = { "fp32", "fp16", NULL };
 
 static const gcomp_param_def topk_param_defs[] = {
-    {"ratio", GCOMP_PARAM_DOUBLE, offsetof(gcomp_topk_params, ratio), 1e-6, 1.0, 0.01, NULL,
-     "fraction of the elements kept, k = ceil(ratio * n)"},
-    {"k", GCOMP_PARAM_INT, offsetof(gcomp_topk_params, k), 0.0, 4611686018427387904.0 /* 2^62 */,
-     0.0, NULL, "number of elements kept; 0 uses ratio, > 0 overrides it"},
-    {"values", GCOMP_PARAM_ENUM, offsetof(gcomp_topk_params, values), 0.0, 1.0, 0.0,
-     topk_value_choices, "wire type of the kept values"},
+    { "ratio", GCOMP_PARAM_DOUBLE, offsetof(gcomp_topk_params, ratio), 1e-6, 1.0, 0.01, NULL,
+      "fraction of the elements kept, k = ceil(ratio * n)" },
+    { "k", GCOMP_PARAM_INT, offsetof(gcomp_topk_params, k), 0.0, 4611686018427387904.0 /* 2^62 */, 0.0, NULL,
+      "number of elements kept; 0 uses ratio, > 0 overrides it" },
+    { "values", GCOMP_PARAM_ENUM, offsetof(gcomp_topk_params, values), 0.0, 1.0, 0.0, topk_value_choices,
+      "wire type of the kept values" },
 };
 
 /* ---- element access -------------------------------------------------------------------- */
@@ -78,10 +79,7 @@ static inline uint32_t key_of(float x)
 }
 
 /* x[i] as the codec defines it: g + r, or g itself (bit for bit, -0 included) without r. */
-static inline float x_at(const float *g, const float *r, size_t i)
-{
-    return r ? g[i] + r[i] : g[i];
-}
+static inline float x_at(const float *g, const float *r, size_t i) { return r ? g[i] + r[i] : g[i]; }
 
 /* Nonzero iff some key of the group is >= thr: thr - 1 - key borrows into bit 31 exactly
  * then (keys and thr are below 2^31; thr == 0 flags every group). Plain integer ops, so the
@@ -103,19 +101,19 @@ static unsigned isqrt(uint64_t v)
 /* ---- selection state ------------------------------------------------------------------- */
 
 typedef struct topk_select {
-    unsigned digit;   /* D: bits of the top digit (and at most that many in later digits) */
-    unsigned shift;   /* keys >> shift are compared with prefix */
+    unsigned digit; /* D: bits of the top digit (and at most that many in later digits) */
+    unsigned shift; /* keys >> shift are compared with prefix */
     uint32_t prefix;
-    uint64_t need;      /* undecided keys still to keep */
-    uint64_t undecided; /* how many keys are undecided */
-    uint64_t *hist;     /* 2^D counts of the current digit */
-    uint32_t *sub;      /* TOPK_NSUB x 2^D partial counts: pass 1 uses two, a digit pass
+    uint64_t need;       /* undecided keys still to keep */
+    uint64_t undecided;  /* how many keys are undecided */
+    uint64_t *hist;      /* 2^D counts of the current digit */
+    uint32_t *sub;       /* TOPK_NSUB x 2^D partial counts: pass 1 uses two, a digit pass
                            over x (long runs of one bin) all four */
-    uint64_t *idx;      /* candidate list: indices in increasing order ... */
-    uint32_t *key;      /* ... and their keys */
-    size_t cap;         /* entries the list can hold */
+    uint64_t *idx;       /* candidate list: indices in increasing order ... */
+    uint32_t *key;       /* ... and their keys */
+    size_t cap;          /* entries the list can hold */
     unsigned hist_digit; /* digit the hist/sub buffers were sized for (0: none) */
-    size_t ncand;       /* entries it holds */
+    size_t ncand;        /* entries it holds */
 } topk_select;
 
 /* Top digit width: 16 bits for large n; fewer for small n, where clearing and scanning 2^16
@@ -134,8 +132,7 @@ static gcomp_result list_reserve(topk_select *s, size_t entries)
     s->idx = malloc(entries * sizeof *s->idx);
     s->key = malloc(entries * sizeof *s->key);
     s->cap = s->idx && s->key ? entries : 0;
-    if (!s->cap)
-        return gcomp_codec_fail(GCOMP_ERR_NOMEM, "topk: no memory for %zu candidates", entries);
+    if (!s->cap) return gcomp_codec_fail(GCOMP_ERR_NOMEM, "topk: no memory for %zu candidates", entries);
     return GCOMP_SUCCESS;
 }
 
@@ -193,21 +190,21 @@ static void fold_sub(topk_select *s, size_t nsub, int add)
 
 /* Returns 1 and sets *t0 (a top-digit bin floor) and the list capacity when a guess is worth
  * making: n is large and the guess keeps the list at a few percent of n. Uses s->hist. */
-static int sample_threshold(topk_select *s, const float *g, const float *r, size_t n,
-                            uint64_t k, uint32_t *t0, size_t *cap)
+static int sample_threshold(topk_select *s, const float *g, const float *r, size_t n, uint64_t k, uint32_t *t0,
+                            size_t *cap)
 {
     const size_t stride = n / TOPK_SAMPLE;
     uint64_t expect, want, above, got;
     uint32_t b;
 
     if (n < TOPK_SPEC_MIN_N) return 0;
-    expect = k / stride;                      /* sample elements above the true threshold */
-    want = expect + 4 * isqrt(expect) + 8;    /* > 4 sigma of margin */
+    expect = k / stride;                   /* sample elements above the true threshold */
+    want = expect + 4 * isqrt(expect) + 8; /* > 4 sigma of margin */
     if (want > TOPK_SAMPLE / 8) return 0;
     memset(s->hist, 0, ((size_t)1 << s->digit) * sizeof *s->hist);
     for (size_t j = 0; j < TOPK_SAMPLE; j++) s->hist[key_of(x_at(g, r, j * stride)) >> s->shift]++;
     b = find_bin(s->hist, 1u << s->digit, want, &above);
-    got = above + s->hist[b]; /* sample elements >= t0 */
+    got = above + s->hist[b];            /* sample elements >= t0 */
     if (got > TOPK_SAMPLE / 8) return 0; /* a heavy bin (ties): the guess would not pay */
     *t0 = b << s->shift;
     *cap = (size_t)(got + 4 * isqrt(got) + 16) * (stride + 1);
@@ -218,8 +215,8 @@ static int sample_threshold(topk_select *s, const float *g, const float *r, size
 
 /* Appends the group's elements with key >= thr to the list. The write is unconditional and
  * the count moves by the comparison, so the list needs TOPK_GROUP free entries. */
-static inline size_t append_group(const float *g, const float *r, size_t i, size_t base,
-                                  uint32_t thr, uint64_t *idx, uint32_t *key, size_t c)
+static inline size_t append_group(const float *g, const float *r, size_t i, size_t base, uint32_t thr, uint64_t *idx,
+                                  uint32_t *key, size_t c)
 {
     for (size_t j = i; j < i + TOPK_GROUP; j++) {
         uint32_t kj = key_of(x_at(g, r, j));
@@ -249,9 +246,9 @@ static inline void store_group(float *dst, const float *xb, int stream)
  * Inlined into each call site with constant NULL-ness of r and xo and a constant spec, so
  * every variant is a straight loop. Returns the new list length, or SIZE_MAX when the list
  * overflowed (the guess was wrong; pass 2 will collect). */
-static inline __attribute__((always_inline)) size_t
-pass1_loop(topk_select *s, const float *g, const float *r, float *xo, size_t n, size_t base,
-           int spec, uint32_t t0, size_t c)
+static inline __attribute__((always_inline)) size_t pass1_loop(topk_select *s, const float *g, const float *r,
+                                                               float *xo, size_t n, size_t base, int spec, uint32_t t0,
+                                                               size_t c)
 {
     const int hist = !spec; /* with a guess, the list alone decides (see select_topk) */
     const int stream = xo && base + n >= TOPK_STREAM_MIN_N;
@@ -316,14 +313,12 @@ GCOMP_SIMD_CLONES static size_t pass1_chunk(topk_select *s, const float *g, cons
 }
 
 /* Pass 1 over the whole tensor in chunks. Returns the list length or SIZE_MAX (overflow). */
-static size_t pass1(topk_select *s, const float *g, const float *r, float *xo, size_t n,
-                    int spec, uint32_t t0)
+static size_t pass1(topk_select *s, const float *g, const float *r, float *xo, size_t n, int spec, uint32_t t0)
 {
     size_t c = 0;
     for (size_t base = 0; base < n; base += TOPK_CHUNK) {
         size_t m = n - base < TOPK_CHUNK ? n - base : TOPK_CHUNK;
-        c = pass1_chunk(s, g + base, r ? r + base : NULL, xo ? xo + base : NULL, m, base, spec,
-                        t0, c);
+        c = pass1_chunk(s, g + base, r ? r + base : NULL, xo ? xo + base : NULL, m, base, spec, t0, c);
         if (!spec) fold_sub(s, 2, base > 0);
     }
     return c;
@@ -417,8 +412,8 @@ static void digit_from_list(topk_select *s, unsigned d)
 /* The same from x: a full pass, taken when the undecided keys are a large share of n. The
  * increments are predicated (no per-element branch) and spread over four count arrays, as
  * the undecided keys here are mostly in one bin. */
-static inline __attribute__((always_inline)) void
-digit_loop(topk_select *s, const float *g, const float *r, size_t n, unsigned d)
+static inline __attribute__((always_inline)) void digit_loop(topk_select *s, const float *g, const float *r, size_t n,
+                                                             unsigned d)
 {
     const unsigned lo = s->shift - d, shift = s->shift;
     const uint32_t mask = (1u << d) - 1, prefix = s->prefix;
@@ -443,8 +438,10 @@ static void digit_from_data(topk_select *s, const float *g, const float *r, size
 {
     for (size_t base = 0; base < n; base += TOPK_CHUNK) {
         size_t m = n - base < TOPK_CHUNK ? n - base : TOPK_CHUNK;
-        if (r) digit_loop(s, g + base, r + base, m, d);
-        else digit_loop(s, g + base, NULL, m, d);
+        if (r)
+            digit_loop(s, g + base, r + base, m, d);
+        else
+            digit_loop(s, g + base, NULL, m, d);
         fold_sub(s, TOPK_NSUB, base > 0); /* bins past 2^d stay zero */
     }
 }
@@ -457,8 +454,10 @@ static void refine(topk_select *s, const float *g, const float *r, size_t n, int
         unsigned d = s->shift < s->digit ? s->shift : s->digit;
         uint64_t above;
         uint32_t b;
-        if (from_list) digit_from_list(s, d);
-        else digit_from_data(s, g, r, n, d);
+        if (from_list)
+            digit_from_list(s, d);
+        else
+            digit_from_data(s, g, r, n, d);
         b = find_bin(s->hist, 1u << d, s->need, &above);
         s->undecided = s->hist[b];
         s->need -= above;
@@ -471,8 +470,8 @@ static void refine(topk_select *s, const float *g, const float *r, size_t n, int
 
 /* Fills s->idx[0..k) with the kept indices in increasing order and sets *nonfinite. x is
  * g + r; when xo is not NULL pass 1 stores x there and later passes read it back. */
-static gcomp_result select_topk(topk_select *s, const float *g, const float *r, float *xo,
-                                size_t n, uint64_t k, uint32_t *nonfinite)
+static gcomp_result select_topk(topk_select *s, const float *g, const float *r, float *xo, size_t n, uint64_t k,
+                                uint32_t *nonfinite)
 {
     const float *xs = xo ? xo : g, *xr = xo ? NULL : r; /* x after pass 1 */
     uint32_t t0 = 0;
@@ -526,8 +525,7 @@ static gcomp_result select_topk(topk_select *s, const float *g, const float *r, 
         got = s->ncand;
     }
     if (got != s->ncand)
-        return gcomp_codec_fail(GCOMP_ERR_INTERNAL, "topk: %zu candidates, expected %zu", got,
-                                s->ncand);
+        return gcomp_codec_fail(GCOMP_ERR_INTERNAL, "topk: %zu candidates, expected %zu", got, s->ncand);
 
     refine(s, xs, xr, n, from_list);
     if (from_list) {
@@ -536,9 +534,7 @@ static gcomp_result select_topk(topk_select *s, const float *g, const float *r, 
         if (list_reserve(s, (size_t)k + 1) != GCOMP_SUCCESS) return GCOMP_ERR_NOMEM;
         got = collect_kept(s, xs, xr, n, k);
     }
-    if (got != k)
-        return gcomp_codec_fail(GCOMP_ERR_INTERNAL, "topk: kept %zu of k=%llu", got,
-                                (unsigned long long)k);
+    if (got != k) return gcomp_codec_fail(GCOMP_ERR_INTERNAL, "topk: kept %zu of k=%llu", got, (unsigned long long)k);
     return GCOMP_SUCCESS;
 }
 
@@ -609,8 +605,8 @@ static size_t body_bytes(const uint64_t *idx, uint64_t k, const float *xs, const
 
 /* Writes the body and, with r_out, the kept elements' residuals. Returns the bytes written and
  * adds the fp16 overflows to *overflow. */
-static size_t body_write(const uint64_t *idx, uint64_t k, const float *xs, const float *xr, float *r_out,
-                         int fp16, uint8_t *body, uint64_t *overflow)
+static size_t body_write(const uint64_t *idx, uint64_t k, const float *xs, const float *xr, float *r_out, int fp16,
+                         uint8_t *body, uint64_t *overflow)
 {
     topk_block bl;
     size_t pos = 8;
@@ -635,9 +631,8 @@ static size_t topk_max_body_bytes(const void *params, size_t count)
            (rem ? gcomp_topk_block_max_bytes((unsigned)rem, w, p->values) : 0);
 }
 
-static gcomp_result topk_encode(const void *params, gcomp_encode_ctx *ctx, const float *g,
-                                const float *r_in, float *r_out, size_t n, uint8_t *body,
-                                size_t cap, size_t *written, uint32_t *flags)
+static gcomp_result topk_encode(const void *params, gcomp_encode_ctx *ctx, const float *g, const float *r_in,
+                                float *r_out, size_t n, uint8_t *body, size_t cap, size_t *written, uint32_t *flags)
 {
     const gcomp_topk_params *p = params;
     const int fp16 = p->values == 1;
@@ -645,7 +640,7 @@ static gcomp_result topk_encode(const void *params, gcomp_encode_ctx *ctx, const
     /* x goes to r_out in pass 1 only when the body cannot fail to fit: a failed encode then
      * leaves r_out untouched even when it aliases r_in */
     const int fits = cap >= topk_max_body_bytes(p, n), x_in_rout = r_out && fits;
-    topk_select local = {0}, *sp = ctx->state ? ctx->state : &local;
+    topk_select local = { 0 }, *sp = ctx->state ? ctx->state : &local;
     gcomp_result rc = GCOMP_SUCCESS;
     uint64_t ovf = 0;
 
@@ -661,8 +656,8 @@ static gcomp_result topk_encode(const void *params, gcomp_encode_ctx *ctx, const
     if (!fits) { /* a small buffer: measure the body before touching anything */
         size_t need = body_bytes(sp->idx, k, g, r_in, fp16);
         if (cap < need) {
-            rc = gcomp_codec_fail(GCOMP_ERR_BUFFER_TOO_SMALL, "topk: body needs %zu bytes, buffer holds %zu",
-                                  need, cap);
+            rc =
+                gcomp_codec_fail(GCOMP_ERR_BUFFER_TOO_SMALL, "topk: body needs %zu bytes, buffer holds %zu", need, cap);
             goto out;
         }
     }
@@ -688,7 +683,8 @@ static gcomp_result corrupt(const gcomp_topk_reader *rd, uint32_t flags, size_t 
 {
     const unsigned long long first = (unsigned long long)rd->first, k = (unsigned long long)rd->k;
     switch (why) {
-    case GCOMP_TOPK_BAD_FLAGS: return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "topk: unknown flags 0x%x", (unsigned)flags);
+    case GCOMP_TOPK_BAD_FLAGS:
+        return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "topk: unknown flags 0x%x", (unsigned)flags);
     case GCOMP_TOPK_BAD_NO_K:
         return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "topk: body of %zu bytes has no k", rd->bytes);
     case GCOMP_TOPK_BAD_K_COUNT:
@@ -699,7 +695,8 @@ static gcomp_result corrupt(const gcomp_topk_reader *rd, uint32_t flags, size_t 
         return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "topk: k=%llu pairs do not fit in %zu bytes", k, rd->bytes);
     case GCOMP_TOPK_BAD_TRAILING:
         return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "topk: %zu bytes after the last block", rd->bytes - rd->pos);
-    default: break;
+    default:
+        break;
     }
     {
         static const char *const what[] = {
@@ -749,10 +746,10 @@ static gcomp_result read_body(uint32_t flags, const uint8_t *body, size_t bytes,
     return GCOMP_SUCCESS;
 }
 
-static gcomp_result topk_decode_add(const void *params, uint32_t flags, const uint8_t *body,
-                                    size_t bytes, float *acc, size_t count)
+static gcomp_result topk_decode_add(const void *params, uint32_t flags, const uint8_t *body, size_t bytes, float *acc,
+                                    size_t count)
 {
-    const pair_sink check = {NULL, NULL, NULL}, add = {NULL, NULL, acc};
+    const pair_sink check = { NULL, NULL, NULL }, add = { NULL, NULL, acc };
     uint64_t k;
     gcomp_result rc;
     (void)params; /* the body describes itself: flags say fp16 or fp32 */
@@ -764,7 +761,7 @@ static gcomp_result topk_decode_add(const void *params, uint32_t flags, const ui
 gcomp_result gcomp__topk_body_pairs(uint32_t flags, const uint8_t *body, size_t bytes, size_t count, size_t cap,
                                     uint64_t *idx, float *val, size_t *k_out)
 {
-    const pair_sink lists = {idx, val, NULL};
+    const pair_sink lists = { idx, val, NULL };
     uint64_t k = 0;
     gcomp_result rc = read_body(flags, body, bytes, count, cap, &lists, &k);
     *k_out = (size_t)k;
@@ -777,7 +774,7 @@ gcomp_result gcomp__topk_body_pairs(uint32_t flags, const uint8_t *body, size_t 
 
 void gcomp__topk_sum_pairs(const gcomp_topk_pairs *lists, int n, float *result, size_t count, float divisor)
 {
-    size_t cur[GCOMP_TOPK_MAX_LISTS] = {0};
+    size_t cur[GCOMP_TOPK_MAX_LISTS] = { 0 };
     const int stream = count >= TOPK_STREAM_MIN_N;
     float buf[TOPK_SUM_BLOCK];
     for (size_t b0 = 0; b0 < count; b0 += TOPK_SUM_BLOCK) {
@@ -803,8 +800,8 @@ void gcomp__topk_sum_pairs(const gcomp_topk_pairs *lists, int n, float *result, 
 
 static size_t topk_sparse_k(const void *params, size_t count) { return (size_t)gcomp_topk_k(params, count); }
 
-static gcomp_result topk_sparse_pairs(const void *params, uint32_t flags, const uint8_t *body, size_t bytes, size_t count,
-                                      size_t cap, uint64_t *idx, float *val, size_t *got)
+static gcomp_result topk_sparse_pairs(const void *params, uint32_t flags, const uint8_t *body, size_t bytes,
+                                      size_t count, size_t cap, uint64_t *idx, float *val, size_t *got)
 {
     (void)params;
     return gcomp__topk_body_pairs(flags, body, bytes, count, cap, idx, val, got);

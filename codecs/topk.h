@@ -51,9 +51,9 @@
 #define GCOMP_TOPK_INF_KEY 0x7f800000u /* keys at or above it are Inf/NaN */
 
 typedef struct gcomp_topk_params {
-    double ratio;  /* fraction of elements kept, (0, 1]; default 0.01 */
-    int64_t k;     /* if > 0, the number kept (overrides ratio); default 0 */
-    int values;    /* 0 = fp32, 1 = fp16 */
+    double ratio; /* fraction of elements kept, (0, 1]; default 0.01 */
+    int64_t k;    /* if > 0, the number kept (overrides ratio); default 0 */
+    int values;   /* 0 = fp32, 1 = fp16 */
 } gcomp_topk_params;
 
 /* The helpers below are GCOMP_HD: the CPU reference (topk.c) and the CUDA kernels
@@ -125,7 +125,7 @@ typedef struct gcomp_topk_vfmt {
 
 static inline GCOMP_HD gcomp_topk_vfmt gcomp_topk_value_format(int fp16)
 {
-    gcomp_topk_vfmt f = {fp16 ? 5u : 8u, fp16 ? 10u : 23u};
+    gcomp_topk_vfmt f = { fp16 ? 5u : 8u, fp16 ? 10u : 23u };
     return f;
 }
 
@@ -197,11 +197,11 @@ static inline GCOMP_HD uint64_t gcomp_topk_value_field(uint32_t v, unsigned e0, 
  * value bits under the encoder's choices b, e0, ew. Returns the bytes written, which is
  * gcomp_topk_block_bytes of the block. (The CUDA encoder writes the same fields, one lane per
  * four pairs, at offsets from a scan of their lengths: cuda/topk.cu.) */
-static inline GCOMP_HD size_t gcomp_topk_block_write(const uint64_t *gaps, const uint32_t *vals, unsigned m,
-                                                     unsigned b, unsigned e0, unsigned ew, int fp16, uint8_t *out)
+static inline GCOMP_HD size_t gcomp_topk_block_write(const uint64_t *gaps, const uint32_t *vals, unsigned m, unsigned b,
+                                                     unsigned e0, unsigned ew, int fp16, uint8_t *out)
 {
     const unsigned vbits = 1 + ew + gcomp_topk_value_format(fp16).mbits;
-    gcomp_bitwriter bw = {out + 3, 0, 0, 0};
+    gcomp_bitwriter bw = { out + 3, 0, 0, 0 };
     out[0] = (uint8_t)b;
     out[1] = (uint8_t)e0;
     out[2] = (uint8_t)ew;
@@ -269,21 +269,21 @@ static inline GCOMP_HD int gcomp_topk_get_pair_fast(gcomp_bitreader *br, unsigne
 
 /* Why a body is refused (0: it is not). topk.c turns these into messages. */
 enum {
-    GCOMP_TOPK_BAD_FLAGS = 1,   /* unknown header flags */
-    GCOMP_TOPK_BAD_NO_K,        /* the body has no room for k */
-    GCOMP_TOPK_BAD_K_COUNT,     /* k > count */
-    GCOMP_TOPK_BAD_K_CAP,       /* k > what the receiver accepts */
-    GCOMP_TOPK_BAD_K_BYTES,     /* k pairs cannot fit in the body */
-    GCOMP_TOPK_BAD_BLOCK_HEAD,  /* the body ends inside a block's header */
-    GCOMP_TOPK_BAD_RICE,        /* Rice parameter over 63 */
-    GCOMP_TOPK_BAD_EXP_FIELDS,  /* exponent base or width out of range */
-    GCOMP_TOPK_BAD_TOO_MANY,    /* more indices than the tensor has */
-    GCOMP_TOPK_BAD_GAP,         /* index out of range, or the block is truncated */
-    GCOMP_TOPK_BAD_TRUNCATED,   /* the block is truncated */
-    GCOMP_TOPK_BAD_INDEX,       /* index out of range */
-    GCOMP_TOPK_BAD_EXP,         /* exponent out of range */
-    GCOMP_TOPK_BAD_PADDING,     /* padding bits are not zero */
-    GCOMP_TOPK_BAD_TRAILING     /* bytes after the last block */
+    GCOMP_TOPK_BAD_FLAGS = 1,  /* unknown header flags */
+    GCOMP_TOPK_BAD_NO_K,       /* the body has no room for k */
+    GCOMP_TOPK_BAD_K_COUNT,    /* k > count */
+    GCOMP_TOPK_BAD_K_CAP,      /* k > what the receiver accepts */
+    GCOMP_TOPK_BAD_K_BYTES,    /* k pairs cannot fit in the body */
+    GCOMP_TOPK_BAD_BLOCK_HEAD, /* the body ends inside a block's header */
+    GCOMP_TOPK_BAD_RICE,       /* Rice parameter over 63 */
+    GCOMP_TOPK_BAD_EXP_FIELDS, /* exponent base or width out of range */
+    GCOMP_TOPK_BAD_TOO_MANY,   /* more indices than the tensor has */
+    GCOMP_TOPK_BAD_GAP,        /* index out of range, or the block is truncated */
+    GCOMP_TOPK_BAD_TRUNCATED,  /* the block is truncated */
+    GCOMP_TOPK_BAD_INDEX,      /* index out of range */
+    GCOMP_TOPK_BAD_EXP,        /* exponent out of range */
+    GCOMP_TOPK_BAD_PADDING,    /* padding bits are not zero */
+    GCOMP_TOPK_BAD_TRAILING    /* bytes after the last block */
 };
 
 /* A body being read: where the next block starts, the smallest index its next gap may give. */

@@ -11,8 +11,8 @@ typedef struct zstd_state {
 } zstd_state;
 
 static const gcomp_param_def zstd_params[] = {
-    {"level", GCOMP_PARAM_INT, offsetof(gcomp_zstd_params, level), -7, 19, 1, NULL,
-     "zstd compression level; negative levels are faster"},
+    { "level", GCOMP_PARAM_INT, offsetof(gcomp_zstd_params, level), -7, 19, 1, NULL,
+      "zstd compression level; negative levels are faster" },
 };
 
 static void *zstd_create(const void *params)
@@ -51,8 +51,8 @@ static size_t zstd_bound(const void *params, size_t n)
     return b > n ? b : n;
 }
 
-static gcomp_result zstd_encode(const void *params, void *state, const uint8_t *in, size_t n, uint8_t *out,
-                                size_t cap, size_t *written, uint32_t *flags)
+static gcomp_result zstd_encode(const void *params, void *state, const uint8_t *in, size_t n, uint8_t *out, size_t cap,
+                                size_t *written, uint32_t *flags)
 {
     const gcomp_zstd_params *p = params;
     zstd_state *s = state;
@@ -78,7 +78,8 @@ static gcomp_result zstd_decode(const void *params, void *state, uint32_t flags,
     (void)params;
     if (flags & ~GCOMP_ZSTD_FLAG_RAW) return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "zstd: unknown flags 0x%x", flags);
     if (flags & GCOMP_ZSTD_FLAG_RAW) {
-        if (n > cap) return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "zstd: raw body of %zu bytes exceeds the %zu expected", n, cap);
+        if (n > cap)
+            return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "zstd: raw body of %zu bytes exceeds the %zu expected", n, cap);
         memcpy(out, in, n);
         *written = n;
         return GCOMP_SUCCESS;
@@ -87,7 +88,8 @@ static gcomp_result zstd_decode(const void *params, void *state, uint32_t flags,
     if (declared == ZSTD_CONTENTSIZE_UNKNOWN || declared == ZSTD_CONTENTSIZE_ERROR)
         return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "zstd: not a frame with a declared content size");
     if (declared > cap)
-        return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "zstd: frame declares %llu bytes, at most %zu expected", declared, cap);
+        return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "zstd: frame declares %llu bytes, at most %zu expected", declared,
+                                cap);
     frame = ZSTD_findFrameCompressedSize(in, n);
     if (ZSTD_isError(frame) || frame != n)
         return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "zstd: frame does not span the %zu-byte body", n);

@@ -18,7 +18,11 @@ extern "C" {
 #include "codecs/cast.h"
 }
 
-enum { KIND_F32 = 0, KIND_F16 = 1, KIND_BF16 = 2 };
+enum {
+    KIND_F32 = 0,
+    KIND_F16 = 1,
+    KIND_BF16 = 2
+};
 
 static size_t width_of(int kind) { return kind == KIND_F32 ? 4 : 2; }
 
@@ -28,8 +32,7 @@ static gcomp_result launch_failed(const char *what)
 {
     cudaError_t e = cudaGetLastError();
     if (e == cudaSuccess) return GCOMP_SUCCESS;
-    return gcomp_codec_fail(GCOMP_ERR_TRANSPORT, "cuda %s: %s (%s)", what, cudaGetErrorString(e),
-                            cudaGetErrorName(e));
+    return gcomp_codec_fail(GCOMP_ERR_TRANSPORT, "cuda %s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
 }
 
 static unsigned grid_for(size_t n, unsigned per_block)
@@ -43,7 +46,10 @@ static int aligned(const void *p, size_t a) { return ((uintptr_t)p & (a - 1)) ==
 
 /* ---- one element, as cast_loop in codecs/cast.c --------------------------------------- */
 
-static __device__ __forceinline__ int nonfinite_f32(float x) { return (gcomp_f32_bits(x) & 0x7f800000u) == 0x7f800000u; }
+static __device__ __forceinline__ int nonfinite_f32(float x)
+{
+    return (gcomp_f32_bits(x) & 0x7f800000u) == 0x7f800000u;
+}
 
 /* The wire code of x (f32: its bits) and the value it decodes to. */
 template <int KIND> static __device__ __forceinline__ uint32_t cast_code(float x, float *y)
@@ -87,7 +93,8 @@ template <int KIND, bool HAS_R> struct elem {
 
 template <int KIND> static __device__ __forceinline__ void store_code(uint8_t *body, size_t i, uint32_t code)
 {
-    if (KIND == KIND_F32) gcomp_le_store_u32(body + 4 * i, code);
+    if (KIND == KIND_F32)
+        gcomp_le_store_u32(body + 4 * i, code);
     else {
         body[2 * i] = (uint8_t)code;
         body[2 * i + 1] = (uint8_t)(code >> 8);
@@ -156,9 +163,9 @@ static __global__ void encode_kernel(const float *__restrict__ g, const gcomp_cu
     report(st, bad, over);
 }
 
-template <int KIND, bool HAS_R> static void launch_encode(int vec, const float *g, const gcomp_cuda_residual *res,
-                                                          size_t n, uint8_t *body, gcomp_cuda_status *st,
-                                                          cudaStream_t s)
+template <int KIND, bool HAS_R>
+static void launch_encode(int vec, const float *g, const gcomp_cuda_residual *res, size_t n, uint8_t *body,
+                          gcomp_cuda_status *st, cudaStream_t s)
 {
     if (vec)
         encode_kernel<KIND, HAS_R, true><<<grid_for(n / 4 + 1, 256), 256, 0, s>>>(g, res, n, body, st);
@@ -169,8 +176,8 @@ template <int KIND, bool HAS_R> static void launch_encode(int vec, const float *
 /* The residual buffers are the library's own allocations (256-byte aligned), so only g and
  * the body decide whether the vector path applies. */
 template <int KIND>
-static gcomp_result cast_encode(const gcomp_encode_ctx *ctx, const float *g, const gcomp_cuda_residual *res,
-                                size_t n, uint8_t *body, size_t cap, gcomp_cuda_status *st, cudaStream_t s)
+static gcomp_result cast_encode(const gcomp_encode_ctx *ctx, const float *g, const gcomp_cuda_residual *res, size_t n,
+                                uint8_t *body, size_t cap, gcomp_cuda_status *st, cudaStream_t s)
 {
     size_t need = n * width_of(KIND);
     int vec = aligned(g, 16) && aligned(body, 4 * width_of(KIND));
@@ -178,8 +185,10 @@ static gcomp_result cast_encode(const gcomp_encode_ctx *ctx, const float *g, con
     if (cap < need)
         return gcomp_codec_fail(GCOMP_ERR_BUFFER_TOO_SMALL, "%s (cuda): needs %zu body bytes, has %zu", name_of(KIND),
                                 need, cap);
-    if (res) launch_encode<KIND, true>(vec, g, res, n, body, st, s);
-    else launch_encode<KIND, false>(vec, g, res, n, body, st, s);
+    if (res)
+        launch_encode<KIND, true>(vec, g, res, n, body, st, s);
+    else
+        launch_encode<KIND, false>(vec, g, res, n, body, st, s);
     return launch_failed("cast encode kernel");
 }
 
@@ -188,8 +197,7 @@ static gcomp_result cast_encode(const gcomp_encode_ctx *ctx, const float *g, con
 /* The header was checked against the caller's count and the payload size (body_bytes <=
  * cap - 32) by the library; what is the codec's to check is as on the CPU: flags 0 and a
  * body of exactly count * width bytes. One thread; the add kernel runs only on success. */
-static __global__ void check_kernel(const uint8_t *payload, size_t cap, size_t n, unsigned width,
-                                    gcomp_cuda_status *st)
+static __global__ void check_kernel(const uint8_t *payload, size_t cap, size_t n, unsigned width, gcomp_cuda_status *st)
 {
     uint64_t body_bytes;
     if (st->error) return;
@@ -233,7 +241,8 @@ static __global__ void add_kernel(const uint8_t *__restrict__ body, float *__res
         }
         done = groups * 4;
     }
-    for (size_t i = done + tid; i < n; i += stride) acc[i] = add_acc(acc[i], cast_value<KIND>(load_code<KIND>(body, i)));
+    for (size_t i = done + tid; i < n; i += stride)
+        acc[i] = add_acc(acc[i], cast_value<KIND>(load_code<KIND>(body, i)));
 }
 
 template <int KIND>
@@ -263,29 +272,29 @@ static size_t no_scratch(const void *params, size_t count)
     return 0;
 }
 
-#define CAST_CUDA_OPS(lower, KIND)                                                                              \
-    static gcomp_result lower##_cuda_encode(const void *p, const gcomp_encode_ctx *ctx, const float *g,         \
+#define CAST_CUDA_OPS(lower, KIND)                                                                               \
+    static gcomp_result lower##_cuda_encode(const void *p, const gcomp_encode_ctx *ctx, const float *g,          \
                                             const gcomp_cuda_residual *res, size_t n, uint8_t *body, size_t cap, \
-                                            void *scratch, gcomp_cuda_status *st, struct CUstream_st *s)        \
-    {                                                                                                           \
-        (void)p;                                                                                                \
-        (void)scratch;                                                                                          \
-        return cast_encode<KIND>(ctx, g, res, n, body, cap, st, s);                                             \
-    }                                                                                                           \
-    static gcomp_result lower##_cuda_decode_add(const void *p, const uint8_t *payload, size_t cap, float *acc,  \
-                                                size_t n, gcomp_cuda_status *st, struct CUstream_st *s)         \
-    {                                                                                                           \
-        (void)p;                                                                                                \
-        return cast_decode_add<KIND>(payload, cap, acc, n, st, s);                                              \
-    }                                                                                                           \
-    static gcomp_codec_cuda_ops lower##_make_ops()                                                              \
-    {                                                                                                           \
-        gcomp_codec_cuda_ops o = {};                                                                            \
-        o.scratch_bytes = no_scratch;                                                                           \
-        o.encode = lower##_cuda_encode;                                                                         \
-        o.decode_add = lower##_cuda_decode_add;                                                                 \
-        return o;                                                                                               \
-    }                                                                                                           \
+                                            void *scratch, gcomp_cuda_status *st, struct CUstream_st *s)         \
+    {                                                                                                            \
+        (void)p;                                                                                                 \
+        (void)scratch;                                                                                           \
+        return cast_encode<KIND>(ctx, g, res, n, body, cap, st, s);                                              \
+    }                                                                                                            \
+    static gcomp_result lower##_cuda_decode_add(const void *p, const uint8_t *payload, size_t cap, float *acc,   \
+                                                size_t n, gcomp_cuda_status *st, struct CUstream_st *s)          \
+    {                                                                                                            \
+        (void)p;                                                                                                 \
+        return cast_decode_add<KIND>(payload, cap, acc, n, st, s);                                               \
+    }                                                                                                            \
+    static gcomp_codec_cuda_ops lower##_make_ops()                                                               \
+    {                                                                                                            \
+        gcomp_codec_cuda_ops o = {};                                                                             \
+        o.scratch_bytes = no_scratch;                                                                            \
+        o.encode = lower##_cuda_encode;                                                                          \
+        o.decode_add = lower##_cuda_decode_add;                                                                  \
+        return o;                                                                                                \
+    }                                                                                                            \
     extern "C" const gcomp_codec_cuda_ops gcomp__cuda_ops_##lower = lower##_make_ops();
 
 CAST_CUDA_OPS(none, KIND_F32)

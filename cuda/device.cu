@@ -28,10 +28,10 @@ static gcomp_result cuda_fail(cudaError_t e, const char *what)
     return gcomp__fail(GCOMP_ERR_TRANSPORT, "cuda: %s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
 }
 
-#define CUDA_TRY(call, what)                                                                                 \
-    do {                                                                                                     \
-        cudaError_t e_ = (call);                                                                             \
-        if (e_ != cudaSuccess) return cuda_fail(e_, what);                                                   \
+#define CUDA_TRY(call, what)                               \
+    do {                                                   \
+        cudaError_t e_ = (call);                           \
+        if (e_ != cudaSuccess) return cuda_fail(e_, what); \
     } while (0)
 
 /* after a launch: a bad configuration or a dead context shows up here, not in the kernel */
@@ -66,7 +66,7 @@ struct driver {
 
 static driver load_driver()
 {
-    driver d = {0, nullptr, nullptr, 0};
+    driver d = { 0, nullptr, nullptr, 0 };
     void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     if (!lib) return d;
     cu_init_fn init = (cu_init_fn)dlsym(lib, "cuInit");
@@ -218,7 +218,7 @@ static gcomp_result cu_divide(float *x, size_t count, float d, struct CUstream_s
  * little CPU and a short one adds little latency. */
 static gcomp_result cu_wait(struct CUstream_st *stream, int64_t timeout_ms)
 {
-    struct timespec start, now, nap = {0, 1000};
+    struct timespec start, now, nap = { 0, 1000 };
     if (timeout_ms < 0) {
         CUDA_TRY(cudaStreamSynchronize(stream), "stream synchronize");
         return GCOMP_SUCCESS;
@@ -261,7 +261,8 @@ static __global__ void header_write_kernel(uint8_t *out, gcomp_header h, const g
     gcomp_le_store_u64(out + 24, body);
     if (expect_body != UINT64_MAX && body != expect_body) tally_error(tally, GCOMP_ERR_INTERNAL, GCOMP__WHERE_SIZE);
     atomicAdd((unsigned long long *)&tally->encode_calls, 1ull);
-    atomicAdd((unsigned long long *)&tally->raw_bytes, (unsigned long long)(h.count * (h.dtype == GCOMP_F32 ? 4u : 2u)));
+    atomicAdd((unsigned long long *)&tally->raw_bytes,
+              (unsigned long long)(h.count * (h.dtype == GCOMP_F32 ? 4u : 2u)));
     atomicAdd((unsigned long long *)&tally->wire_bytes, (unsigned long long)(GCOMP_HEADER_BYTES + body));
     atomicAdd((unsigned long long *)&tally->overflow, (unsigned long long)st->overflow);
     if (st->nonfinite) atomicAdd((unsigned long long *)&tally->nonfinite_calls, 1ull);
@@ -277,9 +278,8 @@ static __global__ void header_check_kernel(const uint8_t *p, size_t bytes, uint1
     ok = bytes >= GCOMP_HEADER_BYTES;
     if (ok) {
         ok = gcomp_le_load_u32(p) == GCOMP_HEADER_MAGIC && p[4] == GCOMP_FORMAT_VERSION &&
-             gcomp_le_load_u32(p + 12) == 0 && p[5] < GCOMP_DTYPE_COUNT &&
-             (uint16_t)(p[6] | p[7] << 8) == wire_id && gcomp_le_load_u64(p + 16) == count &&
-             gcomp_le_load_u64(p + 24) == bytes - GCOMP_HEADER_BYTES;
+             gcomp_le_load_u32(p + 12) == 0 && p[5] < GCOMP_DTYPE_COUNT && (uint16_t)(p[6] | p[7] << 8) == wire_id &&
+             gcomp_le_load_u64(p + 16) == count && gcomp_le_load_u64(p + 24) == bytes - GCOMP_HEADER_BYTES;
     }
     if (!ok) {
         st->error = GCOMP_ERR_CORRUPT;
@@ -295,8 +295,10 @@ static __global__ void residual_commit_kernel(gcomp_cuda_residual *res, const gc
 
 static __global__ void status_fold_kernel(const gcomp_cuda_status *st, gcomp__device_tally *tally)
 {
-    if (st->error) tally_error(tally, st->error, st->reserved == GCOMP__WHERE_HEADER ? GCOMP__WHERE_HEADER : GCOMP__WHERE_BODY);
-    else atomicAdd((unsigned long long *)&tally->decode_calls, 1ull);
+    if (st->error)
+        tally_error(tally, st->error, st->reserved == GCOMP__WHERE_HEADER ? GCOMP__WHERE_HEADER : GCOMP__WHERE_BODY);
+    else
+        atomicAdd((unsigned long long *)&tally->decode_calls, 1ull);
 }
 
 static gcomp_result cu_header_write(uint8_t *payload, const gcomp_header *h, const gcomp_cuda_status *st,

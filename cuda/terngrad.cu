@@ -113,10 +113,7 @@ static __device__ __forceinline__ uint64_t bucket_len(const tg_geom &G, uint64_t
     return rest < G.B ? rest : G.B;
 }
 
-static __device__ __forceinline__ bool finite_f32(float f)
-{
-    return (gcomp_f32_bits(f) & 0x7f800000u) != 0x7f800000u;
-}
+static __device__ __forceinline__ bool finite_f32(float f) { return (gcomp_f32_bits(f) & 0x7f800000u) != 0x7f800000u; }
 
 /* The residual the encode reads, and where it writes: buf[cur ^ 1] when double-buffered,
  * buf[cur] in place; NULL without error feedback. Read on the device: a captured graph
@@ -178,10 +175,7 @@ static __device__ __forceinline__ uint32_t warp_max_u32(uint32_t v)
     return v;
 }
 
-static __device__ __forceinline__ void set_error(gcomp_cuda_status *st, uint32_t rc)
-{
-    atomicCAS(&st->error, 0u, rc);
-}
+static __device__ __forceinline__ void set_error(gcomp_cuda_status *st, uint32_t rc) { atomicCAS(&st->error, 0u, rc); }
 
 /* The rms-block tree of terngrad.c for the 256 elements x[lane + 32 i], i < 8, of one warp
  * (zero past the block's end): t[k] = x[k]^2 + x[k+128]^2, then t[k] += t[k+w] for
@@ -304,7 +298,8 @@ static __global__ void k_group_sums(tg_geom G, tg_scratch S, gcomp_cuda_status *
 template <bool CLIP>
 static __global__ void k_scales(tg_geom G, tg_scratch S, float *scales, uint8_t *body, gcomp_cuda_status *st)
 {
-    for (uint64_t j = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; j < G.nb; j += (uint64_t)gridDim.x * blockDim.x) {
+    for (uint64_t j = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; j < G.nb;
+         j += (uint64_t)gridDim.x * blockDim.x) {
         uint64_t m = bucket_len(G, j), groups = ((m + RMS_BLOCK - 1) / RMS_BLOCK + RMS_GROUP - 1) / RMS_GROUP;
         double ss = 0;
         uint32_t mb = 0;
@@ -334,9 +329,8 @@ static __global__ void k_scales(tg_geom G, tg_scratch S, float *scales, uint8_t 
 
 /* ---- pass 4: ternarise and pack, one thread per code byte -------------------------------- */
 
-static __global__ void k_pack(tg_geom G, const float *g, const gcomp_cuda_residual *res, uint64_t seed,
-                              uint64_t step, uint64_t offset, uint32_t rank, uint8_t *body,
-                              const gcomp_cuda_status *st)
+static __global__ void k_pack(tg_geom G, const float *g, const gcomp_cuda_residual *res, uint64_t seed, uint64_t step,
+                              uint64_t offset, uint32_t rank, uint8_t *body, const gcomp_cuda_status *st)
 {
     const float *r = res_in(res);
     float *ro = st->nonfinite ? nullptr : res_out(res); /* every scale finite, or no bucket writes */
@@ -344,7 +338,8 @@ static __global__ void k_pack(tg_geom G, const float *g, const gcomp_cuda_residu
     const uint64_t nbytes = (G.n + 3) / 4;
     const uint8_t *scales = body;
     uint8_t *codes = body + 4 * G.nb;
-    for (uint64_t c = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; c < nbytes; c += (uint64_t)gridDim.x * blockDim.x) {
+    for (uint64_t c = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; c < nbytes;
+         c += (uint64_t)gridDim.x * blockDim.x) {
         uint64_t j = G.nb > 1 ? 4 * c / G.B : 0, b0 = j * G.B;
         uint64_t lc = c - b0 / 4, t0 = lc / (TILE / 4), jj = lc - t0 * (TILE / 4);
         uint64_t a = b0 + t0 * TILE, left = bucket_len(G, j) - t0 * TILE;
@@ -469,7 +464,8 @@ static __global__ void k_resid(tg_geom G, const float *g, const gcomp_cuda_resid
     float *r = res->buf[res->cur];
     const uint64_t nbytes = (G.n + 3) / 4;
     const uint8_t *codes = body + 4 * G.nb;
-    for (uint64_t c = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; c < nbytes; c += (uint64_t)gridDim.x * blockDim.x) {
+    for (uint64_t c = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; c < nbytes;
+         c += (uint64_t)gridDim.x * blockDim.x) {
         uint64_t j = 4 * c / G.B, b0 = j * G.B;
         uint64_t lc = c - b0 / 4, t0 = lc / (TILE / 4), jj = lc - t0 * (TILE / 4);
         uint64_t a = b0 + t0 * TILE, left = bucket_len(G, j) - t0 * TILE;
@@ -525,7 +521,8 @@ static __global__ void k_add(tg_geom G, const uint8_t *payload, float *acc, cons
     if (st->error) return; /* a corrupt payload leaves acc untouched */
     const uint64_t nbytes = (G.n + 3) / 4;
     const uint8_t *body = payload + GCOMP_HEADER_BYTES, *codes = body + 4 * G.nb;
-    for (uint64_t c = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; c < nbytes; c += (uint64_t)gridDim.x * blockDim.x) {
+    for (uint64_t c = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; c < nbytes;
+         c += (uint64_t)gridDim.x * blockDim.x) {
         uint64_t j = G.nb > 1 ? 4 * c / G.B : 0, b0 = j * G.B;
         uint64_t lc = c - b0 / 4, t0 = lc / (TILE / 4), jj = lc - t0 * (TILE / 4);
         uint64_t a = b0 + t0 * TILE, left = bucket_len(G, j) - t0 * TILE;
@@ -561,9 +558,9 @@ static __global__ void k_check_scales(const float *scales, uint64_t j0, uint64_t
     if (threadIdx.x == 0) st->nonfinite = (uint32_t)any;
 }
 
-static __global__ void k_ternarise(uint64_t B, uint64_t lo, uint64_t n, const float *g,
-                                   const gcomp_cuda_residual *res, uint64_t seed, uint64_t step, uint32_t rank,
-                                   const float *scales, int8_t *t, const gcomp_cuda_status *st)
+static __global__ void k_ternarise(uint64_t B, uint64_t lo, uint64_t n, const float *g, const gcomp_cuda_residual *res,
+                                   uint64_t seed, uint64_t step, uint32_t rank, const float *scales, int8_t *t,
+                                   const gcomp_cuda_status *st)
 {
     const float *r = res_in(res);
     float *ro = st->nonfinite ? nullptr : res_out(res);
@@ -641,7 +638,7 @@ static __device__ __forceinline__ uint32_t read_sums(const sum_fmt &f, const uin
                                                      uint32_t e1, int32_t *d)
 {
     const uint64_t bytes = gcomp_tg_sum_bytes(len, f.m); /* the block's own bytes */
-    const uint32_t full = len / f.g;                      /* whole codes in the block */
+    const uint32_t full = len / f.g;                     /* whole codes in the block */
     uint32_t bad = 0, rem = 0;
     for (uint32_t e = e0; e < e1; e++) {
         uint32_t ci = e / f.g, dg = e - ci * f.g;
@@ -664,7 +661,8 @@ static __global__ void k_sums_add_pack(sum_fmt fi, sum_fmt fo, const uint8_t *in
                                        uint64_t units, uint8_t *out, gcomp_cuda_status *st)
 {
     if (st->error) return;
-    for (uint64_t u = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; u < units; u += (uint64_t)gridDim.x * blockDim.x) {
+    for (uint64_t u = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; u < units;
+         u += (uint64_t)gridDim.x * blockDim.x) {
         unit_pos p = unit_at(fo, n, u);
         int32_t d[40];
         const int8_t *tb = t + p.block * SUM_BLOCK;
@@ -683,7 +681,8 @@ static __global__ void k_sums_add_pack(sum_fmt fi, sum_fmt fo, const uint8_t *in
             uint32_t ci = (p.e0 + e) / fo.g, k = ci < full ? fo.g : p.len - full * fo.g;
             uint32_t w = k == fo.g ? fo.w : gcomp_tg_bits_below(gcomp_tg_sum_pow(fo.m, k));
             uint32_t c = 0;
-            for (uint32_t z = k; z-- > 0;) c = c * fo.L + (uint32_t)(d[e + z] + (int32_t)tb[p.e0 + e + z] + (int32_t)fo.m);
+            for (uint32_t z = k; z-- > 0;)
+                c = c * fo.L + (uint32_t)(d[e + z] + (int32_t)tb[p.e0 + e + z] + (int32_t)fo.m);
             acc |= (uint64_t)c << fill;
             fill += w;
             while (fill >= 8) {
@@ -697,12 +696,12 @@ static __global__ void k_sums_add_pack(sum_fmt fi, sum_fmt fo, const uint8_t *in
     }
 }
 
-static __global__ void k_sums_values(sum_fmt f, const uint8_t *in, uint64_t lo, uint64_t n, uint64_t units,
-                                     uint64_t B, const float *scales, float divisor, float *out,
-                                     gcomp_cuda_status *st)
+static __global__ void k_sums_values(sum_fmt f, const uint8_t *in, uint64_t lo, uint64_t n, uint64_t units, uint64_t B,
+                                     const float *scales, float divisor, float *out, gcomp_cuda_status *st)
 {
     if (st->error) return;
-    for (uint64_t u = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; u < units; u += (uint64_t)gridDim.x * blockDim.x) {
+    for (uint64_t u = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; u < units;
+         u += (uint64_t)gridDim.x * blockDim.x) {
         unit_pos p = unit_at(f, n, u);
         int32_t d[40];
         if (read_sums(f, in + p.block * f.block_bytes, p.len, p.e0, p.e1, d)) set_error(st, GCOMP_ERR_CORRUPT);
@@ -732,16 +731,16 @@ static gcomp_result launched(const char *what)
     return GCOMP_SUCCESS;
 }
 
-#define TG_CHECK(x)                                                                                \
-    do {                                                                                           \
-        gcomp_result rc_ = (x);                                                                    \
-        if (rc_ != GCOMP_SUCCESS) return rc_;                                                      \
+#define TG_CHECK(x)                           \
+    do {                                      \
+        gcomp_result rc_ = (x);               \
+        if (rc_ != GCOMP_SUCCESS) return rc_; \
     } while (0)
 
-#define LAUNCHED(what)                                                                             \
-    do {                                                                                           \
-        gcomp_result rc_ = launched(what);                                                         \
-        if (rc_ != GCOMP_SUCCESS) return rc_;                                                      \
+#define LAUNCHED(what)                        \
+    do {                                      \
+        gcomp_result rc_ = launched(what);    \
+        if (rc_ != GCOMP_SUCCESS) return rc_; \
     } while (0)
 
 static size_t tg_cuda_scratch(const void *params, size_t count)
@@ -750,22 +749,28 @@ static size_t tg_cuda_scratch(const void *params, size_t count)
     return scratch_need(&G);
 }
 
-
 /* Passes 1-3: scales into the array and/or the body; st (encode) initialised on the way. */
 static gcomp_result scale_passes(const tg_geom *G, const float *g, const gcomp_cuda_residual *res, tg_scratch S,
                                  float *scales, uint8_t *body, gcomp_cuda_status *st, uint64_t body_bytes,
                                  cudaStream_t s)
 {
     const bool clip = G->clip > 0;
-    const unsigned gb = grid_for(G->nblk, THREADS / 32), gg = grid_for(G->ngrp, GROUP_WARPS), gs = grid_for(G->nb, THREADS);
-    if (clip) k_block_sums<true><<<gb, THREADS, 0, s>>>(*G, g, res, S);
-    else k_block_sums<false><<<gb, THREADS, 0, s>>>(*G, g, res, S);
+    const unsigned gb = grid_for(G->nblk, THREADS / 32), gg = grid_for(G->ngrp, GROUP_WARPS),
+                   gs = grid_for(G->nb, THREADS);
+    if (clip)
+        k_block_sums<true><<<gb, THREADS, 0, s>>>(*G, g, res, S);
+    else
+        k_block_sums<false><<<gb, THREADS, 0, s>>>(*G, g, res, S);
     LAUNCHED("k_block_sums");
-    if (clip) k_group_sums<true><<<gg, 32 * GROUP_WARPS, 0, s>>>(*G, S, st, body_bytes);
-    else k_group_sums<false><<<gg, 32 * GROUP_WARPS, 0, s>>>(*G, S, st, body_bytes);
+    if (clip)
+        k_group_sums<true><<<gg, 32 * GROUP_WARPS, 0, s>>>(*G, S, st, body_bytes);
+    else
+        k_group_sums<false><<<gg, 32 * GROUP_WARPS, 0, s>>>(*G, S, st, body_bytes);
     LAUNCHED("k_group_sums");
-    if (clip) k_scales<true><<<gs, THREADS, 0, s>>>(*G, S, scales, body, st);
-    else k_scales<false><<<gs, THREADS, 0, s>>>(*G, S, scales, body, st);
+    if (clip)
+        k_scales<true><<<gs, THREADS, 0, s>>>(*G, S, scales, body, st);
+    else
+        k_scales<false><<<gs, THREADS, 0, s>>>(*G, S, scales, body, st);
     LAUNCHED("k_scales");
     return GCOMP_SUCCESS;
 }
@@ -783,17 +788,18 @@ static gcomp_result tg_cuda_encode(const void *params, const gcomp_encode_ctx *c
     if (cap < need)
         return gcomp_codec_fail(GCOMP_ERR_BUFFER_TOO_SMALL, "terngrad: need %llu body bytes, have %zu",
                                 (unsigned long long)need, cap);
-    if (p->bucket % 4 && G.nb > 1) return gcomp_codec_fail(GCOMP_ERR_INVALID_ARG, "terngrad: bucket must be a multiple of 4");
+    if (p->bucket % 4 && G.nb > 1)
+        return gcomp_codec_fail(GCOMP_ERR_INVALID_ARG, "terngrad: bucket must be a multiple of 4");
     if (fused) {
         size_t shm = (size_t)G.bpb * (RMS_BLOCK * 4 + 8); /* k_fused's x and block sums */
         if (cudaMemsetAsync(&status->nonfinite, 0, sizeof status->nonfinite, s) != cudaSuccess)
             return launched("cudaMemsetAsync");
         if (G.clip > 0)
-            k_fused<true><<<grid_for(G.nb, 1), THREADS, shm, s>>>(G, g, res, ctx->seed, ctx->step, ctx->offset, ctx->rank,
-                                                                   body, status);
+            k_fused<true><<<grid_for(G.nb, 1), THREADS, shm, s>>>(G, g, res, ctx->seed, ctx->step, ctx->offset,
+                                                                  ctx->rank, body, status);
         else
             k_fused<false><<<grid_for(G.nb, 1), THREADS, shm, s>>>(G, g, res, ctx->seed, ctx->step, ctx->offset,
-                                                                    ctx->rank, body, status);
+                                                                   ctx->rank, body, status);
         LAUNCHED("k_fused");
         /* an in-place residual is written only now that every bucket's scale is known */
         k_resid<<<grid_for((count + 3) / 4, THREADS), THREADS, 0, s>>>(G, g, res, body, status);
@@ -807,8 +813,8 @@ static gcomp_result tg_cuda_encode(const void *params, const gcomp_encode_ctx *c
     return GCOMP_SUCCESS;
 }
 
-static gcomp_result tg_cuda_decode_add(const void *params, const uint8_t *payload, size_t cap, float *acc,
-                                       size_t count, gcomp_cuda_status *status, struct CUstream_st *stream)
+static gcomp_result tg_cuda_decode_add(const void *params, const uint8_t *payload, size_t cap, float *acc, size_t count,
+                                       gcomp_cuda_status *status, struct CUstream_st *stream)
 {
     cudaStream_t s = (cudaStream_t)stream;
     const tg_geom G = make_geom((const gcomp_terngrad_params *)params, count);
@@ -853,11 +859,13 @@ static gcomp_result tg_cuda_ternarise(const void *params, const gcomp_encode_ctx
 static gcomp_result tg_cuda_sums_add_pack(const uint8_t *in, uint32_t m_in, const int8_t *t, size_t n, uint8_t *out,
                                           gcomp_cuda_status *status, struct CUstream_st *stream)
 {
-    if (m_in >= 32767) return gcomp_codec_fail(GCOMP_ERR_UNSUPPORTED, "terngrad: sums of %u ranks do not fit int16", m_in + 1);
+    if (m_in >= 32767)
+        return gcomp_codec_fail(GCOMP_ERR_UNSUPPORTED, "terngrad: sums of %u ranks do not fit int16", m_in + 1);
     if (n == 0) return GCOMP_SUCCESS;
-    sum_fmt fi = m_in ? make_fmt(m_in) : sum_fmt{0, 1, 1, 0, 1, 0}, fo = make_fmt(m_in + 1);
+    sum_fmt fi = m_in ? make_fmt(m_in) : sum_fmt{ 0, 1, 1, 0, 1, 0 }, fo = make_fmt(m_in + 1);
     uint64_t units = units_of(fo, n);
-    k_sums_add_pack<<<grid_for(units, THREADS), THREADS, 0, (cudaStream_t)stream>>>(fi, fo, in, t, n, units, out, status);
+    k_sums_add_pack<<<grid_for(units, THREADS), THREADS, 0, (cudaStream_t)stream>>>(fi, fo, in, t, n, units, out,
+                                                                                    status);
     LAUNCHED("k_sums_add_pack");
     return GCOMP_SUCCESS;
 }

@@ -65,7 +65,7 @@ extern "C" {
 #define TK_D1 11u
 #define TK_D2 9u
 #define TK_NBINS 2048u
-#define TK_TILE 4096u      /* elements per tile of the compaction (one block each) */
+#define TK_TILE 4096u /* elements per tile of the compaction (one block each) */
 #define TK_TILE_THREADS 256u
 #define TK_WARP_ITEMS (TK_TILE / (TK_TILE_THREADS / 32u)) /* 512: a warp's slice of a tile */
 #define TK_HIST_THREADS 512u
@@ -96,8 +96,8 @@ struct tk_und {
 
 /* Where everything of an encode lives in scratch (offsets in bytes, 256-aligned). */
 struct tk_layout {
-    size_t state, hist, tile_gt, tile_eq, off_gt, off_eq, gt1, und_gt, und_eq, list, idx, blk_info, blk_bytes,
-        blk_off, total;
+    size_t state, hist, tile_gt, tile_eq, off_gt, off_eq, gt1, und_gt, und_eq, list, idx, blk_info, blk_bytes, blk_off,
+        total;
     size_t list_cap;
 };
 
@@ -107,7 +107,8 @@ static size_t tk_tiles(size_t n) { return (n + TK_TILE - 1) / TK_TILE; }
 
 static tk_layout tk_encode_layout(size_t n, uint64_t k)
 {
-    const size_t tiles = tk_tiles(n) ? tk_tiles(n) : 1, nb = (size_t)((k + GCOMP_TOPK_BLOCK - 1) / GCOMP_TOPK_BLOCK) + 1;
+    const size_t tiles = tk_tiles(n) ? tk_tiles(n) : 1,
+                 nb = (size_t)((k + GCOMP_TOPK_BLOCK - 1) / GCOMP_TOPK_BLOCK) + 1;
     tk_layout l;
     size_t at = 0;
     l.state = at, at += tk_align(sizeof(tk_select));
@@ -164,10 +165,7 @@ static __device__ __forceinline__ uint32_t tk_item(const uint32_t *x, size_t n, 
     return i < n ? tk_key(x[i]) : 0;
 }
 
-static __device__ void tk_set_error(gcomp_cuda_status *status, uint32_t rc)
-{
-    atomicCAS(&status->error, 0u, rc);
-}
+static __device__ void tk_set_error(gcomp_cuda_status *status, uint32_t rc) { atomicCAS(&status->error, 0u, rc); }
 
 /* Exclusive scan over the block of one value per thread (blockDim.x a multiple of 32, at most
  * 1024); *total gets the sum. Uses the 32-entry shared array sh. */
@@ -355,7 +353,7 @@ static __global__ void tk_collect(const float *g, const gcomp_cuda_residual *res
     for (unsigned j = 0; j < TK_WARP_ITEMS / 32; j++) {
         const int valid = base + (size_t)j * 32 + lane < n;
         if (valid && keys[j] >> top_shift == bin) {
-            if (slot < list_cap) list[slot] = tk_und{keys[j], (uint32_t)blockIdx.x};
+            if (slot < list_cap) list[slot] = tk_und{ keys[j], (uint32_t)blockIdx.x };
             slot++;
         }
     }
@@ -370,8 +368,10 @@ static __global__ void tk_und_count(const tk_select *st, const tk_und *list, uns
     const uint32_t thr = st->thr;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < len; i += stride) {
         const tk_und e = list[i];
-        if (e.key > thr) atomicAdd(&und_gt[e.tile], 1ull);
-        else if (e.key == thr) atomicAdd(&und_eq[e.tile], 1ull);
+        if (e.key > thr)
+            atomicAdd(&und_gt[e.tile], 1ull);
+        else if (e.key == thr)
+            atomicAdd(&und_eq[e.tile], 1ull);
     }
 }
 
@@ -446,7 +446,6 @@ static __global__ void tk_select_digit(const unsigned long long *hist, unsigned 
 
 /* ---- compaction -------------------------------------------------------------------------- */
 
-
 /* Per tile: how many keys are > thr and how many == thr (from x only when the undecided list
  * overflowed). */
 static __global__ void tk_count(const float *g, const gcomp_cuda_residual *res, size_t n, const tk_select *st,
@@ -503,9 +502,9 @@ static __global__ void tk_scan_tiles(const unsigned long long *tile_gt, const un
 }
 
 /* The kept indices of a tile, in index order, at their place in idx[0..k). */
-static __global__ void __launch_bounds__(TK_TILE_THREADS, 4) tk_scatter(const float *g, const gcomp_cuda_residual *res, size_t n, const tk_select *st,
-                                  const unsigned long long *off_gt, const unsigned long long *off_eq,
-                                  unsigned long long *idx, uint64_t k)
+static __global__ void __launch_bounds__(TK_TILE_THREADS, 4)
+    tk_scatter(const float *g, const gcomp_cuda_residual *res, size_t n, const tk_select *st,
+               const unsigned long long *off_gt, const unsigned long long *off_eq, unsigned long long *idx, uint64_t k)
 {
     __shared__ unsigned wg[TK_TILE_THREADS / 32], we[TK_TILE_THREADS / 32];
     const uint32_t *x = (const uint32_t *)tk_x(g, res);
@@ -542,8 +541,10 @@ static __global__ void __launch_bounds__(TK_TILE_THREADS, 4) tk_scatter(const fl
         const unsigned mgt = __ballot_sync(TK_FULL, is_gt), meq = __ballot_sync(TK_FULL, is_eq);
         const unsigned long long g_lt = gt_before + __popc(mgt & lt_mask), e_lt = eq_before + __popc(meq & lt_mask);
         unsigned long long pos = ~0ull;
-        if (is_gt) pos = g_lt + (e_lt < tie_need ? e_lt : tie_need);
-        else if (is_eq && e_lt < tie_need) pos = g_lt + e_lt;
+        if (is_gt)
+            pos = g_lt + (e_lt < tie_need ? e_lt : tie_need);
+        else if (is_eq && e_lt < tie_need)
+            pos = g_lt + e_lt;
         if (pos < k) idx[pos] = i;
         gt_before += __popc(mgt);
         eq_before += __popc(meq);
@@ -735,10 +736,10 @@ static gcomp_result tk_launched(const char *what)
     return gcomp_codec_fail(GCOMP_ERR_INTERNAL, "topk: launch of %s failed: %s", what, cudaGetErrorString(e));
 }
 
-#define TK_LAUNCHED(what)                                                                                    \
-    do {                                                                                                     \
-        gcomp_result rc_ = tk_launched(what);                                                                \
-        if (rc_ != GCOMP_SUCCESS) return rc_;                                                                \
+#define TK_LAUNCHED(what)                     \
+    do {                                      \
+        gcomp_result rc_ = tk_launched(what); \
+        if (rc_ != GCOMP_SUCCESS) return rc_; \
     } while (0)
 
 /* Blocks for a grid-stride pass over n elements: enough to fill the GPU, no more (each block
@@ -747,7 +748,8 @@ static unsigned tk_stream_grid(size_t n, unsigned threads)
 {
     int dev = 0, sms = 132;
     size_t want;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
         sms = 132;
     (void)cudaGetLastError();
     want = (n + (size_t)threads * 16 - 1) / ((size_t)threads * 16);
@@ -787,14 +789,16 @@ static gcomp_result tk_encode(const void *params, const gcomp_encode_ctx *ctx, c
     uint8_t *s = (uint8_t *)scratch;
     tk_select *st = (tk_select *)(s + l.state);
     unsigned long long *hist = (unsigned long long *)(s + l.hist);
-    unsigned long long *tile_gt = (unsigned long long *)(s + l.tile_gt), *tile_eq = (unsigned long long *)(s + l.tile_eq);
+    unsigned long long *tile_gt = (unsigned long long *)(s + l.tile_gt),
+                       *tile_eq = (unsigned long long *)(s + l.tile_eq);
     unsigned long long *off_gt = (unsigned long long *)(s + l.off_gt), *off_eq = (unsigned long long *)(s + l.off_eq);
     unsigned long long *gt1 = (unsigned long long *)(s + l.gt1), *und_gt = (unsigned long long *)(s + l.und_gt);
     unsigned long long *und_eq = (unsigned long long *)(s + l.und_eq);
     tk_und *list = (tk_und *)(s + l.list);
     unsigned long long *idx = (unsigned long long *)(s + l.idx);
     uint32_t *blk_info = (uint32_t *)(s + l.blk_info);
-    unsigned long long *blk_bytes = (unsigned long long *)(s + l.blk_bytes), *blk_off = (unsigned long long *)(s + l.blk_off);
+    unsigned long long *blk_bytes = (unsigned long long *)(s + l.blk_bytes),
+                       *blk_off = (unsigned long long *)(s + l.blk_off);
     const unsigned body_grid = (unsigned)((nb + TK_WARPS_PER_BLOCK - 1) / TK_WARPS_PER_BLOCK);
     unsigned grid;
     (void)ctx; /* top-k uses neither the rank nor the step */
@@ -802,8 +806,8 @@ static gcomp_result tk_encode(const void *params, const gcomp_encode_ctx *ctx, c
     if (!body || !status || (n && (!g || !scratch)))
         return gcomp_codec_fail(GCOMP_ERR_INVALID_ARG, "topk: cuda encode: NULL buffer");
     if (cap < tk_max_body(p, n))
-        return gcomp_codec_fail(GCOMP_ERR_BUFFER_TOO_SMALL, "topk: cuda encode needs a body buffer of %zu bytes, got %zu",
-                                tk_max_body(p, n), cap);
+        return gcomp_codec_fail(GCOMP_ERR_BUFFER_TOO_SMALL,
+                                "topk: cuda encode needs a body buffer of %zu bytes, got %zu", tk_max_body(p, n), cap);
     if (n == 0) {
         tk_empty<<<1, 1, 0, stream>>>(body, flags, status);
         TK_LAUNCHED("tk_empty");
@@ -843,7 +847,7 @@ static gcomp_result tk_encode(const void *params, const gcomp_encode_ctx *ctx, c
     tk_scan_blocks<<<1, TK_SCAN_THREADS, 0, stream>>>(blk_bytes, blk_off, nb, k, body, status);
     TK_LAUNCHED("tk_scan_blocks");
     tk_block_write<<<body_grid, TK_WARPS_PER_BLOCK * 32, 0, stream>>>(g, res, idx, k, fp16, blk_info, blk_bytes,
-                                                                     blk_off, body, cap, status);
+                                                                      blk_off, body, cap, status);
     TK_LAUNCHED("tk_block_write");
     return GCOMP_SUCCESS;
 }
@@ -919,8 +923,8 @@ static __global__ void tk_decode_add(const uint8_t *payload, size_t cap, float *
     }
 }
 
-static gcomp_result tk_decode_add_host(const void *params, const uint8_t *payload, size_t cap, float *acc,
-                                       size_t count, gcomp_cuda_status *status, struct CUstream_st *stream_)
+static gcomp_result tk_decode_add_host(const void *params, const uint8_t *payload, size_t cap, float *acc, size_t count,
+                                       gcomp_cuda_status *status, struct CUstream_st *stream_)
 {
     const cudaStream_t stream = (cudaStream_t)stream_;
     (void)params; /* the body describes itself */
@@ -966,8 +970,8 @@ static __global__ void tk_sum_parse(const uint8_t *const *payloads, int n, size_
 
 /* starts[t] = the first pair of list j whose index lies in result tile t or later (t <=
  * tiles); pair p writes the tiles after its predecessor's, up to its own. */
-static __global__ void tk_sum_starts(int n, uint64_t k, size_t tiles, uint8_t *lists, size_t per_rank,
-                                     size_t starts_at, const gcomp_cuda_status *status)
+static __global__ void tk_sum_starts(int n, uint64_t k, size_t tiles, uint8_t *lists, size_t per_rank, size_t starts_at,
+                                     const gcomp_cuda_status *status)
 {
     const size_t per_list = (size_t)k + 1, total = per_list * (size_t)n;
     if (status->error) return;
@@ -998,7 +1002,8 @@ static __global__ void tk_sum_tile(int n, size_t count, uint8_t *lists, size_t p
         const float *val = (const float *)(list + val_at);
         const unsigned long long *starts = (const unsigned long long *)(list + starts_at);
         const size_t a = (size_t)starts[t], b = (size_t)starts[t + 1];
-        for (size_t p = a + threadIdx.x; p < b; p += blockDim.x) buf[idx[p] - lo] += val[p]; /* distinct within a rank */
+        for (size_t p = a + threadIdx.x; p < b; p += blockDim.x)
+            buf[idx[p] - lo] += val[p]; /* distinct within a rank */
         __syncthreads();
     }
     for (unsigned e = threadIdx.x; e < len; e += blockDim.x)
@@ -1020,14 +1025,14 @@ static gcomp_result tk_sum_payloads(const void *params, const uint8_t *const *pa
         return gcomp_codec_fail(GCOMP_ERR_INVALID_ARG, "topk: cuda sum_payloads: NULL buffer or no payloads");
     if (count == 0) return GCOMP_SUCCESS;
     tk_sum_parse<<<(unsigned)((n + 63) / 64), 64, 0, stream>>>(payloads, n, cap, count, k, lists, per_rank, l.val,
-                                                              status);
+                                                               status);
     TK_LAUNCHED("tk_sum_parse");
     starts_grid = ((size_t)(k + 1) * (size_t)n + 255) / 256;
     if (starts_grid > 65535) starts_grid = 65535;
     tk_sum_starts<<<(unsigned)starts_grid, 256, 0, stream>>>(n, k, tiles, lists, per_rank, l.starts, status);
     TK_LAUNCHED("tk_sum_starts");
     tk_sum_tile<<<(unsigned)tiles, 256, 0, stream>>>(n, count, lists, per_rank, l.val, l.starts, divisor,
-                                                      gcomp_divide_inverse(divisor), result, status);
+                                                     gcomp_divide_inverse(divisor), result, status);
     TK_LAUNCHED("tk_sum_tile");
     return GCOMP_SUCCESS;
 }

@@ -41,19 +41,19 @@ extern "C" {
 #define GCOMP_VERSION (GCOMP_VERSION_MAJOR * 10000 + GCOMP_VERSION_MINOR * 100 + GCOMP_VERSION_PATCH)
 
 /* Result codes. One X-macro generates the enum, the names and the messages. */
-#define GCOMP_RESULT_LIST(X)                                                                 \
-    X(GCOMP_SUCCESS, 0, "success")                                                           \
-    X(GCOMP_ERR_INVALID_ARG, 1, "invalid argument")                                          \
-    X(GCOMP_ERR_INVALID_SPEC, 2, "invalid codec spec")                                       \
-    X(GCOMP_ERR_UNSUPPORTED, 3, "unsupported dtype, op or feature")                          \
-    X(GCOMP_ERR_NOMEM, 4, "out of memory")                                                   \
-    X(GCOMP_ERR_CORRUPT, 5, "malformed or corrupted payload")                                \
-    X(GCOMP_ERR_BUFFER_TOO_SMALL, 6, "output buffer too small")                              \
+#define GCOMP_RESULT_LIST(X)                                                                               \
+    X(GCOMP_SUCCESS, 0, "success")                                                                         \
+    X(GCOMP_ERR_INVALID_ARG, 1, "invalid argument")                                                        \
+    X(GCOMP_ERR_INVALID_SPEC, 2, "invalid codec spec")                                                     \
+    X(GCOMP_ERR_UNSUPPORTED, 3, "unsupported dtype, op or feature")                                        \
+    X(GCOMP_ERR_NOMEM, 4, "out of memory")                                                                 \
+    X(GCOMP_ERR_CORRUPT, 5, "malformed or corrupted payload")                                              \
+    X(GCOMP_ERR_BUFFER_TOO_SMALL, 6, "output buffer too small")                                            \
     X(GCOMP_ERR_MISMATCH, 7, "ranks disagree on the call (count, dtype, op, codec, min_bytes or version)") \
-    X(GCOMP_ERR_TIMEOUT, 8, "timed out waiting for a peer")                                  \
-    X(GCOMP_ERR_TRANSPORT, 9, "transport (MPI/NCCL/CUDA) error")                             \
-    X(GCOMP_ERR_COMM_INVALID, 10, "communicator unusable after an earlier failure")          \
-    X(GCOMP_ERR_EXISTS, 11, "a codec with this name or wire id is already registered")      \
+    X(GCOMP_ERR_TIMEOUT, 8, "timed out waiting for a peer")                                                \
+    X(GCOMP_ERR_TRANSPORT, 9, "transport (MPI/NCCL/CUDA) error")                                           \
+    X(GCOMP_ERR_COMM_INVALID, 10, "communicator unusable after an earlier failure")                        \
+    X(GCOMP_ERR_EXISTS, 11, "a codec with this name or wire id is already registered")                     \
     X(GCOMP_ERR_INTERNAL, 12, "internal error (a bug in gcomp)")
 
 typedef enum gcomp_result {
@@ -97,8 +97,8 @@ typedef struct gcomp_codec gcomp_codec;
 /* Options a codec object is created with. Zero-initialise, then set what you need;
  * gcomp_codec_options_default() gives the documented defaults. */
 typedef struct gcomp_codec_options {
-    uint64_t seed; /* seed of stochastic codecs (terngrad rounding). Default 0. */
-    uint32_t rank; /* this process's rank, part of the RNG key. Default 0. */
+    uint64_t seed;      /* seed of stochastic codecs (terngrad rounding). Default 0. */
+    uint32_t rank;      /* this process's rank, part of the RNG key. Default 0. */
     int error_feedback; /* 1: keep per-key residuals (default); 0: ignore keys. */
 } gcomp_codec_options;
 
@@ -121,8 +121,7 @@ GCOMP_API gcomp_codec_options gcomp_codec_options_default(void);
  * gcomp_codec_destroy. Errors: GCOMP_ERR_INVALID_ARG (NULL spec/out),
  * GCOMP_ERR_INVALID_SPEC (unknown codec or key, malformed or out-of-range value; the
  * message names it), GCOMP_ERR_NOMEM. */
-GCOMP_API gcomp_result gcomp_codec_create(const char *spec, const gcomp_codec_options *opts,
-                                gcomp_codec **out);
+GCOMP_API gcomp_result gcomp_codec_create(const char *spec, const gcomp_codec_options *opts, gcomp_codec **out);
 
 /* Free the object and its residuals. Accepts NULL. Destroying an object twice or using it
  * after destroy is undefined, like free(). */
@@ -164,20 +163,20 @@ GCOMP_API size_t gcomp_codec_max_encoded_bytes(const gcomp_codec *codec, size_t 
  * count > GCOMP_MAX_COUNT), GCOMP_ERR_BUFFER_TOO_SMALL, GCOMP_ERR_NOMEM.
  * Not thread-safe on the same codec object. */
 GCOMP_API gcomp_result gcomp_codec_encode(gcomp_codec *codec, uint64_t key, const void *src, size_t count,
-                                gcomp_dtype dtype, void *dst, size_t dst_cap, size_t *written);
+                                          gcomp_dtype dtype, void *dst, size_t dst_cap, size_t *written);
 
 /* Decode a payload made by a codec of the same spec and ADD it to acc[0..count) in fp32.
  * The payload is untrusted: every length, index and declared size is checked.
  * Errors: GCOMP_ERR_INVALID_ARG (NULL pointers), GCOMP_ERR_CORRUPT (malformed payload,
  * other codec, or a count other than the caller's). On error acc may be partly updated. */
-GCOMP_API gcomp_result gcomp_codec_decode_add(gcomp_codec *codec, const void *payload, size_t bytes,
-                                    float *acc, size_t count);
+GCOMP_API gcomp_result gcomp_codec_decode_add(gcomp_codec *codec, const void *payload, size_t bytes, float *acc,
+                                              size_t count);
 
 /* Decode a payload into dst (count elements of dtype), overwriting it. Same checks as
  * gcomp_codec_decode_add; for f16/bf16 dst the fp32 result is rounded to nearest even.
  * Uses a scratch buffer owned by the codec object when dtype is not f32. */
 GCOMP_API gcomp_result gcomp_codec_decode(gcomp_codec *codec, const void *payload, size_t bytes, void *dst,
-                                size_t count, gcomp_dtype dtype);
+                                          size_t count, gcomp_dtype dtype);
 
 /* ---- device buffers (CUDA builds) ----
  * Every gcomp_codec_* data function above accepts CUDA device memory, detected per pointer;
@@ -205,12 +204,12 @@ GCOMP_API gcomp_result gcomp_codec_decode(gcomp_codec *codec, const void *payloa
  * GCOMP_ERR_TRANSPORT for a CUDA runtime error); errors found by kernels (a corrupt
  * payload: acc is then left untouched) are returned by the next gcomp_codec_sync. */
 GCOMP_API gcomp_result gcomp_codec_encode_async(gcomp_codec *codec, uint64_t key, const void *src, size_t count,
-                                      gcomp_dtype dtype, void *dst, size_t dst_cap, size_t *written,
-                                      struct CUstream_st *stream);
+                                                gcomp_dtype dtype, void *dst, size_t dst_cap, size_t *written,
+                                                struct CUstream_st *stream);
 GCOMP_API gcomp_result gcomp_codec_decode_add_async(gcomp_codec *codec, const void *payload, size_t bytes, float *acc,
-                                          size_t count, struct CUstream_st *stream);
+                                                    size_t count, struct CUstream_st *stream);
 GCOMP_API gcomp_result gcomp_codec_decode_async(gcomp_codec *codec, const void *payload, size_t bytes, void *dst,
-                                      size_t count, gcomp_dtype dtype, struct CUstream_st *stream);
+                                                size_t count, gcomp_dtype dtype, struct CUstream_st *stream);
 
 /* Wait for stream, then return the first device-side error of this object's async calls since
  * the last sync (GCOMP_ERR_CORRUPT for a bad payload; GCOMP_SUCCESS if none) and fold their
@@ -221,10 +220,8 @@ GCOMP_API gcomp_result gcomp_codec_sync(gcomp_codec *codec, struct CUstream_st *
 /* Residuals (error feedback). Copy a key's residual out (count must equal the key's
  * count; GCOMP_ERR_INVALID_ARG if the key has none), set it (creates or resizes the key; for
  * restoring checkpoints), or drop it. */
-GCOMP_API gcomp_result gcomp_codec_residual_get(const gcomp_codec *codec, uint64_t key, float *dst,
-                                      size_t count);
-GCOMP_API gcomp_result gcomp_codec_residual_set(gcomp_codec *codec, uint64_t key, const float *src,
-                                      size_t count);
+GCOMP_API gcomp_result gcomp_codec_residual_get(const gcomp_codec *codec, uint64_t key, float *dst, size_t count);
+GCOMP_API gcomp_result gcomp_codec_residual_set(gcomp_codec *codec, uint64_t key, const float *src, size_t count);
 GCOMP_API gcomp_result gcomp_codec_residual_reset(gcomp_codec *codec, uint64_t key);
 
 /* Counters since creation (or the last gcomp_codec_stats_reset). */
@@ -256,11 +253,11 @@ typedef enum gcomp_op {
 
 /* Which schedule a call ran (stats). */
 typedef enum gcomp_schedule {
-    GCOMP_SCHED_NONE = 0,     /* no call yet */
-    GCOMP_SCHED_BYPASS = 1,   /* plain allreduce: below min_bytes, or not compressible */
-    GCOMP_SCHED_DENSE = 2,    /* ring: decode, add in fp32, re-encode at each hop */
-    GCOMP_SCHED_INTEGER = 3,  /* terngrad: exact integer sums of codes under a shared scale */
-    GCOMP_SCHED_SPARSE = 4,   /* top-k: ring allgather of payloads, summed in rank order */
+    GCOMP_SCHED_NONE = 0,           /* no call yet */
+    GCOMP_SCHED_BYPASS = 1,         /* plain allreduce: below min_bytes, or not compressible */
+    GCOMP_SCHED_DENSE = 2,          /* ring: decode, add in fp32, re-encode at each hop */
+    GCOMP_SCHED_INTEGER = 3,        /* terngrad: exact integer sums of codes under a shared scale */
+    GCOMP_SCHED_SPARSE = 4,         /* top-k: ring allgather of payloads, summed in rank order */
     GCOMP_SCHED_SPARSE_AS_DENSE = 5 /* top-k whose gather would cost more than a dense ring */
 } gcomp_schedule;
 
@@ -270,13 +267,13 @@ GCOMP_API const char *gcomp_schedule_name(gcomp_schedule s);
  * an unset field is filled from the environment variable named beside it, read once at
  * communicator creation, else the default. */
 typedef struct gcomp_config {
-    const char *codec;     /* GCOMP_CODEC; default "terngrad". Copied at creation. */
-    int64_t min_bytes;     /* GCOMP_MIN_BYTES; default 65536: smaller tensors bypass */
-    int error_feedback;    /* GCOMP_EF (0/1); default 1 */
-    int64_t seed;          /* GCOMP_SEED; default 0 */
-    int64_t timeout_ms;    /* GCOMP_TIMEOUT_MS; default 300000; a stuck peer (or one that
+    const char *codec;  /* GCOMP_CODEC; default "terngrad". Copied at creation. */
+    int64_t min_bytes;  /* GCOMP_MIN_BYTES; default 65536: smaller tensors bypass */
+    int error_feedback; /* GCOMP_EF (0/1); default 1 */
+    int64_t seed;       /* GCOMP_SEED; default 0 */
+    int64_t timeout_ms; /* GCOMP_TIMEOUT_MS; default 300000; a stuck peer (or one that
                             * never joins the creation) -> TIMEOUT */
-    int debug;             /* GCOMP_DEBUG: 0 or NONE, 1 or INFO (any case); default 0.
+    int debug;          /* GCOMP_DEBUG: 0 or NONE, 1 or INFO (any case); default 0.
                             * 1: this communicator logs its creation and each call to stderr */
 } gcomp_config;
 
@@ -288,16 +285,16 @@ GCOMP_API gcomp_config gcomp_config_default(void);
 /* Statistics of a communicator (all keys) or of one key. Times are this rank's, in seconds. */
 typedef struct gcomp_comm_stats {
     uint64_t calls;
-    uint64_t compressed_calls;  /* calls that ran a compressed schedule */
-    uint64_t raw_bytes;         /* count * dtype size, summed over calls */
-    uint64_t wire_bytes;        /* bytes this rank sent, headers included */
-    uint64_t baseline_bytes;    /* bytes an uncompressed ring would have sent: 2(N-1)/N * raw */
-    uint64_t overflow_count;    /* fp16/bf16 overflows to inf */
-    uint64_t nonfinite_calls;   /* calls whose result held NaN/Inf, or whose input did on any
+    uint64_t compressed_calls; /* calls that ran a compressed schedule */
+    uint64_t raw_bytes;        /* count * dtype size, summed over calls */
+    uint64_t wire_bytes;       /* bytes this rank sent, headers included */
+    uint64_t baseline_bytes;   /* bytes an uncompressed ring would have sent: 2(N-1)/N * raw */
+    uint64_t overflow_count;   /* fp16/bf16 overflows to inf */
+    uint64_t nonfinite_calls;  /* calls whose result held NaN/Inf, or whose input did on any
                                  * rank; counted on every rank, bypassed calls included; the
                                  * residual is kept on every rank */
     double encode_s, comm_s, decode_s;
-    double agree_s;             /* the call's agreement allreduces (fingerprint, outcome); this
+    double agree_s; /* the call's agreement allreduces (fingerprint, outcome); this
                                  * is also where a rank waits for ranks that arrive late */
     gcomp_schedule last_schedule;
 } gcomp_comm_stats;
@@ -320,7 +317,7 @@ typedef struct gcomp_comm_stats {
  * GCOMP_ERR_TRANSPORT, GCOMP_ERR_CORRUPT (a payload failed its checks), GCOMP_ERR_NOMEM.
  * Not thread-safe on the same communicator. */
 GCOMP_API gcomp_result gcomp_allreduce(gcomp_comm *comm, const void *send, void *recv, size_t count, gcomp_dtype dtype,
-                             gcomp_op op, uint64_t key, struct CUstream_st *stream);
+                                       gcomp_op op, uint64_t key, struct CUstream_st *stream);
 
 /* A nonblocking allreduce in flight (gcomp_iallreduce); freed by the gcomp_wait or
  * gcomp_test that completes it, which sets the caller's pointer to NULL (as MPI_Wait does). */
@@ -345,9 +342,8 @@ typedef struct gcomp_request gcomp_request;
  * GCOMP_ERR_NOMEM. Not thread-safe on the same communicator: issue, test and wait its
  * calls from one thread at a time. Complete every request before gcomp_comm_destroy
  * (destroy lets the calls in flight finish; a request never completed is leaked). */
-GCOMP_API gcomp_result gcomp_iallreduce(gcomp_comm *comm, const void *send, void *recv, size_t count,
-                                        gcomp_dtype dtype, gcomp_op op, uint64_t key, struct CUstream_st *stream,
-                                        gcomp_request **req);
+GCOMP_API gcomp_result gcomp_iallreduce(gcomp_comm *comm, const void *send, void *recv, size_t count, gcomp_dtype dtype,
+                                        gcomp_op op, uint64_t key, struct CUstream_st *stream, gcomp_request **req);
 /* *done = 1 and the call's result if *req has completed (then *req is freed and set to
  * NULL), else *done = 0 and GCOMP_SUCCESS. Does not block with a progress thread; without
  * one it runs the queued calls up to *req and returns when they are done.

@@ -40,9 +40,9 @@ extern "C" {
 
 /* Capability bits. */
 enum {
-    GCOMP_CAP_SUMMABLE = 1u << 0,   /* dense: decode, add in fp32, re-encode at each hop */
-    GCOMP_CAP_INTEGER = 1u << 1,    /* integer codes under a shared scale (integer ring) */
-    GCOMP_CAP_SPARSE = 1u << 2,     /* (index, value) payloads forwarded unchanged */
+    GCOMP_CAP_SUMMABLE = 1u << 0, /* dense: decode, add in fp32, re-encode at each hop */
+    GCOMP_CAP_INTEGER = 1u << 1,  /* integer codes under a shared scale (integer ring) */
+    GCOMP_CAP_SPARSE = 1u << 2,   /* (index, value) payloads forwarded unchanged */
     /* 1u << 3 was GCOMP_CAP_CUDA (ABI 1): a non-NULL vtable.cuda says it now */
     GCOMP_CAP_BYTE_STAGE = 1u << 4, /* lossless byte stage after an element codec */
     /* encode writes r_out only when the whole result is finite (it knows before writing),
@@ -77,13 +77,13 @@ typedef struct gcomp_param_def {
 
 /* ---- what an encode call knows besides the data -------------------------------------- */
 typedef struct gcomp_encode_ctx {
-    uint64_t seed;       /* communicator / codec-object seed */
-    uint64_t step;       /* per-key call counter: 0 at a key's first call */
-    uint64_t offset;     /* index of element 0 of this buffer within the whole tensor */
-    uint32_t rank;       /* caller's rank */
-    uint32_t nonfinite;  /* OUT: set to 1 if any input value was NaN/Inf */
-    uint64_t overflow;   /* OUT: add the number of finite inputs that became +-inf */
-    void *state;         /* the codec's state_create() result for this codec object, or NULL */
+    uint64_t seed;      /* communicator / codec-object seed */
+    uint64_t step;      /* per-key call counter: 0 at a key's first call */
+    uint64_t offset;    /* index of element 0 of this buffer within the whole tensor */
+    uint32_t rank;      /* caller's rank */
+    uint32_t nonfinite; /* OUT: set to 1 if any input value was NaN/Inf */
+    uint64_t overflow;  /* OUT: add the number of finite inputs that became +-inf */
+    void *state;        /* the codec's state_create() result for this codec object, or NULL */
 } gcomp_encode_ctx;
 
 /* ---- CUDA implementation (optional): the same functions on device memory ----------------
@@ -110,7 +110,7 @@ typedef struct gcomp_cuda_status {
  * captured graph replays correctly: after an encode the library's commit kernel flips `cur`
  * (double-buffered codecs) and advances `step`, unless status->nonfinite -- without the host. */
 typedef struct gcomp_cuda_residual {
-    float *buf[2];     /* buf[cur] is the residual; buf[cur ^ 1] the output of double-buffered
+    float *buf[2]; /* buf[cur] is the residual; buf[cur ^ 1] the output of double-buffered
                         * codecs (NULL for GCOMP_CAP_RESIDUAL_IN_PLACE ones) */
     uint64_t step;
     uint32_t cur;
@@ -137,20 +137,20 @@ typedef struct gcomp_codec_cuda_ops {
      * encode does (in place, or into buf[cur ^ 1]); status filled. ctx->offset and ctx->rank
      * as on the CPU; ctx->state is unused. */
     gcomp_result (*encode)(const void *params, const gcomp_encode_ctx *ctx, const float *g,
-                           const gcomp_cuda_residual *res, size_t count, uint8_t *body, size_t cap,
-                           void *scratch, gcomp_cuda_status *status, struct CUstream_st *stream);
+                           const gcomp_cuda_residual *res, size_t count, uint8_t *body, size_t cap, void *scratch,
+                           gcomp_cuda_status *status, struct CUstream_st *stream);
     /* acc[i] += decode(body)[i]. payload points at the whole payload (32-byte header, then the
      * body) in device memory, cap its capacity: the kernels read flags and body_bytes from the
      * header, which the library has already checked on the device (magic, version, wire id,
      * count, body_bytes <= cap - 32; a failed check sets status->error first). A corrupt body
      * sets status->error and leaves acc untouched. */
-    gcomp_result (*decode_add)(const void *params, const uint8_t *payload, size_t cap, float *acc,
-                               size_t count, gcomp_cuda_status *status, struct CUstream_st *stream);
+    gcomp_result (*decode_add)(const void *params, const uint8_t *payload, size_t cap, float *acc, size_t count,
+                               gcomp_cuda_status *status, struct CUstream_st *stream);
 
     /* ---- integer ring (GCOMP_CAP_INTEGER), optional: same meaning as the CPU entries ---- */
     /* scales[j] (device) = local scale of bucket j of x = g + residual */
-    gcomp_result (*local_scales)(const void *params, const float *g, const gcomp_cuda_residual *res,
-                                 size_t count, float *scales, void *scratch, struct CUstream_st *stream);
+    gcomp_result (*local_scales)(const void *params, const float *g, const gcomp_cuda_residual *res, size_t count,
+                                 float *scales, void *scratch, struct CUstream_st *stream);
     /* codes t[0..n) in {-1, 0, +1} (int8) of elements ctx->offset .. ctx->offset + n of the
      * tensor (g and the residual point at the tensor's element 0), under the shared scales
      * (device, one per bucket of the tensor), residual updated in place unless a scale is
@@ -172,9 +172,9 @@ typedef struct gcomp_codec_cuda_ops {
     /* result[0..count) = (sum over j < n, in rank order from 0.0f, of decode(payloads[j])) /
      * divisor; payloads (a device array of n device pointers) as in decode_add, each of
      * capacity cap. scratch: scratch_bytes(params, count) * n is enough. */
-    gcomp_result (*sum_payloads)(const void *params, const uint8_t *const *payloads, int n, size_t cap,
-                                 float *result, size_t count, float divisor, void *scratch,
-                                 gcomp_cuda_status *status, struct CUstream_st *stream);
+    gcomp_result (*sum_payloads)(const void *params, const uint8_t *const *payloads, int n, size_t cap, float *result,
+                                 size_t count, float divisor, void *scratch, gcomp_cuda_status *status,
+                                 struct CUstream_st *stream);
 } gcomp_codec_cuda_ops;
 
 typedef struct gcomp_codec_vtable {
@@ -204,19 +204,18 @@ typedef struct gcomp_codec_vtable {
      * set ctx->nonfinite and make the body decode to a non-finite value somewhere; the
      * library then discards r_out, so the codec may leave it in any state -- unless the codec
      * declares GCOMP_CAP_RESIDUAL_IN_PLACE, in which case it must not write r_out at all. */
-    gcomp_result (*encode)(const void *params, gcomp_encode_ctx *ctx, const float *g,
-                           const float *r_in, float *r_out, size_t count, uint8_t *body,
-                           size_t cap, size_t *written, uint32_t *flags);
+    gcomp_result (*encode)(const void *params, gcomp_encode_ctx *ctx, const float *g, const float *r_in, float *r_out,
+                           size_t count, uint8_t *body, size_t cap, size_t *written, uint32_t *flags);
     /* acc[i] += decode(body)[i] for i < count. */
-    gcomp_result (*decode_add)(const void *params, uint32_t flags, const uint8_t *body,
-                               size_t bytes, float *acc, size_t count);
+    gcomp_result (*decode_add)(const void *params, uint32_t flags, const uint8_t *body, size_t bytes, float *acc,
+                               size_t count);
 
     /* ---- GCOMP_CAP_INTEGER codecs: the encode split the integer ring needs ---- */
     /* Number of scales for count elements (1 per tensor, or 1 per bucket). */
     size_t (*num_scales)(const void *params, size_t count);
     /* scales[j] = local scale of bucket j of x = g + r (max |x|, maybe clipped). */
-    gcomp_result (*local_scales)(const void *params, gcomp_encode_ctx *ctx, const float *g,
-                                 const float *r, size_t count, float *scales);
+    gcomp_result (*local_scales)(const void *params, gcomp_encode_ctx *ctx, const float *g, const float *r,
+                                 size_t count, float *scales);
     /* The integer ring (src/sched_integer.c) runs on the entries below; registration refuses
      * a GCOMP_CAP_INTEGER codec without num_scales, local_scales and every int_* entry but
      * int_scratch_bytes, naming the first missing one. The ring: the ranks share the max of
@@ -234,19 +233,17 @@ typedef struct gcomp_codec_vtable {
      * r_out point at the tensor's element 0; r_in/r_out NULL: no residual; r_out may alias
      * r_in) under the shared scales (num_scales of them, the tensor's). r_out = x - the value
      * the codes stand for. Called only with finite scales when r_out != NULL. */
-    gcomp_result (*int_ternarise)(const void *params, const gcomp_encode_ctx *ctx, const float *g,
-                                  const float *r_in, float *r_out, size_t n, const float *scales,
-                                  int8_t *t);
+    gcomp_result (*int_ternarise)(const void *params, const gcomp_encode_ctx *ctx, const float *g, const float *r_in,
+                                  float *r_out, size_t n, const float *scales, int8_t *t);
     /* out = (packed sums of m_in ranks in `in`, in_bytes bytes) + t, packed for m_in + 1
      * ranks (int_sum_bytes(n, m_in + 1) bytes); m_in = 0: no input. `in` came over the wire:
      * a wrong size or a value out of range is GCOMP_ERR_CORRUPT. */
-    gcomp_result (*int_sums_add_pack)(const void *params, const uint8_t *in, size_t in_bytes,
-                                      uint32_t m_in, const int8_t *t, size_t n, uint8_t *out);
+    gcomp_result (*int_sums_add_pack)(const void *params, const uint8_t *in, size_t in_bytes, uint32_t m_in,
+                                      const int8_t *t, size_t n, uint8_t *out);
     /* out[i] = value of final sum i of m ranks: scale(lo + i) * sum / divisor, computed alike
      * on every rank (same bits). Checks `in` as int_sums_add_pack does. */
-    gcomp_result (*int_sums_values)(const void *params, const uint8_t *in, size_t bytes, size_t lo,
-                                    size_t n, uint32_t m, const float *scales, float divisor,
-                                    float *out, void *scratch);
+    gcomp_result (*int_sums_values)(const void *params, const uint8_t *in, size_t bytes, size_t lo, size_t n,
+                                    uint32_t m, const float *scales, float divisor, float *out, void *scratch);
 
     /* ---- any codec: per-codec-object state ---- */
     /* Created once per codec object (or communicator) and reused by every call, so encode
@@ -258,13 +255,12 @@ typedef struct gcomp_codec_vtable {
 
     /* ---- GCOMP_CAP_BYTE_STAGE codecs ---- */
     size_t (*stage_bound)(const void *params, size_t in_bytes);
-    gcomp_result (*stage_encode)(const void *params, void *state, const uint8_t *in, size_t n,
-                                 uint8_t *out, size_t cap, size_t *written, uint32_t *flags);
+    gcomp_result (*stage_encode)(const void *params, void *state, const uint8_t *in, size_t n, uint8_t *out, size_t cap,
+                                 size_t *written, uint32_t *flags);
     /* Decode into out (capacity cap = the largest inner payload the receiver accepts);
      * a body that would decode to more than cap bytes is GCOMP_ERR_CORRUPT. */
-    gcomp_result (*stage_decode)(const void *params, void *state, uint32_t flags,
-                                 const uint8_t *in, size_t n, uint8_t *out, size_t cap,
-                                 size_t *written);
+    gcomp_result (*stage_decode)(const void *params, void *state, uint32_t flags, const uint8_t *in, size_t n,
+                                 uint8_t *out, size_t cap, size_t *written);
 
     /* ---- GCOMP_CAP_SPARSE codecs: the gather's fast path, optional (all three or none) ----
      * Without them the gather zeroes the result and adds decode_add of every rank's payload
@@ -273,8 +269,8 @@ typedef struct gcomp_codec_vtable {
     /* Pairs in every payload of count elements (a payload with another number is corrupt). */
     size_t (*sparse_k)(const void *params, size_t count);
     /* The pairs of a body (as decode_add reads it) into idx/val, at most cap; *got of them. */
-    gcomp_result (*sparse_pairs)(const void *params, uint32_t flags, const uint8_t *body, size_t bytes,
-                                 size_t count, size_t cap, uint64_t *idx, float *val, size_t *got);
+    gcomp_result (*sparse_pairs)(const void *params, uint32_t flags, const uint8_t *body, size_t bytes, size_t count,
+                                 size_t cap, uint64_t *idx, float *val, size_t *got);
     /* result[0..count) = (sum of the n lists, each element from 0.0f in list order) /
      * divisor: what zeroing, decode_add of each list in order and dividing would give. */
     gcomp_result (*sparse_sum_pairs)(const void *params, const gcomp_pair_list *lists, int n, float *result,
@@ -347,7 +343,10 @@ GCOMP_API gcomp_result gcomp_codec_fail(gcomp_result rc, const char *fmt, ...)
 /* Little-endian helpers for bodies (host and device). */
 static inline void gcomp_store_u32(uint8_t *p, uint32_t v)
 {
-    p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); p[2] = (uint8_t)(v >> 16); p[3] = (uint8_t)(v >> 24);
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+    p[2] = (uint8_t)(v >> 16);
+    p[3] = (uint8_t)(v >> 24);
 }
 static inline uint32_t gcomp_load_u32(const uint8_t *p)
 {
@@ -355,7 +354,8 @@ static inline uint32_t gcomp_load_u32(const uint8_t *p)
 }
 static inline void gcomp_store_u64(uint8_t *p, uint64_t v)
 {
-    gcomp_store_u32(p, (uint32_t)v); gcomp_store_u32(p + 4, (uint32_t)(v >> 32));
+    gcomp_store_u32(p, (uint32_t)v);
+    gcomp_store_u32(p + 4, (uint32_t)(v >> 32));
 }
 static inline uint64_t gcomp_load_u64(const uint8_t *p)
 {

@@ -71,15 +71,21 @@ enum {
     PASS_ALIASED,  /* sendbuf == recvbuf without MPI_IN_PLACE: erroneous, MPI reports it */
     PASS_REASONS
 };
-static const char *const pass_names[PASS_REASONS] = {"disabled", "datatype", "op", "communicator", "small", "aliased"};
+static const char *const pass_names[PASS_REASONS] = {
+    "disabled", "datatype", "op", "communicator", "small", "aliased"
+};
 
 /* One MPI communicator's gcomp side. */
 typedef struct ip_comm {
     MPI_Comm comm;
-    gcomp_comm *g;     /* NULL when creation failed: every call on comm passes through */
+    gcomp_comm *g; /* NULL when creation failed: every call on comm passes through */
     int64_t min_bytes;
     /* recv buffers seen with more than one count (fusion buffers): no error feedback */
-    struct seen { const void *buf; size_t count; int shared; } *seen;
+    struct seen {
+        const void *buf;
+        size_t count;
+        int shared;
+    } * seen;
     size_t n_seen, cap_seen;
     int warned_full;
     struct ip_comm *prev, *next;
@@ -101,7 +107,7 @@ static struct {
     /* stats of gcomp communicators already destroyed */
     uint64_t raw_bytes, wire_bytes, baseline_bytes;
     char codec[256];
-} S = {.lock = PTHREAD_MUTEX_INITIALIZER};
+} S = { .lock = PTHREAD_MUTEX_INITIALIZER };
 
 /* Calls that gcomp itself makes to MPI pass straight through. */
 static _Thread_local int inside_gcomp;
@@ -129,8 +135,10 @@ static int comm_delete(MPI_Comm comm, int keyval, void *val, void *extra)
     ip_comm *c = val;
     (void)comm, (void)keyval, (void)extra;
     pthread_mutex_lock(&S.lock);
-    if (c->prev) c->prev->next = c->next;
-    else S.live = c->next;
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        S.live = c->next;
     if (c->next) c->next->prev = c->prev;
     add_stats(c->g);
     if (c->g && !S.finalizing) S.comms_freed++;
@@ -149,13 +157,12 @@ static void summary_line(char *out, size_t cap)
     for (int i = 0; i < PASS_REASONS; i++) passed += S.passed[i];
     snprintf(out, cap,
              "gcomp_mpi: rank %d: codec %s, MPI_Allreduce calls: %" PRIu64 " compressed (%" PRIu64
-             " without error feedback), %" PRIu64 " passed through (disabled %" PRIu64 ", datatype %" PRIu64 ", op %" PRIu64
-             ", communicator %" PRIu64 ", small %" PRIu64 ", aliased %" PRIu64 "); %" PRIu64 " bytes sent instead of %"
-             PRIu64 " (%" PRId64 " saved)",
+             " without error feedback), %" PRIu64 " passed through (disabled %" PRIu64 ", datatype %" PRIu64
+             ", op %" PRIu64 ", communicator %" PRIu64 ", small %" PRIu64 ", aliased %" PRIu64 "); %" PRIu64
+             " bytes sent instead of %" PRIu64 " (%" PRId64 " saved)",
              world_rank(), S.enabled ? S.codec : "(off)", S.compressed, S.no_ef_calls, passed, S.passed[PASS_DISABLED],
              S.passed[PASS_TYPE], S.passed[PASS_OP], S.passed[PASS_COMM], S.passed[PASS_SMALL], S.passed[PASS_ALIASED],
-             S.wire_bytes,
-             S.baseline_bytes, (int64_t)(S.baseline_bytes - S.wire_bytes));
+             S.wire_bytes, S.baseline_bytes, (int64_t)(S.baseline_bytes - S.wire_bytes));
 }
 
 /* s as the inside of a JSON string (the codec spec comes from the environment). */
@@ -163,9 +170,12 @@ static void json_string(FILE *f, const char *s)
 {
     for (; *s; s++) {
         unsigned char ch = (unsigned char)*s;
-        if (ch == '"' || ch == '\\') fprintf(f, "\\%c", ch);
-        else if (ch < 0x20) fprintf(f, "\\u%04x", ch);
-        else fputc(ch, f);
+        if (ch == '"' || ch == '\\')
+            fprintf(f, "\\%c", ch);
+        else if (ch < 0x20)
+            fprintf(f, "\\u%04x", ch);
+        else
+            fputc(ch, f);
     }
 }
 
@@ -177,8 +187,10 @@ static void write_stats_file(void)
     uint64_t passed = 0;
     FILE *f;
     PMPI_Comm_size(MPI_COMM_WORLD, &size);
-    if (r) snprintf(path, sizeof path, "%.*s%d%s", (int)(r - S.stats_file), S.stats_file, rank, r + 2);
-    else snprintf(path, sizeof path, "%s.rank%d", S.stats_file, rank);
+    if (r)
+        snprintf(path, sizeof path, "%.*s%d%s", (int)(r - S.stats_file), S.stats_file, rank, r + 2);
+    else
+        snprintf(path, sizeof path, "%s.rank%d", S.stats_file, rank);
     if (!(f = fopen(path, "w"))) {
         fprintf(stderr, "gcomp_mpi: cannot write GCOMP_STATS_FILE '%s'\n", path);
         return;
@@ -186,13 +198,15 @@ static void write_stats_file(void)
     for (int i = 0; i < PASS_REASONS; i++) passed += S.passed[i];
     fprintf(f, "{\"rank\": %d, \"size\": %d, \"codec\": \"", rank, size);
     json_string(f, S.enabled ? S.codec : "");
-    fprintf(f, "\", \"calls_compressed\": %" PRIu64 ", \"calls_compressed_without_ef\": %" PRIu64
-               ", \"calls_passed_through\": %" PRIu64 ", \"passed_through\": {",
+    fprintf(f,
+            "\", \"calls_compressed\": %" PRIu64 ", \"calls_compressed_without_ef\": %" PRIu64
+            ", \"calls_passed_through\": %" PRIu64 ", \"passed_through\": {",
             S.compressed, S.no_ef_calls, passed);
-    for (int i = 0; i < PASS_REASONS; i++)
-        fprintf(f, "%s\"%s\": %" PRIu64, i ? ", " : "", pass_names[i], S.passed[i]);
-    fprintf(f, "}, \"raw_bytes\": %" PRIu64 ", \"wire_bytes\": %" PRIu64 ", \"baseline_bytes\": %" PRIu64
-               ", \"bytes_saved\": %" PRId64 ", \"communicators\": %" PRIu64 ", \"communicators_freed_before_finalize\": %" PRIu64 "}\n",
+    for (int i = 0; i < PASS_REASONS; i++) fprintf(f, "%s\"%s\": %" PRIu64, i ? ", " : "", pass_names[i], S.passed[i]);
+    fprintf(f,
+            "}, \"raw_bytes\": %" PRIu64 ", \"wire_bytes\": %" PRIu64 ", \"baseline_bytes\": %" PRIu64
+            ", \"bytes_saved\": %" PRId64 ", \"communicators\": %" PRIu64
+            ", \"communicators_freed_before_finalize\": %" PRIu64 "}\n",
             S.raw_bytes, S.wire_bytes, S.baseline_bytes, (int64_t)(S.baseline_bytes - S.wire_bytes), S.comms_created,
             S.comms_freed);
     fclose(f);
@@ -208,7 +222,8 @@ static int self_delete(MPI_Comm comm, int keyval, void *val, void *extra)
     while (S.live) {
         ip_comm *c = S.live;
         /* the callback unlinks and frees it; call it by hand if MPI would not */
-        if (PMPI_Comm_delete_attr(c->comm, S.comm_keyval) != MPI_SUCCESS || S.live == c) comm_delete(MPI_COMM_NULL, 0, c, NULL);
+        if (PMPI_Comm_delete_attr(c->comm, S.comm_keyval) != MPI_SUCCESS || S.live == c)
+            comm_delete(MPI_COMM_NULL, 0, c, NULL);
     }
     if (S.debug) {
         summary_line(line, sizeof line);
@@ -248,10 +263,12 @@ static int setup(void)
  * on this communicator if they differ. gcomp itself already refuses different codecs. */
 static void agree_min_bytes(ip_comm *c)
 {
-    long long mine[2] = {c->min_bytes, -c->min_bytes}, all[2];
+    long long mine[2] = { c->min_bytes, -c->min_bytes }, all[2];
     if (PMPI_Allreduce(mine, all, 2, MPI_LONG_LONG, MPI_MAX, c->comm) != MPI_SUCCESS || all[0] != -all[1]) {
-        fprintf(stderr, "gcomp_mpi: rank %d: ranks differ in GCOMP_MIN_BYTES (this rank %lld, %lld..%lld): "
-                        "no compression on this communicator\n", world_rank(), (long long)c->min_bytes, -all[1], all[0]);
+        fprintf(stderr,
+                "gcomp_mpi: rank %d: ranks differ in GCOMP_MIN_BYTES (this rank %lld, %lld..%lld): "
+                "no compression on this communicator\n",
+                world_rank(), (long long)c->min_bytes, -all[1], all[0]);
         gcomp_comm_destroy(c->g);
         c->g = NULL;
     }
@@ -271,7 +288,8 @@ static ip_comm *comm_state(MPI_Comm comm)
     inside_gcomp++;
     if (gcomp_comm_create_mpi(comm, &cfg, &c->g) != GCOMP_SUCCESS) {
         /* the creation agrees across ranks: every rank lands here and passes through */
-        fprintf(stderr, "gcomp_mpi: rank %d: no compression on this communicator: %s\n", world_rank(), gcomp_last_error());
+        fprintf(stderr, "gcomp_mpi: rank %d: no compression on this communicator: %s\n", world_rank(),
+                gcomp_last_error());
         c->g = NULL;
     } else if (gcomp_comm_config_get(c->g, &got) == GCOMP_SUCCESS) {
         c->min_bytes = got.min_bytes;
@@ -300,8 +318,10 @@ static uint64_t residual_key(ip_comm *c, const void *buf, size_t n)
          * bound the residuals kept (each is as large as its buffer) */
         if (c->n_seen == MAX_BUFFERS) {
             if (S.debug && !c->warned_full)
-                fprintf(stderr, "gcomp_mpi: rank %d: more than %d receive buffers on one communicator: "
-                                "new ones get no error feedback\n", world_rank(), MAX_BUFFERS);
+                fprintf(stderr,
+                        "gcomp_mpi: rank %d: more than %d receive buffers on one communicator: "
+                        "new ones get no error feedback\n",
+                        world_rank(), MAX_BUFFERS);
             c->warned_full = 1;
             return GCOMP_KEY_NONE;
         }
@@ -313,12 +333,14 @@ static uint64_t residual_key(ip_comm *c, const void *buf, size_t n)
             c->cap_seen = cap;
         }
         s = &c->seen[c->n_seen++];
-        *s = (struct seen){buf, n, 0};
+        *s = (struct seen){ buf, n, 0 };
     } else if (!s->shared && s->count != n) {
         s->shared = 1;
         if (S.debug)
-            fprintf(stderr, "gcomp_mpi: rank %d: buffer %p reduced with %zu then %zu floats (a fusion buffer?): "
-                            "no error feedback for it from now on\n", world_rank(), buf, s->count, n);
+            fprintf(stderr,
+                    "gcomp_mpi: rank %d: buffer %p reduced with %zu then %zu floats (a fusion buffer?): "
+                    "no error feedback for it from now on\n",
+                    world_rank(), buf, s->count, n);
     }
     if (s->shared) return GCOMP_KEY_NONE;
     return k == GCOMP_KEY_NONE ? 0 : k;
@@ -336,7 +358,8 @@ static int is_float(MPI_Datatype type)
 static int classify(int n, MPI_Datatype type, MPI_Op op, MPI_Comm comm, int aliased, ip_comm **out)
 {
     int inter = 0, size = 0;
-    if (inside_gcomp || __atomic_load_n(&S.finalizing, __ATOMIC_ACQUIRE) || !setup() || !S.enabled) return PASS_DISABLED;
+    if (inside_gcomp || __atomic_load_n(&S.finalizing, __ATOMIC_ACQUIRE) || !setup() || !S.enabled)
+        return PASS_DISABLED;
     if (aliased) return PASS_ALIASED;
     if (!is_float(type)) return PASS_TYPE;
     if (op != MPI_SUM) return PASS_OP;
@@ -398,8 +421,8 @@ typedef void fortran_allreduce_fn(char *, char *, MPI_Fint *, MPI_Fint *, MPI_Fi
 /* Fortran's MPI_IN_PLACE is the address of a common block, under one of these names. */
 static int fortran_in_place(const void *p)
 {
-    static const char *const names[] = {"mpi_fortran_in_place_", "mpi_fortran_in_place", "mpi_fortran_in_place__",
-                                        "MPI_FORTRAN_IN_PLACE"};
+    static const char *const names[] = { "mpi_fortran_in_place_", "mpi_fortran_in_place", "mpi_fortran_in_place__",
+                                         "MPI_FORTRAN_IN_PLACE" };
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         void *s = dlsym(RTLD_DEFAULT, names[i]);
         if (s && s == p) return 1;
@@ -413,8 +436,8 @@ static void fortran_allreduce(char *send, char *recv, MPI_Fint *n, MPI_Fint *typ
     static fortran_allreduce_fn *real;
     MPI_Comm c_comm = PMPI_Comm_f2c(*comm);
     ip_comm *c = NULL;
-    int why = classify((int)*n, PMPI_Type_f2c(*type), PMPI_Op_f2c(*op), c_comm, send == recv && !fortran_in_place(send),
-                       &c);
+    int why =
+        classify((int)*n, PMPI_Type_f2c(*type), PMPI_Op_f2c(*op), c_comm, send == recv && !fortran_in_place(send), &c);
     if (why < 0) {
         int rc = compressed_allreduce(c, fortran_in_place(send) ? MPI_IN_PLACE : send, recv, (int)*n);
         if (ierr) *ierr = (MPI_Fint)rc;
@@ -430,10 +453,10 @@ static void fortran_allreduce(char *send, char *recv, MPI_Fint *n, MPI_Fint *typ
     real(send, recv, n, type, op, comm, ierr);
 }
 
-#define FORTRAN_ENTRY(name)                                                                                      \
+#define FORTRAN_ENTRY(name)                                                                             \
     EXPORT void name(char *s, char *r, MPI_Fint *n, MPI_Fint *t, MPI_Fint *o, MPI_Fint *c, MPI_Fint *e) \
-    {                                                                                                            \
-        fortran_allreduce(s, r, n, t, o, c, e);                                                                  \
+    {                                                                                                   \
+        fortran_allreduce(s, r, n, t, o, c, e);                                                         \
     }
 FORTRAN_ENTRY(ompi_allreduce_f)
 FORTRAN_ENTRY(mpi_allreduce_)

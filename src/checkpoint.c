@@ -86,7 +86,8 @@ gcomp_result gcomp_comm_residuals_save(gcomp_comm *comm, void *buf, size_t cap, 
     if (!comm || !written) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_residuals_save: NULL comm or written");
     /* no state to save, and a load of the blob would be refused: refuse here, as load does */
     if (!comm->cfg.error_feedback)
-        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_residuals_save: the communicator has error feedback off (GCOMP_EF=0)");
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG,
+                           "gcomp_comm_residuals_save: the communicator has error feedback off (GCOMP_EF=0)");
     spec = gcomp_codec_spec(comm->codec);
     GCOMP_CHECK(sorted_residuals(comm, &v, &n));
     need = blob_bytes(spec, v, n);
@@ -97,7 +98,8 @@ gcomp_result gcomp_comm_residuals_save(gcomp_comm *comm, void *buf, size_t cap, 
     }
     if (cap < need) {
         free(v);
-        return gcomp__fail(GCOMP_ERR_BUFFER_TOO_SMALL, "gcomp_comm_residuals_save: needs %zu bytes, buffer has %zu", need, cap);
+        return gcomp__fail(GCOMP_ERR_BUFFER_TOO_SMALL, "gcomp_comm_residuals_save: needs %zu bytes, buffer has %zu",
+                           need, cap);
     }
     memcpy(p, CKPT_MAGIC, 8);
     gcomp_le_store_u32(p + 8, CKPT_VERSION);
@@ -138,25 +140,29 @@ static gcomp_result check_header(gcomp_comm *comm, const uint8_t *p, size_t byte
     const char *spec = gcomp_codec_spec(comm->codec);
     uint32_t version, flags, rank, size, spec_len;
     if (bytes < CKPT_FIXED + 16 || memcmp(p, CKPT_MAGIC, 8) != 0)
-        return gcomp__fail(GCOMP_ERR_CORRUPT, "residual checkpoint: not a gcomp residual checkpoint (bad magic or %zu bytes)", bytes);
+        return gcomp__fail(GCOMP_ERR_CORRUPT,
+                           "residual checkpoint: not a gcomp residual checkpoint (bad magic or %zu bytes)", bytes);
     if (fnv1a(p, bytes - 8) != gcomp_le_load_u64(p + bytes - 8))
-        return gcomp__fail(GCOMP_ERR_CORRUPT, "residual checkpoint: checksum mismatch (truncated or damaged, %zu bytes)", bytes);
+        return gcomp__fail(GCOMP_ERR_CORRUPT,
+                           "residual checkpoint: checksum mismatch (truncated or damaged, %zu bytes)", bytes);
     version = gcomp_le_load_u32(p + 8);
     flags = gcomp_le_load_u32(p + 12);
     rank = gcomp_le_load_u32(p + 16);
     size = gcomp_le_load_u32(p + 20);
     spec_len = gcomp_le_load_u32(p + 24);
     if (version != CKPT_VERSION || flags != 0)
-        return gcomp__fail(GCOMP_ERR_UNSUPPORTED, "residual checkpoint: format version %u flags %#x, this library reads version %u",
-                           version, flags, CKPT_VERSION);
+        return gcomp__fail(GCOMP_ERR_UNSUPPORTED,
+                           "residual checkpoint: format version %u flags %#x, this library reads version %u", version,
+                           flags, CKPT_VERSION);
     if (spec_len > bytes - CKPT_FIXED - 16)
         return gcomp__fail(GCOMP_ERR_CORRUPT, "residual checkpoint: spec length %u runs past the end", spec_len);
     if (spec_len != strlen(spec) || memcmp(p + CKPT_FIXED, spec, spec_len) != 0)
-        return gcomp__fail(GCOMP_ERR_MISMATCH, "residual checkpoint: saved with codec '%.*s', this communicator uses '%s'",
+        return gcomp__fail(GCOMP_ERR_MISMATCH,
+                           "residual checkpoint: saved with codec '%.*s', this communicator uses '%s'",
                            (int)(spec_len > 200 ? 200 : spec_len), (const char *)p + CKPT_FIXED, spec);
     if ((int)rank != gcomp_comm_rank(comm) || (int)size != gcomp_comm_size(comm))
-        return gcomp__fail(GCOMP_ERR_MISMATCH, "residual checkpoint: saved by rank %u of %u, this is rank %d of %d", rank, size,
-                           gcomp_comm_rank(comm), gcomp_comm_size(comm));
+        return gcomp__fail(GCOMP_ERR_MISMATCH, "residual checkpoint: saved by rank %u of %u, this is rank %d of %d",
+                           rank, size, gcomp_comm_rank(comm), gcomp_comm_size(comm));
     *pos = CKPT_FIXED + spec_len;
     return GCOMP_SUCCESS;
 }
@@ -172,18 +178,24 @@ static gcomp_result walk_records(gcomp_comm *comm, const uint8_t *p, size_t byte
     for (uint64_t i = 0; i < n; i++) {
         uint64_t key, count, step;
         size_t known;
-        if (end - pos < CKPT_RECORD) return gcomp__fail(GCOMP_ERR_CORRUPT, "residual checkpoint: record %llu runs past the end", (unsigned long long)i);
+        if (end - pos < CKPT_RECORD)
+            return gcomp__fail(GCOMP_ERR_CORRUPT, "residual checkpoint: record %llu runs past the end",
+                               (unsigned long long)i);
         key = gcomp_le_load_u64(p + pos);
         count = gcomp_le_load_u64(p + pos + 8);
         step = gcomp_le_load_u64(p + pos + 16);
         pos += CKPT_RECORD;
-        if (i > 0 && key <= prev) return gcomp__fail(GCOMP_ERR_CORRUPT, "residual checkpoint: keys out of order or repeated at key %llu", (unsigned long long)key);
+        if (i > 0 && key <= prev)
+            return gcomp__fail(GCOMP_ERR_CORRUPT, "residual checkpoint: keys out of order or repeated at key %llu",
+                               (unsigned long long)key);
         if (count > (end - pos) / sizeof(float))
-            return gcomp__fail(GCOMP_ERR_CORRUPT, "residual checkpoint: key %llu declares %llu elements, more than the file holds",
+            return gcomp__fail(GCOMP_ERR_CORRUPT,
+                               "residual checkpoint: key %llu declares %llu elements, more than the file holds",
                                (unsigned long long)key, (unsigned long long)count);
         known = known_count(comm, key);
         if (known && known != count)
-            return gcomp__fail(GCOMP_ERR_MISMATCH, "residual checkpoint: key %llu has %llu elements in the file, %zu in this communicator",
+            return gcomp__fail(GCOMP_ERR_MISMATCH,
+                               "residual checkpoint: key %llu has %llu elements in the file, %zu in this communicator",
                                (unsigned long long)key, (unsigned long long)count, known);
         if (apply) {
             gcomp__residual *r;
@@ -194,16 +206,19 @@ static gcomp_result walk_records(gcomp_comm *comm, const uint8_t *p, size_t byte
         pos += (size_t)count * sizeof(float);
         prev = key;
     }
-    if (pos != end) return gcomp__fail(GCOMP_ERR_CORRUPT, "residual checkpoint: %zu bytes after the last record", end - pos);
+    if (pos != end)
+        return gcomp__fail(GCOMP_ERR_CORRUPT, "residual checkpoint: %zu bytes after the last record", end - pos);
     return GCOMP_SUCCESS;
 }
 
 gcomp_result gcomp_comm_residuals_load(gcomp_comm *comm, const void *buf, size_t bytes)
 {
     size_t pos = 0;
-    if (!comm || (!buf && bytes)) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_residuals_load: NULL comm or buffer");
+    if (!comm || (!buf && bytes))
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_residuals_load: NULL comm or buffer");
     if (!comm->cfg.error_feedback)
-        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_residuals_load: the communicator has error feedback off (GCOMP_EF=0)");
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG,
+                           "gcomp_comm_residuals_load: the communicator has error feedback off (GCOMP_EF=0)");
     GCOMP_CHECK(check_header(comm, buf, bytes, &pos));
     GCOMP_CHECK(walk_records(comm, buf, bytes, pos, 0));
     /* The state becomes exactly the file's: keys it does not name start from zero again. */
@@ -222,12 +237,14 @@ gcomp_result gcomp_comm_residuals_save_file(gcomp_comm *comm, const char *path)
     if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
         return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_residuals_save_file: path is too long");
     GCOMP_CHECK(gcomp_comm_residuals_save(comm, NULL, 0, &bytes));
-    if (!(buf = malloc(bytes))) return gcomp__fail(GCOMP_ERR_NOMEM, "residual checkpoint: cannot allocate %zu bytes", bytes);
+    if (!(buf = malloc(bytes)))
+        return gcomp__fail(GCOMP_ERR_NOMEM, "residual checkpoint: cannot allocate %zu bytes", bytes);
     rc = gcomp_comm_residuals_save(comm, buf, bytes, &bytes);
     if (rc == GCOMP_SUCCESS) {
         /* write beside, then rename: a crash mid-write never leaves a half file at path */
         f = fopen(tmp, "wb");
-        if (!f) rc = gcomp__fail(GCOMP_ERR_INVALID_ARG, "cannot create '%s': %s", tmp, strerror(errno));
+        if (!f)
+            rc = gcomp__fail(GCOMP_ERR_INVALID_ARG, "cannot create '%s': %s", tmp, strerror(errno));
         else {
             int bad = fwrite(buf, 1, bytes, f) != bytes;
             bad |= fclose(f) != 0;
@@ -249,7 +266,8 @@ gcomp_result gcomp_comm_residuals_load_file(gcomp_comm *comm, const char *path)
     void *buf = NULL;
     gcomp_result rc;
     if (!path) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_residuals_load_file: NULL path");
-    if (!(f = fopen(path, "rb"))) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "cannot open '%s': %s", path, strerror(errno));
+    if (!(f = fopen(path, "rb")))
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "cannot open '%s': %s", path, strerror(errno));
     /* fstat, not fseek/ftell: glibc opens a directory and its ftell says LONG_MAX */
     if (fstat(fileno(f), &st) != 0) {
         rc = gcomp__fail(GCOMP_ERR_INVALID_ARG, "cannot read '%s': %s", path, strerror(errno));

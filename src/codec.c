@@ -43,7 +43,7 @@ static gcomp_result scratch_reserve(void **buf, size_t *cap, size_t bytes)
 
 /* What the device path (codec_device.c) works on: device buffers take it at each entry. */
 #define DEVICE_PARTS(c) \
-    (&(gcomp__codec_parts){&(c)->chain, &(c)->opts, &(c)->stats, &(c)->residuals, &(c)->nokey_step, &(c)->dev})
+    (&(gcomp__codec_parts){ &(c)->chain, &(c)->opts, &(c)->stats, &(c)->residuals, &(c)->nokey_step, &(c)->dev })
 
 gcomp_codec_options gcomp_codec_options_default(void)
 {
@@ -154,7 +154,7 @@ static gcomp_result encode_element(gcomp_codec *c, gcomp_encode_ctx *ctx, const 
                                    size_t *written)
 {
     const gcomp__stage *el = &c->chain.stages[0];
-    gcomp_header h = {0};
+    gcomp_header h = { 0 };
     size_t body = 0;
     if (cap < GCOMP_HEADER_BYTES)
         return gcomp__fail(GCOMP_ERR_BUFFER_TOO_SMALL, "output of %zu bytes cannot hold the header", cap);
@@ -170,10 +170,10 @@ static gcomp_result encode_element(gcomp_codec *c, gcomp_encode_ctx *ctx, const 
     return GCOMP_SUCCESS;
 }
 
-static gcomp_result encode_stage(gcomp__stage *st, const uint8_t *in, size_t in_bytes, size_t count,
-                                 gcomp_dtype dtype, uint8_t *out, size_t cap, size_t *written)
+static gcomp_result encode_stage(gcomp__stage *st, const uint8_t *in, size_t in_bytes, size_t count, gcomp_dtype dtype,
+                                 uint8_t *out, size_t cap, size_t *written)
 {
-    gcomp_header h = {0};
+    gcomp_header h = { 0 };
     size_t body = 0;
     if (cap < GCOMP_HEADER_BYTES)
         return gcomp__fail(GCOMP_ERR_BUFFER_TOO_SMALL, "output of %zu bytes cannot hold the header", cap);
@@ -210,16 +210,15 @@ static gcomp_result encode_byte_stages(gcomp_codec *c, const uint8_t *in, size_t
  * A failed encode writes nothing to dst: with dst_cap >= the bound (the usual case) every
  * stage succeeds, so the last one writes straight into dst; a smaller dst gets the payload
  * copied from scratch only once it is known to fit. */
-static gcomp_result encode_chain(gcomp_codec *c, gcomp_encode_ctx *ctx, const float *x, const float *r_in,
-                                 float *r_out, size_t count, gcomp_dtype dtype, uint8_t *dst, size_t cap,
-                                 size_t *written)
+static gcomp_result encode_chain(gcomp_codec *c, gcomp_encode_ctx *ctx, const float *x, const float *r_in, float *r_out,
+                                 size_t count, gcomp_dtype dtype, uint8_t *dst, size_t cap, size_t *written)
 {
     size_t n = c->chain.n_stages, bytes = 0, bound = bound_of_prefix(&c->chain, n, count);
     int direct = cap >= bound;
     uint8_t *out;
     if (!bound)
-        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "encode: %s cannot bound %zu elements in a size_t", c->chain.canonical,
-                           count);
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "encode: %s cannot bound %zu elements in a size_t",
+                           c->chain.canonical, count);
     if (direct && n == 1) return encode_element(c, ctx, x, r_in, r_out, count, dtype, dst, cap, written);
     for (int b = 0; b < 2; b++) GCOMP_CHECK(scratch_reserve(&c->stage_buf[b], &c->stage_cap[b], bound));
     GCOMP_CHECK(encode_element(c, ctx, x, r_in, r_out, count, dtype, c->stage_buf[0], c->stage_cap[0], &bytes));
@@ -232,8 +231,10 @@ static gcomp_result encode_chain(gcomp_codec *c, gcomp_encode_ctx *ctx, const fl
     }
     if (!direct) {
         if (bytes > cap)
-            return gcomp__fail(GCOMP_ERR_BUFFER_TOO_SMALL, "encode: the %s payload is %zu bytes, the output holds %zu "
-                               "(gcomp_codec_max_encoded_bytes() = %zu always fits)", c->chain.canonical, bytes, cap, bound);
+            return gcomp__fail(GCOMP_ERR_BUFFER_TOO_SMALL,
+                               "encode: the %s payload is %zu bytes, the output holds %zu "
+                               "(gcomp_codec_max_encoded_bytes() = %zu always fits)",
+                               c->chain.canonical, bytes, cap, bound);
         memcpy(dst, out, bytes);
     }
     *written = bytes;
@@ -243,8 +244,8 @@ static gcomp_result encode_chain(gcomp_codec *c, gcomp_encode_ctx *ctx, const fl
 gcomp_result gcomp_codec_encode(gcomp_codec *c, uint64_t key, const void *src, size_t count, gcomp_dtype dtype,
                                 void *dst, size_t dst_cap, size_t *written)
 {
-    gcomp_encode_ctx ctx = {0};
-    gcomp__ef ef = {0};
+    gcomp_encode_ctx ctx = { 0 };
+    gcomp__ef ef = { 0 };
     const float *x = (const float *)src;
     size_t esize = gcomp_dtype_size(dtype);
 
@@ -268,9 +269,10 @@ gcomp_result gcomp_codec_encode(gcomp_codec *c, uint64_t key, const void *src, s
          * that (a byte stage, the copy out of scratch), so the output must hold the bound
          * before anything is touched */
         if (in_place && dst_cap < gcomp_codec_max_encoded_bytes(c, count))
-            return gcomp__fail(GCOMP_ERR_BUFFER_TOO_SMALL, "gcomp_codec_encode: %s needs an output of "
-                               "gcomp_codec_max_encoded_bytes() = %zu bytes, got %zu", c->chain.canonical,
-                               gcomp_codec_max_encoded_bytes(c, count), dst_cap);
+            return gcomp__fail(GCOMP_ERR_BUFFER_TOO_SMALL,
+                               "gcomp_codec_encode: %s needs an output of "
+                               "gcomp_codec_max_encoded_bytes() = %zu bytes, got %zu",
+                               c->chain.canonical, gcomp_codec_max_encoded_bytes(c, count), dst_cap);
         GCOMP_CHECK(gcomp__ef_begin(&c->residuals, key, count, in_place, &ef));
         ctx.step = ef.step;
     } else {
@@ -348,7 +350,8 @@ gcomp_result gcomp_codec_decode(gcomp_codec *c, const void *payload, size_t byte
     if (!c) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_codec_decode: codec is NULL");
     if (gcomp__codec_device_wanted(payload, dst))
         return gcomp__codec_device_decode(DEVICE_PARTS(c), payload, bytes, dst, count, dtype, NULL, 1);
-    if (!gcomp_dtype_size(dtype)) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_codec_decode: invalid dtype %d", (int)dtype);
+    if (!gcomp_dtype_size(dtype))
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_codec_decode: invalid dtype %d", (int)dtype);
     GCOMP_CHECK(check_buffers("gcomp_codec_decode", payload, dst, count));
     if (dtype != GCOMP_F32) {
         GCOMP_CHECK(scratch_reserve(&c->widen, &c->widen_cap, count * sizeof(float)));
@@ -369,7 +372,8 @@ gcomp_result gcomp_codec_residual_get(const gcomp_codec *c, uint64_t key, float 
     r = gcomp__residual_find(&c->residuals, key);
     if (!r) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "no residual for key %llu", (unsigned long long)key);
     if (r->count != count)
-        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "key %llu has %zu elements, not %zu", (unsigned long long)key, r->count, count);
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "key %llu has %zu elements, not %zu", (unsigned long long)key,
+                           r->count, count);
     if (count) memcpy(dst, r->buf[r->cur], count * sizeof(float));
     return GCOMP_SUCCESS;
 }
@@ -492,7 +496,8 @@ gcomp_result gcomp__codec_stages_decode(gcomp_codec *c, const void *in, size_t n
         int last = i == 1;
         uint8_t *o = last ? out : c->stage_buf[i & 1];
         size_t o_cap = last ? cap : c->stage_cap[i & 1], inner = 0;
-        if (!last) GCOMP_CHECK(scratch_reserve(&c->stage_buf[i & 1], &c->stage_cap[i & 1], gcomp__codec_stages_bound(c, cap)));
+        if (!last)
+            GCOMP_CHECK(scratch_reserve(&c->stage_buf[i & 1], &c->stage_cap[i & 1], gcomp__codec_stages_bound(c, cap)));
         o = last ? out : c->stage_buf[i & 1];
         o_cap = last ? cap : c->stage_cap[i & 1];
         GCOMP_CHECK(gcomp_header_read(p, bytes, &h));

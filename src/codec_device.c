@@ -72,11 +72,15 @@ static gcomp_result device_of(const char *fn, const char *an, const void *a, con
     if (oa->kind == GCOMP__DEVICE_HOST && ob->kind == GCOMP__DEVICE_HOST)
         return gcomp__fail(GCOMP_ERR_INVALID_ARG, "%s: no buffer is device memory", fn);
     if (a && oa->kind == GCOMP__DEVICE_HOST)
-        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "%s: %s is device memory but %s is host memory: pass both on the "
-                           "same device, or both on the host", fn, bn, an);
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG,
+                           "%s: %s is device memory but %s is host memory: pass both on the "
+                           "same device, or both on the host",
+                           fn, bn, an);
     if (b && ob->kind == GCOMP__DEVICE_HOST)
-        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "%s: %s is device memory but %s is host memory: pass both on the "
-                           "same device, or both on the host", fn, an, bn);
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG,
+                           "%s: %s is device memory but %s is host memory: pass both on the "
+                           "same device, or both on the host",
+                           fn, an, bn);
     *ops = a ? oa : ob;
     return GCOMP_SUCCESS;
 }
@@ -86,8 +90,10 @@ static gcomp_result check_chain(const char *fn, const gcomp__chain *ch)
 {
     const gcomp_codec_vtable *vt = ch->stages[0].vt;
     if (ch->n_stages > 1)
-        return gcomp__fail(GCOMP_ERR_UNSUPPORTED, "%s: '%s' has a byte stage (%s), which runs on host buffers only; "
-                           "device buffers take the element codec alone", fn, ch->canonical, ch->stages[1].vt->name);
+        return gcomp__fail(GCOMP_ERR_UNSUPPORTED,
+                           "%s: '%s' has a byte stage (%s), which runs on host buffers only; "
+                           "device buffers take the element codec alone",
+                           fn, ch->canonical, ch->stages[1].vt->name);
     if (!vt->cuda || !vt->cuda->encode || !vt->cuda->decode_add)
         return gcomp__fail(GCOMP_ERR_UNSUPPORTED, "%s: codec '%s' has no CUDA implementation (host buffers only)", fn,
                            vt->name);
@@ -104,8 +110,10 @@ static gcomp_result ensure_dev(const gcomp__codec_parts *c, const gcomp__device_
     gcomp_result rc;
     if (d) {
         if (d->device != cur)
-            return gcomp__fail(GCOMP_ERR_INVALID_ARG, "codec object works on CUDA device %d (where its first device "
-                               "call ran), but the current device is %d", d->device, cur);
+            return gcomp__fail(GCOMP_ERR_INVALID_ARG,
+                               "codec object works on CUDA device %d (where its first device "
+                               "call ran), but the current device is %d",
+                               d->device, cur);
         *out = d;
         return GCOMP_SUCCESS;
     }
@@ -264,8 +272,8 @@ gcomp_result gcomp__codec_device_residual_get(const gcomp__codec_device *d, cons
         return ops->wait(NULL, -1);
     }
     if (r->count != count)
-        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "key %llu has %zu elements, not %zu", (unsigned long long)key, r->count,
-                           count);
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "key %llu has %zu elements, not %zu", (unsigned long long)key,
+                           r->count, count);
     if (d->device != gcomp__device_current())
         return gcomp__fail(GCOMP_ERR_INVALID_ARG, "residual of key %llu is on CUDA device %d, the current device is %d",
                            (unsigned long long)key, d->device, gcomp__device_current());
@@ -275,15 +283,15 @@ gcomp_result gcomp__codec_device_residual_get(const gcomp__codec_device *d, cons
     return d->ops->wait(NULL, -1);
 }
 
-gcomp_result gcomp__codec_device_residual_set(const gcomp__codec_parts *c, uint64_t key, const float *src,
-                                              size_t count)
+gcomp_result gcomp__codec_device_residual_set(const gcomp__codec_parts *c, uint64_t key, const float *src, size_t count)
 {
     const gcomp__device_ops *ops = &gcomp__device_host;
     gcomp__codec_device *d;
     gcomp_cuda_residual *state;
     gcomp_cuda_residual st;
     dev_residual *r;
-    if (count > GCOMP_MAX_COUNT) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_codec_residual_set: count %zu is too large", count);
+    if (count > GCOMP_MAX_COUNT)
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_codec_residual_set: count %zu is too large", count);
     if (src) GCOMP_CHECK(gcomp__device_for(src, &ops, NULL));
     if (*c->dev) ops = (*c->dev)->ops;
     if (ops->kind == GCOMP__DEVICE_HOST)
@@ -322,8 +330,10 @@ gcomp_result gcomp__codec_device_sync(const gcomp__codec_parts *c, struct CUstre
     gcomp__device_tally t;
     if (!d) return GCOMP_SUCCESS; /* no device call yet: nothing to wait for */
     if (d->device != gcomp__device_current())
-        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_codec_sync: codec object works on CUDA device %d, the current "
-                           "device is %d", d->device, gcomp__device_current());
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG,
+                           "gcomp_codec_sync: codec object works on CUDA device %d, the current "
+                           "device is %d",
+                           d->device, gcomp__device_current());
     GCOMP_CHECK(d->ops->wait(stream, -1));
     GCOMP_CHECK(d->ops->copy_async(&t, d->tally, sizeof t, stream));
     GCOMP_CHECK(d->ops->memset_async(d->tally, 0, sizeof t, stream));
@@ -336,15 +346,21 @@ gcomp_result gcomp__codec_device_sync(const gcomp__codec_parts *c, struct CUstre
     c->stats->decode_calls += t.decode_calls;
     if (t.error == GCOMP_SUCCESS) return GCOMP_SUCCESS;
     if (t.where == GCOMP__WHERE_HEADER)
-        return gcomp__fail(GCOMP_ERR_CORRUPT, "device decode: a payload's header is not one of '%s' with the caller's "
-                           "count and payload size (first error since the last sync)", vt->name);
+        return gcomp__fail(GCOMP_ERR_CORRUPT,
+                           "device decode: a payload's header is not one of '%s' with the caller's "
+                           "count and payload size (first error since the last sync)",
+                           vt->name);
     if (t.where == GCOMP__WHERE_SIZE)
-        return gcomp__fail(GCOMP_ERR_INTERNAL, "device encode: '%s' wrote another body size than max_body_bytes, which "
+        return gcomp__fail(GCOMP_ERR_INTERNAL,
+                           "device encode: '%s' wrote another body size than max_body_bytes, which "
                            "the caller was told (a codec whose size depends on the data must declare "
-                           "GCOMP_CAP_SPARSE)", vt->name);
+                           "GCOMP_CAP_SPARSE)",
+                           vt->name);
     if (t.error == GCOMP_ERR_CORRUPT)
-        return gcomp__fail(GCOMP_ERR_CORRUPT, "device decode: '%s' found a payload body malformed (first error since "
-                           "the last sync)", vt->name);
+        return gcomp__fail(GCOMP_ERR_CORRUPT,
+                           "device decode: '%s' found a payload body malformed (first error since "
+                           "the last sync)",
+                           vt->name);
     return gcomp__fail(t.error <= GCOMP_ERR_INTERNAL ? (gcomp_result)t.error : GCOMP_ERR_INTERNAL,
                        "device call of '%s' failed with %s (first error since the last sync)", vt->name,
                        gcomp_result_name((gcomp_result)t.error));
@@ -385,8 +401,10 @@ gcomp_result gcomp__codec_device_encode(const gcomp__codec_parts *c, uint64_t ke
     memset(&ctx, 0, sizeof ctx);
     ctx.seed = c->opts->seed;
     ctx.rank = c->opts->rank;
-    if (c->opts->error_feedback && key != GCOMP_KEY_NONE) GCOMP_CHECK(acquire(c, d, key, count, stream, &res));
-    else ctx.step = (*c->nokey_step)++; /* with a residual, the kernels read its step */
+    if (c->opts->error_feedback && key != GCOMP_KEY_NONE)
+        GCOMP_CHECK(acquire(c, d, key, count, stream, &res));
+    else
+        ctx.step = (*c->nokey_step)++; /* with a residual, the kernels read its step */
 
     GCOMP_CHECK(ops->memset_async(d->status, 0, sizeof *d->status, stream));
     if (dtype != GCOMP_F32) {

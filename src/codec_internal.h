@@ -66,9 +66,9 @@ void gcomp__residual_store_free(gcomp__residual_store *s);
  * engine: begin takes the key's residual slices and the call's step; end commits the new
  * residual unless the call's result was not finite (the old one is then kept exactly). */
 typedef struct gcomp__ef {
-    gcomp__residual *res;   /* NULL: no error feedback for this call */
-    float *r_in, *r_out;    /* r_out == r_in: updated in place (GCOMP_CAP_RESIDUAL_IN_PLACE) */
-    uint64_t step;          /* keys the stochastic rounding */
+    gcomp__residual *res; /* NULL: no error feedback for this call */
+    float *r_in, *r_out;  /* r_out == r_in: updated in place (GCOMP_CAP_RESIDUAL_IN_PLACE) */
+    uint64_t step;        /* keys the stochastic rounding */
 } gcomp__ef;
 
 gcomp_result gcomp__ef_begin(gcomp__residual_store *s, uint64_t key, size_t count, int in_place, gcomp__ef *ef);

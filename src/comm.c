@@ -41,10 +41,24 @@ static uint64_t spec_hash(const gcomp_codec *codec)
  * disagree on it would run different protocols), and the library version. error_feedback
  * changes only this rank's residual and seed only the values of the codes, never sizes or
  * the protocol, so ranks may differ in them (timeout_ms and debug are local too). */
-enum { V_FAIL, V_NONFINITE, V_FIELDS };
-enum { F_SPEC, F_COUNT, F_DTYPE, F_OP, F_MIN_BYTES, F_VERSION, N_FIELDS };
+enum {
+    V_FAIL,
+    V_NONFINITE,
+    V_FIELDS
+};
+enum {
+    F_SPEC,
+    F_COUNT,
+    F_DTYPE,
+    F_OP,
+    F_MIN_BYTES,
+    F_VERSION,
+    N_FIELDS
+};
 #define AGREE_N (V_FIELDS + 2 * N_FIELDS)
-static const char *const field_names[N_FIELDS] = {"codec spec", "count", "dtype", "op", "min_bytes", "library version"};
+static const char *const field_names[N_FIELDS] = {
+    "codec spec", "count", "dtype", "op", "min_bytes", "library version"
+};
 
 typedef struct vote {
     uint64_t v[AGREE_N];
@@ -85,7 +99,8 @@ static void vote_differences(const vote *mine, const uint64_t *got, char *out, s
     size_t n = 0;
     out[0] = 0;
     for (int f = 0; f < N_FIELDS; f++)
-        if (got[V_FIELDS + 2 * f] != mine->v[V_FIELDS + 2 * f] || got[V_FIELDS + 2 * f + 1] != mine->v[V_FIELDS + 2 * f + 1])
+        if (got[V_FIELDS + 2 * f] != mine->v[V_FIELDS + 2 * f] ||
+            got[V_FIELDS + 2 * f + 1] != mine->v[V_FIELDS + 2 * f + 1])
             n += (size_t)snprintf(out + n, n < cap ? cap - n : 0, "%s%s", n ? ", " : "", field_names[f]);
 }
 
@@ -105,7 +120,7 @@ gcomp_result gcomp__comm_create(gcomp__transport *tp, const gcomp_config *cfg, g
 {
     gcomp_comm *c = calloc(1, sizeof *c);
     gcomp_codec_options opts = gcomp_codec_options_default();
-    uint64_t fields[N_FIELDS] = {0}, got[AGREE_N];
+    uint64_t fields[N_FIELDS] = { 0 }, got[AGREE_N];
     vote mine;
     gcomp_result rc, local = GCOMP_SUCCESS;
     if (out) *out = NULL;
@@ -218,8 +233,9 @@ gcomp_result gcomp__comm_agree_call(gcomp_comm *c, gcomp_result local, size_t co
     if (got[V_FAIL]) return vote_failure(&mine, got, "before the call started (its arguments or buffers)");
     vote_differences(&mine, got, diff, sizeof diff);
     if (diff[0])
-        return gcomp__fail(GCOMP_ERR_MISMATCH, "ranks disagree on the call's %s (this rank: count %zu dtype %d op %d "
-                                               "min_bytes %lld codec '%s')",
+        return gcomp__fail(GCOMP_ERR_MISMATCH,
+                           "ranks disagree on the call's %s (this rank: count %zu dtype %d op %d "
+                           "min_bytes %lld codec '%s')",
                            diff, count, (int)dtype, (int)op, (long long)c->cfg.min_bytes, gcomp_codec_spec(c->codec));
     return GCOMP_SUCCESS;
 }
@@ -284,7 +300,9 @@ gcomp_result gcomp_comm_key_stats_get(const gcomp_comm *c, uint64_t key, gcomp_c
     const gcomp__key *k;
     if (!c || !out) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_key_stats_get: NULL argument");
     k = gcomp__comm_find_key(c, key);
-    if (!k) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "key %llu was never used on this communicator", (unsigned long long)key);
+    if (!k)
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "key %llu was never used on this communicator",
+                           (unsigned long long)key);
     *out = k->stats;
     return GCOMP_SUCCESS;
 }

@@ -49,26 +49,30 @@ struct gcomp_request {
 /* The calls of a communicator, run one after another in the order issued (request.c). */
 typedef struct gcomp__queue {
     pthread_mutex_t lock;
-    pthread_cond_t cond;        /* a call finished, or one was queued, or stop */
+    pthread_cond_t cond;               /* a call finished, or one was queued, or stop */
     struct gcomp_request *head, *tail; /* issued, not yet started */
-    int running;                /* a call is being run (by the thread or a caller) */
-    int mode;                   /* GCOMP__PROGRESS_*: decided at the first call */
+    int running;                       /* a call is being run (by the thread or a caller) */
+    int mode;                          /* GCOMP__PROGRESS_*: decided at the first call */
     int inited, thread_started, stop;
     pthread_t thread;
 } gcomp__queue;
-enum { GCOMP__PROGRESS_UNDECIDED = 0, GCOMP__PROGRESS_THREAD = 1, GCOMP__PROGRESS_CALLER = 2 };
+enum {
+    GCOMP__PROGRESS_UNDECIDED = 0,
+    GCOMP__PROGRESS_THREAD = 1,
+    GCOMP__PROGRESS_CALLER = 2
+};
 
 struct gcomp_comm {
     gcomp__config cfg;
     gcomp__transport *tp;
-    gcomp_codec *codec;          /* the parsed chain and its residuals */
-    gcomp_codec *dense_codec;    /* sparse-as-dense: the fp32 ring's codec ("none"), made at first use */
-    int broken;                  /* set by a timeout or transport failure: refuse further calls */
+    gcomp_codec *codec;       /* the parsed chain and its residuals */
+    gcomp_codec *dense_codec; /* sparse-as-dense: the fp32 ring's codec ("none"), made at first use */
+    int broken;               /* set by a timeout or transport failure: refuse further calls */
     gcomp__key *keys;
-    uint64_t nokey_step;         /* the step of GCOMP_KEY_NONE calls without error feedback */
+    uint64_t nokey_step; /* the step of GCOMP_KEY_NONE calls without error feedback */
     gcomp_comm_stats stats;
-    gcomp__workspace ws[2];      /* scratch per device kind (gcomp__device_kind) */
-    int threads_ok;              /* the transport allows a progress thread (checked at creation) */
+    gcomp__workspace ws[2]; /* scratch per device kind (gcomp__device_kind) */
+    int threads_ok;         /* the transport allows a progress thread (checked at creation) */
     gcomp__queue q;
 };
 
@@ -102,7 +106,11 @@ gcomp_result gcomp__comm_agree_outcome(gcomp_comm *c, gcomp_result local, int lo
 /* Test hooks (tests only): make this rank's next call fail its allocation (the workspace
  * is released and its next fit fails), or truncate the next message it sends by one byte
  * (the transport is wrapped in the fault decorator, transport_fault.c). */
-enum { GCOMP__FAULT_NONE = 0, GCOMP__FAULT_ALLOC = 1, GCOMP__FAULT_TRUNCATE_WIRE = 2 };
+enum {
+    GCOMP__FAULT_NONE = 0,
+    GCOMP__FAULT_ALLOC = 1,
+    GCOMP__FAULT_TRUNCATE_WIRE = 2
+};
 void gcomp__comm_inject_fault(gcomp_comm *c, int fault);
 
 #endif

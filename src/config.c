@@ -33,18 +33,19 @@ typedef struct env_param {
 } env_param;
 
 static const env_param params[] = {
-    {"GCOMP_MIN_BYTES", "gcomp_config.min_bytes", 65536, 0, INT64_MAX, offsetof(gcomp__config, min_bytes), 0},
-    {"GCOMP_EF", "gcomp_config.error_feedback", 1, 0, 1, offsetof(gcomp__config, error_feedback), 1},
-    {"GCOMP_SEED", "gcomp_config.seed", 0, 0, INT64_MAX, offsetof(gcomp__config, seed), 0},
-    {"GCOMP_TIMEOUT_MS", "gcomp_config.timeout_ms", GCOMP__TIMEOUT_MS_DEFAULT, 1, INT64_MAX, offsetof(gcomp__config, timeout_ms), 0},
-    {"GCOMP_DEBUG", "gcomp_config.debug", 0, 0, 1, offsetof(gcomp__config, debug), 1},
+    { "GCOMP_MIN_BYTES", "gcomp_config.min_bytes", 65536, 0, INT64_MAX, offsetof(gcomp__config, min_bytes), 0 },
+    { "GCOMP_EF", "gcomp_config.error_feedback", 1, 0, 1, offsetof(gcomp__config, error_feedback), 1 },
+    { "GCOMP_SEED", "gcomp_config.seed", 0, 0, INT64_MAX, offsetof(gcomp__config, seed), 0 },
+    { "GCOMP_TIMEOUT_MS", "gcomp_config.timeout_ms", GCOMP__TIMEOUT_MS_DEFAULT, 1, INT64_MAX,
+      offsetof(gcomp__config, timeout_ms), 0 },
+    { "GCOMP_DEBUG", "gcomp_config.debug", 0, 0, 1, offsetof(gcomp__config, debug), 1 },
 };
 
 /* GCOMP_DEBUG takes words too (the docs and the interposer say GCOMP_DEBUG=INFO), in any case. */
 static const struct {
     const char *word;
     int level;
-} debug_words[] = {{"NONE", 0}, {"INFO", 1}};
+} debug_words[] = { { "NONE", 0 }, { "INFO", 1 } };
 
 static int debug_word(const char *s, int64_t *v)
 {
@@ -69,8 +70,10 @@ static gcomp_result from_env(const env_param *p, int64_t *v)
             *v = s[0] - '0';
             return GCOMP_SUCCESS;
         }
-        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "environment variable GCOMP_DEBUG='%s' is not one of 0, 1, NONE "
-                           "(= 0) or INFO (= 1)", gcomp__quote(q, sizeof q, s, 32));
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG,
+                           "environment variable GCOMP_DEBUG='%s' is not one of 0, 1, NONE "
+                           "(= 0) or INFO (= 1)",
+                           gcomp__quote(q, sizeof q, s, 32));
     }
     errno = 0;
     x = strtoll(s, &end, 10);
@@ -113,12 +116,17 @@ gcomp_result gcomp__config_resolve(const gcomp_config *cfg, gcomp__config *out)
     for (size_t i = 0; i < sizeof params / sizeof params[0]; i++) {
         const env_param *p = &params[i];
         int64_t v = user_value(cfg, p);
-        if (v == GCOMP_UNSET) GCOMP_CHECK(from_env(p, &v));
+        if (v == GCOMP_UNSET)
+            GCOMP_CHECK(from_env(p, &v));
         else if (v < p->min || v > p->max)
-            return gcomp__fail(GCOMP_ERR_INVALID_ARG, "%s = %lld is out of range [%lld, %lld] (GCOMP_UNSET = -1 "
-                               "leaves it to %s)", p->field, (long long)v, (long long)p->min, (long long)p->max, p->env);
-        if (p->is_int) *(int *)((char *)out + p->offset) = (int)v;
-        else *(int64_t *)((char *)out + p->offset) = v;
+            return gcomp__fail(GCOMP_ERR_INVALID_ARG,
+                               "%s = %lld is out of range [%lld, %lld] (GCOMP_UNSET = -1 "
+                               "leaves it to %s)",
+                               p->field, (long long)v, (long long)p->min, (long long)p->max, p->env);
+        if (p->is_int)
+            *(int *)((char *)out + p->offset) = (int)v;
+        else
+            *(int64_t *)((char *)out + p->offset) = v;
     }
     return GCOMP_SUCCESS;
 }

@@ -33,7 +33,8 @@ gcomp_result gcomp__device_for(const void *ptr, const gcomp__device_ops **ops, i
         if (dev != cur)
             return gcomp__fail(GCOMP_ERR_INVALID_ARG,
                                "pointer %p is memory of CUDA device %d, but the current device is %d "
-                               "(call cudaSetDevice(%d) first)", ptr, dev, cur, dev);
+                               "(call cudaSetDevice(%d) first)",
+                               ptr, dev, cur, dev);
         *ops = &gcomp__device_cuda;
     }
 #else

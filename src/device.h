@@ -16,7 +16,10 @@
 #include "gcomp_codec.h"
 #include "internal.h"
 
-typedef enum gcomp__device_kind { GCOMP__DEVICE_HOST = 0, GCOMP__DEVICE_CUDA = 1 } gcomp__device_kind;
+typedef enum gcomp__device_kind {
+    GCOMP__DEVICE_HOST = 0,
+    GCOMP__DEVICE_CUDA = 1
+} gcomp__device_kind;
 
 /* What a codec object's device calls add up to between two syncs, in the device's memory.
  * Kernels fold each call into it (atomically: calls on different streams may overlap). */
@@ -87,8 +90,7 @@ typedef struct gcomp__device_ops {
                                  gcomp_cuda_status *st, struct CUstream_st *stream);
     /* After an encode with a residual: flip res->cur when res->buf[1] is set (double
      * buffered) unless st->nonfinite, and advance res->step either way (as the CPU path). */
-    gcomp_result (*residual_commit)(gcomp_cuda_residual *res, const gcomp_cuda_status *st,
-                                    struct CUstream_st *stream);
+    gcomp_result (*residual_commit)(gcomp_cuda_residual *res, const gcomp_cuda_status *st, struct CUstream_st *stream);
     /* Fold a decode into the tally: its st->error (first error wins), else one more decode. */
     gcomp_result (*status_fold)(const gcomp_cuda_status *st, gcomp__device_tally *tally, struct CUstream_st *stream);
 } gcomp__device_ops;

@@ -58,7 +58,8 @@ static gcomp_result host_widen(const void *src, gcomp_dtype dtype, size_t count,
     return GCOMP_SUCCESS;
 }
 
-static gcomp_result host_narrow(const float *src, size_t count, gcomp_dtype dtype, void *dst, struct CUstream_st *stream)
+static gcomp_result host_narrow(const float *src, size_t count, gcomp_dtype dtype, void *dst,
+                                struct CUstream_st *stream)
 {
     uint16_t *h = (uint16_t *)dst;
     (void)stream;

@@ -20,8 +20,8 @@
 
 /* The schedules, indexed by gcomp_schedule. Bypass and sparse-as-dense are run here: the
  * first is the transport's own allreduce, the second a composition of two steps. */
-static const gcomp__sched sched_bypass = {GCOMP_SCHED_BYPASS, "bypass", NULL, NULL};
-static const gcomp__sched sched_sparse_as_dense = {GCOMP_SCHED_SPARSE_AS_DENSE, "sparse-as-dense-ring", NULL, NULL};
+static const gcomp__sched sched_bypass = { GCOMP_SCHED_BYPASS, "bypass", NULL, NULL };
+static const gcomp__sched sched_sparse_as_dense = { GCOMP_SCHED_SPARSE_AS_DENSE, "sparse-as-dense-ring", NULL, NULL };
 static const gcomp__sched *const schedules[] = {
     [GCOMP_SCHED_BYPASS] = &sched_bypass,
     [GCOMP_SCHED_DENSE] = &gcomp__sched_dense,
@@ -42,11 +42,16 @@ const char *gcomp_schedule_name(gcomp_schedule s)
 static gcomp_result check_args(const void *send, void *recv, size_t count, gcomp_dtype dtype, gcomp_op op,
                                struct CUstream_st *stream)
 {
-    if (count > 0 && (!send || !recv)) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_allreduce: NULL buffer with count %zu", count);
-    if (!gcomp_dtype_size(dtype)) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_allreduce: invalid dtype %d", (int)dtype);
-    if ((unsigned)op >= GCOMP_OP_COUNT) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_allreduce: invalid op %d", (int)op);
-    if (stream) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_allreduce: a CUDA stream needs a GPU (NCCL) communicator");
-    if (count > (size_t)1 << 40) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_allreduce: count %zu is too large", count);
+    if (count > 0 && (!send || !recv))
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_allreduce: NULL buffer with count %zu", count);
+    if (!gcomp_dtype_size(dtype))
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_allreduce: invalid dtype %d", (int)dtype);
+    if ((unsigned)op >= GCOMP_OP_COUNT)
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_allreduce: invalid op %d", (int)op);
+    if (stream)
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_allreduce: a CUDA stream needs a GPU (NCCL) communicator");
+    if (count > (size_t)1 << 40)
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_allreduce: count %zu is too large", count);
     return GCOMP_SUCCESS;
 }
 
@@ -56,13 +61,13 @@ typedef struct plan {
     gcomp__key *key;
     gcomp__ef ef;
     gcomp_dtype dtype;
-    float prescale;      /* AVG on the dense ring: the wire never carries sums larger than the result */
+    float prescale; /* AVG on the dense ring: the wire never carries sums larger than the result */
     /* workspace regions of the engine itself (the schedule's follow them) */
-    float *x;            /* fp32 input, when send is not one (f16/bf16, or pre-scaled) */
-    float *result;       /* fp32 result, when recv is not one */
-    uint8_t *own;        /* sparse-as-dense: this rank's sparse payload */
+    float *x;      /* fp32 input, when send is not one (f16/bf16, or pre-scaled) */
+    float *result; /* fp32 result, when recv is not one */
+    uint8_t *own;  /* sparse-as-dense: this rank's sparse payload */
     size_t own_cap;
-    float *spx;          /* sparse-as-dense: that payload decoded, the dense ring's input */
+    float *spx; /* sparse-as-dense: that payload decoded, the dense ring's input */
 } plan;
 
 static int needs_copy(gcomp_dtype dtype, float prescale) { return dtype != GCOMP_F32 || prescale != 1.0f; }
@@ -78,7 +83,8 @@ static gcomp_schedule pick_schedule(const gcomp_comm *c, size_t count, size_t ra
          * is more than a dense fp32 ring sends, decode and run the dense ring instead. The
          * choice depends only on (count, N, spec), so every rank makes the same one. */
         size_t bound = (gcomp_codec_max_encoded_bytes(c->codec, count) + 7) & ~(size_t)7;
-        if ((double)(n - 1) * (double)bound > 2.0 * (n - 1) / n * 4.0 * (double)count) return GCOMP_SCHED_SPARSE_AS_DENSE;
+        if ((double)(n - 1) * (double)bound > 2.0 * (n - 1) / n * 4.0 * (double)count)
+            return GCOMP_SCHED_SPARSE_AS_DENSE;
         return GCOMP_SCHED_SPARSE;
     }
     return GCOMP_SCHED_DENSE;
@@ -157,8 +163,8 @@ static gcomp_result prepare_call(gcomp_comm *c, gcomp__call *call, plan *p, cons
      * would overflow). An f16/bf16 output can still overflow where fp32 did not, so those
      * double-buffer too; so do the other schedules, where a partial sum can overflow after
      * this rank's encode wrote its residual. */
-    in_place = (call->vt->caps & GCOMP_CAP_RESIDUAL_IN_PLACE) != 0 && p->sched == GCOMP_SCHED_INTEGER &&
-               p->dtype == GCOMP_F32;
+    in_place =
+        (call->vt->caps & GCOMP_CAP_RESIDUAL_IN_PLACE) != 0 && p->sched == GCOMP_SCHED_INTEGER && p->dtype == GCOMP_F32;
     GCOMP_CHECK(gcomp__ef_begin(gcomp__codec_residuals(c->codec), p->key->key, count, in_place, &p->ef));
     call->r_in = p->ef.r_in;
     call->r_out = p->ef.r_out;
@@ -248,11 +254,14 @@ static gcomp_result run_compressed(gcomp_comm *c, gcomp__call *call, plan *p, co
     GCOMP_CHECK(prepare_input(call, p, send, &call->x));
     call->result = p->dtype == GCOMP_F32 ? (float *)recv : p->result;
     call->divisor = op == GCOMP_AVG && p->sched != GCOMP_SCHED_DENSE ? (float)c->tp->size : 1.0f;
-    if (p->sched == GCOMP_SCHED_SPARSE_AS_DENSE) rc = run_sparse_as_dense(c, call, p);
-    else rc = schedules[p->sched]->run(call);
+    if (p->sched == GCOMP_SCHED_SPARSE_AS_DENSE)
+        rc = run_sparse_as_dense(c, call, p);
+    else
+        rc = schedules[p->sched]->run(call);
     GCOMP_CHECK(gcomp__comm_transport_failed(c, rc));
     if (!call->ring.error) {
-        if (call->divisor != 1.0f && !call->divided) GCOMP_CHECK(call->dev->divide(call->result, count, call->divisor, NULL));
+        if (call->divisor != 1.0f && !call->divided)
+            GCOMP_CHECK(call->dev->divide(call->result, count, call->divisor, NULL));
         if (p->dtype != GCOMP_F32) GCOMP_CHECK(call->dev->narrow(call->result, count, p->dtype, recv, NULL));
         local_nonfinite = call->nonfinite || !output_finite(recv, count, p->dtype);
     }
@@ -283,7 +292,9 @@ gcomp_result gcomp__engine_run(gcomp_comm *c, const gcomp__args *a)
     plan p;
     gcomp_result local;
     double t0 = gcomp__now(), t_agree;
-    if (c->broken) return gcomp__fail(GCOMP_ERR_COMM_INVALID, "communicator is unusable after an earlier timeout or transport error");
+    if (c->broken)
+        return gcomp__fail(GCOMP_ERR_COMM_INVALID,
+                           "communicator is unusable after an earlier timeout or transport error");
     memset(&st, 0, sizeof st);
     memset(&call, 0, sizeof call);
     memset(&p, 0, sizeof p);
@@ -318,7 +329,7 @@ gcomp_result gcomp__engine_run(gcomp_comm *c, const gcomp__args *a)
     gcomp__comm_add_stats(c, p.key, &st);
     if (c->cfg.debug) /* the communicator's own switch: gcomp_config.debug, else GCOMP_DEBUG */
         gcomp__log("rank %d key %llu: %s, %zu elements, %llu wire bytes, %.3f ms", c->tp->rank, (unsigned long long)key,
-                     gcomp_schedule_name(st.last_schedule), count, (unsigned long long)st.wire_bytes,
-                     1e3 * (gcomp__now() - t0));
+                   gcomp_schedule_name(st.last_schedule), count, (unsigned long long)st.wire_bytes,
+                   1e3 * (gcomp__now() - t0));
     return GCOMP_SUCCESS;
 }

@@ -6,7 +6,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "config.h" /* gcomp__env_debug */
+#include "config.h"      /* gcomp__env_debug */
 #include "gcomp_codec.h" /* gcomp_codec_fail */
 #include "internal.h"
 
@@ -43,8 +43,7 @@ void gcomp__error_clear(void) { last_error[0] = '\0'; }
 static gcomp_result vfail(gcomp_result rc, const char *fmt, va_list ap)
 {
     vsnprintf(last_error, sizeof last_error, fmt, ap);
-    if (gcomp__debug_enabled())
-        fprintf(stderr, "gcomp: %s: %s\n", gcomp_result_name(rc), last_error);
+    if (gcomp__debug_enabled()) fprintf(stderr, "gcomp: %s: %s\n", gcomp_result_name(rc), last_error);
     return rc;
 }
 
@@ -61,8 +60,10 @@ const char *gcomp__quote(char *out, size_t cap, const char *s, size_t max_chars)
         int printable = ch >= 0x20 && ch < 0x7f && ch != '\\';
         size_t need = printable ? 1 : 4;
         if (o + need + 4 > cap) break; /* room for "..." and the NUL */
-        if (printable) out[o++] = (char)ch;
-        else o += (size_t)snprintf(out + o, cap - o, "\\x%02x", ch);
+        if (printable)
+            out[o++] = (char)ch;
+        else
+            o += (size_t)snprintf(out + o, cap - o, "\\x%02x", ch);
     }
     if (s[i] && o + 4 <= cap) {
         memcpy(out + o, "...", 3);
@@ -132,10 +133,14 @@ void gcomp__log(const char *fmt, ...)
 size_t gcomp_dtype_size(gcomp_dtype dtype)
 {
     switch (dtype) {
-    case GCOMP_F32: return 4;
-    case GCOMP_F16: return 2;
-    case GCOMP_BF16: return 2;
-    default: return 0;
+    case GCOMP_F32:
+        return 4;
+    case GCOMP_F16:
+        return 2;
+    case GCOMP_BF16:
+        return 2;
+    default:
+        return 0;
     }
 }
 

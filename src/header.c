@@ -23,8 +23,8 @@ gcomp_result gcomp_header_read(const uint8_t *payload, size_t bytes, gcomp_heade
 {
     if (!payload || !h) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "header: NULL argument");
     if (bytes < GCOMP_HEADER_BYTES)
-        return gcomp__fail(GCOMP_ERR_CORRUPT, "payload of %zu bytes is shorter than the %u-byte header",
-                           bytes, GCOMP_HEADER_BYTES);
+        return gcomp__fail(GCOMP_ERR_CORRUPT, "payload of %zu bytes is shorter than the %u-byte header", bytes,
+                           GCOMP_HEADER_BYTES);
     h->magic = gcomp_load_u32(payload);
     h->version = payload[4];
     h->dtype = payload[5];
@@ -36,8 +36,8 @@ gcomp_result gcomp_header_read(const uint8_t *payload, size_t bytes, gcomp_heade
     if (h->magic != GCOMP_HEADER_MAGIC)
         return gcomp__fail(GCOMP_ERR_CORRUPT, "bad magic 0x%08x (not a gcomp payload)", h->magic);
     if (h->version != GCOMP_FORMAT_VERSION)
-        return gcomp__fail(GCOMP_ERR_CORRUPT, "payload format version %u, this library reads %u",
-                           h->version, GCOMP_FORMAT_VERSION);
+        return gcomp__fail(GCOMP_ERR_CORRUPT, "payload format version %u, this library reads %u", h->version,
+                           GCOMP_FORMAT_VERSION);
     if (h->reserved != 0) return gcomp__fail(GCOMP_ERR_CORRUPT, "reserved header field is not 0");
     if (h->dtype >= GCOMP_DTYPE_COUNT)
         return gcomp__fail(GCOMP_ERR_CORRUPT, "payload dtype %u is not a gcomp dtype", h->dtype);

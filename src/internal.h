@@ -23,25 +23,23 @@ void gcomp__error_clear(void);
 const char *gcomp__quote(char *out, size_t cap, const char *s, size_t max_chars);
 
 /* Propagate a failure; at debug level, log where it passed through. */
-#define GCOMP_CHECK(x)                                                                      \
-    do {                                                                                    \
-        gcomp_result gcomp_rc_ = (x);                                                       \
-        if (gcomp_rc_ != GCOMP_SUCCESS) {                                                   \
-            if (gcomp__debug_enabled())                                                     \
-                gcomp__debug("%s:%d %s -> %s", __FILE__, __LINE__, #x,                      \
-                             gcomp_result_name(gcomp_rc_));                                 \
-            return gcomp_rc_;                                                               \
-        }                                                                                   \
+#define GCOMP_CHECK(x)                                                                                \
+    do {                                                                                              \
+        gcomp_result gcomp_rc_ = (x);                                                                 \
+        if (gcomp_rc_ != GCOMP_SUCCESS) {                                                             \
+            if (gcomp__debug_enabled())                                                               \
+                gcomp__debug("%s:%d %s -> %s", __FILE__, __LINE__, #x, gcomp_result_name(gcomp_rc_)); \
+            return gcomp_rc_;                                                                         \
+        }                                                                                             \
     } while (0)
 
-#define GCOMP_CHECK_GOTO(x, rc, label)                                                      \
-    do {                                                                                    \
-        (rc) = (x);                                                                         \
-        if ((rc) != GCOMP_SUCCESS) {                                                        \
-            if (gcomp__debug_enabled())                                                     \
-                gcomp__debug("%s:%d %s -> %s", __FILE__, __LINE__, #x, gcomp_result_name(rc)); \
-            goto label;                                                                     \
-        }                                                                                   \
+#define GCOMP_CHECK_GOTO(x, rc, label)                                                                                 \
+    do {                                                                                                               \
+        (rc) = (x);                                                                                                    \
+        if ((rc) != GCOMP_SUCCESS) {                                                                                   \
+            if (gcomp__debug_enabled()) gcomp__debug("%s:%d %s -> %s", __FILE__, __LINE__, #x, gcomp_result_name(rc)); \
+            goto label;                                                                                                \
+        }                                                                                                              \
     } while (0)
 
 #define GCOMP_SPEC_MAX 512 /* longest codec spec string, terminator included */

@@ -46,9 +46,12 @@ static int spellable(const char *s)
 static size_t param_size(gcomp_param_type t)
 {
     switch (t) {
-    case GCOMP_PARAM_INT: return sizeof(int64_t);
-    case GCOMP_PARAM_DOUBLE: return sizeof(double);
-    case GCOMP_PARAM_ENUM: return sizeof(int);
+    case GCOMP_PARAM_INT:
+        return sizeof(int64_t);
+    case GCOMP_PARAM_DOUBLE:
+        return sizeof(double);
+    case GCOMP_PARAM_ENUM:
+        return sizeof(int);
     }
     return 0;
 }
@@ -61,11 +64,14 @@ static size_t param_align(gcomp_param_type t)
 static gcomp_result check_enum(const gcomp_codec_vtable *vt, const gcomp_param_def *p)
 {
     size_t n = 0;
-    if (!p->choices) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "codec '%s': enum parameter '%s' has no choices", vt->name, p->name);
+    if (!p->choices)
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "codec '%s': enum parameter '%s' has no choices", vt->name, p->name);
     while (n < MAX_CHOICES && p->choices[n]) {
         if (!spellable(p->choices[n]))
-            return gcomp__fail(GCOMP_ERR_INVALID_ARG, "codec '%s': parameter '%s': choice %zu is empty, longer than 32 "
-                               "characters or holds whitespace or one of + : , =", vt->name, p->name, n);
+            return gcomp__fail(GCOMP_ERR_INVALID_ARG,
+                               "codec '%s': parameter '%s': choice %zu is empty, longer than 32 "
+                               "characters or holds whitespace or one of + : , =",
+                               vt->name, p->name, n);
         for (size_t j = 0; j < n; j++)
             if (strcmp(p->choices[j], p->choices[n]) == 0)
                 return gcomp__fail(GCOMP_ERR_INVALID_ARG, "codec '%s': parameter '%s': choice '%s' appears twice",
@@ -73,12 +79,17 @@ static gcomp_result check_enum(const gcomp_codec_vtable *vt, const gcomp_param_d
         n++;
     }
     if (n == MAX_CHOICES)
-        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "codec '%s': parameter '%s': choices must end with NULL within %d "
-                           "entries", vt->name, p->name, MAX_CHOICES - 1);
-    if (n == 0) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "codec '%s': enum parameter '%s' has no choices", vt->name, p->name);
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG,
+                           "codec '%s': parameter '%s': choices must end with NULL within %d "
+                           "entries",
+                           vt->name, p->name, MAX_CHOICES - 1);
+    if (n == 0)
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "codec '%s': enum parameter '%s' has no choices", vt->name, p->name);
     if (!(p->def >= 0 && p->def < (double)n && p->def == (double)(int)p->def))
-        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "codec '%s': parameter '%s': default %g is not the index of one of its "
-                           "%zu choices", vt->name, p->name, p->def, n);
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG,
+                           "codec '%s': parameter '%s': default %g is not the index of one of its "
+                           "%zu choices",
+                           vt->name, p->name, p->def, n);
     return GCOMP_SUCCESS;
 }
 
@@ -120,7 +131,8 @@ static gcomp_result check_spec_length(const gcomp_codec_vtable *vt)
     for (size_t i = 0; i < vt->n_params; i++)
         len += 2 + strlen(vt->params[i].name) + longest_value(&vt->params[i]); /* ":name=" or ",name=" */
     if (len > GCOMP_SPEC_MAX - 1)
-        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "codec '%s': its canonical spec (every parameter spelled out) can "
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG,
+                           "codec '%s': its canonical spec (every parameter spelled out) can "
                            "reach %zu characters, more than the %d a spec may have (counting 20 for an integer value, "
                            "24 for a double, an enum's longest choice): use fewer or shorter parameters",
                            vt->name, len, GCOMP_SPEC_MAX - 1);
@@ -142,24 +154,31 @@ static gcomp_result check_params(const gcomp_codec_vtable *vt)
             return gcomp__fail(GCOMP_ERR_INVALID_ARG, "codec '%s': parameter %zu: name must be 1-32 chars of [a-z0-9_]",
                                vt->name, i);
         if (!size)
-            return gcomp__fail(GCOMP_ERR_INVALID_ARG, "codec '%s': parameter '%s' has unknown type %d", vt->name, p->name,
-                               (int)p->type);
+            return gcomp__fail(GCOMP_ERR_INVALID_ARG, "codec '%s': parameter '%s' has unknown type %d", vt->name,
+                               p->name, (int)p->type);
         /* written as "size <= params_size - offset" so that a huge offset cannot wrap */
         if (p->offset > vt->params_size || size > vt->params_size - p->offset)
-            return gcomp__fail(GCOMP_ERR_INVALID_ARG, "codec '%s': parameter '%s': %zu bytes at offset %zu do not fit "
-                               "in params_size %zu", vt->name, p->name, size, p->offset, vt->params_size);
+            return gcomp__fail(GCOMP_ERR_INVALID_ARG,
+                               "codec '%s': parameter '%s': %zu bytes at offset %zu do not fit "
+                               "in params_size %zu",
+                               vt->name, p->name, size, p->offset, vt->params_size);
         if (p->offset % param_align(p->type))
-            return gcomp__fail(GCOMP_ERR_INVALID_ARG, "codec '%s': parameter '%s': offset %zu is not aligned for its "
-                               "type", vt->name, p->name, p->offset);
+            return gcomp__fail(GCOMP_ERR_INVALID_ARG,
+                               "codec '%s': parameter '%s': offset %zu is not aligned for its "
+                               "type",
+                               vt->name, p->name, p->offset);
         /* earlier entries are valid: compare names, and fields for overlap (one would
          * overwrite the other's checked value) */
         for (size_t j = 0; j < i; j++) {
             const gcomp_param_def *q = &vt->params[j];
             if (strcmp(q->name, p->name) == 0)
-                return gcomp__fail(GCOMP_ERR_INVALID_ARG, "codec '%s': parameter '%s' appears twice", vt->name, p->name);
+                return gcomp__fail(GCOMP_ERR_INVALID_ARG, "codec '%s': parameter '%s' appears twice", vt->name,
+                                   p->name);
             if (p->offset < q->offset + param_size(q->type) && q->offset < p->offset + size)
-                return gcomp__fail(GCOMP_ERR_INVALID_ARG, "codec '%s': parameters '%s' and '%s' overlap in the params "
-                                   "struct", vt->name, q->name, p->name);
+                return gcomp__fail(GCOMP_ERR_INVALID_ARG,
+                                   "codec '%s': parameters '%s' and '%s' overlap in the params "
+                                   "struct",
+                                   vt->name, q->name, p->name);
         }
         GCOMP_CHECK(p->type == GCOMP_PARAM_ENUM ? check_enum(vt, p) : check_bounds(vt, p));
     }
@@ -174,29 +193,30 @@ static gcomp_result check_integer_entries(const gcomp_codec_vtable *vt)
         const char *name;
         int present;
     } need[] = {
-        {"num_scales", vt->num_scales != NULL},
-        {"local_scales", vt->local_scales != NULL},
-        {"int_align", vt->int_align != NULL},
-        {"int_sum_bytes", vt->int_sum_bytes != NULL},
-        {"int_ternarise", vt->int_ternarise != NULL},
-        {"int_sums_add_pack", vt->int_sums_add_pack != NULL},
-        {"int_sums_values", vt->int_sums_values != NULL},
+        { "num_scales", vt->num_scales != NULL },
+        { "local_scales", vt->local_scales != NULL },
+        { "int_align", vt->int_align != NULL },
+        { "int_sum_bytes", vt->int_sum_bytes != NULL },
+        { "int_ternarise", vt->int_ternarise != NULL },
+        { "int_sums_add_pack", vt->int_sums_add_pack != NULL },
+        { "int_sums_values", vt->int_sums_values != NULL },
     };
     for (size_t i = 0; i < sizeof need / sizeof need[0]; i++)
         if (!need[i].present)
-            return gcomp__fail(GCOMP_ERR_INVALID_ARG, "codec '%s' claims GCOMP_CAP_INTEGER but has no %s "
+            return gcomp__fail(GCOMP_ERR_INVALID_ARG,
+                               "codec '%s' claims GCOMP_CAP_INTEGER but has no %s "
                                "(the integer ring needs num_scales, local_scales, int_align, int_sum_bytes, "
-                               "int_ternarise, int_sums_add_pack and int_sums_values)", vt->name, need[i].name);
+                               "int_ternarise, int_sums_add_pack and int_sums_values)",
+                               vt->name, need[i].name);
     return GCOMP_SUCCESS;
 }
 
 static gcomp_result check_vtable(const gcomp_codec_vtable *vt)
 {
     if (vt->abi_version != GCOMP_CODEC_ABI_VERSION)
-        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "codec ABI version %u, library has %u",
-                           vt->abi_version, GCOMP_CODEC_ABI_VERSION);
-    if (!valid_name(vt->name))
-        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "codec name must be 1-32 chars of [a-z0-9_]");
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "codec ABI version %u, library has %u", vt->abi_version,
+                           GCOMP_CODEC_ABI_VERSION);
+    if (!valid_name(vt->name)) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "codec name must be 1-32 chars of [a-z0-9_]");
     if (vt->wire_id == 0) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "codec '%s': wire id 0 is invalid", vt->name);
     if (vt->n_params && !vt->params)
         return gcomp__fail(GCOMP_ERR_INVALID_ARG, "codec '%s': n_params > 0 but no table", vt->name);
@@ -204,14 +224,15 @@ static gcomp_result check_vtable(const gcomp_codec_vtable *vt)
         if (!vt->stage_bound || !vt->stage_encode || !vt->stage_decode)
             return gcomp__fail(GCOMP_ERR_INVALID_ARG, "byte stage '%s' lacks stage functions", vt->name);
     } else if (!vt->max_body_bytes || !vt->encode || !vt->decode_add) {
-        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "codec '%s' lacks max_body_bytes/encode/decode_add",
-                           vt->name);
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "codec '%s' lacks max_body_bytes/encode/decode_add", vt->name);
     }
     if (vt->caps & GCOMP_CAP_INTEGER) GCOMP_CHECK(check_integer_entries(vt));
     if ((vt->caps & GCOMP_CAP_SPARSE) && (vt->sparse_k || vt->sparse_pairs || vt->sparse_sum_pairs) &&
         !(vt->sparse_k && vt->sparse_pairs && vt->sparse_sum_pairs))
-        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "SPARSE codec '%s' sets some of sparse_k, sparse_pairs and "
-                           "sparse_sum_pairs: the gather's pair path needs all three (or none, for decode_add)", vt->name);
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG,
+                           "SPARSE codec '%s' sets some of sparse_k, sparse_pairs and "
+                           "sparse_sum_pairs: the gather's pair path needs all three (or none, for decode_add)",
+                           vt->name);
     return check_params(vt);
 }
 
@@ -221,11 +242,9 @@ static gcomp_result add_locked(const gcomp_codec_vtable *vt)
         if (strcmp(codecs[i]->name, vt->name) == 0)
             return gcomp__fail(GCOMP_ERR_EXISTS, "a codec named '%s' is already registered", vt->name);
         if (codecs[i]->wire_id == vt->wire_id)
-            return gcomp__fail(GCOMP_ERR_EXISTS, "wire id %u is taken by codec '%s'", vt->wire_id,
-                               codecs[i]->name);
+            return gcomp__fail(GCOMP_ERR_EXISTS, "wire id %u is taken by codec '%s'", vt->wire_id, codecs[i]->name);
     }
-    if (n_codecs == MAX_CODECS)
-        return gcomp__fail(GCOMP_ERR_NOMEM, "codec registry is full (%d codecs)", MAX_CODECS);
+    if (n_codecs == MAX_CODECS) return gcomp__fail(GCOMP_ERR_NOMEM, "codec registry is full (%d codecs)", MAX_CODECS);
     codecs[n_codecs++] = vt;
     return GCOMP_SUCCESS;
 }
@@ -233,7 +252,7 @@ static gcomp_result add_locked(const gcomp_codec_vtable *vt)
 static void register_builtins(void)
 {
     static const gcomp_codec_vtable *const builtins[] = {
-        &gcomp__codec_none, &gcomp__codec_fp16, &gcomp__codec_bf16,
+        &gcomp__codec_none,     &gcomp__codec_fp16, &gcomp__codec_bf16,
         &gcomp__codec_terngrad, &gcomp__codec_topk, &gcomp__codec_zstd,
     };
     pthread_mutex_lock(&lock);
@@ -250,8 +269,8 @@ gcomp_result gcomp_codec_register(const gcomp_codec_vtable *vt)
     if (!vt) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_codec_register: NULL vtable");
     GCOMP_CHECK(check_vtable(vt));
     if (vt->wire_id < GCOMP_WIRE_ID_USER_MIN)
-        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "codec '%s': wire ids below %d are reserved for built-ins",
-                           vt->name, GCOMP_WIRE_ID_USER_MIN);
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "codec '%s': wire ids below %d are reserved for built-ins", vt->name,
+                           GCOMP_WIRE_ID_USER_MIN);
     pthread_mutex_lock(&lock);
     rc = add_locked(vt);
     pthread_mutex_unlock(&lock);

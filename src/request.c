@@ -47,8 +47,10 @@ static void run_head(gcomp_comm *c)
     c->q.running = 1;
     pthread_mutex_unlock(&c->q.lock);
     rc = gcomp__engine_run(c, &r->args);
-    if (rc != GCOMP_SUCCESS) snprintf(detail, sizeof detail, "%s", gcomp_last_error());
-    else detail[0] = 0;
+    if (rc != GCOMP_SUCCESS)
+        snprintf(detail, sizeof detail, "%s", gcomp_last_error());
+    else
+        detail[0] = 0;
     pthread_mutex_lock(&c->q.lock);
     complete(c, r, rc, detail);
 }
@@ -58,8 +60,10 @@ static void run_head(gcomp_comm *c)
 static void run_until(gcomp_comm *c, gcomp_request *r)
 {
     while (!r->done) {
-        if (!c->q.running && c->q.head) run_head(c);
-        else pthread_cond_wait(&c->q.cond, &c->q.lock);
+        if (!c->q.running && c->q.head)
+            run_head(c);
+        else
+            pthread_cond_wait(&c->q.cond, &c->q.lock);
     }
 }
 
@@ -68,9 +72,12 @@ static void *progress_main(void *arg)
     gcomp_comm *c = arg;
     pthread_mutex_lock(&c->q.lock);
     for (;;) {
-        if (c->q.head && !c->q.running) run_head(c);
-        else if (c->q.stop && !c->q.head) break;
-        else pthread_cond_wait(&c->q.cond, &c->q.lock);
+        if (c->q.head && !c->q.running)
+            run_head(c);
+        else if (c->q.stop && !c->q.head)
+            break;
+        else
+            pthread_cond_wait(&c->q.cond, &c->q.lock);
     }
     pthread_mutex_unlock(&c->q.lock);
     return NULL;
@@ -78,7 +85,8 @@ static void *progress_main(void *arg)
 
 gcomp_result gcomp__queue_init(gcomp_comm *c)
 {
-    if (pthread_mutex_init(&c->q.lock, NULL) != 0) return gcomp__fail(GCOMP_ERR_NOMEM, "cannot create the request queue's lock");
+    if (pthread_mutex_init(&c->q.lock, NULL) != 0)
+        return gcomp__fail(GCOMP_ERR_NOMEM, "cannot create the request queue's lock");
     if (pthread_cond_init(&c->q.cond, NULL) != 0) {
         pthread_mutex_destroy(&c->q.lock);
         return gcomp__fail(GCOMP_ERR_NOMEM, "cannot create the request queue's condition");
@@ -130,8 +138,10 @@ static void decide_mode(gcomp_comm *c)
 
 static void enqueue(gcomp_comm *c, gcomp_request *r)
 {
-    if (c->q.tail) c->q.tail->next = r;
-    else c->q.head = r;
+    if (c->q.tail)
+        c->q.tail->next = r;
+    else
+        c->q.head = r;
     c->q.tail = r;
     pthread_cond_broadcast(&c->q.cond);
 }
@@ -157,7 +167,7 @@ gcomp_result gcomp_iallreduce(gcomp_comm *c, const void *send, void *recv, size_
     r = calloc(1, sizeof *r);
     if (!r) return gcomp__fail(GCOMP_ERR_NOMEM, "gcomp_iallreduce: out of memory");
     r->comm = c;
-    r->args = (gcomp__args){send, recv, count, dtype, op, key, stream};
+    r->args = (gcomp__args){ send, recv, count, dtype, op, key, stream };
     pthread_mutex_lock(&c->q.lock);
     if (c->q.mode == GCOMP__PROGRESS_UNDECIDED) decide_mode(c);
     enqueue(c, r);
@@ -201,7 +211,7 @@ gcomp_result gcomp_allreduce(gcomp_comm *c, const void *send, void *recv, size_t
     if (!c) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_allreduce: comm is NULL");
     memset(&r, 0, sizeof r);
     r.comm = c;
-    r.args = (gcomp__args){send, recv, count, dtype, op, key, stream};
+    r.args = (gcomp__args){ send, recv, count, dtype, op, key, stream };
     pthread_mutex_lock(&c->q.lock);
     if (!c->q.head && !c->q.running) {
         /* the common case, without a copy of the error detail: run it here directly */

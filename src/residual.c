@@ -56,8 +56,7 @@ static gcomp_result alloc_zeroed(size_t count, float **out)
 {
     void *p = NULL;
     *out = NULL;
-    if (count > SIZE_MAX / sizeof(float) ||
-        gcomp__device_host.alloc_zeroed(count * sizeof(float), &p) != GCOMP_SUCCESS)
+    if (count > SIZE_MAX / sizeof(float) || gcomp__device_host.alloc_zeroed(count * sizeof(float), &p) != GCOMP_SUCCESS)
         return gcomp__fail(GCOMP_ERR_NOMEM, "cannot allocate a residual of %zu elements", count);
     *out = p;
     return GCOMP_SUCCESS;

@@ -18,9 +18,9 @@
 typedef struct gcomp__ring {
     gcomp__transport *tp;
     int rank, size;
-    double deadline;        /* absolute, gcomp__now() seconds */
-    gcomp_comm_stats *st;   /* this call's numbers: wire_bytes and comm_s are counted here */
-    gcomp_result error;     /* the first local failure of the call (GCOMP_STEP) */
+    double deadline;      /* absolute, gcomp__now() seconds */
+    gcomp_comm_stats *st; /* this call's numbers: wire_bytes and comm_s are counted here */
+    gcomp_result error;   /* the first local failure of the call (GCOMP_STEP) */
 } gcomp__ring;
 
 static inline int gcomp__ring_right(const gcomp__ring *r) { return (r->rank + 1) % r->size; }
@@ -32,12 +32,12 @@ static inline int gcomp__ring_rel(const gcomp__ring *r, int k) { return ((r->ran
 void gcomp__chunk(size_t count, int n_chunks, int c, size_t align, size_t *lo, size_t *hi);
 
 /* Record a local failure of the call (the first one wins); later steps still run the ring. */
-#define GCOMP_STEP(ring, expr)                                                                  \
-    do {                                                                                        \
-        if (!(ring)->error) {                                                                   \
-            gcomp_result step_rc_ = (expr);                                                     \
-            if (step_rc_ != GCOMP_SUCCESS) (ring)->error = step_rc_;                            \
-        }                                                                                       \
+#define GCOMP_STEP(ring, expr)                                       \
+    do {                                                             \
+        if (!(ring)->error) {                                        \
+            gcomp_result step_rc_ = (expr);                          \
+            if (step_rc_ != GCOMP_SUCCESS) (ring)->error = step_rc_; \
+        }                                                            \
     } while (0)
 
 /* One ring step: send sbytes to the right neighbour, receive at most rcap bytes from the

@@ -154,4 +154,4 @@ static gcomp_result dense_run(gcomp__call *call)
     return GCOMP_SUCCESS;
 }
 
-const gcomp__sched gcomp__sched_dense = {GCOMP_SCHED_DENSE, "dense-ring", dense_prepare, dense_run};
+const gcomp__sched gcomp__sched_dense = { GCOMP_SCHED_DENSE, "dense-ring", dense_prepare, dense_run };

@@ -30,21 +30,21 @@
 
 typedef struct int_ctx {
     gcomp__call *call;
-    size_t nb;              /* number of scales */
-    size_t align;           /* chunk boundaries (int_align) */
-    size_t piece;           /* elements per ternarised piece: a multiple of align */
-    float *scales;          /* shared scales */
-    uint64_t *keys;         /* their bits, for the allreduce-max */
-    int8_t *t;              /* one chunk of this rank's codes */
-    void *scratch;          /* int_sums_values' scratch */
-    uint8_t *raw;           /* packed sums after the byte stages are undone (zstd) */
-    uint8_t *raw_out;       /* packed sums before the byte stages */
-    uint8_t *rbuf;          /* the message coming in */
-    uint8_t *slots;         /* n message slots of msg_cap bytes */
+    size_t nb;        /* number of scales */
+    size_t align;     /* chunk boundaries (int_align) */
+    size_t piece;     /* elements per ternarised piece: a multiple of align */
+    float *scales;    /* shared scales */
+    uint64_t *keys;   /* their bits, for the allreduce-max */
+    int8_t *t;        /* one chunk of this rank's codes */
+    void *scratch;    /* int_sums_values' scratch */
+    uint8_t *raw;     /* packed sums after the byte stages are undone (zstd) */
+    uint8_t *raw_out; /* packed sums before the byte stages */
+    uint8_t *rbuf;    /* the message coming in */
+    uint8_t *slots;   /* n message slots of msg_cap bytes */
     size_t *slot_bytes;
     size_t msg_cap;
-    int staged;             /* the spec has byte stages after the element codec */
-    int write_residual;     /* every scale is finite: the residual may be updated */
+    int staged;         /* the spec has byte stages after the element codec */
+    int write_residual; /* every scale is finite: the residual may be updated */
 } int_ctx;
 
 static void chunk_of(const int_ctx *d, int j, size_t *lo, size_t *hi)
@@ -75,8 +75,9 @@ static void layout(gcomp__call *call, int_ctx *d)
                  ~(size_t)7;
     d->scales = gcomp__ws_take(ws, d->nb * sizeof(float), "integer: shared scales");
     d->keys = gcomp__ws_take(ws, d->nb * sizeof(uint64_t), "integer: scale bits");
-    d->scratch = gcomp__ws_take(ws, vt->int_scratch_bytes ? vt->int_scratch_bytes(call->params, max_chunk, (uint32_t)n) : 0,
-                                "integer: codec scratch");
+    d->scratch =
+        gcomp__ws_take(ws, vt->int_scratch_bytes ? vt->int_scratch_bytes(call->params, max_chunk, (uint32_t)n) : 0,
+                       "integer: codec scratch");
     d->t = gcomp__ws_take(ws, max_chunk * sizeof(int8_t), "integer: codes");
     d->raw = gcomp__ws_take(ws, d->msg_cap, "integer: unstaged sums in");
     d->raw_out = gcomp__ws_take(ws, d->msg_cap, "integer: unstaged sums out");
@@ -95,7 +96,7 @@ static gcomp_result int_prepare(gcomp__call *call)
 static gcomp_result shared_scales(int_ctx *d)
 {
     gcomp__call *call = d->call;
-    gcomp_encode_ctx ctx = {0};
+    gcomp_encode_ctx ctx = { 0 };
     double t0 = gcomp__now();
     GCOMP_CHECK(call->vt->local_scales(call->params, &ctx, call->x, call->r_in, call->count, d->scales));
     call->ring.st->encode_s += gcomp__now() - t0;
@@ -150,14 +151,15 @@ static gcomp_result hop(int_ctx *d, int j, const uint8_t *in, size_t in_bytes, u
     chunk_of(d, j, &lo, &hi);
     n = hi - lo;
     if (m_in && d->staged) {
-        GCOMP_CHECK(gcomp__codec_stages_decode(codec, in, in_bytes, n, d->raw, call->vt->int_sum_bytes(call->params, n, m_in),
-                                               &in_bytes));
+        GCOMP_CHECK(gcomp__codec_stages_decode(codec, in, in_bytes, n, d->raw,
+                                               call->vt->int_sum_bytes(call->params, n, m_in), &in_bytes));
         src = d->raw;
     }
     raw_bytes = call->vt->int_sum_bytes(call->params, n, m_in + 1);
     dst = d->staged ? d->raw_out : slot(d, j);
     GCOMP_CHECK(call->vt->int_sums_add_pack(call->params, src, in_bytes, m_in, d->t, n, dst));
-    if (d->staged) GCOMP_CHECK(gcomp__codec_stages_encode(codec, d->raw_out, raw_bytes, n, slot(d, j), d->msg_cap, &raw_bytes));
+    if (d->staged)
+        GCOMP_CHECK(gcomp__codec_stages_encode(codec, d->raw_out, raw_bytes, n, slot(d, j), d->msg_cap, &raw_bytes));
     d->slot_bytes[j] = raw_bytes;
     call->ring.st->encode_s += gcomp__now() - t0;
     return GCOMP_SUCCESS;
@@ -223,4 +225,4 @@ static gcomp_result int_run(gcomp__call *call)
     return GCOMP_SUCCESS;
 }
 
-const gcomp__sched gcomp__sched_integer = {GCOMP_SCHED_INTEGER, "integer-ring", int_prepare, int_run};
+const gcomp__sched gcomp__sched_integer = { GCOMP_SCHED_INTEGER, "integer-ring", int_prepare, int_run };

@@ -83,7 +83,8 @@ static void decode_all(sparse_ctx *d)
     double t0 = gcomp__now();
     memset(call->result, 0, call->count * sizeof(float));
     for (int j = 0; j < call->ring.size; j++)
-        GCOMP_STEP(&call->ring, gcomp_codec_decode_add(call->codec, slot(d, j), d->bytes[j], call->result, call->count));
+        GCOMP_STEP(&call->ring,
+                   gcomp_codec_decode_add(call->codec, slot(d, j), d->bytes[j], call->result, call->count));
     call->ring.st->decode_s += gcomp__now() - t0;
 }
 
@@ -97,11 +98,12 @@ static gcomp_result unpack_pairs(sparse_ctx *d, int j)
     const uint8_t *body;
     uint32_t flags;
     double t0 = gcomp__now();
-    GCOMP_CHECK(gcomp__codec_element_body(call->codec, slot(d, j), d->bytes[j], call->count, &body, &body_bytes, &flags));
+    GCOMP_CHECK(
+        gcomp__codec_element_body(call->codec, slot(d, j), d->bytes[j], call->count, &body, &body_bytes, &flags));
     GCOMP_CHECK(call->vt->sparse_pairs(call->params, flags, body, body_bytes, call->count, d->k, idx, val, &got));
     if (got != d->k)
-        return gcomp__fail(GCOMP_ERR_CORRUPT, "%s payload of rank %d holds %zu pairs, expected %zu", call->vt->name, j, got,
-                           d->k);
+        return gcomp__fail(GCOMP_ERR_CORRUPT, "%s payload of rank %d holds %zu pairs, expected %zu", call->vt->name, j,
+                           got, d->k);
     d->lists[j].idx = idx;
     d->lists[j].val = val;
     d->lists[j].k = got;
@@ -114,8 +116,8 @@ static void sum_pairs(sparse_ctx *d)
 {
     gcomp__call *call = d->call;
     double t0 = gcomp__now();
-    GCOMP_STEP(&call->ring, call->vt->sparse_sum_pairs(call->params, d->lists, call->ring.size, call->result, call->count,
-                                                       call->divisor));
+    GCOMP_STEP(&call->ring, call->vt->sparse_sum_pairs(call->params, d->lists, call->ring.size, call->result,
+                                                       call->count, call->divisor));
     call->divided = 1;
     call->ring.st->decode_s += gcomp__now() - t0;
 }
@@ -147,4 +149,4 @@ static gcomp_result sparse_run(gcomp__call *call)
     return GCOMP_SUCCESS;
 }
 
-const gcomp__sched gcomp__sched_sparse = {GCOMP_SCHED_SPARSE, "sparse-gather", sparse_prepare, sparse_run};
+const gcomp__sched gcomp__sched_sparse = { GCOMP_SCHED_SPARSE, "sparse-gather", sparse_prepare, sparse_run };

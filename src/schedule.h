@@ -18,21 +18,21 @@
 
 typedef struct gcomp__call {
     gcomp__ring ring;
-    gcomp_codec *codec;              /* the codec object: chain, byte stages, payload headers */
-    const gcomp_codec_vtable *vt;    /* its element codec, on the call's device */
-    const void *params;              /* the element codec's parameters */
+    gcomp_codec *codec;           /* the codec object: chain, byte stages, payload headers */
+    const gcomp_codec_vtable *vt; /* its element codec, on the call's device */
+    const void *params;           /* the element codec's parameters */
     gcomp__workspace *ws;
     const gcomp__device_ops *dev;
     uint64_t seed;
-    const float *x;     /* fp32 input (pre-scaled for AVG on the dense ring) */
-    float *result;      /* fp32 output, count elements */
+    const float *x; /* fp32 input (pre-scaled for AVG on the dense ring) */
+    float *result;  /* fp32 output, count elements */
     size_t count;
     float *r_in, *r_out; /* residual of the key, NULL without error feedback */
     uint64_t step;
-    float divisor;      /* AVG on the integer and sparse schedules: result = sum / divisor (else 1) */
-    int divided;        /* the schedule applied divisor in its last pass over the result */
-    int nonfinite;      /* this rank's encode saw a non-finite value (or a shared scale is one) */
-    int reencoded;      /* x is already a decoded payload (sparse-as-dense): the dense ring's
+    float divisor; /* AVG on the integer and sparse schedules: result = sum / divisor (else 1) */
+    int divided;   /* the schedule applied divisor in its last pass over the result */
+    int nonfinite; /* this rank's encode saw a non-finite value (or a shared scale is one) */
+    int reencoded; /* x is already a decoded payload (sparse-as-dense): the dense ring's
                          * first encode neither keeps a residual nor reports non-finite */
 } gcomp__call;
 
@@ -54,7 +54,7 @@ extern const gcomp__sched gcomp__sched_sparse;
 /* The encode context of a call for elements from `offset` on. */
 static inline gcomp_encode_ctx gcomp__call_ctx(const gcomp__call *call, size_t offset)
 {
-    gcomp_encode_ctx ctx = {0};
+    gcomp_encode_ctx ctx = { 0 };
     ctx.seed = call->seed;
     ctx.step = call->step;
     ctx.rank = (uint32_t)call->ring.rank;

@@ -53,14 +53,18 @@ static void format_double(char *out, size_t cap, double v)
 static void int_bounds(const gcomp_param_def *p, int64_t *lo, int64_t *hi)
 {
     const double two63 = 9223372036854775808.0;
-    if (p->min < -two63) *lo = INT64_MIN;
-    else if (p->min >= two63) *lo = INT64_MAX;
+    if (p->min < -two63)
+        *lo = INT64_MIN;
+    else if (p->min >= two63)
+        *lo = INT64_MAX;
     else {
         *lo = (int64_t)p->min;
         if ((double)*lo < p->min) (*lo)++;
     }
-    if (p->max >= two63) *hi = INT64_MAX;
-    else if (p->max < -two63) *hi = INT64_MIN;
+    if (p->max >= two63)
+        *hi = INT64_MAX;
+    else if (p->max < -two63)
+        *hi = INT64_MIN;
     else {
         *hi = (int64_t)p->max;
         if ((double)*hi > p->max) (*hi)--;
@@ -78,9 +82,15 @@ static void set_default(const gcomp_param_def *p, void *params)
 {
     char *field = (char *)params + p->offset;
     switch (p->type) {
-    case GCOMP_PARAM_INT: *(int64_t *)field = (int64_t)p->def; break;
-    case GCOMP_PARAM_DOUBLE: *(double *)field = p->def; break;
-    case GCOMP_PARAM_ENUM: *(int *)field = (int)p->def; break;
+    case GCOMP_PARAM_INT:
+        *(int64_t *)field = (int64_t)p->def;
+        break;
+    case GCOMP_PARAM_DOUBLE:
+        *(double *)field = p->def;
+        break;
+    case GCOMP_PARAM_ENUM:
+        *(int *)field = (int)p->def;
+        break;
     }
 }
 
@@ -134,8 +144,7 @@ static gcomp_result parse_double(const char *spec, const char *codec, const gcom
     return GCOMP_SUCCESS;
 }
 
-static gcomp_result parse_enum(const char *spec, const char *codec, const gcomp_param_def *p, const char *val,
-                               int *out)
+static gcomp_result parse_enum(const char *spec, const char *codec, const gcomp_param_def *p, const char *val, int *out)
 {
     char qv[4 * QUOTE_TEXT + 8], list[160] = "";
     size_t len = 0;
@@ -261,7 +270,9 @@ static gcomp_result check_params(const char *spec, const gcomp_codec_vtable *vt,
     gcomp__error_clear();
     if (vt->check_params(params, msg, sizeof msg) == GCOMP_SUCCESS) return GCOMP_SUCCESS;
     snprintf(reason, sizeof reason, "%s",
-             msg[0] ? msg : gcomp_last_error()[0] ? gcomp_last_error() : "its parameters were refused (no reason given)");
+             msg[0]                  ? msg
+             : gcomp_last_error()[0] ? gcomp_last_error()
+                                     : "its parameters were refused (no reason given)");
     return spec_fail(GCOMP_ERR_INVALID_SPEC, spec, "%s: %s", vt->name, gcomp__quote(qm, sizeof qm, reason, 200));
 }
 
@@ -280,8 +291,8 @@ static gcomp_result parse_stage(const char *spec, const char *base, char *text, 
         return spec_fail(GCOMP_ERR_INVALID_SPEC, spec,
                          "'%s' is a byte stage; it must follow an element codec (e.g. fp16+%s)", vt->name, vt->name);
     if (idx > 0 && !(vt->caps & GCOMP_CAP_BYTE_STAGE))
-        return spec_fail(GCOMP_ERR_INVALID_SPEC, spec, "'%s' is an element codec; only byte stages (zstd) may follow '+'",
-                         vt->name);
+        return spec_fail(GCOMP_ERR_INVALID_SPEC, spec,
+                         "'%s' is an element codec; only byte stages (zstd) may follow '+'", vt->name);
     st->vt = vt;
     st->params = calloc(1, vt->params_size ? vt->params_size : 1);
     if (!st->params) return spec_fail(GCOMP_ERR_NOMEM, spec, "out of memory");
@@ -328,11 +339,15 @@ static gcomp_result split_stages(const char *spec, char *buf, char *stages[GCOMP
     char *start = buf;
     size_t count = 0;
     for (char *p = buf;; p++) {
-        if (*p == '=' && !value) value = p + 1;
-        else if (*p == ',') value = NULL;
-        else if (*p == '+' && value && plus_in_number(value, p)) continue;
+        if (*p == '=' && !value)
+            value = p + 1;
+        else if (*p == ',')
+            value = NULL;
+        else if (*p == '+' && value && plus_in_number(value, p))
+            continue;
         if (*p != '+' && *p != '\0') continue;
-        if (p == start) return spec_fail(GCOMP_ERR_INVALID_SPEC, spec, "empty element at character %zu", (size_t)(p - buf) + 1);
+        if (p == start)
+            return spec_fail(GCOMP_ERR_INVALID_SPEC, spec, "empty element at character %zu", (size_t)(p - buf) + 1);
         if (count == GCOMP_MAX_STAGES)
             return spec_fail(GCOMP_ERR_INVALID_SPEC, spec, "more than %d stages", GCOMP_MAX_STAGES);
         stages[count++] = start;
@@ -354,8 +369,8 @@ static gcomp_result check_characters(const char *spec)
     for (size_t i = 0; i < len; i++) {
         unsigned char ch = (unsigned char)spec[i];
         if (ch <= ' ' || ch == 0x7f)
-            return spec_fail(GCOMP_ERR_INVALID_SPEC, spec, "whitespace or control character 0x%02x at character %zu", ch,
-                             i + 1);
+            return spec_fail(GCOMP_ERR_INVALID_SPEC, spec, "whitespace or control character 0x%02x at character %zu",
+                             ch, i + 1);
     }
     return GCOMP_SUCCESS;
 }

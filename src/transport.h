@@ -13,7 +13,10 @@
 #include "internal.h"
 
 /* Where the buffers handed to a transport must live. */
-typedef enum gcomp__mem_kind { GCOMP__MEM_HOST = 0, GCOMP__MEM_CUDA = 1 } gcomp__mem_kind;
+typedef enum gcomp__mem_kind {
+    GCOMP__MEM_HOST = 0,
+    GCOMP__MEM_CUDA = 1
+} gcomp__mem_kind;
 
 typedef struct gcomp__transport gcomp__transport;
 struct gcomp__transport {

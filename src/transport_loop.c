@@ -29,7 +29,10 @@ typedef struct loop_msg {
     uint8_t data[];
 } loop_msg;
 
-enum { COLL_MAX_U64 = 1, COLL_SUM_F32 = 2 };
+enum {
+    COLL_MAX_U64 = 1,
+    COLL_SUM_F32 = 2
+};
 
 struct gcomp__loop_world {
     int size;
@@ -37,12 +40,12 @@ struct gcomp__loop_world {
     pthread_cond_t cond;
     loop_msg **head, **tail; /* size * size queues, index from * size + to */
     /* the collective meeting point */
-    uint64_t open_seq;   /* sequence number of the collective the slot takes now */
-    uint64_t done_seq;   /* the last collective whose result is ready (0: none yet) */
+    uint64_t open_seq; /* sequence number of the collective the slot takes now */
+    uint64_t done_seq; /* the last collective whose result is ready (0: none yet) */
     int arrived, readers, kind;
-    size_t n;            /* elements of the collective in progress */
-    int mismatch;        /* ranks called it with different kinds or lengths */
-    void **contrib;      /* per rank, n elements */
+    size_t n;       /* elements of the collective in progress */
+    int mismatch;   /* ranks called it with different kinds or lengths */
+    void **contrib; /* per rank, n elements */
     size_t *contrib_cap;
     void *result;
     size_t result_cap;
@@ -51,8 +54,8 @@ struct gcomp__loop_world {
 typedef struct loop_transport {
     gcomp__transport base;
     gcomp__loop_world *w;
-    uint64_t seq;   /* collectives this rank has entered */
-    int from;       /* the receive in flight */
+    uint64_t seq; /* collectives this rank has entered */
+    int from;     /* the receive in flight */
     void *rbuf;
     size_t rcap;
 } loop_transport;
@@ -75,7 +78,8 @@ gcomp_result gcomp__loop_world_create(int size, gcomp__loop_world **out)
 {
     gcomp__loop_world *w;
     pthread_condattr_t attr;
-    if (!out || size < 1 || size > 1024) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "loop world: size %d out of [1, 1024]", size);
+    if (!out || size < 1 || size > 1024)
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "loop world: size %d out of [1, 1024]", size);
     w = calloc(1, sizeof *w);
     if (!w) return gcomp__fail(GCOMP_ERR_NOMEM, "loop world: out of memory");
     w->size = size;
@@ -132,8 +136,10 @@ static gcomp_result loop_start(gcomp__transport *t, int to, const void *sbuf, si
     m->bytes = sbytes;
     if (sbytes) memcpy(m->data, sbuf, sbytes);
     pthread_mutex_lock(&w->lock);
-    if (w->tail[q]) w->tail[q]->next = m;
-    else w->head[q] = m;
+    if (w->tail[q])
+        w->tail[q]->next = m;
+    else
+        w->head[q] = m;
     w->tail[q] = m;
     pthread_cond_broadcast(&w->cond);
     pthread_mutex_unlock(&w->lock);
@@ -153,7 +159,8 @@ static gcomp_result loop_finish(gcomp__transport *t, size_t *rbytes, double dead
     while (!w->head[q]) {
         if (wait_until(w, deadline) == ETIMEDOUT) {
             pthread_mutex_unlock(&w->lock);
-            return gcomp__fail(GCOMP_ERR_TIMEOUT, "loop transport: no message from rank %d before the deadline", lt->from);
+            return gcomp__fail(GCOMP_ERR_TIMEOUT, "loop transport: no message from rank %d before the deadline",
+                               lt->from);
         }
     }
     m = w->head[q];
@@ -163,8 +170,9 @@ static gcomp_result loop_finish(gcomp__transport *t, size_t *rbytes, double dead
     if (m->bytes > lt->rcap) {
         size_t bytes = m->bytes;
         free(m);
-        return gcomp__fail(GCOMP_ERR_TRANSPORT, "loop transport: a message of %zu bytes from rank %d exceeds the %zu-byte receive",
-                           bytes, lt->from, lt->rcap);
+        return gcomp__fail(GCOMP_ERR_TRANSPORT,
+                           "loop transport: a message of %zu bytes from rank %d exceeds the %zu-byte receive", bytes,
+                           lt->from, lt->rcap);
     }
     if (m->bytes) memcpy(lt->rbuf, m->data, m->bytes);
     *rbytes = m->bytes;
@@ -190,10 +198,7 @@ static void reduce_locked(gcomp__loop_world *w, size_t esize)
     }
 }
 
-static gcomp_result grow(void **buf, size_t *cap, size_t bytes)
-{
-    return gcomp__reserve(buf, cap, bytes ? bytes : 1);
-}
+static gcomp_result grow(void **buf, size_t *cap, size_t bytes) { return gcomp__reserve(buf, cap, bytes ? bytes : 1); }
 
 static gcomp_result loop_collective(loop_transport *lt, int kind, void *vals, size_t n, size_t esize, double deadline)
 {

@@ -62,7 +62,8 @@ static gcomp_result mpi_fail(int err, const char *what)
 
 /* Poll until every request completes or the deadline passes. Spinning is what MPI's own
  * blocking calls do; after a while we yield so oversubscribed ranks can progress. */
-static gcomp_result poll_all(int n, MPI_Request *reqs, MPI_Status *st, double deadline, int cancellable, const char *what)
+static gcomp_result poll_all(int n, MPI_Request *reqs, MPI_Status *st, double deadline, int cancellable,
+                             const char *what)
 {
     long spins = 0;
     for (;;) {
@@ -78,7 +79,8 @@ static gcomp_result poll_all(int n, MPI_Request *reqs, MPI_Status *st, double de
              * it) and are left behind -- the communicator is unusable from here on anyway */
             for (int i = 0; cancellable && i < n; i++)
                 if (reqs[i] != MPI_REQUEST_NULL) MPI_Cancel(&reqs[i]);
-            return gcomp__fail(GCOMP_ERR_TIMEOUT, "%s: no answer from a peer before the deadline (GCOMP_TIMEOUT_MS)", what);
+            return gcomp__fail(GCOMP_ERR_TIMEOUT, "%s: no answer from a peer before the deadline (GCOMP_TIMEOUT_MS)",
+                               what);
         }
     }
 }
@@ -103,7 +105,7 @@ static int world_swapped;
 
 static quiet quiet_begin(MPI_Comm comm)
 {
-    quiet q = {comm, MPI_ERRHANDLER_NULL, 0};
+    quiet q = { comm, MPI_ERRHANDLER_NULL, 0 };
     if (comm == MPI_COMM_WORLD) {
         pthread_mutex_lock(&world_lock);
         if (world_depth++ == 0)
@@ -134,7 +136,8 @@ static void quiet_end(quiet *q)
     if (q->saved != MPI_ERRHANDLER_NULL) MPI_Errhandler_free(&q->saved);
 }
 
-static gcomp_result wait_all(int n, MPI_Request *reqs, MPI_Status *st, double deadline, int cancellable, const char *what)
+static gcomp_result wait_all(int n, MPI_Request *reqs, MPI_Status *st, double deadline, int cancellable,
+                             const char *what)
 {
     quiet q = quiet_begin(MPI_COMM_WORLD);
     gcomp_result rc = poll_all(n, reqs, st, deadline, cancellable, what);
@@ -150,7 +153,8 @@ static gcomp_result mpi_start(gcomp__transport *t, int to, const void *sbuf, siz
     gcomp_result rc = GCOMP_SUCCESS;
     int err;
     if (sbytes > INT_MAX || rcap > INT_MAX)
-        return gcomp__fail(GCOMP_ERR_UNSUPPORTED, "MPI transport: message of %zu bytes exceeds 2 GiB", sbytes > rcap ? sbytes : rcap);
+        return gcomp__fail(GCOMP_ERR_UNSUPPORTED, "MPI transport: message of %zu bytes exceeds 2 GiB",
+                           sbytes > rcap ? sbytes : rcap);
     q = quiet_begin(MPI_COMM_WORLD);
     err = MPI_Irecv(rbuf, (int)rcap, MPI_BYTE, from, GCOMP_TAG, m->comm, &m->ring[0]);
     if (err != MPI_SUCCESS) {
@@ -183,8 +187,10 @@ static int mpi_threads_ok(char *why, size_t cap)
     if (MPI_Query_thread(&level) != MPI_SUCCESS) level = MPI_THREAD_SINGLE;
     if (level == MPI_THREAD_MULTIPLE) return 1;
     name = level == MPI_THREAD_SERIALIZED ? "MPI_THREAD_SERIALIZED"
-           : level == MPI_THREAD_FUNNELED ? "MPI_THREAD_FUNNELED" : "MPI_THREAD_SINGLE";
-    if (why && cap) snprintf(why, cap, "MPI was initialised with %s, a progress thread needs MPI_THREAD_MULTIPLE", name);
+           : level == MPI_THREAD_FUNNELED ? "MPI_THREAD_FUNNELED"
+                                          : "MPI_THREAD_SINGLE";
+    if (why && cap)
+        snprintf(why, cap, "MPI was initialised with %s, a progress thread needs MPI_THREAD_MULTIPLE", name);
     return 0;
 }
 
@@ -225,12 +231,14 @@ static gcomp_result mpi_allreduce(mpi_transport *m, void *vals, size_t n, size_t
 
 static gcomp_result mpi_max_u64(gcomp__transport *t, uint64_t *vals, size_t n, double deadline)
 {
-    return mpi_allreduce((mpi_transport *)t, vals, n, sizeof(uint64_t), MPI_UINT64_T, MPI_MAX, deadline, "agreement allreduce");
+    return mpi_allreduce((mpi_transport *)t, vals, n, sizeof(uint64_t), MPI_UINT64_T, MPI_MAX, deadline,
+                         "agreement allreduce");
 }
 
 static gcomp_result mpi_sum_f32(gcomp__transport *t, float *vals, size_t n, double deadline)
 {
-    return mpi_allreduce((mpi_transport *)t, vals, n, sizeof(float), MPI_FLOAT, MPI_SUM, deadline, "MPI_Allreduce (bypass)");
+    return mpi_allreduce((mpi_transport *)t, vals, n, sizeof(float), MPI_FLOAT, MPI_SUM, deadline,
+                         "MPI_Allreduce (bypass)");
 }
 
 /* After a timeout a collective (and maybe a send) is still pending on the duplicate: MPI
@@ -258,7 +266,8 @@ static gcomp_result dup_until(MPI_Comm comm, MPI_Comm *dup, double deadline)
     gcomp_result rc;
     quiet world = quiet_begin(MPI_COMM_WORLD), user = quiet_begin(comm);
     int err = MPI_Comm_idup(comm, dup, &req);
-    rc = err != MPI_SUCCESS ? mpi_fail(err, "MPI_Comm_idup") : poll_all(1, &req, &st, deadline, 0, "MPI_Comm_idup (creation)");
+    rc = err != MPI_SUCCESS ? mpi_fail(err, "MPI_Comm_idup")
+                            : poll_all(1, &req, &st, deadline, 0, "MPI_Comm_idup (creation)");
     quiet_end(&user);
     quiet_end(&world);
     return rc;
@@ -277,9 +286,13 @@ gcomp_result gcomp_comm_create_mpi(MPI_Comm comm, const gcomp_config *cfg, gcomp
     if (out) *out = NULL;
     /* these hold on every rank alike (or the program is erroneous anyway): nothing to join */
     MPI_Initialized(&init);
-    if (!init) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_create_mpi: MPI is not initialised (call MPI_Init first)");
+    if (!init)
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG,
+                           "gcomp_comm_create_mpi: MPI is not initialised (call MPI_Init first)");
     MPI_Finalized(&finalized);
-    if (finalized) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_create_mpi: MPI is already finalized (MPI_Finalize was called)");
+    if (finalized)
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG,
+                           "gcomp_comm_create_mpi: MPI is already finalized (MPI_Finalize was called)");
     if (comm == MPI_COMM_NULL) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_create_mpi: MPI_COMM_NULL");
     /* before any collective: the agreement's MPI_Iallreduce(MPI_IN_PLACE) is invalid on an
      * intercommunicator, and every rank of one gets the same answer here */
@@ -289,16 +302,19 @@ gcomp_result gcomp_comm_create_mpi(MPI_Comm comm, const gcomp_config *cfg, gcomp
     if (err != MPI_SUCCESS) return mpi_fail(err, "gcomp_comm_create_mpi: MPI_Comm_test_inter");
     if (inter)
         return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_create_mpi: intercommunicators are not supported "
-                           "(MPI_Intercomm_merge makes an intracommunicator of one)");
+                                                  "(MPI_Intercomm_merge makes an intracommunicator of one)");
     /* Every other failure (NULL out, bad config, no memory) still joins the duplication and
      * the creation's agreement (gcomp__comm_create), so no rank waits for this one: a bad
      * configuration waits with the default deadline. Without memory for the transport, a
      * stack copy carries the agreement. */
     deadline = gcomp__now() + 1e-3 * (double)(gcomp__config_resolve(cfg, &resolved) == GCOMP_SUCCESS
-                                                  ? resolved.timeout_ms : GCOMP__TIMEOUT_MS_DEFAULT);
+                                                  ? resolved.timeout_ms
+                                                  : GCOMP__TIMEOUT_MS_DEFAULT);
     m = calloc(1, sizeof *m);
-    if (m) m->owned = 1;
-    else m = &fallback;
+    if (m)
+        m->owned = 1;
+    else
+        m = &fallback;
     m->ring[0] = m->ring[1] = MPI_REQUEST_NULL;
     rc = dup_until(comm, m->owned ? &m->comm : &fallback_dup, deadline);
     if (rc == GCOMP_ERR_TIMEOUT) return rc; /* m (or fallback_dup) stays the pending idup's target */
@@ -317,6 +333,7 @@ gcomp_result gcomp_comm_create_mpi(MPI_Comm comm, const gcomp_config *cfg, gcomp
     m->base.allreduce_sum_f32 = mpi_sum_f32;
     m->base.destroy = mpi_destroy;
     m->base.threads_ok = mpi_threads_ok;
-    if (!m->owned) return gcomp__comm_join_failed(&m->base, gcomp__fail(GCOMP_ERR_NOMEM, "gcomp_comm_create_mpi: out of memory"));
+    if (!m->owned)
+        return gcomp__comm_join_failed(&m->base, gcomp__fail(GCOMP_ERR_NOMEM, "gcomp_comm_create_mpi: out of memory"));
     return gcomp__comm_create(&m->base, cfg, out);
 }

@@ -56,8 +56,10 @@ gcomp_result gcomp__ws_fit(gcomp__workspace *ws)
 gcomp_result gcomp__ws_check(const gcomp__workspace *ws)
 {
     if (ws->used > ws->cap)
-        return gcomp__fail(GCOMP_ERR_INTERNAL, "workspace: the run's layout takes %zu bytes, the plan reserved %zu "
-                           "(first region past the end: %s)", ws->used, ws->cap, ws->overrun ? ws->overrun : "?");
+        return gcomp__fail(GCOMP_ERR_INTERNAL,
+                           "workspace: the run's layout takes %zu bytes, the plan reserved %zu "
+                           "(first region past the end: %s)",
+                           ws->used, ws->cap, ws->overrun ? ws->overrun : "?");
     return GCOMP_SUCCESS;
 }
 

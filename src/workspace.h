@@ -19,9 +19,9 @@ typedef struct gcomp__workspace {
     const gcomp__device_ops *dev; /* where the block lives (set once, at the first fit) */
     uint8_t *base;
     size_t cap;
-    size_t used;  /* bytes taken by the layout in progress */
-    int sizing;   /* 1: take only counts; 0: take carves base */
-    int fail_next; /* test hook (gcomp__comm_inject_fault): the next fit fails as out of memory */
+    size_t used;         /* bytes taken by the layout in progress */
+    int sizing;          /* 1: take only counts; 0: take carves base */
+    int fail_next;       /* test hook (gcomp__comm_inject_fault): the next fit fails as out of memory */
     const char *overrun; /* the first region a carving layout could not fit (a bug: see check) */
 } gcomp__workspace;
 

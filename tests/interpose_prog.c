@@ -32,17 +32,20 @@
 static int rank, size, failures, n_compressed, n_passed, n_no_ef, n_freed;
 static const char *bound = "exact";
 
-#define CHECK(cond, ...)                                                     \
-    do {                                                                     \
-        if (!(cond)) {                                                       \
+#define CHECK(cond, ...)                                                        \
+    do {                                                                        \
+        if (!(cond)) {                                                          \
             fprintf(stderr, "rank %d: FAIL %s:%d: ", rank, __FILE__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                                    \
-            fputc('\n', stderr);                                             \
-            failures++;                                                      \
-        }                                                                    \
+            fprintf(stderr, __VA_ARGS__);                                       \
+            fputc('\n', stderr);                                                \
+            failures++;                                                         \
+        }                                                                       \
     } while (0)
 
-static float value(int r, int i, int step) { return (float)sin(0.37 * i + 1.3 * r + 0.7 * step) * (1.0f + (float)(i % 7)); }
+static float value(int r, int i, int step)
+{
+    return (float)sin(0.37 * i + 1.3 * r + 0.7 * step) * (1.0f + (float)(i % 7));
+}
 
 static void fill(float *x, int n, int r, int step)
 {
@@ -61,7 +64,8 @@ static void check_same_on_all(const void *buf, size_t bytes, const char *what)
 
 /* A compressed float sum: within the codec's bound of MPI's exact-input sum. in_abs is the
  * largest |input| of any rank, nranks the communicator's size, first: fresh residuals. */
-static void check_compressed(const float *got, const float *ref, int n, int nranks, float in_abs, int first, const char *what)
+static void check_compressed(const float *got, const float *ref, int n, int nranks, float in_abs, int first,
+                             const char *what)
 {
     double max_err = 0;
     int nnz = 0, differ = 0;
@@ -105,7 +109,9 @@ static void check_exact(const void *got, const void *ref, size_t bytes, const ch
  * MPI_Finalize itself). */
 static int at_finalize(MPI_Comm comm, int keyval, void *val, void *extra)
 {
-    enum { N = 40000 };
+    enum {
+        N = 40000
+    };
     float *x = malloc(N * sizeof *x), *a = malloc(N * sizeof *a), *b = malloc(N * sizeof *b);
     (void)comm, (void)keyval, (void)val, (void)extra;
     for (int i = 0; i < N; i++) x[i] = (float)sin(0.37 * i + 1.3 * rank) * (1.0f + (float)(i % 7));
@@ -141,15 +147,21 @@ static void float_sums(MPI_Comm comm, const char *name, int compress)
         PMPI_Allreduce(x, ref, n, MPI_FLOAT, MPI_SUM, comm);
         MPI_Allreduce(x, got, n, MPI_FLOAT, MPI_SUM, comm);
         snprintf(what, sizeof what, "%s float sum step %d", name, step);
-        if (compress) check_compressed(got, ref, n, csize, 7.0f, step == 0, what);
-        else check_exact(got, ref, n * 4, what);
+        if (compress)
+            check_compressed(got, ref, n, csize, 7.0f, step == 0, what);
+        else
+            check_exact(got, ref, n * 4, what);
         memcpy(inplace, x, n * sizeof *x);
         MPI_Allreduce(MPI_IN_PLACE, inplace, n, MPI_FLOAT, MPI_SUM, comm);
         snprintf(what, sizeof what, "%s MPI_IN_PLACE float sum step %d", name, step);
-        if (compress) check_compressed(inplace, ref, n, csize, 7.0f, step == 0, what);
-        else check_exact(inplace, ref, n * 4, what);
-        if (compress) n_compressed += 2;
-        else n_passed += 2;
+        if (compress)
+            check_compressed(inplace, ref, n, csize, 7.0f, step == 0, what);
+        else
+            check_exact(inplace, ref, n * 4, what);
+        if (compress)
+            n_compressed += 2;
+        else
+            n_passed += 2;
     }
     if (comm == MPI_COMM_WORLD) {
         check_same_on_all(got, n * 4, "float sum");
@@ -170,8 +182,10 @@ int main(int argc, char **argv)
     MPI_Comm split, inter;
     MPI_Request req;
     for (int i = 1; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--bound")) bound = argv[i + 1];
-        else if (!strcmp(argv[i], "--min-bytes")) min_bytes = atol(argv[i + 1]);
+        if (!strcmp(argv[i], "--bound"))
+            bound = argv[i + 1];
+        else if (!strcmp(argv[i], "--min-bytes"))
+            min_bytes = atol(argv[i + 1]);
     }
     compress = strcmp(bound, "exact") != 0;
     MPI_Init(&argc, &argv);
@@ -213,8 +227,10 @@ int main(int argc, char **argv)
     PMPI_Allreduce(fx, fb, N_SMALL, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
     MPI_Allreduce(fx, fa, N_SMALL, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
     check_exact(fa, fb, N_SMALL * 4, "small float sum");
-    if (compress && N_SMALL * 4 >= min_bytes) n_compressed++;
-    else n_passed++;
+    if (compress && N_SMALL * 4 >= min_bytes)
+        n_compressed++;
+    else
+        n_passed++;
 
     /* other types, ops, user ops, derived datatypes: untouched */
     PMPI_Allreduce(ix, ib, n, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
@@ -276,10 +292,13 @@ int main(int argc, char **argv)
     MPI_Allreduce(MPI_IN_PLACE, fx, n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
     fill(fx, n, rank, 6);
     MPI_Allreduce(MPI_IN_PLACE, fx, n - 100, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-    if (compress) n_compressed += 2, n_no_ef += 1;
-    else n_passed += 2;
+    if (compress)
+        n_compressed += 2, n_no_ef += 1;
+    else
+        n_passed += 2;
 
-    printf("rank %d expects compressed=%d passed=%d no_ef=%d freed=%d\n", rank, n_compressed, n_passed, n_no_ef, n_freed);
+    printf("rank %d expects compressed=%d passed=%d no_ef=%d freed=%d\n", rank, n_compressed, n_passed, n_no_ef,
+           n_freed);
     {
         int all = 0;
         PMPI_Allreduce(&failures, &all, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);

@@ -15,16 +15,16 @@
 static int rank, size, n_pass, n_fail; /* of MPI_COMM_WORLD; set by the program's main */
 
 /* Count a verdict of this rank; a failure prints its rank, place and printf-style reason. */
-#define CHECK(cond, ...)                                                                   \
-    do {                                                                                   \
-        if (cond) {                                                                        \
-            n_pass++;                                                                      \
-        } else {                                                                           \
-            n_fail++;                                                                      \
-            fprintf(stderr, "rank %d: FAIL %s:%d: ", rank, __FILE__, __LINE__);            \
-            fprintf(stderr, __VA_ARGS__);                                                  \
-            fputc('\n', stderr);                                                           \
-        }                                                                                  \
+#define CHECK(cond, ...)                                                        \
+    do {                                                                        \
+        if (cond) {                                                             \
+            n_pass++;                                                           \
+        } else {                                                                \
+            n_fail++;                                                           \
+            fprintf(stderr, "rank %d: FAIL %s:%d: ", rank, __FILE__, __LINE__); \
+            fprintf(stderr, __VA_ARGS__);                                       \
+            fputc('\n', stderr);                                                \
+        }                                                                       \
     } while (0)
 
 /* True on every rank iff ok on every rank (collective). */

@@ -28,8 +28,8 @@ typedef struct randk_params {
 } randk_params;
 
 static const gcomp_param_def randk_param_defs[] = {
-    {"ratio", GCOMP_PARAM_DOUBLE, offsetof(randk_params, ratio), 1e-6, 1.0, 0.5, NULL,
-     "fraction of the elements kept"},
+    { "ratio", GCOMP_PARAM_DOUBLE, offsetof(randk_params, ratio), 1e-6, 1.0, 0.5, NULL,
+      "fraction of the elements kept" },
 };
 
 static uint64_t mix(uint64_t x)
@@ -72,7 +72,7 @@ static int randk_select(uint64_t key, size_t n, size_t k, size_t *idx)
 {
     prio *p = malloc((n ? n : 1) * sizeof *p);
     if (!p) return 0;
-    for (size_t i = 0; i < n; i++) p[i] = (prio){mix(key ^ mix(i)), i};
+    for (size_t i = 0; i < n; i++) p[i] = (prio){ mix(key ^ mix(i)), i };
     qsort(p, n, sizeof *p, prio_cmp);
     for (size_t j = 0; j < k; j++) idx[j] = p[j].i;
     qsort(idx, k, sizeof *idx, index_cmp);
@@ -115,8 +115,8 @@ static gcomp_result randk_encode(const void *params, gcomp_encode_ctx *ctx, cons
     return GCOMP_SUCCESS;
 }
 
-static gcomp_result randk_decode_add(const void *params, uint32_t flags, const uint8_t *body, size_t bytes,
-                                     float *acc, size_t n)
+static gcomp_result randk_decode_add(const void *params, uint32_t flags, const uint8_t *body, size_t bytes, float *acc,
+                                     size_t n)
 {
     size_t k = randk_k(params, n), *idx;
     if (flags) return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "randk: unknown flags 0x%x", flags);

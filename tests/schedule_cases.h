@@ -15,7 +15,7 @@
 #include "gcomp.h"
 
 typedef struct schedule_case {
-    const char *name;     /* the table key */
+    const char *name; /* the table key */
     const char *spec;
     size_t count;
     gcomp_op op;
@@ -27,13 +27,13 @@ typedef struct schedule_case {
 #define SCHEDULE_STEPS 3
 
 static const schedule_case schedule_cases[] = {
-    {"dense_fp16", "fp16", 10007, GCOMP_SUM, 0, 0, "dense-ring"},
-    {"dense_none_avg", "none", 4099, GCOMP_AVG, 0, 0, "dense-ring"},
-    {"integer_terngrad_avg", "terngrad", 10007, GCOMP_AVG, 0, 0, "integer-ring"},
-    {"integer_terngrad_bucket", "terngrad:bucket=512", 5003, GCOMP_SUM, 0, 0, "integer-ring"},
-    {"sparse_topk", "topk:ratio=0.01", 10007, GCOMP_SUM, 0, 0, "sparse-gather"},
-    {"sparse_as_dense_topk", "topk:ratio=1", 3001, GCOMP_SUM, 0, 0, "sparse-as-dense-ring"},
-    {"bypass_small", "terngrad", 1000, GCOMP_SUM, 65536, 1, "bypass"},
+    { "dense_fp16", "fp16", 10007, GCOMP_SUM, 0, 0, "dense-ring" },
+    { "dense_none_avg", "none", 4099, GCOMP_AVG, 0, 0, "dense-ring" },
+    { "integer_terngrad_avg", "terngrad", 10007, GCOMP_AVG, 0, 0, "integer-ring" },
+    { "integer_terngrad_bucket", "terngrad:bucket=512", 5003, GCOMP_SUM, 0, 0, "integer-ring" },
+    { "sparse_topk", "topk:ratio=0.01", 10007, GCOMP_SUM, 0, 0, "sparse-gather" },
+    { "sparse_as_dense_topk", "topk:ratio=1", 3001, GCOMP_SUM, 0, 0, "sparse-as-dense-ring" },
+    { "bypass_small", "terngrad", 1000, GCOMP_SUM, 65536, 1, "bypass" },
 };
 #define SCHEDULE_N_CASES (sizeof schedule_cases / sizeof schedule_cases[0])
 

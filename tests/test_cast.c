@@ -5,8 +5,18 @@
 #include "test_util.h"
 #include "codecs/cast.h"
 
-static float bits_to_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
-static uint32_t float_to_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static float bits_to_float(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static uint32_t float_to_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
 
 /* All 65536 halves: widening equals the compiler's, and narrowing gives the half back. */
 static void test_f16_all_values(void **state)
@@ -37,7 +47,7 @@ static void test_f16_rounding(void **state)
     for (uint32_t h = 0; h < 0x7c00; h++) {
         float lo = gcomp_f16_to_f32((uint16_t)h);
         float hi = h + 1 < 0x7c00 ? gcomp_f16_to_f32((uint16_t)(h + 1)) : 65536.0f;
-        float probes[5] = {lo, (lo + hi) / 2, nextafterf((lo + hi) / 2, 0), nextafterf((lo + hi) / 2, INFINITY), hi};
+        float probes[5] = { lo, (lo + hi) / 2, nextafterf((lo + hi) / 2, 0), nextafterf((lo + hi) / 2, INFINITY), hi };
         for (int k = 0; k < 5; k++) {
             for (int sign = 0; sign < 2; sign++) {
                 float f = sign ? -probes[k] : probes[k];
@@ -97,8 +107,8 @@ static void test_bf16(void **state)
 /* Codec round trip on odd sizes: none exact, fp16/bf16 equal to the scalar conversion. */
 static void test_cast_codecs_roundtrip(void **state)
 {
-    static const size_t sizes[] = {0, 1, 7, 1000003};
-    static const char *specs[] = {"none", "fp16", "bf16"};
+    static const size_t sizes[] = { 0, 1, 7, 1000003 };
+    static const char *specs[] = { "none", "fp16", "bf16" };
     (void)state;
     for (size_t s = 0; s < 3; s++) {
         for (size_t k = 0; k < 4; k++) {
@@ -108,7 +118,9 @@ static void test_cast_codecs_roundtrip(void **state)
             float *y = tu_roundtrip(c, GCOMP_KEY_NONE, x, n, &bytes);
             assert_int_equal(bytes, 32 + n * (s == 0 ? 4 : 2));
             for (size_t i = 0; i < n; i++) {
-                float want = s == 0 ? x[i] : s == 1 ? gcomp_f16_to_f32(gcomp_f32_to_f16(x[i])) : gcomp_bf16_to_f32(gcomp_f32_to_bf16(x[i]));
+                float want = s == 0   ? x[i]
+                             : s == 1 ? gcomp_f16_to_f32(gcomp_f32_to_f16(x[i]))
+                                      : gcomp_bf16_to_f32(gcomp_f32_to_bf16(x[i]));
                 assert_int_equal(float_to_bits(y[i]), float_to_bits(want));
             }
             free(x);
@@ -122,7 +134,7 @@ static void test_cast_codecs_roundtrip(void **state)
 static void test_fp16_overflow(void **state)
 {
     gcomp_codec *c = tu_codec("fp16");
-    float x[5] = {1.0f, 70000.0f, -1e30f, 2.0f, 65519.0f}, r[5];
+    float x[5] = { 1.0f, 70000.0f, -1e30f, 2.0f, 65519.0f }, r[5];
     float *y;
     gcomp_stats st;
     (void)state;
@@ -141,8 +153,8 @@ static void test_fp16_overflow(void **state)
 
 static void test_nonfinite_propagates(void **state)
 {
-    static const char *specs[] = {"none", "fp16", "bf16"};
-    float x[6] = {1.0f, NAN, 3.0f, INFINITY, -INFINITY, 0.5f};
+    static const char *specs[] = { "none", "fp16", "bf16" };
+    float x[6] = { 1.0f, NAN, 3.0f, INFINITY, -INFINITY, 0.5f };
     (void)state;
     for (int s = 0; s < 3; s++) {
         gcomp_codec *c = tu_codec(specs[s]);
@@ -159,9 +171,9 @@ static void test_nonfinite_propagates(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_f16_all_values),      cmocka_unit_test(test_f16_rounding),
-        cmocka_unit_test(test_bf16),                cmocka_unit_test(test_cast_codecs_roundtrip),
-        cmocka_unit_test(test_fp16_overflow),       cmocka_unit_test(test_nonfinite_propagates),
+        cmocka_unit_test(test_f16_all_values), cmocka_unit_test(test_f16_rounding),
+        cmocka_unit_test(test_bf16),           cmocka_unit_test(test_cast_codecs_roundtrip),
+        cmocka_unit_test(test_fp16_overflow),  cmocka_unit_test(test_nonfinite_propagates),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

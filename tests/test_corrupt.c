@@ -30,21 +30,21 @@ typedef struct spec_case {
 } spec_case;
 
 static const spec_case cases[] = {
-    {"none", GCOMP_WIRE_ID_NONE, NULL},
-    {"fp16", GCOMP_WIRE_ID_FP16, NULL},
-    {"bf16", GCOMP_WIRE_ID_BF16, NULL},
-    {"terngrad", GCOMP_WIRE_ID_TERNGRAD, NULL},
-    {"terngrad:bucket=8", GCOMP_WIRE_ID_TERNGRAD, NULL},
-    {"terngrad:clip=2.5", GCOMP_WIRE_ID_TERNGRAD, NULL},
-    {"topk:ratio=0.1", GCOMP_WIRE_ID_TOPK, NULL},
-    {"topk:ratio=0.1,values=fp16", GCOMP_WIRE_ID_TOPK, NULL},
-    {"fp16+zstd", GCOMP_WIRE_ID_FP16, "fp16"},
-    {"topk:ratio=0.1+zstd", GCOMP_WIRE_ID_TOPK, "topk:ratio=0.1"},
-    {"terngrad+zstd", GCOMP_WIRE_ID_TERNGRAD, "terngrad"},
+    { "none", GCOMP_WIRE_ID_NONE, NULL },
+    { "fp16", GCOMP_WIRE_ID_FP16, NULL },
+    { "bf16", GCOMP_WIRE_ID_BF16, NULL },
+    { "terngrad", GCOMP_WIRE_ID_TERNGRAD, NULL },
+    { "terngrad:bucket=8", GCOMP_WIRE_ID_TERNGRAD, NULL },
+    { "terngrad:clip=2.5", GCOMP_WIRE_ID_TERNGRAD, NULL },
+    { "topk:ratio=0.1", GCOMP_WIRE_ID_TOPK, NULL },
+    { "topk:ratio=0.1,values=fp16", GCOMP_WIRE_ID_TOPK, NULL },
+    { "fp16+zstd", GCOMP_WIRE_ID_FP16, "fp16" },
+    { "topk:ratio=0.1+zstd", GCOMP_WIRE_ID_TOPK, "topk:ratio=0.1" },
+    { "terngrad+zstd", GCOMP_WIRE_ID_TERNGRAD, "terngrad" },
 };
 #define N_CASES (sizeof cases / sizeof cases[0])
 
-static const size_t counts[] = {1, 7, 1001};
+static const size_t counts[] = { 1, 7, 1001 };
 #define N_COUNTS (sizeof counts / sizeof counts[0])
 
 /* ---- helpers ------------------------------------------------------------------------------ */
@@ -103,14 +103,14 @@ static gcomp_result decode_exact(gcomp_codec *c, const uint8_t *p, size_t n, siz
     return rc;
 }
 
-#define EXPECT_RC(got, want, ...)                                                                          \
-    do {                                                                                                   \
-        gcomp_result got_ = (got), want_ = (want);                                                         \
-        if (got_ != want_) {                                                                               \
-            print_error(__VA_ARGS__);                                                                      \
+#define EXPECT_RC(got, want, ...)                                                                           \
+    do {                                                                                                    \
+        gcomp_result got_ = (got), want_ = (want);                                                          \
+        if (got_ != want_) {                                                                                \
+            print_error(__VA_ARGS__);                                                                       \
             fail_msg("got %s, want %s (last error: %s)", gcomp_result_name(got_), gcomp_result_name(want_), \
-                     gcomp_last_error());                                                                  \
-        }                                                                                                  \
+                     gcomp_last_error());                                                                   \
+        }                                                                                                   \
     } while (0)
 
 static void expect_same_floats(const float *a, const float *b, size_t n, const char *what)
@@ -179,7 +179,7 @@ static blob zstd_unwrap(const blob *outer)
 /* An outer zstd payload with the given flags around an arbitrary body. */
 static blob zstd_wrap_body(const uint8_t *body, size_t n, size_t count, uint32_t flags)
 {
-    gcomp_header h = {0};
+    gcomp_header h = { 0 };
     blob b;
     h.dtype = GCOMP_F32;
     h.wire_id = GCOMP_WIRE_ID_ZSTD;
@@ -237,7 +237,7 @@ static void test_truncation(void **state)
 static void test_trailing_bytes(void **state)
 {
     const spec_case *sc = *state;
-    static const size_t extra[] = {1, 2, 7, 64};
+    static const size_t extra[] = { 1, 2, 7, 64 };
     for (size_t ci = 0; ci < N_COUNTS; ci++) {
         fixture f;
         fixture_make(&f, sc, counts[ci]);
@@ -251,8 +251,8 @@ static void test_trailing_bytes(void **state)
                 /* body_bytes updated to cover the extra bytes: the codec itself must object */
                 gcomp_store_u64(p + 24, f.pay.n + extra[e] - GCOMP_HEADER_BYTES);
                 EXPECT_RC(decode_exact(f.codec, p, f.pay.n + extra[e], f.count, NULL), GCOMP_ERR_CORRUPT,
-                          "%s x %zu: %zu trailing 0x%02x bytes counted in body_bytes\n", sc->spec, f.count,
-                          extra[e], fill ? 0xff : 0);
+                          "%s x %zu: %zu trailing 0x%02x bytes counted in body_bytes\n", sc->spec, f.count, extra[e],
+                          fill ? 0xff : 0);
                 free(p);
             }
         }
@@ -264,7 +264,7 @@ static void test_trailing_bytes(void **state)
  * dtype byte that still names a valid gcomp dtype: the header's dtype only records what the
  * sender's tensor was, the body does not depend on it, so that payload must decode exactly
  * as before. decode(p) is what the caller runs on the damaged bytes. */
-static const uint8_t header_masks[] = {0x01, 0x02, 0x04, 0x10, 0x40, 0x80, 0xff};
+static const uint8_t header_masks[] = { 0x01, 0x02, 0x04, 0x10, 0x40, 0x80, 0xff };
 
 static int header_change_is_harmless(size_t pos, uint8_t newval) { return pos == 5 && newval < GCOMP_DTYPE_COUNT; }
 
@@ -304,7 +304,7 @@ static void test_wrong_count(void **state)
     for (size_t ci = 0; ci < N_COUNTS; ci++) {
         fixture f;
         size_t n = counts[ci];
-        size_t wrong[] = {0, n - 1, n + 1, 2 * n + 3, n + 1024};
+        size_t wrong[] = { 0, n - 1, n + 1, 2 * n + 3, n + 1024 };
         fixture_make(&f, sc, n);
         for (size_t w = 0; w < sizeof wrong / sizeof wrong[0]; w++) {
             if (wrong[w] == n) continue;
@@ -354,11 +354,17 @@ static void mutate(uint8_t *p, size_t lo, size_t hi, size_t count, uint64_t *rng
     size_t span = hi - lo, pos = lo + (size_t)(tu_next(rng) % span);
     switch (tu_next(rng) % 5) {
     case 0: /* one bit */
-    case 1: p[pos] ^= (uint8_t)(1u << (tu_next(rng) % 8)); break;
-    case 2: p[pos] = (uint8_t)tu_next(rng); break;
-    case 3: p[pos] = (tu_next(rng) & 1) ? 0xff : 0x00; break;
+    case 1:
+        p[pos] ^= (uint8_t)(1u << (tu_next(rng) % 8));
+        break;
+    case 2:
+        p[pos] = (uint8_t)tu_next(rng);
+        break;
+    case 3:
+        p[pos] = (tu_next(rng) & 1) ? 0xff : 0x00;
+        break;
     default: { /* a 64-bit field set to a value a length check might trust */
-        uint64_t v[] = {0, 1, count, count + 1, UINT64_MAX, UINT64_MAX / 2, (uint64_t)1 << 32, 64, 65};
+        uint64_t v[] = { 0, 1, count, count + 1, UINT64_MAX, UINT64_MAX / 2, (uint64_t)1 << 32, 64, 65 };
         uint64_t val = v[tu_next(rng) % (sizeof v / sizeof v[0])];
         size_t room = hi - pos < 8 ? hi - pos : 8;
         for (size_t k = 0; k < room; k++) p[pos + k] = (uint8_t)(val >> (8 * k));
@@ -397,8 +403,10 @@ static void test_fuzz_body(void **state)
                          gcomp_last_error());
             /* a cast body is any bit pattern: damage inside it can never be detected */
             if (lo && !sc->inner && sc->el_wire <= GCOMP_WIRE_ID_BF16) assert_int_equal(rc, GCOMP_SUCCESS);
-            if (rc == GCOMP_SUCCESS) ok++;
-            else corrupt++;
+            if (rc == GCOMP_SUCCESS)
+                ok++;
+            else
+                corrupt++;
             free(p);
         }
         free(half);
@@ -421,8 +429,9 @@ static void test_targeted(void **state)
         p = malloc(f.pay.n);
         body = p + GCOMP_HEADER_BYTES;
 #define RESET() memcpy(p, f.pay.p, f.pay.n)
-#define EXPECT_CORRUPT(what) \
-    EXPECT_RC(decode_exact(f.codec, p, f.pay.n, f.count, NULL), GCOMP_ERR_CORRUPT, "%s x %zu: %s\n", sc->spec, f.count, what)
+#define EXPECT_CORRUPT(what)                                                                                   \
+    EXPECT_RC(decode_exact(f.codec, p, f.pay.n, f.count, NULL), GCOMP_ERR_CORRUPT, "%s x %zu: %s\n", sc->spec, \
+              f.count, what)
         if (sc->el_wire == GCOMP_WIRE_ID_TERNGRAD && !sc->inner) {
             size_t nb = strstr(sc->spec, "bucket=8") ? (f.count + 7) / 8 : 1, codes = 4 * nb;
             float neg = -1.0f;
@@ -439,7 +448,7 @@ static void test_targeted(void **state)
             }
         } else if (sc->el_wire == GCOMP_WIRE_ID_TOPK && !sc->inner) {
             uint64_t k = gcomp_load_u64(f.pay.p + GCOMP_HEADER_BYTES);
-            uint64_t bad_k[] = {0, k - 1, k + 1, f.count + 1, UINT64_MAX, UINT64_MAX / 2 + 1};
+            uint64_t bad_k[] = { 0, k - 1, k + 1, f.count + 1, UINT64_MAX, UINT64_MAX / 2 + 1 };
             for (size_t i = 0; i < sizeof bad_k / sizeof bad_k[0]; i++) {
                 if (bad_k[i] == k) continue;
                 RESET();
@@ -451,8 +460,9 @@ static void test_targeted(void **state)
              * stream's meaning (SUCCESS or CORRUPT, and no crash; test_topk checks that a
              * CORRUPT decode leaves acc alone) */
             for (unsigned field = 0; field < 3; field++) {
-                const unsigned limit = field == 0 ? 63 : strstr(sc->spec, "fp16") ? (field == 1 ? 31 : 5)
-                                                                                  : (field == 1 ? 255 : 8);
+                const unsigned limit = field == 0                 ? 63
+                                       : strstr(sc->spec, "fp16") ? (field == 1 ? 31 : 5)
+                                                                  : (field == 1 ? 255 : 8);
                 for (unsigned v = 0, v0 = f.pay.p[GCOMP_HEADER_BYTES + 8 + field]; v < 256; v++) {
                     gcomp_result rc;
                     if (v == v0) continue;
@@ -504,7 +514,8 @@ static void test_zstd_inner(void **state)
         /* the rewrap is valid both ways, so the failures below are the damage's doing */
         for (int raw = 0; raw < 2; raw++) {
             b = zstd_wrap(in.p, in.n, f.count, raw);
-            EXPECT_RC(decode_exact(f.codec, b.p, b.n, f.count, out), GCOMP_SUCCESS, "%s: rewrapped raw=%d\n", sc->spec, raw);
+            EXPECT_RC(decode_exact(f.codec, b.p, b.n, f.count, out), GCOMP_SUCCESS, "%s: rewrapped raw=%d\n", sc->spec,
+                      raw);
             expect_same_floats(out, f.ref, f.count, "rewrapped");
             free(b.p);
         }
@@ -536,7 +547,8 @@ static void test_zstd_inner(void **state)
                 if (!raw && len % 17) continue;
                 b = zstd_wrap(in.p, len, f.count, raw);
                 EXPECT_RC(decode_exact(f.codec, b.p, b.n, f.count, NULL), GCOMP_ERR_CORRUPT,
-                          "%s x %zu: inner payload truncated to %zu of %zu, raw=%d\n", sc->spec, f.count, len, in.n, raw);
+                          "%s x %zu: inner payload truncated to %zu of %zu, raw=%d\n", sc->spec, f.count, len, in.n,
+                          raw);
                 free(b.p);
             }
         }
@@ -580,8 +592,8 @@ static size_t forged_frame(uint8_t out[16], uint64_t declared)
 
 static void test_zstd_declared_size(void **state)
 {
-    static const char *const inners[] = {"fp16", "topk:ratio=0.1"};
-    static const size_t ns[] = {1, 7, 1001};
+    static const char *const inners[] = { "fp16", "topk:ratio=0.1" };
+    static const size_t ns[] = { 1, 7, 1001 };
     size_t padded_checks = 0;
     (void)state;
     for (size_t ii = 0; ii < 2; ii++) {
@@ -612,7 +624,7 @@ static void test_zstd_declared_size(void **state)
             /* forged frames declaring cap + 1, 2^40 and 2^64 - 3 bytes (nothing that size is
              * allocated or read) */
             {
-                uint64_t decl[] = {(uint64_t)cap + 1, (uint64_t)1 << 40, UINT64_MAX - 2};
+                uint64_t decl[] = { (uint64_t)cap + 1, (uint64_t)1 << 40, UINT64_MAX - 2 };
                 for (size_t d = 0; d < sizeof decl / sizeof decl[0]; d++) {
                     size_t fz = forged_frame(forged, decl[d]);
                     b = zstd_wrap_body(forged, fz, n, 0);
@@ -682,7 +694,7 @@ static void test_zstd_bad_frames(void **state)
 
     /* unknown flag bits, with a frame body and with a RAW body */
     {
-        static const uint32_t bad[] = {2, 3, 4, 0x100, 0x10000, 0x80000000u, 0x80000001u, 0xffffffffu};
+        static const uint32_t bad[] = { 2, 3, 4, 0x100, 0x10000, 0x80000000u, 0x80000001u, 0xffffffffu };
         for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
             b = zstd_wrap_body(frame, z, n, bad[i]);
             EXPECT_RC(decode_exact(c, b.p, b.n, n, NULL), GCOMP_ERR_CORRUPT, "frame with flags 0x%x\n", bad[i]);
@@ -809,7 +821,7 @@ static void test_null_arguments(void **state)
     uint16_t half[7];
     fixture_make(&f, sc, 7);
     {
-        float acc[7] = {0};
+        float acc[7] = { 0 };
         assert_int_equal(gcomp_codec_decode_add(f.codec, NULL, f.pay.n, acc, 7), GCOMP_ERR_INVALID_ARG);
         assert_int_equal(gcomp_codec_decode_add(f.codec, f.pay.p, f.pay.n, NULL, 7), GCOMP_ERR_INVALID_ARG);
         assert_int_equal(gcomp_codec_decode_add(f.codec, NULL, 0, acc, 0), GCOMP_ERR_INVALID_ARG);
@@ -837,16 +849,18 @@ typedef struct per_spec {
 } per_spec;
 
 static const per_spec per_spec_tests[] = {
-    {"truncation", test_truncation, 0},     {"trailing_bytes", test_trailing_bytes, 0},
-    {"header_bytes", test_header_bytes, 0}, {"wrong_count", test_wrong_count, 0},
-    {"other_spec", test_other_spec, 0},     {"fuzz_body", test_fuzz_body, 0},
-    {"count_zero", test_count_zero, 0},     {"null_arguments", test_null_arguments, 0},
-    {"targeted", test_targeted, 0},         {"zstd_inner", test_zstd_inner, 1},
+    { "truncation", test_truncation, 0 },     { "trailing_bytes", test_trailing_bytes, 0 },
+    { "header_bytes", test_header_bytes, 0 }, { "wrong_count", test_wrong_count, 0 },
+    { "other_spec", test_other_spec, 0 },     { "fuzz_body", test_fuzz_body, 0 },
+    { "count_zero", test_count_zero, 0 },     { "null_arguments", test_null_arguments, 0 },
+    { "targeted", test_targeted, 0 },         { "zstd_inner", test_zstd_inner, 1 },
 };
 
 int main(void)
 {
-    enum { MAX_TESTS = N_CASES * (sizeof per_spec_tests / sizeof per_spec_tests[0]) + 8 };
+    enum {
+        MAX_TESTS = N_CASES * (sizeof per_spec_tests / sizeof per_spec_tests[0]) + 8
+    };
     struct CMUnitTest tests[MAX_TESTS];
     char names[MAX_TESTS][96];
     size_t n = 0;
@@ -855,7 +869,7 @@ int main(void)
         for (size_t i = 0; i < N_CASES; i++) {
             if (per_spec_tests[t].zstd_only && !cases[i].inner) continue;
             snprintf(names[n], sizeof names[n], "%s/%s", per_spec_tests[t].what, cases[i].spec);
-            tests[n] = (struct CMUnitTest){names[n], per_spec_tests[t].fn, NULL, NULL, (void *)&cases[i]};
+            tests[n] = (struct CMUnitTest){ names[n], per_spec_tests[t].fn, NULL, NULL, (void *)&cases[i] };
             n++;
         }
     }

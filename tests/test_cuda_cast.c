@@ -18,7 +18,7 @@
 #include "test_util.h"
 
 #define KEY 42
-static const char *const SPECS[] = {"none", "fp16", "bf16"};
+static const char *const SPECS[] = { "none", "fp16", "bf16" };
 #define N_SPECS 3
 
 static size_t max_count(void)
@@ -28,26 +28,26 @@ static size_t max_count(void)
     return q && *q == '1' ? (size_t)4 << 20 : SIZE_MAX;
 }
 
-#define CU(x)                                                                                                       \
-    do {                                                                                                            \
-        cudaError_t e_ = (x);                                                                                       \
-        if (e_ != cudaSuccess) fail_msg("%s:%d %s: %s", __FILE__, __LINE__, #x, cudaGetErrorString(e_));            \
+#define CU(x)                                                                                            \
+    do {                                                                                                 \
+        cudaError_t e_ = (x);                                                                            \
+        if (e_ != cudaSuccess) fail_msg("%s:%d %s: %s", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
     } while (0)
 
-#define OK(x)                                                                                                       \
-    do {                                                                                                            \
-        gcomp_result r_ = (x);                                                                                      \
-        if (r_ != GCOMP_SUCCESS) fail_msg("%s:%d %s -> %s: %s", __FILE__, __LINE__, #x, gcomp_result_name(r_),      \
-                                          gcomp_last_error());                                                      \
+#define OK(x)                                                                                                  \
+    do {                                                                                                       \
+        gcomp_result r_ = (x);                                                                                 \
+        if (r_ != GCOMP_SUCCESS)                                                                               \
+            fail_msg("%s:%d %s -> %s: %s", __FILE__, __LINE__, #x, gcomp_result_name(r_), gcomp_last_error()); \
     } while (0)
 
-#define EXPECT(x, want, substr)                                                                                     \
-    do {                                                                                                            \
-        gcomp_result r_ = (x);                                                                                      \
-        if (r_ != (want))                                                                                           \
-            fail_msg("%s:%d %s -> %s, expected %s (%s)", __FILE__, __LINE__, #x, gcomp_result_name(r_),            \
-                     gcomp_result_name(want), gcomp_last_error());                                                  \
-        mentions(__LINE__, (substr));                                                                             \
+#define EXPECT(x, want, substr)                                                                         \
+    do {                                                                                                \
+        gcomp_result r_ = (x);                                                                          \
+        if (r_ != (want))                                                                               \
+            fail_msg("%s:%d %s -> %s, expected %s (%s)", __FILE__, __LINE__, #x, gcomp_result_name(r_), \
+                     gcomp_result_name(want), gcomp_last_error());                                      \
+        mentions(__LINE__, (substr));                                                                   \
     } while (0)
 
 static void mentions(int line, const char *substr)
@@ -90,10 +90,13 @@ static void fill(void *dst, gcomp_dtype dtype, size_t n, uint64_t seed)
     for (size_t i = 0; i < n; i++) {
         float x = tu_gauss(&seed) * ldexpf(1.0f, (int)(tu_next(&seed) % 40) - 30);
         if (i % 97 == 5) x = (float)(1.0 + 0x1p-11) * (i % 2 ? 1.0f : -3.0f); /* fp16 tie */
-        if (i % 89 == 7) x = (float)(1.0 + 0x1p-8);                             /* bf16 tie */
-        if (dtype == GCOMP_F32) ((float *)dst)[i] = x;
-        else if (dtype == GCOMP_F16) ((uint16_t *)dst)[i] = gcomp_f32_to_f16(x);
-        else ((uint16_t *)dst)[i] = gcomp_f32_to_bf16(x);
+        if (i % 89 == 7) x = (float)(1.0 + 0x1p-8);                           /* bf16 tie */
+        if (dtype == GCOMP_F32)
+            ((float *)dst)[i] = x;
+        else if (dtype == GCOMP_F16)
+            ((uint16_t *)dst)[i] = gcomp_f32_to_f16(x);
+        else
+            ((uint16_t *)dst)[i] = gcomp_f32_to_bf16(x);
     }
 }
 
@@ -169,7 +172,7 @@ static void compare(const char *spec, size_t n, gcomp_dtype dtype, int steps, si
 
 static void test_bit_identical_f32(void **state)
 {
-    static const size_t sizes[] = {1, 127, 4099, (1u << 20) + 3, (size_t)64 << 20};
+    static const size_t sizes[] = { 1, 127, 4099, (1u << 20) + 3, (size_t)64 << 20 };
     (void)state;
     for (int s = 0; s < N_SPECS; s++)
         for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
@@ -303,11 +306,11 @@ static void test_corrupt(void **state)
         OK(gcomp_codec_encode(gpu, KEY, d_g, n, GCOMP_F32, d_p, cap, &w));
         d2h(p, d_p, w);
 
-#define MUTATE(what, len, stmt)                                                                                     \
-    do {                                                                                                            \
-        memcpy(bad, p, w);                                                                                          \
-        stmt;                                                                                                       \
-        expect_corrupt(gpu, what, bad, len, n, acc0, d_acc);                                                       \
+#define MUTATE(what, len, stmt)                              \
+    do {                                                     \
+        memcpy(bad, p, w);                                   \
+        stmt;                                                \
+        expect_corrupt(gpu, what, bad, len, n, acc0, d_acc); \
     } while (0)
         MUTATE("truncated payload", w - 1, (void)0);
         MUTATE("payload longer than its header says", w + 8, memset(bad + w, 0, 8));
@@ -424,7 +427,11 @@ static void test_graph_replay(void **state)
     CU(cudaGraphExecDestroy(exec));
     CU(cudaGraphDestroy(graph));
     CU(cudaStreamDestroy(s));
-    CU(cudaFree(d_g)); CU(cudaFree(d_acc_a)); CU(cudaFree(d_acc_b)); CU(cudaFree(d_pa)); CU(cudaFree(d_pb));
+    CU(cudaFree(d_g));
+    CU(cudaFree(d_acc_a));
+    CU(cudaFree(d_acc_b));
+    CU(cudaFree(d_pa));
+    CU(cudaFree(d_pb));
     free(g), free(acc), free(ra), free(rb), free(rc), free(acc_a), free(acc_b), free(pa), free(pb), free(pc);
     gcomp_codec_destroy(a), gcomp_codec_destroy(b), gcomp_codec_destroy(cpu);
 }
@@ -461,7 +468,8 @@ static void test_wrong_combinations(void **state)
     } else {
         print_message("one CUDA device: the other-device case is not exercised\n");
     }
-    CU(cudaFree(d_g)); CU(cudaFree(d_p));
+    CU(cudaFree(d_g));
+    CU(cudaFree(d_p));
     free(g), free(p);
     gcomp_codec_destroy(c), gcomp_codec_destroy(z);
 }
@@ -520,7 +528,9 @@ static void test_residual_get_set(void **state)
     OK(gcomp_codec_residual_reset(gpu, KEY));
     EXPECT(gcomp_codec_residual_get(gpu, KEY, rg, n), GCOMP_ERR_INVALID_ARG, "no residual");
 
-    CU(cudaFree(d_g)); CU(cudaFree(d_r)); CU(cudaFree(d_p));
+    CU(cudaFree(d_g));
+    CU(cudaFree(d_r));
+    CU(cudaFree(d_p));
     free(g), free(r), free(rc), free(rg), free(pc), free(pg);
     gcomp_codec_destroy(cpu), gcomp_codec_destroy(gpu);
 }
@@ -545,7 +555,8 @@ static void test_edges(void **state)
     OK(gcomp_codec_encode(cpu, GCOMP_KEY_NONE, g, n, GCOMP_F32, pc, cap, &wc));
     d2h(pg, d_p, wg);
     same_bytes("payload without a key", "fp16", n, 0, pc, pg, wc);
-    CU(cudaFree(d_g)); CU(cudaFree(d_p));
+    CU(cudaFree(d_g));
+    CU(cudaFree(d_p));
     free(g), free(pc), free(pg);
     gcomp_codec_destroy(cpu), gcomp_codec_destroy(gpu);
 }
@@ -554,10 +565,14 @@ int main(void)
 {
     int n = 0;
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_bit_identical_f32),   cmocka_unit_test(test_bit_identical_half_inputs),
-        cmocka_unit_test(test_bit_identical_unaligned), cmocka_unit_test(test_nonfinite),
-        cmocka_unit_test(test_corrupt),             cmocka_unit_test(test_graph_replay),
-        cmocka_unit_test(test_wrong_combinations),  cmocka_unit_test(test_residual_get_set),
+        cmocka_unit_test(test_bit_identical_f32),
+        cmocka_unit_test(test_bit_identical_half_inputs),
+        cmocka_unit_test(test_bit_identical_unaligned),
+        cmocka_unit_test(test_nonfinite),
+        cmocka_unit_test(test_corrupt),
+        cmocka_unit_test(test_graph_replay),
+        cmocka_unit_test(test_wrong_combinations),
+        cmocka_unit_test(test_residual_get_set),
         cmocka_unit_test(test_edges),
     };
     if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {

@@ -15,10 +15,10 @@
 #include "codecs/terngrad.h"
 #include "test_util.h"
 
-#define CK(x)                                                                                      \
-    do {                                                                                           \
-        cudaError_t e_ = (x);                                                                      \
-        if (e_ != cudaSuccess) fail_msg("%s: %s", #x, cudaGetErrorString(e_));                    \
+#define CK(x)                                                                  \
+    do {                                                                       \
+        cudaError_t e_ = (x);                                                  \
+        if (e_ != cudaSuccess) fail_msg("%s: %s", #x, cudaGetErrorString(e_)); \
     } while (0)
 
 static const gcomp_codec_vtable *vt = &gcomp__codec_terngrad;
@@ -48,7 +48,8 @@ static void same_bytes(const void *want, const void *got, size_t bytes, const ch
     const uint8_t *a = want, *b = got;
     for (size_t i = 0; i < bytes; i++)
         if (a[i] != b[i])
-            fail_msg("%s (%s): byte %zu differs: cpu 0x%02x gpu 0x%02x (of %zu bytes)", what, ctx, i, a[i], b[i], bytes);
+            fail_msg("%s (%s): byte %zu differs: cpu 0x%02x gpu 0x%02x (of %zu bytes)", what, ctx, i, a[i], b[i],
+                     bytes);
 }
 static void same_floats(const float *want, const float *got, size_t n, const char *what, const char *ctx)
 {
@@ -64,7 +65,7 @@ static void step_data(const float *base, size_t n, int s, float *g)
     for (size_t i = 0; i < n; i++) g[i] = base[(i + (size_t)s * 7919u) % n] * f;
 }
 
-static const size_t sizes[] = {1, 127, 4099, (1u << 20) + 3, (size_t)64 << 20};
+static const size_t sizes[] = { 1, 127, 4099, (1u << 20) + 3, (size_t)64 << 20 };
 #define NSIZES (sizeof sizes / sizeof sizes[0])
 
 typedef struct spec {
@@ -73,10 +74,15 @@ typedef struct spec {
 } spec;
 /* one scale (with and without clip), fused buckets (4096, 100, 8192), the passes with
  * buckets (8196: just above the fused limit; 300000: more than one rms group per bucket) */
-static const spec specs[] = {{0, 2.5}, {0, 0}, {4096, 2.5}, {100, 0}, {8192, 2.5}, {8196, 2.5}, {300000, 2.5}};
+static const spec specs[] = { { 0, 2.5 },    { 0, 0 },      { 4096, 2.5 },  { 100, 0 },
+                              { 8192, 2.5 }, { 8196, 2.5 }, { 300000, 2.5 } };
 #define NSPECS (sizeof specs / sizeof specs[0])
 
-enum { RES_NONE, RES_IN_PLACE, RES_DOUBLE };
+enum {
+    RES_NONE,
+    RES_IN_PLACE,
+    RES_DOUBLE
+};
 
 /* ---- encode: payload, residual and status against the CPU over `steps` steps ----------- */
 
@@ -92,27 +98,28 @@ typedef struct enc_case {
 
 static void run_encode(const enc_case *c)
 {
-    gcomp_terngrad_params p = {c->sp.bucket, c->sp.clip};
+    gcomp_terngrad_params p = { c->sp.bucket, c->sp.clip };
     const gcomp_codec_cuda_ops *ops = vt->cuda;
     size_t n = c->n, cap = vt->max_body_bytes(&p, n), scratch_bytes = ops->scratch_bytes(&p, n);
     char name[160];
     float *base = tu_gauss_array(n, 1234 + n), *g = malloc(n * 4 + 4), *r = malloc(n * 4 + 4), *rg = malloc(n * 4 + 4);
     uint8_t *body = malloc(cap + 1), *gbody = malloc(cap + 1);
     const size_t sh = (size_t)c->shift;
-    float *dg0 = dalloc((n + sh) * 4), *dr0[2] = {dalloc((n + sh) * 4), c->mode == RES_DOUBLE ? dalloc((n + sh) * 4) : NULL};
-    float *dg = dg0 + sh, *dr[2] = {dr0[0] + sh, dr0[1] ? dr0[1] + sh : NULL};
+    float *dg0 = dalloc((n + sh) * 4),
+          *dr0[2] = { dalloc((n + sh) * 4), c->mode == RES_DOUBLE ? dalloc((n + sh) * 4) : NULL };
+    float *dg = dg0 + sh, *dr[2] = { dr0[0] + sh, dr0[1] ? dr0[1] + sh : NULL };
     uint8_t *dbody = dalloc(cap);
     void *dscratch = dalloc(scratch_bytes);
-    gcomp_cuda_residual hres = {{NULL, NULL}, 0, 0, 0}, *dres = dalloc(sizeof hres);
+    gcomp_cuda_residual hres = { { NULL, NULL }, 0, 0, 0 }, *dres = dalloc(sizeof hres);
     gcomp_cuda_status st, *dst = dalloc(sizeof st);
     for (size_t i = 0; i < n; i++) r[i] = 0.1f * base[(i * 31 + 7) % n]; /* a residual from step 0 */
     CK(cudaMemcpy(dr[0], r, n * 4, cudaMemcpyHostToDevice));
     for (int s = 0; s < c->steps; s++) {
-        gcomp_encode_ctx cc = {0}, gc = {0};
+        gcomp_encode_ctx cc = { 0 }, gc = { 0 };
         size_t written = 0;
         uint32_t flags = 7;
-        snprintf(name, sizeof name, "bucket=%lld clip=%g n=%zu mode=%d offset=%llu shift=%d step %d", (long long)p.bucket,
-                 p.clip, n, c->mode, (unsigned long long)c->offset, c->shift, s);
+        snprintf(name, sizeof name, "bucket=%lld clip=%g n=%zu mode=%d offset=%llu shift=%d step %d",
+                 (long long)p.bucket, p.clip, n, c->mode, (unsigned long long)c->offset, c->shift, s);
         step_data(base, n, s, g);
         if (s == c->bad_step) g[n / 2] = NAN;
         if (s == c->bad_step + 1 && c->bad_step >= 0) g[n - 1] = -INFINITY;
@@ -135,9 +142,11 @@ static void run_encode(const enc_case *c)
                          GCOMP_SUCCESS);
         to_host(gbody, dbody, cap);
         to_host(&st, dst, sizeof st);
-        if (st.body_bytes != written) fail_msg("%s: body_bytes %llu, cpu %zu", name, (unsigned long long)st.body_bytes, written);
+        if (st.body_bytes != written)
+            fail_msg("%s: body_bytes %llu, cpu %zu", name, (unsigned long long)st.body_bytes, written);
         if (st.flags != flags || st.overflow != 0 || st.error != 0)
-            fail_msg("%s: status flags %u overflow %llu error %u", name, st.flags, (unsigned long long)st.overflow, st.error);
+            fail_msg("%s: status flags %u overflow %llu error %u", name, st.flags, (unsigned long long)st.overflow,
+                     st.error);
         if (st.nonfinite != cc.nonfinite) fail_msg("%s: nonfinite gpu %u cpu %u", name, st.nonfinite, cc.nonfinite);
         same_bytes(body, gbody, written, "payload", name);
         if (c->mode == RES_NONE) continue;
@@ -169,7 +178,7 @@ static void test_encode(void **state)
         if (sizes[k] > max_n) continue;
         for (size_t j = 0; j < NSPECS; j++)
             for (int mode = RES_NONE; mode <= RES_DOUBLE; mode++) {
-                enc_case c = {specs[j], sizes[k], mode, 0, 5, -1, 0};
+                enc_case c = { specs[j], sizes[k], mode, 0, 5, -1, 0 };
                 if (sizes[k] > (4u << 20)) { /* 64 Mi: the specs that differ in kind, fewer steps */
                     if (j != 0 && j != 2 && j != 6) continue;
                     c.steps = 2;
@@ -183,10 +192,10 @@ static void test_encode(void **state)
 static void test_encode_offset(void **state)
 {
     (void)state;
-    const uint64_t off[] = {(1ull << 32) - 3000, (5ull << 32) + 12};
+    const uint64_t off[] = { (1ull << 32) - 3000, (5ull << 32) + 12 };
     for (size_t o = 0; o < 2; o++)
         for (size_t j = 0; j < NSPECS; j++) {
-            enc_case c = {specs[j], 4099, RES_IN_PLACE, off[o], 2, -1, 0};
+            enc_case c = { specs[j], 4099, RES_IN_PLACE, off[o], 2, -1, 0 };
             run_encode(&c);
             c.n = (1u << 20) + 3;
             c.mode = RES_DOUBLE;
@@ -200,7 +209,7 @@ static void test_encode_unaligned(void **state)
     (void)state;
     for (size_t j = 0; j < NSPECS; j++)
         for (int shift = 1; shift <= 2; shift++) {
-            enc_case c = {specs[j], (1u << 20) + 3, RES_IN_PLACE, 0, 2, -1, shift};
+            enc_case c = { specs[j], (1u << 20) + 3, RES_IN_PLACE, 0, 2, -1, shift };
             run_encode(&c);
             c.n = 4099;
             c.mode = RES_DOUBLE;
@@ -214,7 +223,7 @@ static void test_encode_nonfinite(void **state)
     (void)state;
     for (size_t j = 0; j < NSPECS; j++)
         for (int mode = RES_NONE; mode <= RES_DOUBLE; mode++) {
-            enc_case c = {specs[j], 4099, mode, 0, 4, 1, 0};
+            enc_case c = { specs[j], 4099, mode, 0, 4, 1, 0 };
             run_encode(&c);
             c.n = (1u << 20) + 3;
             run_encode(&c);
@@ -229,15 +238,15 @@ static size_t make_payload(const gcomp_terngrad_params *p, size_t n, uint8_t *pa
 {
     float *g = tu_gauss_array(n, 99 + n);
     if (poison) g[n / 2] = poison == 1 ? NAN : INFINITY;
-    gcomp_encode_ctx ctx = {0};
+    gcomp_encode_ctx ctx = { 0 };
     size_t written = 0;
     uint32_t flags = 0;
-    gcomp_header h = {GCOMP_HEADER_MAGIC, GCOMP_FORMAT_VERSION, GCOMP_F32, GCOMP_WIRE_ID_TERNGRAD, 0, 0, n, 0};
+    gcomp_header h = { GCOMP_HEADER_MAGIC, GCOMP_FORMAT_VERSION, GCOMP_F32, GCOMP_WIRE_ID_TERNGRAD, 0, 0, n, 0 };
     ctx.seed = 5;
     ctx.step = 2;
-    assert_int_equal(vt->encode(p, &ctx, g, NULL, NULL, n, payload + GCOMP_HEADER_BYTES, vt->max_body_bytes(p, n),
-                                &written, &flags),
-                     GCOMP_SUCCESS);
+    assert_int_equal(
+        vt->encode(p, &ctx, g, NULL, NULL, n, payload + GCOMP_HEADER_BYTES, vt->max_body_bytes(p, n), &written, &flags),
+        GCOMP_SUCCESS);
     h.flags = flags;
     h.body_bytes = written;
     gcomp_header_write(payload, &h);
@@ -251,7 +260,7 @@ static uint32_t gpu_decode(const gcomp_terngrad_params *p, const uint8_t *payloa
 {
     uint8_t *dp = dup_to_dev(payload, cap);
     float *dacc = dup_to_dev(acc0, n * 4);
-    gcomp_cuda_status st = {0, 0, 0, 0, error_in, 0}, *dst = dup_to_dev(&st, sizeof st);
+    gcomp_cuda_status st = { 0, 0, 0, 0, error_in, 0 }, *dst = dup_to_dev(&st, sizeof st);
     assert_int_equal(vt->cuda->decode_add(p, dp, cap, dacc, n, dst, NULL), GCOMP_SUCCESS);
     to_host(acc_out, dacc, n * 4);
     to_host(&st, dst, sizeof st);
@@ -267,7 +276,7 @@ static void test_decode_add(void **state)
     char name[128];
     for (size_t k = 0; k < NSIZES - 1; k++)
         for (size_t j = 0; j < NSPECS; j++) {
-            gcomp_terngrad_params p = {specs[j].bucket, specs[j].clip};
+            gcomp_terngrad_params p = { specs[j].bucket, specs[j].clip };
             size_t n = sizes[k], cap = GCOMP_HEADER_BYTES + vt->max_body_bytes(&p, n);
             uint8_t *payload = malloc(cap);
             float *acc = tu_gauss_array(n, 7), *want = malloc(n * 4), *got = malloc(n * 4);
@@ -275,8 +284,9 @@ static void test_decode_add(void **state)
                 size_t bytes = make_payload(&p, n, payload, poison);
                 snprintf(name, sizeof name, "bucket=%lld n=%zu poison=%d", (long long)p.bucket, n, poison);
                 memcpy(want, acc, n * 4);
-                assert_int_equal(vt->decode_add(&p, 0, payload + GCOMP_HEADER_BYTES, bytes - GCOMP_HEADER_BYTES, want, n),
-                                 GCOMP_SUCCESS);
+                assert_int_equal(
+                    vt->decode_add(&p, 0, payload + GCOMP_HEADER_BYTES, bytes - GCOMP_HEADER_BYTES, want, n),
+                    GCOMP_SUCCESS);
                 assert_int_equal(gpu_decode(&p, payload, bytes, acc, n, got, 0), 0);
                 same_floats(want, got, n, "decode_add", name);
             }
@@ -288,10 +298,10 @@ static void test_decode_add(void **state)
 static void test_decode_corrupt(void **state)
 {
     (void)state;
-    const size_t ns[] = {4099, 127, (1u << 20) + 3};
+    const size_t ns[] = { 4099, 127, (1u << 20) + 3 };
     for (size_t k = 0; k < 3; k++)
         for (size_t j = 0; j < NSPECS; j++) {
-            gcomp_terngrad_params p = {specs[j].bucket, specs[j].clip};
+            gcomp_terngrad_params p = { specs[j].bucket, specs[j].clip };
             size_t n = ns[k], cap = GCOMP_HEADER_BYTES + vt->max_body_bytes(&p, n);
             size_t nb = (size_t)gcomp_tg_num_scales(&p, n), B = p.bucket ? (size_t)p.bucket : n;
             size_t last_tile = (nb - 1) * B + (n - (nb - 1) * B - 1) / 1024 * 1024; /* tiles start at buckets */
@@ -303,18 +313,31 @@ static void test_decode_corrupt(void **state)
                 size_t cap_used = bytes;
                 memcpy(bad, good, bytes);
                 switch (kind) {
-                case 0: gcomp_store_u32(bad + 8, 1); break;                                      /* flags */
-                case 1: gcomp_store_u64(bad + 24, gcomp_load_u64(bad + 24) - 1); cap_used--; break; /* size */
-                case 2: gcomp_store_u32(bad + GCOMP_HEADER_BYTES + 4 * (nb - 1), 0xbf800000u); break; /* -1.0 */
-                case 3: codes[(n + 3) / 4 / 2] |= 3u << 2; break;                                 /* code 3 */
-                case 4: /* a padding bit of the last tile (n % 4 != 0 here: 4099, 127, 2^20+3) */
+                case 0:
+                    gcomp_store_u32(bad + 8, 1);
+                    break; /* flags */
+                case 1:
+                    gcomp_store_u64(bad + 24, gcomp_load_u64(bad + 24) - 1);
+                    cap_used--;
+                    break; /* size */
+                case 2:
+                    gcomp_store_u32(bad + GCOMP_HEADER_BYTES + 4 * (nb - 1), 0xbf800000u);
+                    break; /* -1.0 */
+                case 3:
+                    codes[(n + 3) / 4 / 2] |= 3u << 2;
+                    break; /* code 3 */
+                case 4:    /* a padding bit of the last tile (n % 4 != 0 here: 4099, 127, 2^20+3) */
                     codes[last_tile / 4 + ((n - last_tile) + 3) / 4 - 1] |= 1u << 6;
                     break;
-                case 5: cap_used = bytes - 1; break; /* a capacity below the body's size */
-                case 6: break;                       /* an error already set: nothing written */
+                case 5:
+                    cap_used = bytes - 1;
+                    break; /* a capacity below the body's size */
+                case 6:
+                    break; /* an error already set: nothing written */
                 }
                 uint32_t err = gpu_decode(&p, bad, cap_used, acc, n, got, kind == 6 ? GCOMP_ERR_CORRUPT : 0);
-                if (err != GCOMP_ERR_CORRUPT) fail_msg("corruption %d, n=%zu bucket=%lld: error %u", kind, n, (long long)p.bucket, err);
+                if (err != GCOMP_ERR_CORRUPT)
+                    fail_msg("corruption %d, n=%zu bucket=%lld: error %u", kind, n, (long long)p.bucket, err);
                 same_floats(acc, got, n, "acc after a corrupt payload", "must be untouched");
                 if (kind <= 4) /* the CPU refuses it too */
                     assert_int_equal(vt->decode_add(&p, gcomp_load_u32(bad + 8), bad + GCOMP_HEADER_BYTES,
@@ -335,26 +358,27 @@ static void test_local_scales_ternarise(void **state)
         if (sizes[k] > max_n) continue;
         for (size_t j = 0; j < NSPECS; j++) {
             if (sizes[k] > (4u << 20) && j != 0 && j != 2) continue;
-            gcomp_terngrad_params p = {specs[j].bucket, specs[j].clip};
+            gcomp_terngrad_params p = { specs[j].bucket, specs[j].clip };
             size_t n = sizes[k], nb = (size_t)gcomp_tg_num_scales(&p, n), B = p.bucket ? (size_t)p.bucket : n;
-            float *g = tu_gauss_array(n, 3 + n), *r = tu_gauss_array(n, 4 + n), *sc = malloc(nb * 4), *gsc = malloc(nb * 4);
+            float *g = tu_gauss_array(n, 3 + n), *r = tu_gauss_array(n, 4 + n), *sc = malloc(nb * 4),
+                  *gsc = malloc(nb * 4);
             float *r_gpu = malloc(n * 4);
             int8_t *t = malloc(n), *gt = malloc(n);
-            gcomp_encode_ctx ctx = {0};
+            gcomp_encode_ctx ctx = { 0 };
             snprintf(name, sizeof name, "bucket=%lld clip=%g n=%zu", (long long)p.bucket, p.clip, n);
             for (size_t i = 0; i < n; i++) r[i] *= 0.05f;
             float *dg = dup_to_dev(g, n * 4), *dr = dup_to_dev(r, n * 4), *dsc = dalloc(nb * 4);
             int8_t *dt = dalloc(n);
             void *dscr = dalloc(vt->cuda->scratch_bytes(&p, n));
-            gcomp_cuda_residual hres = {{dr, NULL}, 0, 0, 0}, *dres = dup_to_dev(&hres, sizeof hres);
-            gcomp_cuda_status st = {0}, *dst = dup_to_dev(&st, sizeof st);
+            gcomp_cuda_residual hres = { { dr, NULL }, 0, 0, 0 }, *dres = dup_to_dev(&hres, sizeof hres);
+            gcomp_cuda_status st = { 0 }, *dst = dup_to_dev(&st, sizeof st);
             assert_int_equal(vt->local_scales(&p, &ctx, g, r, n, sc), GCOMP_SUCCESS);
             assert_int_equal(vt->cuda->local_scales(&p, dg, dres, n, dsc, dscr, NULL), GCOMP_SUCCESS);
             to_host(gsc, dsc, nb * 4);
             same_floats(sc, gsc, nb, "local_scales", name);
             /* the ring's chunks: whole buckets, ternarised one after the other */
             size_t cut = n / 3 / B * B;
-            size_t lo[2] = {0, cut}, hi[2] = {cut, n};
+            size_t lo[2] = { 0, cut }, hi[2] = { cut, n };
             for (int c = 0; c < 2; c++) {
                 size_t m = hi[c] - lo[c];
                 if (!m) continue;
@@ -364,8 +388,8 @@ static void test_local_scales_ternarise(void **state)
                 ctx.offset = lo[c];
                 hres.step = 4;
                 CK(cudaMemcpy(dres, &hres, sizeof hres, cudaMemcpyHostToDevice));
-                assert_int_equal(gcomp__tg_ternarise(&p, &ctx, g + lo[c], r + lo[c], r + lo[c], m, sc + (p.bucket ? lo[c] / B : 0),
-                                                     t + lo[c]),
+                assert_int_equal(gcomp__tg_ternarise(&p, &ctx, g + lo[c], r + lo[c], r + lo[c], m,
+                                                     sc + (p.bucket ? lo[c] / B : 0), t + lo[c]),
                                  GCOMP_SUCCESS);
                 ctx.step = 999; /* the device reads res->step */
                 assert_int_equal(vt->cuda->ternarise(&p, &ctx, dg, dres, m, dsc, dt + lo[c], dst, NULL), GCOMP_SUCCESS);
@@ -385,15 +409,20 @@ static void test_local_scales_ternarise(void **state)
             to_host(&st, dst, sizeof st);
             assert_int_equal(st.nonfinite, 1);
             same_floats(r, r_gpu, n, "residual under a NaN scale", name);
-            CK(cudaFree(dg)); CK(cudaFree(dr)); CK(cudaFree(dsc)); CK(cudaFree(dt)); CK(cudaFree(dscr));
-            CK(cudaFree(dres)); CK(cudaFree(dst));
+            CK(cudaFree(dg));
+            CK(cudaFree(dr));
+            CK(cudaFree(dsc));
+            CK(cudaFree(dt));
+            CK(cudaFree(dscr));
+            CK(cudaFree(dres));
+            CK(cudaFree(dst));
             free(g), free(r), free(sc), free(gsc), free(r_gpu), free(t), free(gt);
         }
     }
 }
 
-static const size_t sum_sizes[] = {1, 239, 240, 241, 4099, (1u << 20) + 3};
-static const uint32_t ranks[] = {1, 2, 3, 4, 5, 6, 200};
+static const size_t sum_sizes[] = { 1, 239, 240, 241, 4099, (1u << 20) + 3 };
+static const uint32_t ranks[] = { 1, 2, 3, 4, 5, 6, 200 };
 
 /* m ranks' codes summed hop by hop on both sides; every hop's bytes equal; then the final
  * values with a scale (one, or per bucket) and AVG's divisor. */
@@ -411,14 +440,15 @@ static void test_sums(void **state)
             uint64_t seed = 77 + n * 13 + M;
             uint8_t *din = dalloc(maxb), *dout = dalloc(maxb);
             int8_t *dt = dalloc(n);
-            gcomp_cuda_status st = {0}, *dst = dup_to_dev(&st, sizeof st);
+            gcomp_cuda_status st = { 0 }, *dst = dup_to_dev(&st, sizeof st);
             for (uint32_t m_in = 0; m_in < M; m_in++) {
                 /* rank m_in's codes: a bias so that sums reach +-m (the extreme digits) */
                 for (size_t i = 0; i < n; i++) {
                     uint64_t v = tu_next(&seed) % 8;
                     t[i] = (int8_t)(i % 3 == 0 ? 1 : i % 3 == 1 ? (v < 6 ? -1 : 0) : (int)(v % 3) - 1);
                 }
-                size_t in_bytes = m_in ? (size_t)gcomp_tg_sum_bytes(n, m_in) : 0, ob = (size_t)gcomp_tg_sum_bytes(n, m_in + 1);
+                size_t in_bytes = m_in ? (size_t)gcomp_tg_sum_bytes(n, m_in) : 0,
+                       ob = (size_t)gcomp_tg_sum_bytes(n, m_in + 1);
                 snprintf(name, sizeof name, "n=%zu m_in=%u", n, m_in);
                 assert_int_equal(gcomp__tg_sums_add_pack(in, in_bytes, m_in, t, n, out), GCOMP_SUCCESS);
                 if (in_bytes) CK(cudaMemcpy(din, in, in_bytes, cudaMemcpyHostToDevice));
@@ -434,12 +464,12 @@ static void test_sums(void **state)
             /* final values: one scale, then buckets of 8 (lo = 16: a chunk inside the tensor) */
             size_t fb = (size_t)gcomp_tg_sum_bytes(n, M);
             int16_t *sums = malloc(n * 2);
-            float *want = malloc(n * 4), *got = malloc(n * 4), sc[4] = {0.37f, 1.5e-3f, 3.0f, 7.25f};
+            float *want = malloc(n * 4), *got = malloc(n * 4), sc[4] = { 0.37f, 1.5e-3f, 3.0f, 7.25f };
             float *dsc = dup_to_dev(sc, sizeof sc), *dv = dalloc(n * 4);
             assert_int_equal(gcomp__tg_sums_unpack(in, fb, n, M, sums), GCOMP_SUCCESS);
             CK(cudaMemcpy(din, in, fb, cudaMemcpyHostToDevice));
             for (int bucketed = 0; bucketed < 2; bucketed++) {
-                gcomp_terngrad_params p = {bucketed ? (int64_t)(n + 16 + 3) / 4 / 4 * 4 + 4 : 0, 2.5};
+                gcomp_terngrad_params p = { bucketed ? (int64_t)(n + 16 + 3) / 4 / 4 * 4 + 4 : 0, 2.5 };
                 size_t lo = bucketed ? 16 : 0;
                 float div = bucketed ? 3.0f : (float)M;
                 if (!bucketed) {
@@ -466,22 +496,29 @@ static void test_sums(void **state)
                 if (n >= gcomp_tg_sum_group(M) && (1ull << w) > gcomp_tg_sum_pow(M, gcomp_tg_sum_group(M)) && w <= 8) {
                     assert_int_equal(gcomp__tg_sums_unpack(in, fb, n, M, tmp), GCOMP_ERR_CORRUPT);
                     CK(cudaMemcpy(din, in, fb, cudaMemcpyHostToDevice));
-                    gcomp_terngrad_params p0 = {0, 2.5};
+                    gcomp_terngrad_params p0 = { 0, 2.5 };
                     assert_int_equal(vt->cuda->sums_values(&p0, din, 0, n, M, dsc, 1.0f, dv, dst, NULL), GCOMP_SUCCESS);
                     to_host(&st, dst, sizeof st);
-                    if (st.error != GCOMP_ERR_CORRUPT) fail_msg("sums_values n=%zu m=%u: corrupt code not refused", n, M);
+                    if (st.error != GCOMP_ERR_CORRUPT)
+                        fail_msg("sums_values n=%zu m=%u: corrupt code not refused", n, M);
                     st.error = 0;
                     CK(cudaMemcpy(dst, &st, sizeof st, cudaMemcpyHostToDevice));
                     assert_int_equal(vt->cuda->sums_add_pack(din, M, dt, n, dout, dst, NULL), GCOMP_SUCCESS);
                     to_host(&st, dst, sizeof st);
-                    if (st.error != GCOMP_ERR_CORRUPT) fail_msg("sums_add_pack n=%zu m=%u: corrupt code not refused", n, M);
+                    if (st.error != GCOMP_ERR_CORRUPT)
+                        fail_msg("sums_add_pack n=%zu m=%u: corrupt code not refused", n, M);
                     st.error = 0;
                     CK(cudaMemcpy(dst, &st, sizeof st, cudaMemcpyHostToDevice));
                 }
                 in[0] = save;
                 free(tmp);
             }
-            CK(cudaFree(din)); CK(cudaFree(dout)); CK(cudaFree(dt)); CK(cudaFree(dst)); CK(cudaFree(dsc)); CK(cudaFree(dv));
+            CK(cudaFree(din));
+            CK(cudaFree(dout));
+            CK(cudaFree(dt));
+            CK(cudaFree(dst));
+            CK(cudaFree(dsc));
+            CK(cudaFree(dv));
             free(in), free(out), free(gout), free(t), free(sums), free(want), free(got);
         }
 }

@@ -37,7 +37,13 @@ static int quick;
 
 /* ---- data ------------------------------------------------------------------------------------ */
 
-enum gen { GEN_GAUSS, GEN_TIES, GEN_NONFINITE, GEN_BIG, GEN_ZEROS_AND_GAUSS };
+enum gen {
+    GEN_GAUSS,
+    GEN_TIES,
+    GEN_NONFINITE,
+    GEN_BIG,
+    GEN_ZEROS_AND_GAUSS
+};
 
 /* Gaussian-ish (a sum of four uniforms), from one stream per (seed, step). */
 static float gauss_ish(uint64_t *s)
@@ -49,14 +55,22 @@ static float gauss_ish(uint64_t *s)
 
 static void generate(float *g, size_t n, enum gen kind, uint64_t seed, float scale)
 {
-    static const float ties[] = {0.5f, -0.5f, 1.0f, -1.0f, 0.25f, 2.0f, -2.0f, 0.0f};
+    static const float ties[] = { 0.5f, -0.5f, 1.0f, -1.0f, 0.25f, 2.0f, -2.0f, 0.0f };
     uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
     for (size_t i = 0; i < n; i++) {
         switch (kind) {
-        case GEN_TIES: g[i] = ties[tu_next(&s) % 8] * scale; break;
-        case GEN_BIG: g[i] = gauss_ish(&s) * 30000.0f * scale; break; /* fp16 overflows */
-        case GEN_ZEROS_AND_GAUSS: g[i] = (tu_next(&s) & 3) ? 0.0f : gauss_ish(&s) * scale; break;
-        default: g[i] = gauss_ish(&s) * scale; break;
+        case GEN_TIES:
+            g[i] = ties[tu_next(&s) % 8] * scale;
+            break;
+        case GEN_BIG:
+            g[i] = gauss_ish(&s) * 30000.0f * scale;
+            break; /* fp16 overflows */
+        case GEN_ZEROS_AND_GAUSS:
+            g[i] = (tu_next(&s) & 3) ? 0.0f : gauss_ish(&s) * scale;
+            break;
+        default:
+            g[i] = gauss_ish(&s) * scale;
+            break;
         }
     }
     if (kind == GEN_NONFINITE && n >= 3) { /* canonical NaN: the GPU's own, so x = g + r keeps its bits */
@@ -70,10 +84,7 @@ static void generate(float *g, size_t n, enum gen kind, uint64_t seed, float sca
 }
 
 /* a == b bit for bit, or both NaN (a GPU's NaN arithmetic gives the canonical NaN). */
-static int same_float(float a, float b)
-{
-    return memcmp(&a, &b, 4) == 0 || (a != a && b != b);
-}
+static int same_float(float a, float b) { return memcmp(&a, &b, 4) == 0 || (a != a && b != b); }
 
 static void check_floats(const char *what, const float *want, const float *got, size_t n)
 {
@@ -144,7 +155,9 @@ static void status_zero(const dev *d) { CK(cudaMemset(d->status, 0, sizeof(gcomp
 /* header + body as the library sends it */
 static void make_payload(uint8_t *out, const uint8_t *body, size_t bytes, size_t count, uint32_t flags)
 {
-    gcomp_header h = {GCOMP_HEADER_MAGIC, GCOMP_FORMAT_VERSION, GCOMP_F32, GCOMP_WIRE_ID_TOPK, flags, 0, count, bytes};
+    gcomp_header h = {
+        GCOMP_HEADER_MAGIC, GCOMP_FORMAT_VERSION, GCOMP_F32, GCOMP_WIRE_ID_TOPK, flags, 0, count, bytes
+    };
     gcomp_header_write(out, &h);
     memcpy(out + GCOMP_HEADER_BYTES, body, bytes);
 }
@@ -179,20 +192,20 @@ typedef struct enc_case {
 
 static void run_encode_case(const enc_case *ec, size_t n, uint64_t seed)
 {
-    gcomp_topk_params p = {ec->ratio, ec->k, ec->fp16};
+    gcomp_topk_params p = { ec->ratio, ec->k, ec->fp16 };
     dev d = dev_alloc(&p, n);
     const size_t m = n ? n : 1;
     float *g = malloc(m * 4), *r_in = calloc(m, 4), *r_out = malloc(m * 4), *r_gpu = malloc(m * 4);
     float *acc_cpu = malloc(m * 4), *acc_gpu = malloc(m * 4);
     uint8_t *body_cpu = malloc(d.cap), *body_gpu = malloc(d.cap), *payload = malloc(d.cap + GCOMP_HEADER_BYTES);
     void *state = vt->state_create(&p);
-    gcomp_cuda_residual rh = {{d.r[0], d.r[1]}, 0, 0, 0};
+    gcomp_cuda_residual rh = { { d.r[0], d.r[1] }, 0, 0, 0 };
     char what[200];
 
     CK(cudaMemset(d.r[0], 0, m * 4));
     CK(cudaMemset(d.r[1], 0x7f, m * 4)); /* garbage the encode must overwrite */
     for (int step = 0; step < ec->steps; step++) {
-        gcomp_encode_ctx ctx = {0, (uint64_t)step, 0, 0, 0, 0, state};
+        gcomp_encode_ctx ctx = { 0, (uint64_t)step, 0, 0, 0, 0, state };
         gcomp_cuda_status st;
         size_t written = 0;
         uint32_t flags = 0;
@@ -209,7 +222,7 @@ static void run_encode_case(const enc_case *ec, size_t n, uint64_t seed)
         CK(cudaMemcpy(d.res, &rh, sizeof rh, cudaMemcpyHostToDevice));
         status_zero(&d);
         {
-            gcomp_encode_ctx gctx = {0, (uint64_t)step, 0, 0, 0, 0, NULL};
+            gcomp_encode_ctx gctx = { 0, (uint64_t)step, 0, 0, 0, 0, NULL };
             rc = ops->encode(&p, &gctx, d.g, ec->residual ? d.res : NULL, n, d.body, d.cap, d.scratch, d.status, NULL);
         }
         if (rc != GCOMP_SUCCESS) fail_msg("%s: GPU encode: %s", what, gcomp_last_error());
@@ -217,7 +230,8 @@ static void run_encode_case(const enc_case *ec, size_t n, uint64_t seed)
         st = status_get(&d);
         if (st.error) fail_msg("%s: GPU encode set status error %u", what, st.error);
         if (st.body_bytes != written)
-            fail_msg("%s: body of %llu bytes on the GPU, %zu on the CPU", what, (unsigned long long)st.body_bytes, written);
+            fail_msg("%s: body of %llu bytes on the GPU, %zu on the CPU", what, (unsigned long long)st.body_bytes,
+                     written);
         if (st.flags != flags) fail_msg("%s: flags 0x%x on the GPU, 0x%x on the CPU", what, st.flags, flags);
         if (st.nonfinite != ctx.nonfinite)
             fail_msg("%s: nonfinite %u on the GPU, %u on the CPU", what, st.nonfinite, ctx.nonfinite);
@@ -256,7 +270,7 @@ static void run_encode_case(const enc_case *ec, size_t n, uint64_t seed)
     dev_free(&d);
 }
 
-static const size_t sizes[] = {1, 127, 4099, ((size_t)1 << 20) + 3, SIZE_64MI};
+static const size_t sizes[] = { 1, 127, 4099, ((size_t)1 << 20) + 3, SIZE_64MI };
 
 /* Every size up to max_n. The quick (sanitizer) run leaves out 64 Mi, and 2^20 + 3 too
  * unless big_in_quick: instrumented kernels are slow. */
@@ -273,15 +287,15 @@ static void run_sizes(const enc_case *ec, size_t max_n) { run_sizes_q(ec, max_n,
 static void test_gauss_ef(void **state)
 {
     (void)state;
-    const enc_case c = {"gauss ratio 0.01 fp32", 0.01, 0, 0, GEN_GAUSS, 1, 5};
+    const enc_case c = { "gauss ratio 0.01 fp32", 0.01, 0, 0, GEN_GAUSS, 1, 5 };
     run_sizes_q(&c, SIZE_64MI, 1);
 }
 
 static void test_fp16_values(void **state)
 {
     (void)state;
-    const enc_case c = {"gauss ratio 0.01 fp16", 0.01, 0, 1, GEN_GAUSS, 1, 3};
-    const enc_case big = {"fp16 overflow", 0.05, 0, 1, GEN_BIG, 1, 2};
+    const enc_case c = { "gauss ratio 0.01 fp16", 0.01, 0, 1, GEN_GAUSS, 1, 3 };
+    const enc_case big = { "fp16 overflow", 0.05, 0, 1, GEN_BIG, 1, 2 };
     run_sizes(&c, SIZE_64MI);
     run_sizes(&big, (size_t)1 << 21);
 }
@@ -289,7 +303,7 @@ static void test_fp16_values(void **state)
 static void test_no_residual(void **state)
 {
     (void)state;
-    const enc_case c = {"no residual", 0.02, 0, 0, GEN_GAUSS, 0, 2};
+    const enc_case c = { "no residual", 0.02, 0, 0, GEN_GAUSS, 0, 2 };
     run_sizes(&c, (size_t)1 << 21);
 }
 
@@ -297,21 +311,22 @@ static void test_ties(void **state)
 {
     (void)state;
     /* many equal |x|: the threshold bin is huge and the lowest indices must win */
-    const enc_case c[] = {{"ties ratio 0.3", 0.3, 0, 0, GEN_TIES, 1, 3},
-                          {"ties ratio 0.01", 0.01, 0, 0, GEN_TIES, 1, 3},
-                          {"zeros and gauss ratio 0.5", 0.5, 0, 0, GEN_ZEROS_AND_GAUSS, 1, 3},
-                          {"ties fp16", 0.1, 0, 1, GEN_TIES, 0, 2}};
+    const enc_case c[] = { { "ties ratio 0.3", 0.3, 0, 0, GEN_TIES, 1, 3 },
+                           { "ties ratio 0.01", 0.01, 0, 0, GEN_TIES, 1, 3 },
+                           { "zeros and gauss ratio 0.5", 0.5, 0, 0, GEN_ZEROS_AND_GAUSS, 1, 3 },
+                           { "ties fp16", 0.1, 0, 1, GEN_TIES, 0, 2 } };
     /* 64 Mi only at ratio 0.01: a device decode parses its pairs one after another (about
      * 0.3 us each), and 0.3 or 0.5 of 64 Mi would take a minute per step */
-    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) run_sizes(&c[i], c[i].ratio <= 0.01 ? SIZE_64MI : (size_t)1 << 21);
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++)
+        run_sizes(&c[i], c[i].ratio <= 0.01 ? SIZE_64MI : (size_t)1 << 21);
 }
 
 static void test_k_extremes(void **state)
 {
     (void)state;
-    const enc_case c[] = {{"k = n", 1.0, 0, 0, GEN_GAUSS, 1, 2},   {"k = 1", 0.01, 1, 0, GEN_GAUSS, 1, 3},
-                          {"k = 1 ties", 0.01, 1, 0, GEN_TIES, 1, 2}, {"k = 128", 0.01, 128, 0, GEN_GAUSS, 1, 2},
-                          {"k = 129", 0.01, 129, 1, GEN_GAUSS, 1, 2}, {"k = n fp16", 1.0, 0, 1, GEN_GAUSS, 0, 1}};
+    const enc_case c[] = { { "k = n", 1.0, 0, 0, GEN_GAUSS, 1, 2 },      { "k = 1", 0.01, 1, 0, GEN_GAUSS, 1, 3 },
+                           { "k = 1 ties", 0.01, 1, 0, GEN_TIES, 1, 2 }, { "k = 128", 0.01, 128, 0, GEN_GAUSS, 1, 2 },
+                           { "k = 129", 0.01, 129, 1, GEN_GAUSS, 1, 2 }, { "k = n fp16", 1.0, 0, 1, GEN_GAUSS, 0, 1 } };
     for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) run_sizes(&c[i], (size_t)1 << 21);
     run_encode_case(&c[0], 0, 3); /* n = 0: the body is k = 0 */
 }
@@ -321,9 +336,9 @@ static void test_nonfinite(void **state)
     (void)state;
     /* NaN/Inf: reported, the residual kept as it was, and the same body (the NaN is the
      * canonical one, so x = g + r has the same bits on both) */
-    const enc_case c[] = {{"nan/inf", 0.01, 0, 0, GEN_NONFINITE, 1, 2},
-                          {"nan/inf fp16", 0.01, 0, 1, GEN_NONFINITE, 1, 2},
-                          {"nan/inf no residual", 0.01, 0, 0, GEN_NONFINITE, 0, 1}};
+    const enc_case c[] = { { "nan/inf", 0.01, 0, 0, GEN_NONFINITE, 1, 2 },
+                           { "nan/inf fp16", 0.01, 0, 1, GEN_NONFINITE, 1, 2 },
+                           { "nan/inf no residual", 0.01, 0, 0, GEN_NONFINITE, 0, 1 } };
     for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) run_sizes(&c[i], (size_t)1 << 21);
 }
 
@@ -338,7 +353,8 @@ static int decode_both(dev *d, const gcomp_topk_params *p, const uint8_t *payloa
     uint32_t err;
     memcpy(acc_cpu, acc0, d->n * 4);
     memcpy(acc_gpu, acc0, d->n * 4);
-    if (rc == GCOMP_SUCCESS) rc = vt->decode_add(p, h.flags, payload + GCOMP_HEADER_BYTES, (size_t)h.body_bytes, acc_cpu, d->n);
+    if (rc == GCOMP_SUCCESS)
+        rc = vt->decode_add(p, h.flags, payload + GCOMP_HEADER_BYTES, (size_t)h.body_bytes, acc_cpu, d->n);
     err = gpu_decode_add(d, p, payload, bytes, acc_gpu, 0);
     if ((rc == GCOMP_SUCCESS) != (err == 0))
         fail_msg("%s: CPU says %s, GPU status error %u", what, gcomp_result_name(rc), err);
@@ -353,11 +369,12 @@ static int decode_both(dev *d, const gcomp_topk_params *p, const uint8_t *payloa
 
 static void corrupt_set(size_t n, int fp16)
 {
-    gcomp_topk_params p = {0.01, 0, fp16};
+    gcomp_topk_params p = { 0.01, 0, fp16 };
     dev d = dev_alloc(&p, n);
     float *g = malloc(n * 4), *acc0 = malloc(n * 4), *acc_cpu = malloc(n * 4), *acc_gpu = malloc(n * 4);
-    uint8_t *body = malloc(d.cap), *payload = malloc(d.cap + GCOMP_HEADER_BYTES), *bad = malloc(d.cap + GCOMP_HEADER_BYTES);
-    gcomp_encode_ctx ctx = {0, 0, 0, 0, 0, 0, NULL};
+    uint8_t *body = malloc(d.cap), *payload = malloc(d.cap + GCOMP_HEADER_BYTES),
+            *bad = malloc(d.cap + GCOMP_HEADER_BYTES);
+    gcomp_encode_ctx ctx = { 0, 0, 0, 0, 0, 0, NULL };
     size_t written = 0, total;
     uint32_t flags = 0;
     uint64_t s = 99 + n, k;
@@ -388,7 +405,7 @@ static void corrupt_set(size_t n, int fp16)
     }
     /* wrong k */
     {
-        const uint64_t ks[] = {k + 1, k - 1, 0, k + 128, n + 1, ~0ull, k ^ (1ull << 40)};
+        const uint64_t ks[] = { k + 1, k - 1, 0, k + 128, n + 1, ~0ull, k ^ (1ull << 40) };
         for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++) {
             memcpy(bad, payload, total);
             gcomp_le_store_u64(bad + GCOMP_HEADER_BYTES, ks[i]);
@@ -430,7 +447,7 @@ static void test_corrupt(void **state)
 
 static void sum_case(size_t n, int ranks, float divisor, int fp16, int corrupt_rank)
 {
-    gcomp_topk_params p = {0.02, 0, fp16};
+    gcomp_topk_params p = { 0.02, 0, fp16 };
     const size_t cap = vt->max_body_bytes(&p, n) + GCOMP_HEADER_BYTES, per = ops->scratch_bytes(&p, n);
     const uint64_t k = gcomp_topk_k(&p, n);
     uint8_t *payloads = malloc(cap * (size_t)ranks), *dpay = NULL, *scratch = NULL;
@@ -450,7 +467,7 @@ static void sum_case(size_t n, int ranks, float divisor, int fp16, int corrupt_r
     CK(cudaMalloc((void **)&dres, n * 4));
     CK(cudaMalloc((void **)&dst, sizeof *dst));
     for (int j = 0; j < ranks; j++) {
-        gcomp_encode_ctx ctx = {0, 0, 0, (uint32_t)j, 0, 0, NULL};
+        gcomp_encode_ctx ctx = { 0, 0, 0, (uint32_t)j, 0, 0, NULL };
         uint8_t *body = malloc(cap);
         size_t written = 0, got_k = 0;
         uint32_t flags = 0;
@@ -512,13 +529,13 @@ static void test_sum_payloads(void **state)
     sum_case(((size_t)1 << 16) + 1, 2, 2.0f, 0, 0);
     /* a k that is not the expected one is refused, as the CPU's sparse gather refuses it */
     {
-        gcomp_topk_params p = {0.02, 0, 0}, q = {0.03, 0, 0};
+        gcomp_topk_params p = { 0.02, 0, 0 }, q = { 0.03, 0, 0 };
         const size_t n = 4099, cap = vt->max_body_bytes(&q, n) + GCOMP_HEADER_BYTES;
         uint8_t *payload = malloc(cap), *body = malloc(cap), *dpay, *scratch;
         const uint8_t **dptr;
         float *g = malloc(n * 4), *dres;
         gcomp_cuda_status *dst, st;
-        gcomp_encode_ctx ctx = {0, 0, 0, 0, 0, 0, NULL};
+        gcomp_encode_ctx ctx = { 0, 0, 0, 0, 0, 0, NULL };
         size_t written = 0;
         uint32_t flags = 0;
         generate(g, n, GEN_GAUSS, 3, 1.0f);
@@ -555,10 +572,10 @@ static void test_timing(void **state)
         return;
     }
     const size_t n = SIZE_64MI;
-    gcomp_topk_params p = {0.01, 0, 0};
+    gcomp_topk_params p = { 0.01, 0, 0 };
     dev d = dev_alloc(&p, n);
-    gcomp_cuda_residual rh = {{d.r[0], d.r[1]}, 0, 0, 0};
-    gcomp_encode_ctx ctx = {0, 0, 0, 0, 0, 0, NULL};
+    gcomp_cuda_residual rh = { { d.r[0], d.r[1] }, 0, 0, 0 };
+    gcomp_encode_ctx ctx = { 0, 0, 0, 0, 0, 0, NULL };
     float *g = malloc(n * 4), ms_enc = 0, ms_copy = 0, ms_dec = 0;
     cudaEvent_t e0, e1;
     gcomp_cuda_status st;
@@ -603,7 +620,8 @@ static void test_timing(void **state)
      * the copy reads and writes n floats */
     {
         const double enc = ms_enc / reps, copy = ms_copy / reps;
-        const double enc_gbs = (12.0 * (double)n + (double)st.body_bytes) / (enc * 1e6), copy_gbs = 8.0 * (double)n / (copy * 1e6);
+        const double enc_gbs = (12.0 * (double)n + (double)st.body_bytes) / (enc * 1e6),
+                     copy_gbs = 8.0 * (double)n / (copy * 1e6);
         print_message("top-k 1%% of %zu floats: encode %.3f ms (%.0f GB/s effective), D2D copy %.3f ms (%.0f GB/s), "
                       "ratio %.2f; decode_add %.3f ms (serial block chain)\n",
                       n, enc, enc_gbs, copy, copy_gbs, enc_gbs / copy_gbs, (double)ms_dec);
@@ -631,9 +649,9 @@ int main(void)
     ops = vt->cuda;
     if (getenv("GCOMP_TEST_ONLY")) cmocka_set_test_filter(getenv("GCOMP_TEST_ONLY")); /* e.g. test_timing */
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_gauss_ef),    cmocka_unit_test(test_fp16_values), cmocka_unit_test(test_no_residual),
-        cmocka_unit_test(test_ties),        cmocka_unit_test(test_k_extremes),  cmocka_unit_test(test_nonfinite),
-        cmocka_unit_test(test_corrupt),     cmocka_unit_test(test_sum_payloads), cmocka_unit_test(test_timing),
+        cmocka_unit_test(test_gauss_ef), cmocka_unit_test(test_fp16_values),  cmocka_unit_test(test_no_residual),
+        cmocka_unit_test(test_ties),     cmocka_unit_test(test_k_extremes),   cmocka_unit_test(test_nonfinite),
+        cmocka_unit_test(test_corrupt),  cmocka_unit_test(test_sum_payloads), cmocka_unit_test(test_timing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -53,7 +53,9 @@ static void test_memory(void **state)
 static void test_widen_narrow_divide(void **state)
 {
     const gcomp__device_ops *ops = host();
-    enum { N = 65536 };
+    enum {
+        N = 65536
+    };
     uint16_t *h = malloc(N * 2), *back = malloc(N * 2);
     float *f = malloc(N * 4), *x = tu_gauss_array(N, 5), *y = malloc(N * 4);
     (void)state;
@@ -92,11 +94,11 @@ static void test_header_status_commit(void **state)
 {
     const gcomp__device_ops *ops = host();
     uint8_t payload[32 + 10];
-    gcomp_header h = {0}, back;
-    gcomp_cuda_status st = {0};
-    gcomp__device_tally t = {0};
+    gcomp_header h = { 0 }, back;
+    gcomp_cuda_status st = { 0 };
+    gcomp__device_tally t = { 0 };
     float b0[1], b1[1];
-    gcomp_cuda_residual res = {{b0, b1}, 5, 0, 0};
+    gcomp_cuda_residual res = { { b0, b1 }, 5, 0, 0 };
     (void)state;
     h.dtype = GCOMP_F16;
     h.wire_id = 2;
@@ -139,8 +141,8 @@ static void test_header_status_commit(void **state)
 
     /* header check: the right header passes, each wrong field sets the status */
     {
-        gcomp_cuda_status cs = {0};
-        gcomp__device_tally ct = {0};
+        gcomp_cuda_status cs = { 0 };
+        gcomp__device_tally ct = { 0 };
         assert_int_equal(ops->header_check(payload, sizeof payload, 2, 5, &cs, NULL), GCOMP_SUCCESS);
         assert_int_equal(cs.error, 0);
         assert_int_equal(ops->status_fold(&cs, &ct, NULL), GCOMP_SUCCESS);

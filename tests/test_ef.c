@@ -5,8 +5,16 @@
 #include "test_util.h"
 
 static const char *const specs[] = {
-    "none", "fp16", "bf16", "terngrad", "terngrad:bucket=64", "terngrad:clip=2.5",
-    "topk:ratio=0.01", "topk:ratio=0.05,values=fp16", "fp16+zstd", "terngrad+zstd",
+    "none",
+    "fp16",
+    "bf16",
+    "terngrad",
+    "terngrad:bucket=64",
+    "terngrad:clip=2.5",
+    "topk:ratio=0.01",
+    "topk:ratio=0.05,values=fp16",
+    "fp16+zstd",
+    "terngrad+zstd",
 };
 #define N_SPECS (sizeof specs / sizeof specs[0])
 
@@ -14,7 +22,10 @@ static const char *const specs[] = {
  * nothing the codec dropped is lost, it is only delayed. */
 static void test_invariant(void **state)
 {
-    enum { N = 5003, T = 20 };
+    enum {
+        N = 5003,
+        T = 20
+    };
     (void)state;
     for (size_t s = 0; s < N_SPECS; s++) {
         gcomp_codec *c = tu_codec(specs[s]);
@@ -48,7 +59,10 @@ static void test_invariant(void **state)
 /* Error feedback makes the running mean of a lossy codec converge to the true mean. */
 static void test_ef_beats_no_ef(void **state)
 {
-    enum { N = 2000, T = 50 };
+    enum {
+        N = 2000,
+        T = 50
+    };
     float *g = tu_gauss_array(N, 5);
     gcomp_codec *c = tu_codec("topk:ratio=0.05");
     double *acc_ef = calloc(N, sizeof(double)), *acc_no = calloc(N, sizeof(double)), e_ef = 0, e_no = 0;
@@ -78,7 +92,9 @@ static void test_ef_beats_no_ef(void **state)
  * the next finite step works normally. */
 static void test_nonfinite_keeps_residual(void **state)
 {
-    enum { N = 777 };
+    enum {
+        N = 777
+    };
     (void)state;
     for (size_t s = 0; s < N_SPECS; s++) {
         gcomp_codec *c = tu_codec(specs[s]);
@@ -108,7 +124,7 @@ static void test_residual_lifetime(void **state)
 {
     gcomp_codec *c = tu_codec("topk:k=1");
     gcomp_codec_options o = gcomp_codec_options_default();
-    float x[4] = {1, 2, 3, 4}, r[4], r3[3], set[4] = {10, 0, 0, 0};
+    float x[4] = { 1, 2, 3, 4 }, r[4], r3[3], set[4] = { 10, 0, 0, 0 };
     float *y;
     (void)state;
     y = tu_roundtrip(c, 1, x, 4, NULL); /* keeps 4, residual {1,2,3,0} */
@@ -150,7 +166,7 @@ static void test_residual_lifetime(void **state)
 static void test_many_keys(void **state)
 {
     gcomp_codec *c = tu_codec("fp16");
-    float x[3] = {0.1f, 0.2f, 0.3f}, r[3];
+    float x[3] = { 0.1f, 0.2f, 0.3f }, r[3];
     (void)state;
     for (uint64_t k = 0; k < 500; k++) free(tu_roundtrip(c, k * 7919, x, 3, NULL));
     for (uint64_t k = 0; k < 500; k += 2) assert_int_equal(gcomp_codec_residual_reset(c, k * 7919), GCOMP_SUCCESS);
@@ -162,8 +178,10 @@ static void test_many_keys(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_invariant),         cmocka_unit_test(test_ef_beats_no_ef),
-        cmocka_unit_test(test_nonfinite_keeps_residual), cmocka_unit_test(test_residual_lifetime),
+        cmocka_unit_test(test_invariant),
+        cmocka_unit_test(test_ef_beats_no_ef),
+        cmocka_unit_test(test_nonfinite_keeps_residual),
+        cmocka_unit_test(test_residual_lifetime),
         cmocka_unit_test(test_many_keys),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

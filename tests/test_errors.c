@@ -36,7 +36,7 @@ static void test_dtype_size(void **state)
 static void test_null_arguments(void **state)
 {
     gcomp_codec *c = tu_codec("fp16");
-    float x[4] = {1, 2, 3, 4};
+    float x[4] = { 1, 2, 3, 4 };
     uint8_t buf[256];
     size_t w;
     (void)state;
@@ -60,7 +60,7 @@ static void test_null_arguments(void **state)
 static void test_buffer_too_small(void **state)
 {
     gcomp_codec *c = tu_codec("terngrad");
-    float x[100] = {0};
+    float x[100] = { 0 };
     uint8_t buf[1024];
     size_t w = 123;
     gcomp_stats st;
@@ -79,14 +79,17 @@ static void test_buffer_too_small(void **state)
 static void test_half_dtypes(void **state)
 {
     gcomp_codec *c = tu_codec("none");
-    enum { N = 1001 };
+    enum {
+        N = 1001
+    };
     uint16_t h[N], back[N];
     uint8_t buf[N * 4 + 64];
     size_t w;
     (void)state;
     for (gcomp_dtype dt = GCOMP_F16; dt <= GCOMP_BF16; dt++) {
         for (int i = 0; i < N; i++)
-            h[i] = dt == GCOMP_F16 ? gcomp_f32_to_f16((float)(i - 500) / 7.0f) : gcomp_f32_to_bf16((float)(i - 500) / 7.0f);
+            h[i] = dt == GCOMP_F16 ? gcomp_f32_to_f16((float)(i - 500) / 7.0f)
+                                   : gcomp_f32_to_bf16((float)(i - 500) / 7.0f);
         assert_int_equal(gcomp_codec_encode(c, GCOMP_KEY_NONE, h, N, dt, buf, sizeof buf, &w), GCOMP_SUCCESS);
         assert_int_equal(buf[5], dt); /* header records the caller's dtype */
         assert_int_equal(gcomp_codec_decode(c, buf, w, back, N, dt), GCOMP_SUCCESS);
@@ -97,7 +100,7 @@ static void test_half_dtypes(void **state)
 
 static void test_zero_count(void **state)
 {
-    const char *specs[] = {"none", "fp16", "bf16", "terngrad", "terngrad:bucket=8", "topk", "fp16+zstd"};
+    const char *specs[] = { "none", "fp16", "bf16", "terngrad", "terngrad:bucket=8", "topk", "fp16+zstd" };
     (void)state;
     for (size_t s = 0; s < sizeof specs / sizeof specs[0]; s++) {
         gcomp_codec *c = tu_codec(specs[s]);
@@ -117,13 +120,20 @@ static void test_bound_overflow(void **state)
     static const struct {
         const char *spec;
         size_t num, den; /* the bound is at least count * num / den bytes */
-    } specs[] = {{"none", 4, 1},         {"fp16", 2, 1},        {"bf16", 2, 1},
-                 {"terngrad", 1, 4},     {"terngrad:bucket=8", 1, 4}, {"topk:ratio=1", 4, 1},
-                 {"topk", 0, 1},         {"topk:k=1", 0, 1},    {"fp16+zstd", 2, 1},
-                 {"none+zstd+zstd+zstd", 4, 1}};
-    const size_t huge[] = {(size_t)1 << 62, SIZE_MAX / 8 + 1, SIZE_MAX / 4, SIZE_MAX - 1, SIZE_MAX,
-                           GCOMP_MAX_COUNT + 1};
-    float x[4] = {0};
+    } specs[] = { { "none", 4, 1 },
+                  { "fp16", 2, 1 },
+                  { "bf16", 2, 1 },
+                  { "terngrad", 1, 4 },
+                  { "terngrad:bucket=8", 1, 4 },
+                  { "topk:ratio=1", 4, 1 },
+                  { "topk", 0, 1 },
+                  { "topk:k=1", 0, 1 },
+                  { "fp16+zstd", 2, 1 },
+                  { "none+zstd+zstd+zstd", 4, 1 } };
+    const size_t huge[] = {
+        (size_t)1 << 62, SIZE_MAX / 8 + 1, SIZE_MAX / 4, SIZE_MAX - 1, SIZE_MAX, GCOMP_MAX_COUNT + 1
+    };
+    float x[4] = { 0 };
     uint8_t buf[64];
     (void)state;
     for (size_t s = 0; s < sizeof specs / sizeof specs[0]; s++) {
@@ -136,7 +146,8 @@ static void test_bound_overflow(void **state)
                          gcomp_codec_max_encoded_bytes(c, huge[h]));
             assert_non_null(strstr(gcomp_last_error(), "GCOMP_MAX_COUNT"));
             /* the pointers are never read: the count is refused first */
-            assert_int_equal(gcomp_codec_encode(c, 1, x, huge[h], GCOMP_F32, buf, sizeof buf, &w), GCOMP_ERR_INVALID_ARG);
+            assert_int_equal(gcomp_codec_encode(c, 1, x, huge[h], GCOMP_F32, buf, sizeof buf, &w),
+                             GCOMP_ERR_INVALID_ARG);
             assert_int_equal(w, 0);
         }
         /* the largest accepted count has a bound that did not wrap */
@@ -152,9 +163,10 @@ static void test_bound_overflow(void **state)
  * bound gets the same payload as a bound-sized one. */
 static void test_failed_encode_writes_nothing(void **state)
 {
-    static const char *const specs[] = {"none+zstd", "fp16+zstd", "bf16+zstd:level=19", "topk:ratio=0.5+zstd",
-                                        "topk:ratio=0.5", "topk:k=3,values=fp16", "terngrad", "none",
-                                        "fp16+zstd+zstd"};
+    static const char *const specs[] = {
+        "none+zstd", "fp16+zstd", "bf16+zstd:level=19", "topk:ratio=0.5+zstd", "topk:ratio=0.5", "topk:k=3,values=fp16",
+        "terngrad",  "none",      "fp16+zstd+zstd"
+    };
     const size_t n = 1000;
     float *x = tu_gauss_array(n, 5);
     (void)state;
@@ -162,8 +174,9 @@ static void test_failed_encode_writes_nothing(void **state)
         gcomp_codec *c = tu_codec(specs[s]);
         size_t bound = gcomp_codec_max_encoded_bytes(c, n), need = 0, w;
         uint8_t *ref = malloc(bound), *dst = malloc(bound);
-        int deterministic = strncmp(specs[s], "terngrad", 8) != 0; /* terngrad's step advances (+zstd would vary in size) */
-        const size_t caps[] = {0, 16, 31, 32, 33, 100, bound / 3, bound / 2};
+        int deterministic =
+            strncmp(specs[s], "terngrad", 8) != 0; /* terngrad's step advances (+zstd would vary in size) */
+        const size_t caps[] = { 0, 16, 31, 32, 33, 100, bound / 3, bound / 2 };
         assert_int_equal(gcomp_codec_encode(c, GCOMP_KEY_NONE, x, n, GCOMP_F32, ref, bound, &need), GCOMP_SUCCESS);
         for (size_t k = 0; k <= sizeof caps / sizeof caps[0]; k++) {
             size_t cap = k < sizeof caps / sizeof caps[0] ? caps[k] : need - 1;
@@ -199,8 +212,8 @@ static void test_config_messages(void **state)
     (void)state;
     cfg.min_bytes = -5;
     assert_int_equal(gcomp__config_resolve(&cfg, &out), GCOMP_ERR_INVALID_ARG);
-    assert_true(strncmp(gcomp_last_error(), "gcomp_config.min_bytes = -5 is out of range [0, 9223372036854775807]",
-                        68) == 0);
+    assert_true(
+        strncmp(gcomp_last_error(), "gcomp_config.min_bytes = -5 is out of range [0, 9223372036854775807]", 68) == 0);
     cfg = gcomp_config_default();
     cfg.error_feedback = 2;
     assert_int_equal(gcomp__config_resolve(&cfg, &out), GCOMP_ERR_INVALID_ARG);
@@ -238,8 +251,8 @@ static void test_debug_env_words(void **state)
     static const struct {
         const char *value;
         int level;
-    } ok[] = {{"INFO", 1}, {"info", 1}, {"1", 1}, {"0", 0}, {"NONE", 0}, {"none", 0}, {"", 0}};
-    static const char *const bad[] = {"2", "yes", " 1", "INFO2", "-1"};
+    } ok[] = { { "INFO", 1 }, { "info", 1 }, { "1", 1 }, { "0", 0 }, { "NONE", 0 }, { "none", 0 }, { "", 0 } };
+    static const char *const bad[] = { "2", "yes", " 1", "INFO2", "-1" };
     gcomp__config out;
     (void)state;
     for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
@@ -308,11 +321,11 @@ static void test_config_debug_logs(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_result_strings), cmocka_unit_test(test_dtype_size),
-        cmocka_unit_test(test_null_arguments), cmocka_unit_test(test_buffer_too_small),
-        cmocka_unit_test(test_half_dtypes),    cmocka_unit_test(test_zero_count),
-        cmocka_unit_test(test_bound_overflow), cmocka_unit_test(test_failed_encode_writes_nothing),
-        cmocka_unit_test(test_config_messages), cmocka_unit_test(test_debug_env_words),
+        cmocka_unit_test(test_result_strings),    cmocka_unit_test(test_dtype_size),
+        cmocka_unit_test(test_null_arguments),    cmocka_unit_test(test_buffer_too_small),
+        cmocka_unit_test(test_half_dtypes),       cmocka_unit_test(test_zero_count),
+        cmocka_unit_test(test_bound_overflow),    cmocka_unit_test(test_failed_encode_writes_nothing),
+        cmocka_unit_test(test_config_messages),   cmocka_unit_test(test_debug_env_words),
         cmocka_unit_test(test_config_debug_logs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

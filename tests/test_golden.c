@@ -37,7 +37,7 @@ typedef struct bytes {
 static bytes load(const char *name, const char *suffix)
 {
     char path[1024];
-    bytes b = {NULL, 0};
+    bytes b = { NULL, 0 };
     FILE *f;
     long len;
     snprintf(path, sizeof path, "%s/%s%s", GCOMP_GOLDEN_DIR, name, suffix);
@@ -152,10 +152,10 @@ static void check_cast(const uint8_t *p, size_t n, uint16_t wire_id, const float
     assert_int_equal(n, GCOMP_HEADER_BYTES + 2 * GOLDEN_COUNT);
     /* the pinned rounding corner cases of golden_input, as hand-computed bit patterns */
     if (wire_id == GCOMP_WIRE_ID_FP16) {
-        assert_int_equal(body[2 * 3] | body[2 * 3 + 1] << 8, 0x8000); /* -0 */
-        assert_int_equal(body[2 * 5] | body[2 * 5 + 1] << 8, 0x0000); /* 2^-130 underflows */
-        assert_int_equal(body[2 * 6] | body[2 * 6 + 1] << 8, 0x3c00); /* 1 + 2^-11 ties to 1.0 */
-        assert_int_equal(body[2 * 9] | body[2 * 9 + 1] << 8, 0x3800); /* 0.5 */
+        assert_int_equal(body[2 * 3] | body[2 * 3 + 1] << 8, 0x8000);   /* -0 */
+        assert_int_equal(body[2 * 5] | body[2 * 5 + 1] << 8, 0x0000);   /* 2^-130 underflows */
+        assert_int_equal(body[2 * 6] | body[2 * 6 + 1] << 8, 0x3c00);   /* 1 + 2^-11 ties to 1.0 */
+        assert_int_equal(body[2 * 9] | body[2 * 9 + 1] << 8, 0x3800);   /* 0.5 */
         assert_int_equal(body[2 * 19] | body[2 * 19 + 1] << 8, 0xb800); /* -0.5 */
     } else {
         assert_int_equal(body[2 * 3] | body[2 * 3 + 1] << 8, 0x8000); /* -0 */
@@ -195,7 +195,7 @@ static void check_terngrad(const uint8_t *p, size_t n, const gcomp_terngrad_para
     size_t B = prm->bucket > 0 ? (size_t)prm->bucket : GOLDEN_COUNT;
     size_t nb = (GOLDEN_COUNT + B - 1) / B, codes_at = 4 * nb, code_bytes = (GOLDEN_COUNT + 3) / 4;
     uint64_t key = gcomp_tg_key(GOLDEN_SEED, 0, GOLDEN_RANK);
-    uint8_t want_codes[(GOLDEN_COUNT + 3) / 4] = {0};
+    uint8_t want_codes[(GOLDEN_COUNT + 3) / 4] = { 0 };
     size_t nonzero = 0;
     assert_int_equal(gcomp_load_u32(p + 8), 0);
     assert_int_equal(n, GCOMP_HEADER_BYTES + 4 * nb + code_bytes);
@@ -329,7 +329,7 @@ static void check_format(const char *el_spec, const uint8_t *p, size_t n, const 
         assert_int_equal(h.wire_id, GCOMP_WIRE_ID_BF16);
         check_cast(p, n, h.wire_id, x);
     } else if (strncmp(el_spec, "terngrad", 8) == 0) {
-        gcomp_terngrad_params prm = {0, 0.0};
+        gcomp_terngrad_params prm = { 0, 0.0 };
         assert_int_equal(h.wire_id, GCOMP_WIRE_ID_TERNGRAD);
         if (strstr(el_spec, "bucket=8")) prm.bucket = 8;
         if (strstr(el_spec, "clip=2.5")) prm.clip = 2.5;
@@ -383,7 +383,8 @@ static void test_golden_case(void **state)
         dec_again = decode_all(spec, &again);
         expect_same_floats(dec_again, out.p, "decode of a re-encode");
         unwrapped_again = unwrap_zstd(&again);
-        expect_same_bytes(unwrapped_again.p, unwrapped_again.n, inner_bin.p, inner_bin.n, "inner payload of a re-encode");
+        expect_same_bytes(unwrapped_again.p, unwrapped_again.n, inner_bin.p, inner_bin.n,
+                          "inner payload of a re-encode");
         check_format(inner, unwrapped.p, unwrapped.n, x, dec);
         free(inner_bin.p), free(inner_out.p), free(unwrapped.p), free(unwrapped_again.p), free(dec_again);
     }
@@ -431,7 +432,7 @@ int main(void)
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_names);
     for (size_t i = 0; i < GOLDEN_N_SPECS; i++) {
         snprintf(names[i], sizeof names[i], "golden/%s", golden_specs[i]);
-        tests[n++] = (struct CMUnitTest){names[i], test_golden_case, NULL, NULL, (void *)golden_specs[i]};
+        tests[n++] = (struct CMUnitTest){ names[i], test_golden_case, NULL, NULL, (void *)golden_specs[i] };
     }
     return _cmocka_run_group_tests("golden", tests, n, NULL, NULL);
 }

@@ -29,8 +29,8 @@ typedef struct rank_job {
     gcomp__loop_world *w;
     int rank, size;
     const schedule_case *c;
-    gcomp_result rc;    /* first failure */
-    uint64_t hash;      /* of every step's result */
+    gcomp_result rc; /* first failure */
+    uint64_t hash;   /* of every step's result */
     gcomp_schedule sched;
 } rank_job;
 
@@ -116,7 +116,11 @@ static void test_every_schedule(void **state)
 
 /* ---- agreement and failure paths -------------------------------------------------------- */
 
-enum { VARIANT_MISMATCH = 1, VARIANT_LOCAL_FAILURE = 2, VARIANT_STOPPED_PEER = 3 };
+enum {
+    VARIANT_MISMATCH = 1,
+    VARIANT_LOCAL_FAILURE = 2,
+    VARIANT_STOPPED_PEER = 3
+};
 
 static int g_variant;
 
@@ -135,7 +139,8 @@ static void *run_fault(void *arg)
     if (j->rc == GCOMP_SUCCESS) {
         size_t count = n;
         if (g_variant == VARIANT_MISMATCH && j->rank == 1) count = n + 1;
-        if (g_variant == VARIANT_LOCAL_FAILURE && j->rank == 0) gcomp__comm_inject_fault(comm, GCOMP__FAULT_TRUNCATE_WIRE);
+        if (g_variant == VARIANT_LOCAL_FAILURE && j->rank == 0)
+            gcomp__comm_inject_fault(comm, GCOMP__FAULT_TRUNCATE_WIRE);
         if (g_variant == VARIANT_STOPPED_PEER && j->rank == j->size - 1) usleep(1200 * 1000);
         j->rc = gcomp_allreduce(comm, x, y, count, GCOMP_F32, GCOMP_SUM, 1, NULL);
         /* after a mismatch or a local failure the communicator still works */
@@ -218,7 +223,8 @@ static void test_key_none_keeps_no_residual(void **state)
         run_world(n, run_key_none, jobs);
         for (int r = 0; r < n; r++)
             if (jobs[r].rc != GCOMP_SUCCESS)
-                fail_msg("%d ranks: rank %d: %s (INTERNAL: the second call differed)", n, r, gcomp_result_name(jobs[r].rc));
+                fail_msg("%d ranks: rank %d: %s (INTERNAL: the second call differed)", n, r,
+                         gcomp_result_name(jobs[r].rc));
     }
 }
 

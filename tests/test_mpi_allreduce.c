@@ -35,7 +35,7 @@ static void fill_input(float *x, size_t n, int r, int t)
 /* True on every rank iff every rank holds the same bytes. */
 static int same_on_all_ranks(const void *p, size_t n)
 {
-    uint64_t h = sc_hash(SC_HASH_INIT, p, n), hv[2] = {h, ~h};
+    uint64_t h = sc_hash(SC_HASH_INIT, p, n), hv[2] = { h, ~h };
     MPI_Allreduce(MPI_IN_PLACE, hv, 2, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
     return hv[0] == h && ~hv[1] == h;
 }
@@ -111,16 +111,22 @@ static void check_codec_count(const char *spec, size_t n, gcomp_op op)
     if (st.last_schedule == GCOMP_SCHED_SPARSE && op == GCOMP_SUM) {
         /* the gather must give exactly the rank-order sum of every rank's own payload */
         sparse_reference(spec, n, tmp);
-        CHECK(memcmp(tmp, y, n * sizeof(float)) == 0, "%s n=%zu: differs from the rank-order sum of each rank's payload", spec, n);
+        CHECK(memcmp(tmp, y, n * sizeof(float)) == 0,
+              "%s n=%zu: differs from the rank-order sum of each rank's payload", spec, n);
     }
     for (size_t i = 0; i < n; i++) {
         double want = op == GCOMP_AVG ? exact[i] / size : exact[i];
         double scale = op == GCOMP_AVG ? 1.0 / size : 1.0, bound;
-        if (!strcmp(spec, "none")) bound = 1e-5 * absum[i] * scale + 1e-30;
-        else if (!strncmp(spec, "fp16", 4)) bound = (size + 1) * 1e-3 * absum[i] * scale + 1e-6;
-        else if (!strcmp(spec, "bf16")) bound = (size + 1) * 8e-3 * absum[i] * scale + 1e-6;
-        else if (!strncmp(spec, "terngrad", 8)) bound = (size * smax + absum[i]) * scale * 1.0001;
-        else bound = absum[i] * scale * 1.0001 + 1e-6; /* top-k drops at most every input */
+        if (!strcmp(spec, "none"))
+            bound = 1e-5 * absum[i] * scale + 1e-30;
+        else if (!strncmp(spec, "fp16", 4))
+            bound = (size + 1) * 1e-3 * absum[i] * scale + 1e-6;
+        else if (!strcmp(spec, "bf16"))
+            bound = (size + 1) * 8e-3 * absum[i] * scale + 1e-6;
+        else if (!strncmp(spec, "terngrad", 8))
+            bound = (size * smax + absum[i]) * scale * 1.0001;
+        else
+            bound = absum[i] * scale * 1.0001 + 1e-6; /* top-k drops at most every input */
         if (!(fabs(y[i] - want) <= bound)) ok = 0;
         worst = fmax(worst, fabs(y[i] - want) / (bound > 0 ? bound : 1));
     }
@@ -135,10 +141,18 @@ static void check_codec_count(const char *spec, size_t n, gcomp_op op)
 
 static void test_codecs(void)
 {
-    static const char *specs[] = {"none", "fp16", "bf16", "terngrad", "terngrad:bucket=512", "topk:ratio=0.01",
-                                  "topk:ratio=0.3", "fp16+zstd", "terngrad+zstd:level=3", "topk:ratio=0.01,values=fp16+zstd",
-                                  "randk:ratio=0.05" /* a user GCOMP_CAP_SPARSE codec, registered in main */};
-    size_t counts[] = {1, (size_t)size - 1, (size_t)size + 1, 4099, 1000003};
+    static const char *specs[] = { "none",
+                                   "fp16",
+                                   "bf16",
+                                   "terngrad",
+                                   "terngrad:bucket=512",
+                                   "topk:ratio=0.01",
+                                   "topk:ratio=0.3",
+                                   "fp16+zstd",
+                                   "terngrad+zstd:level=3",
+                                   "topk:ratio=0.01,values=fp16+zstd",
+                                   "randk:ratio=0.05" /* a user GCOMP_CAP_SPARSE codec, registered in main */ };
+    size_t counts[] = { 1, (size_t)size - 1, (size_t)size + 1, 4099, 1000003 };
     for (size_t s = 0; s < sizeof specs / sizeof specs[0]; s++)
         for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++) {
             if (counts[k] == 0) continue;
@@ -179,8 +193,8 @@ static void check_avg_is_sum_over_n(const char *spec, size_t n)
 
 static void test_avg(void)
 {
-    static const char *specs[] = {"terngrad", "terngrad:bucket=512", "terngrad+zstd", "topk:ratio=0.05",
-                                  "topk:ratio=0.01,values=fp16"};
+    static const char *specs[] = { "terngrad", "terngrad:bucket=512", "terngrad+zstd", "topk:ratio=0.05",
+                                   "topk:ratio=0.01,values=fp16" };
     for (size_t s = 0; s < sizeof specs / sizeof specs[0]; s++) {
         check_avg_is_sum_over_n(specs[s], 100003);
         check_avg_is_sum_over_n(specs[s], 4099);
@@ -198,7 +212,7 @@ static void test_zero_and_bypass(void)
     CHECK(gcomp_allreduce(c, x, y, 1000, GCOMP_F32, GCOMP_SUM, 2, NULL) == GCOMP_SUCCESS, "bypass call");
     /* uncompressed: the fp32 sum (up to summation order) and the same bits on every rank */
     {
-        double exact[1000] = {0}, absum[1000] = {0};
+        double exact[1000] = { 0 }, absum[1000] = { 0 };
         int ok = 1;
         for (int r = 0; r < size; r++) {
             fill_input(ref, 1000, r, 3);
@@ -211,10 +225,12 @@ static void test_zero_and_bypass(void)
         CHECK(ok, "bypass result is not the fp32 sum");
     }
     CHECK(same_on_all_ranks(y, sizeof y), "bypass results differ across ranks");
-    CHECK(gcomp_comm_key_stats_get(c, 2, &st) == GCOMP_SUCCESS && st.last_schedule == GCOMP_SCHED_BYPASS, "bypass stats");
+    CHECK(gcomp_comm_key_stats_get(c, 2, &st) == GCOMP_SUCCESS && st.last_schedule == GCOMP_SCHED_BYPASS,
+          "bypass stats");
     memcpy(ref, y, sizeof y);
     memcpy(y, x, sizeof x);
-    CHECK(gcomp_allreduce(c, y, y, 1000, GCOMP_F32, GCOMP_SUM, 2, NULL) == GCOMP_SUCCESS && memcmp(y, ref, sizeof y) == 0,
+    CHECK(gcomp_allreduce(c, y, y, 1000, GCOMP_F32, GCOMP_SUM, 2, NULL) == GCOMP_SUCCESS &&
+              memcmp(y, ref, sizeof y) == 0,
           "bypass in place");
     gcomp_comm_destroy(c);
 }
@@ -226,12 +242,16 @@ static void test_zero_and_bypass(void)
  * 668 vs 2672 with EF; the old 13416 for EF off came from rounding frozen at step 0). */
 static void test_error_feedback(void)
 {
-    enum { N = 20000, T = 60 };
-    static const char *specs[] = {"topk:ratio=0.05"};
+    enum {
+        N = 20000,
+        T = 60
+    };
+    static const char *specs[] = { "topk:ratio=0.05" };
     for (int s = 0; s < 1; s++) {
         gcomp_comm *with = make_comm(specs[s], 0, 1), *without = make_comm(specs[s], 0, 0);
         float *x = malloc(N * sizeof(float)), *y = malloc(N * sizeof(float)), *tmp = malloc(N * sizeof(float));
-        double *m_exact = calloc(N, sizeof(double)), *m_with = calloc(N, sizeof(double)), *m_without = calloc(N, sizeof(double));
+        double *m_exact = calloc(N, sizeof(double)), *m_with = calloc(N, sizeof(double)),
+               *m_without = calloc(N, sizeof(double));
         double e_with = 0, e_without = 0;
         for (int t = 0; t < T; t++) {
             for (int r = 0; r < size; r++) {
@@ -249,7 +269,12 @@ static void test_error_feedback(void)
             e_without += pow((m_without[i] - m_exact[i]) / T, 2);
         }
         CHECK(e_with < 0.9 * e_without, "%s: error feedback does not help (%g vs %g)", specs[s], e_with, e_without);
-        free(x); free(y); free(tmp); free(m_exact); free(m_with); free(m_without);
+        free(x);
+        free(y);
+        free(tmp);
+        free(m_exact);
+        free(m_with);
+        free(m_without);
         gcomp_comm_destroy(with);
         gcomp_comm_destroy(without);
     }
@@ -260,7 +285,7 @@ static void test_mismatch(void)
 {
     gcomp_comm *c = make_comm("fp16", 0, 1), *bad = NULL;
     gcomp_config cfg = gcomp_config_default();
-    float x[300] = {0}, y[300];
+    float x[300] = { 0 }, y[300];
     gcomp_result rc;
     rc = gcomp_allreduce(c, x, y, rank == size - 1 ? 299 : 300, GCOMP_F32, GCOMP_SUM, 1, NULL);
     CHECK(all_ranks(rc == GCOMP_ERR_MISMATCH), "different count -> %s", gcomp_result_name(rc));
@@ -274,30 +299,35 @@ static void test_mismatch(void)
     CHECK(all_ranks(rc == GCOMP_ERR_INVALID_ARG), "NULL buffer on rank 1 -> %s", gcomp_result_name(rc));
     rc = gcomp_allreduce(c, x, y, rank == 0 ? 600 : 300, rank == 0 ? GCOMP_F16 : GCOMP_F32, GCOMP_SUM, 1, NULL);
     CHECK(all_ranks(rc == GCOMP_ERR_MISMATCH), "different dtype -> %s", gcomp_result_name(rc));
-    CHECK(strstr(gcomp_last_error(), "call's count, dtype (") != NULL, "the message does not say count and dtype differ: %s",
-          gcomp_last_error());
+    CHECK(strstr(gcomp_last_error(), "call's count, dtype (") != NULL,
+          "the message does not say count and dtype differ: %s", gcomp_last_error());
     rc = gcomp_allreduce(c, x, y, 300, rank == 0 ? (gcomp_dtype)77 : GCOMP_F32, GCOMP_SUM, 1, NULL);
     CHECK(all_ranks(rc == GCOMP_ERR_INVALID_ARG), "bad dtype on rank 0 -> %s", gcomp_result_name(rc));
     rc = gcomp_allreduce(c, x, y, 300, GCOMP_F32, GCOMP_SUM, 1, NULL);
     CHECK(all_ranks(rc == GCOMP_SUCCESS), "the communicator still works after mismatches");
     cfg.codec = rank == 0 ? "fp16" : "bf16";
     rc = gcomp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &bad);
-    CHECK(all_ranks(rc == GCOMP_ERR_MISMATCH && bad == NULL), "different codecs at creation -> %s", gcomp_result_name(rc));
+    CHECK(all_ranks(rc == GCOMP_ERR_MISMATCH && bad == NULL), "different codecs at creation -> %s",
+          gcomp_result_name(rc));
     CHECK(strstr(gcomp_last_error(), "different codecs") != NULL, "creation mismatch message: %s", gcomp_last_error());
     cfg.codec = rank == 0 ? "topk:ratio=7" : "topk"; /* invalid on one rank only: no hang */
     rc = gcomp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &bad);
-    CHECK(all_ranks(rc != GCOMP_SUCCESS && bad == NULL), "invalid spec on rank 0 at creation -> %s", gcomp_result_name(rc));
-    CHECK(rank != 0 || rc == GCOMP_ERR_INVALID_SPEC, "rank 0's own error is INVALID_SPEC, got %s", gcomp_result_name(rc));
-    CHECK(rank == 0 || strstr(gcomp_last_error(), "rank 0 failed to create"), "the others are not told rank 0 failed: %s",
-          gcomp_last_error());
+    CHECK(all_ranks(rc != GCOMP_SUCCESS && bad == NULL), "invalid spec on rank 0 at creation -> %s",
+          gcomp_result_name(rc));
+    CHECK(rank != 0 || rc == GCOMP_ERR_INVALID_SPEC, "rank 0's own error is INVALID_SPEC, got %s",
+          gcomp_result_name(rc));
+    CHECK(rank == 0 || strstr(gcomp_last_error(), "rank 0 failed to create"),
+          "the others are not told rank 0 failed: %s", gcomp_last_error());
     gcomp_comm_destroy(c);
 }
 
 /* NaN on one rank: non-finite on every rank; the next finite step is finite everywhere. */
 static void test_nonfinite(void)
 {
-    static const char *specs[] = {"fp16", "terngrad", "topk:ratio=0.01", "none"};
-    enum { N = 20000 };
+    static const char *specs[] = { "fp16", "terngrad", "topk:ratio=0.01", "none" };
+    enum {
+        N = 20000
+    };
     for (int s = 0; s < 4; s++) {
         gcomp_comm *c = make_comm(specs[s], 0, 1);
         float *x = malloc(N * sizeof(float)), *y = malloc(N * sizeof(float));
@@ -325,7 +355,9 @@ static void test_nonfinite(void)
  * 2 ranks instead of 0). */
 static void check_nonfinite_keeps(const char *spec, int overflow, gcomp_dtype dtype)
 {
-    enum { N = 20000 };
+    enum {
+        N = 20000
+    };
     gcomp_comm *c = make_comm(spec, 0, 1);
     float *x = malloc(N * sizeof(float)), *y = malloc(N * sizeof(float));
     uint16_t *h = malloc(N * 2), *hy = malloc(N * 2);
@@ -333,8 +365,10 @@ static void check_nonfinite_keeps(const char *spec, int overflow, gcomp_dtype dt
     gcomp_comm_stats st, kst;
     const char *how = overflow ? "fp16 overflow of the sum" : "NaN on one rank";
     fill_input(x, N, rank, 11);
-    if (overflow) for (int i = 0; i < N; i++) x[i] = 40001.0f;
-    else if (rank == size - 1) x[77] = NAN;
+    if (overflow)
+        for (int i = 0; i < N; i++) x[i] = 40001.0f;
+    else if (rank == size - 1)
+        x[77] = NAN;
     if (dtype == GCOMP_F32) {
         gcomp_allreduce(c, x, y, N, GCOMP_F32, GCOMP_SUM, 3, NULL);
     } else { /* bf16 buffers: 40001 rounds to 39936, whose sum still overflows fp16 */
@@ -353,22 +387,31 @@ static void check_nonfinite_keeps(const char *spec, int overflow, gcomp_dtype dt
         for (int i = 0; i < N; i++) y[i] = gcomp_bf16_to_f32(hy[i]);
     }
     for (int i = 0; i < N; i++) zero &= y[i] == 0.0f;
-    CHECK(all_ranks(zero), "%s after %s: all-zero input does not give zeros (residual committed on some rank)", spec, how);
+    CHECK(all_ranks(zero), "%s after %s: all-zero input does not give zeros (residual committed on some rank)", spec,
+          how);
     gcomp_comm_stats_get(c, &st);
     gcomp_comm_key_stats_get(c, 3, &kst);
-    CHECK(all_ranks(st.nonfinite_calls == 1 && kst.nonfinite_calls == 1), "%s %s: nonfinite_calls %llu (key %llu), want 1",
-          spec, how, (unsigned long long)st.nonfinite_calls, (unsigned long long)kst.nonfinite_calls);
-    free(x); free(y); free(h); free(hy);
+    CHECK(all_ranks(st.nonfinite_calls == 1 && kst.nonfinite_calls == 1),
+          "%s %s: nonfinite_calls %llu (key %llu), want 1", spec, how, (unsigned long long)st.nonfinite_calls,
+          (unsigned long long)kst.nonfinite_calls);
+    free(x);
+    free(y);
+    free(h);
+    free(hy);
     gcomp_comm_destroy(c);
 }
 
 static void test_nonfinite_keeps_residual(void)
 {
-    static const char *nan_specs[] = {"fp16", "bf16", "topk:ratio=0.01", "topk:ratio=0.3", "topk:ratio=0.01,values=fp16+zstd",
-                                      "fp16+zstd", "terngrad", "terngrad+zstd", "randk:ratio=0.05"};
-    static const char *ovf_specs[] = {"fp16", "fp16+zstd"};
-    for (size_t s = 0; s < sizeof nan_specs / sizeof nan_specs[0]; s++) check_nonfinite_keeps(nan_specs[s], 0, GCOMP_F32);
-    for (size_t s = 0; s < sizeof ovf_specs / sizeof ovf_specs[0]; s++) check_nonfinite_keeps(ovf_specs[s], 1, GCOMP_F32);
+    static const char *nan_specs[] = {
+        "fp16",      "bf16",     "topk:ratio=0.01", "topk:ratio=0.3",  "topk:ratio=0.01,values=fp16+zstd",
+        "fp16+zstd", "terngrad", "terngrad+zstd",   "randk:ratio=0.05"
+    };
+    static const char *ovf_specs[] = { "fp16", "fp16+zstd" };
+    for (size_t s = 0; s < sizeof nan_specs / sizeof nan_specs[0]; s++)
+        check_nonfinite_keeps(nan_specs[s], 0, GCOMP_F32);
+    for (size_t s = 0; s < sizeof ovf_specs / sizeof ovf_specs[0]; s++)
+        check_nonfinite_keeps(ovf_specs[s], 1, GCOMP_F32);
     check_nonfinite_keeps("fp16", 1, GCOMP_BF16);
     check_nonfinite_keeps("terngrad", 0, GCOMP_BF16);
 }
@@ -394,9 +437,12 @@ static void test_nonfinite_bypass(void)
  * call, and the mean over calls approaches the exact sum. Before the fix the step stayed 0. */
 static void test_rounding_advances_without_ef(void)
 {
-    enum { N = 20000, T = 16 };
-    static const char *specs[] = {"terngrad", "terngrad:bucket=512+zstd"};
-    uint64_t keys[2] = {7, GCOMP_KEY_NONE};
+    enum {
+        N = 20000,
+        T = 16
+    };
+    static const char *specs[] = { "terngrad", "terngrad:bucket=512+zstd" };
+    uint64_t keys[2] = { 7, GCOMP_KEY_NONE };
     for (int s = 0; s < 2; s++)
         for (int k = 0; k < 2; k++) {
             gcomp_comm *c = make_comm(specs[s], 0, 0);
@@ -415,11 +461,15 @@ static void test_rounding_advances_without_ef(void)
                 e1 += pow(y1[i] - exact[i], 2);
                 et += pow(mean[i] - exact[i], 2);
             }
-            CHECK(all_ranks(memcmp(y, y1, N * sizeof(float)) != 0), "%s key %llx: call %d gives the same bits as call 1",
-                  specs[s], (unsigned long long)keys[k], T);
+            CHECK(all_ranks(memcmp(y, y1, N * sizeof(float)) != 0),
+                  "%s key %llx: call %d gives the same bits as call 1", specs[s], (unsigned long long)keys[k], T);
             CHECK(all_ranks(et < 0.25 * e1), "%s key %llx: the mean of %d calls does not approach the sum (%g vs %g)",
                   specs[s], (unsigned long long)keys[k], T, et, e1);
-            free(x); free(y1); free(y); free(mean); free(exact);
+            free(x);
+            free(y1);
+            free(y);
+            free(mean);
+            free(exact);
             gcomp_comm_destroy(c);
         }
 }
@@ -427,7 +477,9 @@ static void test_rounding_advances_without_ef(void)
 /* Half-precision buffers and AVG. */
 static void test_half_dtypes(void)
 {
-    enum { N = 30001 };
+    enum {
+        N = 30001
+    };
     gcomp_comm *c = make_comm("fp16", 0, 1);
     uint16_t *h = malloc(N * 2), *out = malloc(N * 2);
     float *x = malloc(N * sizeof(float));
@@ -435,7 +487,9 @@ static void test_half_dtypes(void)
     for (int i = 0; i < N; i++) h[i] = gcomp_f32_to_bf16(x[i]);
     CHECK(gcomp_allreduce(c, h, out, N, GCOMP_BF16, GCOMP_AVG, 3, NULL) == GCOMP_SUCCESS, "bf16 avg");
     CHECK(same_on_all_ranks(out, N * 2), "bf16 results differ across ranks");
-    free(h); free(out); free(x);
+    free(h);
+    free(out);
+    free(x);
     gcomp_comm_destroy(c);
 }
 
@@ -486,10 +540,10 @@ static size_t nb_count(int i) { return i % 4 == 0 ? 100 : 3001 + 1000 * (size_t)
 
 static void test_nonblocking(void)
 {
-    static const char *const specs[] = {"fp16", "terngrad", "topk:ratio=0.01"};
+    static const char *const specs[] = { "fp16", "terngrad", "topk:ratio=0.01" };
     for (size_t s = 0; s < sizeof specs / sizeof specs[0]; s++) {
         gcomp_comm *nb = make_comm(specs[s], 4096, 1), *ref = make_comm(specs[s], 4096, 1);
-        gcomp_request *req[NB_CALLS] = {0};
+        gcomp_request *req[NB_CALLS] = { 0 };
         float *x[NB_CALLS], *y[NB_CALLS], *z[NB_CALLS];
         gcomp_result rc[NB_CALLS], want[NB_CALLS];
         int ok = nb && ref;
@@ -510,13 +564,14 @@ static void test_nonblocking(void)
             int done = 0;
             gcomp_result t = GCOMP_SUCCESS;
             if (i % 3 == 0) /* some by polling: a completed test returns the call's result */
-                while (!done && (t = gcomp_test(&req[i], &done)) == GCOMP_SUCCESS) {}
+                while (!done && (t = gcomp_test(&req[i], &done)) == GCOMP_SUCCESS) {
+                }
             rc[i] = done ? t : gcomp_wait(&req[i]);
         }
         for (int i = 0; ok && i < NB_CALLS; i++) {
             gcomp_result expect = i == 5 ? GCOMP_ERR_MISMATCH : GCOMP_SUCCESS;
-            CHECK(all_ranks(rc[i] == expect && want[i] == expect), "%s: call %d: nonblocking %s, blocking %s", specs[s], i,
-                  gcomp_result_name(rc[i]), gcomp_result_name(want[i]));
+            CHECK(all_ranks(rc[i] == expect && want[i] == expect), "%s: call %d: nonblocking %s, blocking %s", specs[s],
+                  i, gcomp_result_name(rc[i]), gcomp_result_name(want[i]));
             if (expect == GCOMP_SUCCESS)
                 CHECK(all_ranks(memcmp(y[i], z[i], nb_count(i) * sizeof(float)) == 0) &&
                           same_on_all_ranks(y[i], nb_count(i) * sizeof(float)),
@@ -545,8 +600,8 @@ static void test_nonblocking_stopped_peer(void)
 {
     gcomp_config cfg = gcomp_config_default();
     gcomp_comm *c = NULL;
-    gcomp_request *req[3] = {0};
-    float x[5000] = {0}, y[3][5000];
+    gcomp_request *req[3] = { 0 };
+    float x[5000] = { 0 }, y[3][5000];
     gcomp_result rc[3];
     double t0;
     cfg.codec = "fp16";
@@ -591,7 +646,8 @@ int main(int argc, char **argv)
     test_schedules_match_loop();
     test_nonblocking();
     test_nonblocking_stopped_peer();
-    if (rank == 0 && provided < MPI_THREAD_MULTIPLE) printf("note: MPI_THREAD_MULTIPLE not provided; nonblocking calls ran without a progress thread\n");
+    if (rank == 0 && provided < MPI_THREAD_MULTIPLE)
+        printf("note: MPI_THREAD_MULTIPLE not provided; nonblocking calls ran without a progress thread\n");
     fail_any = mpi_test_finish("mpi_allreduce", "");
     MPI_Finalize();
     return fail_any ? 1 : 0;

@@ -28,16 +28,16 @@
 
 static int rank, size, n_pass, n_fail;
 
-#define CHECK(cond, ...)                                                                   \
-    do {                                                                                   \
-        if (cond) {                                                                        \
-            n_pass++;                                                                      \
-        } else {                                                                           \
-            n_fail++;                                                                      \
-            fprintf(stderr, "rank %d: FAIL %s:%d: ", rank, __FILE__, __LINE__);            \
-            fprintf(stderr, __VA_ARGS__);                                                  \
-            fputc('\n', stderr);                                                           \
-        }                                                                                  \
+#define CHECK(cond, ...)                                                        \
+    do {                                                                        \
+        if (cond) {                                                             \
+            n_pass++;                                                           \
+        } else {                                                                \
+            n_fail++;                                                           \
+            fprintf(stderr, "rank %d: FAIL %s:%d: ", rank, __FILE__, __LINE__); \
+            fprintf(stderr, __VA_ARGS__);                                       \
+            fputc('\n', stderr);                                                \
+        }                                                                       \
     } while (0)
 
 static void fill(float *x, size_t n, int r, int step, int key)
@@ -94,8 +94,10 @@ static void test_resume(const char *codec, int via_file)
     gcomp_comm *c = make_comm(codec, 1), *fresh;
     snprintf(path, sizeof path, "/tmp/gcomp_ckpt_%d_%d.bin", (int)getpid(), rank);
     for (int t = 0; t < STEPS - 1; t++) step(c, t, a, b);
-    if (via_file) CHECK(gcomp_comm_residuals_save_file(c, path) == GCOMP_SUCCESS, "save_file: %s", gcomp_last_error());
-    else blob = save(c, &bytes);
+    if (via_file)
+        CHECK(gcomp_comm_residuals_save_file(c, path) == GCOMP_SUCCESS, "save_file: %s", gcomp_last_error());
+    else
+        blob = save(c, &bytes);
     step(c, STEPS - 1, a, b); /* the uninterrupted run's next step */
 
     fresh = make_comm(codec, 1);
@@ -125,7 +127,8 @@ static void expect_refused(gcomp_comm *c, const void *blob, size_t bytes, gcomp_
     size_t n0 = 0, n1 = 0;
     void *before = save(c, &n0), *after;
     gcomp_result rc = gcomp_comm_residuals_load(c, blob, bytes);
-    CHECK(rc == want, "%s: got %s (%s), want %s", what, gcomp_result_name(rc), gcomp_last_error(), gcomp_result_name(want));
+    CHECK(rc == want, "%s: got %s (%s), want %s", what, gcomp_result_name(rc), gcomp_last_error(),
+          gcomp_result_name(want));
     CHECK(strlen(gcomp_last_error()) > 10, "%s: no message", what);
     after = save(c, &n1);
     CHECK(n0 == n1 && memcmp(before, after, n0) == 0, "%s: a refused load changed the state", what);
@@ -159,10 +162,12 @@ static void test_refusals(void)
 
     /* key 1 with another count in this communicator */
     fill(a, N1, rank, 0, 1);
-    CHECK(gcomp_allreduce(small, a, a, N1 / 2, GCOMP_F32, GCOMP_SUM, 1, NULL) == GCOMP_SUCCESS, "%s", gcomp_last_error());
+    CHECK(gcomp_allreduce(small, a, a, N1 / 2, GCOMP_F32, GCOMP_SUM, 1, NULL) == GCOMP_SUCCESS, "%s",
+          gcomp_last_error());
     expect_refused(small, blob, bytes, GCOMP_ERR_MISMATCH, "another count for key 1");
 
-    for (size_t len = 0; len < bytes; len += len < 64 ? 1 : 4099) expect_refused(c, blob, len, GCOMP_ERR_CORRUPT, "truncated");
+    for (size_t len = 0; len < bytes; len += len < 64 ? 1 : 4099)
+        expect_refused(c, blob, len, GCOMP_ERR_CORRUPT, "truncated");
     expect_refused(c, blob, bytes - 1, GCOMP_ERR_CORRUPT, "one byte short");
 
     memcpy(copy, blob, bytes);
@@ -177,25 +182,32 @@ static void test_refusals(void)
     }
     expect_refused(c, copy, bytes, GCOMP_ERR_UNSUPPORTED, "a newer format version");
 
-    CHECK(gcomp_comm_residuals_load(noef, blob, bytes) == GCOMP_ERR_INVALID_ARG, "loaded into a communicator without EF");
+    CHECK(gcomp_comm_residuals_load(noef, blob, bytes) == GCOMP_ERR_INVALID_ARG,
+          "loaded into a communicator without EF");
     /* save refuses it too (it used to write a blob that no load would take) */
     tmp = 0;
     CHECK(gcomp_comm_residuals_save(noef, NULL, 0, &tmp) == GCOMP_ERR_INVALID_ARG &&
-              strstr(gcomp_last_error(), "error feedback off"), "saved from a communicator without EF: %s", gcomp_last_error());
+              strstr(gcomp_last_error(), "error feedback off"),
+          "saved from a communicator without EF: %s", gcomp_last_error());
     CHECK(gcomp_comm_residuals_save_file(noef, "/tmp/gcomp_ckpt_noef.bin") == GCOMP_ERR_INVALID_ARG,
           "saved a file from a communicator without EF");
     /* a directory opens for reading under glibc and ftell said LONG_MAX (NOMEM, or ASan abort) */
     CHECK(gcomp_comm_residuals_load_file(c, "/tmp") == GCOMP_ERR_INVALID_ARG && strstr(gcomp_last_error(), "'/tmp'") &&
-              strstr(gcomp_last_error(), "directory"), "a directory: %s", gcomp_last_error());
-    CHECK(gcomp_comm_residuals_save_file(c, "/nonexistent-dir/x.bin") == GCOMP_ERR_INVALID_ARG, "unwritable path accepted");
-    CHECK(gcomp_comm_residuals_load_file(c, "/nonexistent-dir/x.bin") == GCOMP_ERR_INVALID_ARG, "missing file accepted");
+              strstr(gcomp_last_error(), "directory"),
+          "a directory: %s", gcomp_last_error());
+    CHECK(gcomp_comm_residuals_save_file(c, "/nonexistent-dir/x.bin") == GCOMP_ERR_INVALID_ARG,
+          "unwritable path accepted");
+    CHECK(gcomp_comm_residuals_load_file(c, "/nonexistent-dir/x.bin") == GCOMP_ERR_INVALID_ARG,
+          "missing file accepted");
 
     /* rank 0's blob on the other ranks (all blobs have the same size: same keys and counts) */
     rank0 = malloc(bytes);
     memcpy(rank0, blob, bytes);
     MPI_Bcast(rank0, (int)bytes, MPI_BYTE, 0, MPI_COMM_WORLD);
-    if (rank != 0) expect_refused(c, rank0, bytes, GCOMP_ERR_MISMATCH, "another rank's residuals");
-    else CHECK(gcomp_comm_residuals_load(c, rank0, bytes) == GCOMP_SUCCESS, "own blob refused: %s", gcomp_last_error());
+    if (rank != 0)
+        expect_refused(c, rank0, bytes, GCOMP_ERR_MISMATCH, "another rank's residuals");
+    else
+        CHECK(gcomp_comm_residuals_load(c, rank0, bytes) == GCOMP_SUCCESS, "own blob refused: %s", gcomp_last_error());
 
     gcomp_comm_destroy(c), gcomp_comm_destroy(other), gcomp_comm_destroy(small), gcomp_comm_destroy(noef);
     free(blob), free(copy), free(rank0), free(a), free(b);
@@ -203,7 +215,7 @@ static void test_refusals(void)
 
 int main(int argc, char **argv)
 {
-    static const char *const codecs[] = {"terngrad", "topk:ratio=0.01", "fp16", "bf16+zstd"};
+    static const char *const codecs[] = { "terngrad", "topk:ratio=0.01", "fp16", "bf16+zstd" };
     int fails = 0;
     MPI_Init(&argc, &argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -212,7 +224,9 @@ int main(int argc, char **argv)
     test_resume("terngrad", 1);
     test_refusals();
     MPI_Allreduce(&n_fail, &fails, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-    if (rank == 0) printf("test_mpi_checkpoint (%d ranks): %d checks passed on rank 0, %d failed on all ranks\n", size, n_pass, fails);
+    if (rank == 0)
+        printf("test_mpi_checkpoint (%d ranks): %d checks passed on rank 0, %d failed on all ranks\n", size, n_pass,
+               fails);
     MPI_Finalize();
     return fails ? 1 : 0;
 }

@@ -42,13 +42,16 @@ static void fill(float *x, size_t n, float v)
     for (size_t i = 0; i < n; i++) x[i] = v * (float)((i * 7 + (size_t)rank) % 13) / 13.0f;
 }
 
-static const char *const specs[] = {"fp16", "terngrad", "terngrad+zstd", "topk:ratio=0.01", "topk:ratio=0.6", "none+zstd"};
+static const char *const specs[] = { "fp16",           "terngrad", "terngrad+zstd", "topk:ratio=0.01",
+                                     "topk:ratio=0.6", "none+zstd" };
 #define N_SPECS (sizeof specs / sizeof specs[0])
 
 /* One rank's allocation fails: every rank returns an error, and the next call works. */
 static void test_alloc_failure(void)
 {
-    enum { N = 50000 };
+    enum {
+        N = 50000
+    };
     static float x[N], y[N];
     for (size_t s = 0; s < N_SPECS; s++) {
         gcomp_comm *c = make_comm(specs[s], 60000);
@@ -56,15 +59,18 @@ static void test_alloc_failure(void)
         fill(x, N, 1.0f);
         if (rank == size - 1) gcomp__comm_inject_fault(c, GCOMP__FAULT_ALLOC);
         rc = gcomp_allreduce(c, x, y, N, GCOMP_F32, GCOMP_SUM, 1, NULL);
-        CHECK(all_ranks(rc == GCOMP_ERR_NOMEM), "%s: allocation failure on one rank -> %s", specs[s], gcomp_result_name(rc));
+        CHECK(all_ranks(rc == GCOMP_ERR_NOMEM), "%s: allocation failure on one rank -> %s", specs[s],
+              gcomp_result_name(rc));
         if (rank != size - 1) { /* the others are told which rank failed, and that it ran out of memory */
             char want[64];
             snprintf(want, sizeof want, "rank %d failed", size - 1);
             CHECK(strstr(gcomp_last_error(), want) && strstr(gcomp_last_error(), "out of memory"),
-                  "%s: the message does not name rank %d and out-of-memory: %s", specs[s], size - 1, gcomp_last_error());
+                  "%s: the message does not name rank %d and out-of-memory: %s", specs[s], size - 1,
+                  gcomp_last_error());
         }
         rc = gcomp_allreduce(c, x, y, N, GCOMP_F32, GCOMP_SUM, 1, NULL);
-        CHECK(all_ranks(rc == GCOMP_SUCCESS), "%s: the call after an allocation failure -> %s", specs[s], gcomp_result_name(rc));
+        CHECK(all_ranks(rc == GCOMP_SUCCESS), "%s: the call after an allocation failure -> %s", specs[s],
+              gcomp_result_name(rc));
         gcomp_comm_destroy(c);
     }
 }
@@ -73,7 +79,9 @@ static void test_alloc_failure(void)
  * crash or a silently wrong result), and the communicator keeps working. */
 static void test_truncated_wire(void)
 {
-    enum { N = 50000 };
+    enum {
+        N = 50000
+    };
     static float x[N], y[N];
     for (size_t s = 0; s < N_SPECS; s++) {
         gcomp_comm *c = make_comm(specs[s], 60000);
@@ -84,7 +92,8 @@ static void test_truncated_wire(void)
         CHECK(all_ranks(rc == GCOMP_ERR_CORRUPT), "%s: truncated message -> %s (%s)", specs[s], gcomp_result_name(rc),
               gcomp_last_error());
         rc = gcomp_allreduce(c, x, y, N, GCOMP_F32, GCOMP_SUM, 1, NULL);
-        CHECK(all_ranks(rc == GCOMP_SUCCESS), "%s: the call after a corrupt one -> %s", specs[s], gcomp_result_name(rc));
+        CHECK(all_ranks(rc == GCOMP_SUCCESS), "%s: the call after a corrupt one -> %s", specs[s],
+              gcomp_result_name(rc));
         gcomp_comm_destroy(c);
     }
 }
@@ -93,7 +102,9 @@ static void test_truncated_wire(void)
  * counted); top-k of all-equal values keeps the lowest indices. */
 static void test_edge_values(void)
 {
-    enum { N = 40000 };
+    enum {
+        N = 40000
+    };
     static float x[N], y[N];
     gcomp_comm_stats st;
     for (size_t s = 0; s < N_SPECS; s++) {
@@ -135,9 +146,11 @@ static void test_edge_values(void)
  * timed out). Now GCOMP_ERR_MISMATCH on every rank at once, naming min_bytes. */
 static void test_min_bytes_mismatch(void)
 {
-    enum { N = 20000 };
+    enum {
+        N = 20000
+    };
     static float x[N], y[N];
-    const char *spec[] = {"terngrad", "none", "topk:ratio=0.01", "fp16+zstd"};
+    const char *spec[] = { "terngrad", "none", "topk:ratio=0.01", "fp16+zstd" };
     fill(x, N, 1.0f);
     for (size_t s = 0; s < sizeof spec / sizeof spec[0]; s++) {
         gcomp_config cfg = gcomp_config_default();
@@ -147,7 +160,8 @@ static void test_min_bytes_mismatch(void)
         cfg.codec = spec[s];
         cfg.min_bytes = rank == 0 ? 0 : 1 << 20; /* as if GCOMP_MIN_BYTES=0 on one node */
         cfg.timeout_ms = 20000;
-        CHECK(gcomp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &c) == GCOMP_SUCCESS, "create %s: %s", spec[s], gcomp_last_error());
+        CHECK(gcomp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &c) == GCOMP_SUCCESS, "create %s: %s", spec[s],
+              gcomp_last_error());
         MPI_Barrier(MPI_COMM_WORLD);
         t0 = MPI_Wtime();
         rc = gcomp_allreduce(c, x, y, N, GCOMP_F32, GCOMP_SUM, 1, NULL);
@@ -165,7 +179,9 @@ static void test_min_bytes_mismatch(void)
  * abort the job; each rank gets an error (or a timeout), and the job goes on. */
 static void test_mismatched_collectives(void)
 {
-    enum { N = 1000 };
+    enum {
+        N = 1000
+    };
     static float v[N];
     uint64_t u = 1;
     gcomp_comm *c = make_comm("none", 60000);
@@ -174,8 +190,10 @@ static void test_mismatched_collectives(void)
     if (!c) return;
     tp = c->tp;
     MPI_Barrier(MPI_COMM_WORLD);
-    if (rank == 0) rc = tp->allreduce_max_u64(tp, &u, 1, gcomp__now() + 2.0);
-    else rc = tp->allreduce_sum_f32(tp, v, N, gcomp__now() + 2.0);
+    if (rank == 0)
+        rc = tp->allreduce_max_u64(tp, &u, 1, gcomp__now() + 2.0);
+    else
+        rc = tp->allreduce_sum_f32(tp, v, N, gcomp__now() + 2.0);
     CHECK(all_ranks(rc != GCOMP_SUCCESS || rank != 0), "mismatched collectives: rank 0 -> %s", gcomp_result_name(rc));
     c->broken = 1; /* as the engine does after a transport failure */
     gcomp_comm_destroy(c);
@@ -199,7 +217,8 @@ static void test_create_local_failure(void)
     if (rank != size - 1) {
         char want[64];
         snprintf(want, sizeof want, "rank %d failed", size - 1);
-        CHECK(strstr(gcomp_last_error(), want) != NULL, "the message does not name rank %d: %s", size - 1, gcomp_last_error());
+        CHECK(strstr(gcomp_last_error(), want) != NULL, "the message does not name rank %d: %s", size - 1,
+              gcomp_last_error());
     }
     /* the world is still in step: a normal creation works */
     c = make_comm("fp16", 20000);
@@ -245,17 +264,21 @@ static long resident_kib(void)
  * grows (no allocation per call in steady state). */
 static void test_no_growth(void)
 {
-    enum { N = 30000, CALLS = 1000 };
+    enum {
+        N = 30000,
+        CALLS = 1000
+    };
     static float x[N], y[N];
-    const char *spec[2] = {"terngrad", "topk:ratio=0.05+zstd"};
-    gcomp_comm *c[2] = {make_comm(spec[0], 60000), make_comm(spec[1], 60000)};
+    const char *spec[2] = { "terngrad", "topk:ratio=0.05+zstd" };
+    gcomp_comm *c[2] = { make_comm(spec[0], 60000), make_comm(spec[1], 60000) };
     long before = 0, after;
     int ok = 1;
     fill(x, N, 1.0f);
     for (int i = 0; i < CALLS; i++) {
         for (int k = 0; k < 2; k++)
             for (uint64_t key = 0; key < 3; key++)
-                ok &= gcomp_allreduce(c[k], x, y, N - 1000 * (size_t)key, GCOMP_F32, GCOMP_SUM, key, NULL) == GCOMP_SUCCESS;
+                ok &= gcomp_allreduce(c[k], x, y, N - 1000 * (size_t)key, GCOMP_F32, GCOMP_SUM, key, NULL) ==
+                      GCOMP_SUCCESS;
         if (i == 10) before = resident_kib();
     }
     after = resident_kib();
@@ -274,7 +297,9 @@ static void test_no_growth(void)
  * GCOMP_ERR_TIMEOUT within the 1 s deadline, and their next call is refused. */
 static void test_stopped_rank(void)
 {
-    enum { N = 20000 };
+    enum {
+        N = 20000
+    };
     static float x[N], y[N];
     gcomp_comm *c = make_comm("terngrad", 1000);
     gcomp_result rc;
@@ -299,7 +324,8 @@ static void test_stopped_rank(void)
         CHECK(rc == GCOMP_ERR_TIMEOUT, "a peer stopped -> %s, expected TIMEOUT", gcomp_result_name(rc));
         CHECK(took < 8.0, "the timeout took %.2f s with a 1 s deadline", took); /* generous: loaded CI */
         rc = gcomp_allreduce(c, x, y, N, GCOMP_F32, GCOMP_SUM, 1, NULL);
-        CHECK(rc == GCOMP_ERR_COMM_INVALID, "after a timeout the next call -> %s, expected COMM_INVALID", gcomp_result_name(rc));
+        CHECK(rc == GCOMP_ERR_COMM_INVALID, "after a timeout the next call -> %s, expected COMM_INVALID",
+              gcomp_result_name(rc));
     } else {
         CHECK(rc != GCOMP_SUCCESS, "the stopped rank's late call succeeded");
     }
@@ -340,7 +366,9 @@ static void test_late_create(void)
 /* The last rank dies mid-run; mpirun must end the job with a non-zero status. */
 static void test_killed_rank(void)
 {
-    enum { N = 20000 };
+    enum {
+        N = 20000
+    };
     static float x[N], y[N];
     gcomp_comm *c = make_comm("fp16", 5000);
     fill(x, N, 1.0f);

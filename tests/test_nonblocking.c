@@ -25,16 +25,20 @@ typedef struct job {
     gcomp__loop_world *w;
     int rank, size;
     const char *spec;
-    int blocking;       /* 1: the same calls with gcomp_allreduce (the reference) */
-    int no_thread;      /* 1: no progress thread (progress in test/wait) */
+    int blocking;  /* 1: the same calls with gcomp_allreduce (the reference) */
+    int no_thread; /* 1: no progress thread (progress in test/wait) */
     int variant;
     gcomp_result rc[N_CALLS];
     uint64_t hash[N_CALLS];
-    int progressed;     /* the first request completed while nobody tested or waited */
+    int progressed; /* the first request completed while nobody tested or waited */
     int mode;
 } job;
 
-enum { V_MANY = 0, V_TIMEOUT = 1, V_MISMATCH = 2 };
+enum {
+    V_MANY = 0,
+    V_TIMEOUT = 1,
+    V_MISMATCH = 2
+};
 
 static uint64_t fnv(const void *p, size_t n)
 {
@@ -63,7 +67,7 @@ static void *run_job(void *arg)
     job *j = arg;
     gcomp_config cfg = gcomp_config_default();
     gcomp_comm *comm = NULL;
-    gcomp_request *req[N_CALLS] = {0};
+    gcomp_request *req[N_CALLS] = { 0 };
     float *x[N_CALLS], *y[N_CALLS];
     int n_calls = j->variant == V_MANY ? N_CALLS : 4;
     cfg.codec = j->spec;
@@ -115,7 +119,8 @@ static void *run_job(void *arg)
     }
     for (int i = n_calls - 1; i >= 0; i--)
         if (req[i]) j->rc[i] = gcomp_wait(&req[i]);
-    for (int i = 0; i < n_calls; i++) j->hash[i] = j->rc[i] == GCOMP_SUCCESS ? fnv(y[i], call_count(i) * sizeof(float)) : 0;
+    for (int i = 0; i < n_calls; i++)
+        j->hash[i] = j->rc[i] == GCOMP_SUCCESS ? fnv(y[i], call_count(i) * sizeof(float)) : 0;
 out:
     gcomp_comm_destroy(comm);
     for (int i = 0; i < N_CALLS; i++) {
@@ -154,7 +159,7 @@ static void run(int n, const char *spec, int variant, int blocking, int no_threa
 
 static void test_many_in_flight_match_blocking(void **state)
 {
-    static const char *const specs[] = {"fp16", "terngrad", "topk:ratio=0.01", "topk:ratio=1"};
+    static const char *const specs[] = { "fp16", "terngrad", "topk:ratio=0.01", "topk:ratio=1" };
     (void)state;
     for (size_t s = 0; s < sizeof specs / sizeof specs[0]; s++)
         for (int n = 2; n <= MAX_RANKS; n++) {
@@ -167,10 +172,12 @@ static void test_many_in_flight_match_blocking(void **state)
                     if (!no_thread) assert_true(nb[r].progressed);
                     for (int i = 0; i < N_CALLS; i++) {
                         assert_int_equal(ref[r].rc[i], GCOMP_SUCCESS);
-                        if (nb[r].rc[i] != GCOMP_SUCCESS || nb[r].hash[i] != ref[r].hash[i] || ref[r].hash[i] != ref[0].hash[i])
-                            fail_msg("%s, %d ranks, %s: rank %d call %d: %s, hash %016llx, blocking %016llx", specs[s], n,
-                                     no_thread ? "no thread" : "progress thread", r, i, gcomp_result_name(nb[r].rc[i]),
-                                     (unsigned long long)nb[r].hash[i], (unsigned long long)ref[r].hash[i]);
+                        if (nb[r].rc[i] != GCOMP_SUCCESS || nb[r].hash[i] != ref[r].hash[i] ||
+                            ref[r].hash[i] != ref[0].hash[i])
+                            fail_msg("%s, %d ranks, %s: rank %d call %d: %s, hash %016llx, blocking %016llx", specs[s],
+                                     n, no_thread ? "no thread" : "progress thread", r, i,
+                                     gcomp_result_name(nb[r].rc[i]), (unsigned long long)nb[r].hash[i],
+                                     (unsigned long long)ref[r].hash[i]);
                     }
                 }
             }

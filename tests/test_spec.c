@@ -40,7 +40,8 @@ static void expect_error(const char *spec, const char *needle)
     gcomp_codec *c = (gcomp_codec *)0x1;
     gcomp_result rc = gcomp_codec_create(spec, NULL, &c);
     if (rc != GCOMP_ERR_INVALID_SPEC || !strstr(gcomp_last_error(), needle))
-        print_error("spec '%s': rc=%s msg='%s' (wanted '%s')\n", spec, gcomp_result_name(rc), gcomp_last_error(), needle);
+        print_error("spec '%s': rc=%s msg='%s' (wanted '%s')\n", spec, gcomp_result_name(rc), gcomp_last_error(),
+                    needle);
     assert_int_equal(rc, GCOMP_ERR_INVALID_SPEC);
     assert_non_null(strstr(gcomp_last_error(), needle));
     assert_null(c);
@@ -151,15 +152,18 @@ static void test_kept(void **state)
         const char *spec;
         size_t count, kept;
     } cases[] = {
-        {"topk", 1000, 10},             /* k=0: ceil(0.01 * 1000) */
-        {"topk", 1001, 11},             /* ceil(10.01) */
-        {"topk", 1, 1},                 /* at least one */
-        {"topk", 0, 0},
-        {"topk:ratio=0.3", 7, 3},       /* ceil(2.1) */
-        {"topk:k=5", 100, 5},           /* k > 0 overrides ratio */
-        {"topk:k=5,ratio=0.5", 3, 3},   /* at most count */
-        {"topk:ratio=1,values=fp16+zstd", 123, 123},
-        {"none", 77, 77}, {"fp16+zstd", 77, 77}, {"bf16", 5, 5}, {"terngrad:bucket=8", 9, 9},
+        { "topk", 1000, 10 }, /* k=0: ceil(0.01 * 1000) */
+        { "topk", 1001, 11 }, /* ceil(10.01) */
+        { "topk", 1, 1 },     /* at least one */
+        { "topk", 0, 0 },
+        { "topk:ratio=0.3", 7, 3 },     /* ceil(2.1) */
+        { "topk:k=5", 100, 5 },         /* k > 0 overrides ratio */
+        { "topk:k=5,ratio=0.5", 3, 3 }, /* at most count */
+        { "topk:ratio=1,values=fp16+zstd", 123, 123 },
+        { "none", 77, 77 },
+        { "fp16+zstd", 77, 77 },
+        { "bf16", 5, 5 },
+        { "terngrad:bucket=8", 9, 9 },
     };
     (void)state;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -173,7 +177,7 @@ static void test_kept(void **state)
     /* past GCOMP_MAX_COUNT: 0 and a message, never a wrapped double->size_t (ratio=1 made
      * SIZE_MAX a 2^64 double, and kept returned 1); below it top-k's k is still exact */
     {
-        static const char *const specs[] = {"topk:ratio=1", "topk", "none", "topk:k=3"};
+        static const char *const specs[] = { "topk:ratio=1", "topk", "none", "topk:k=3" };
         for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
             gcomp_codec *c = tu_codec(specs[i]);
             if (gcomp_codec_kept(c, SIZE_MAX) != 0 || !strstr(gcomp_last_error(), "GCOMP_MAX_COUNT"))
@@ -239,12 +243,9 @@ static void test_long_spec(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_valid_specs),
-        cmocka_unit_test(test_errors_name_the_problem),
-        cmocka_unit_test(test_long_spec),
-        cmocka_unit_test(test_numbers),
-        cmocka_unit_test(test_messages),
-        cmocka_unit_test(test_kept),
+        cmocka_unit_test(test_valid_specs),  cmocka_unit_test(test_errors_name_the_problem),
+        cmocka_unit_test(test_long_spec),    cmocka_unit_test(test_numbers),
+        cmocka_unit_test(test_messages),     cmocka_unit_test(test_kept),
         cmocka_unit_test(test_check_params),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -7,7 +7,7 @@
 
 static gcomp_terngrad_params params(int64_t bucket, double clip)
 {
-    gcomp_terngrad_params p = {bucket, clip};
+    gcomp_terngrad_params p = { bucket, clip };
     return p;
 }
 
@@ -15,7 +15,7 @@ static gcomp_terngrad_params params(int64_t bucket, double clip)
 static size_t encode_vt(const gcomp_terngrad_params *p, uint64_t seed, uint64_t step, uint32_t rank, const float *x,
                         size_t n, uint8_t *body, float *r_out, uint32_t *nonfinite)
 {
-    gcomp_encode_ctx ctx = {0};
+    gcomp_encode_ctx ctx = { 0 };
     size_t w = 0;
     uint32_t flags = 1;
     ctx.seed = seed;
@@ -37,7 +37,7 @@ static void decode_vt(const gcomp_terngrad_params *p, const uint8_t *body, size_
 /* Odd sizes, no clipping: every decoded value is -s, 0 or +s with the sign of x, s = max |x|. */
 static void test_roundtrip_values(void **state)
 {
-    static const size_t sizes[] = {0, 1, 7, 1000003};
+    static const size_t sizes[] = { 0, 1, 7, 1000003 };
     (void)state;
     for (int k = 0; k < 4; k++) {
         size_t n = sizes[k], bytes;
@@ -60,9 +60,12 @@ static void test_roundtrip_values(void **state)
 /* E[decode] = x: the mean over T seeds is within 5 standard errors (s/2/sqrt(T)). */
 static void test_unbiased(void **state)
 {
-    enum { N = 64, T = 4000 };
+    enum {
+        N = 64,
+        T = 4000
+    };
     gcomp_terngrad_params p = params(0, 0);
-    float x[N], acc[N] = {0};
+    float x[N], acc[N] = { 0 };
     uint8_t body[64];
     double s = 0;
     (void)state;
@@ -83,7 +86,9 @@ static void test_unbiased(void **state)
 /* Same (seed, step, rank) -> same bits; any of them changed -> different bits. */
 static void test_deterministic(void **state)
 {
-    enum { N = 4096 };
+    enum {
+        N = 4096
+    };
     gcomp_terngrad_params p = params(0, 0);
     float *x = tu_gauss_array(N, 5);
     uint8_t a[2048], b[2048];
@@ -108,7 +113,10 @@ static void test_deterministic(void **state)
 /* Per-bucket scales are each bucket's max; the last bucket may be short. */
 static void test_buckets(void **state)
 {
-    enum { N = 1003, B = 100 };
+    enum {
+        N = 1003,
+        B = 100
+    };
     gcomp_terngrad_params p = params(B, 0);
     float *x = tu_gauss_array(N, 77);
     uint8_t body[2048];
@@ -128,7 +136,9 @@ static void test_buckets(void **state)
 /* clip=c: scale = min(max |x|, c * rms); the fixed-order rms equals a double sum closely. */
 static void test_clip(void **state)
 {
-    enum { N = 10000 };
+    enum {
+        N = 10000
+    };
     gcomp_terngrad_params p = params(0, 2.5);
     float *x = tu_gauss_array(N, 3), s;
     uint8_t body[4096];
@@ -190,8 +200,10 @@ static double rms_one_chain(const float *g, size_t n)
 
 static void test_rms_order(void **state)
 {
-    enum { N = (1 << 20) + 3 };
-    static const size_t sizes[] = {0, 1, 255, 256, 257, 1000, 4096, 70001, 262144, 262145, 524288 + 77, N};
+    enum {
+        N = (1 << 20) + 3
+    };
+    static const size_t sizes[] = { 0, 1, 255, 256, 257, 1000, 4096, 70001, 262144, 262145, 524288 + 77, N };
     const size_t group = (size_t)GCOMP_TG_RMS_BLOCK * GCOMP_TG_RMS_GROUP;
     float *g = tu_gauss_array(N, 21), *r = tu_gauss_array(N, 22);
     int differs = 0;
@@ -204,8 +216,10 @@ static void test_rms_order(void **state)
         assert_memory_equal(&a, &b, sizeof a);
         assert_memory_equal(&c, &d, sizeof c);
         /* up to one group, the groups change nothing (the golden files were written before) */
-        if (sizes[s] <= group) assert_memory_equal(&a, &e, sizeof a);
-        else differs |= memcmp(&a, &e, sizeof a) != 0;
+        if (sizes[s] <= group)
+            assert_memory_equal(&a, &e, sizeof a);
+        else
+            differs |= memcmp(&a, &e, sizeof a) != 0;
     }
     assert_true(differs); /* past one group the test tells the two orders apart */
     free(g);
@@ -215,13 +229,15 @@ static void test_rms_order(void **state)
 /* The engine's split: local_scales, then encode_scaled with a larger shared scale. */
 static void test_split_encode(void **state)
 {
-    enum { N = 999 };
+    enum {
+        N = 999
+    };
     gcomp_terngrad_params p = params(0, 0);
-    float *x = tu_gauss_array(N, 8), scale, whole_body_scale, shared, r[N], y[N] = {0};
+    float *x = tu_gauss_array(N, 8), scale, whole_body_scale, shared, r[N], y[N] = { 0 };
     uint8_t a[1024], b[1024];
     size_t wa, wb;
     uint32_t flags;
-    gcomp_encode_ctx ctx = {0};
+    gcomp_encode_ctx ctx = { 0 };
     (void)state;
     assert_int_equal(gcomp__codec_terngrad.num_scales(&p, N), 1);
     assert_int_equal(gcomp__codec_terngrad.local_scales(&p, &ctx, x, NULL, N, &scale), GCOMP_SUCCESS);
@@ -232,8 +248,7 @@ static void test_split_encode(void **state)
     assert_int_equal(gcomp__tg_encode_scaled(&p, &ctx, x, NULL, NULL, N, &scale, b, sizeof b, &wb, &flags),
                      GCOMP_SUCCESS);
     ctx.seed = 1;
-    assert_int_equal(gcomp__tg_encode_scaled(&p, &ctx, x, NULL, r, N, &scale, b, sizeof b, &wb, &flags),
-                     GCOMP_SUCCESS);
+    assert_int_equal(gcomp__tg_encode_scaled(&p, &ctx, x, NULL, r, N, &scale, b, sizeof b, &wb, &flags), GCOMP_SUCCESS);
     assert_int_equal(wa, wb);
     assert_memory_equal(a, b, wa);
     /* a larger shared scale is used as given, and decode + residual = x exactly */
@@ -251,7 +266,7 @@ static void test_split_encode(void **state)
 static void test_nonfinite(void **state)
 {
     gcomp_terngrad_params p = params(4, 0);
-    float x[12] = {1, 2, 3, 4, 1, NAN, 1, 1, 5, 6, 7, 8}, y[12] = {0};
+    float x[12] = { 1, 2, 3, 4, 1, NAN, 1, 1, 5, 6, 7, 8 }, y[12] = { 0 };
     uint8_t body[64];
     uint32_t bad = 0;
     size_t w;
@@ -277,10 +292,12 @@ static void pack_planar(const uint8_t *c, size_t n, uint8_t *out)
 /* The body's codes follow the planar layout: decode a hand-packed body. */
 static void test_planar_layout(void **state)
 {
-    enum { N = 2999 };
+    enum {
+        N = 2999
+    };
     gcomp_terngrad_params p = params(0, 0);
     uint8_t c[N], body[4 + (N + 3) / 4];
-    float y[N] = {0}, s = 0.5f;
+    float y[N] = { 0 }, s = 0.5f;
     uint64_t seed = 3;
     (void)state;
     for (int i = 0; i < N; i++) c[i] = (uint8_t)(tu_next(&seed) % 3);
@@ -290,7 +307,7 @@ static void test_planar_layout(void **state)
     for (int i = 0; i < N; i++) assert_true(y[i] == (c[i] == 1 ? 0.5f : c[i] == 2 ? -0.5f : 0.0f));
     /* and the encoder writes it: codes of a tensor with |x| = s everywhere are all kept */
     {
-        float x[N], y2[N] = {0};
+        float x[N], y2[N] = { 0 };
         uint8_t b2[sizeof body];
         for (int i = 0; i < N; i++) x[i] = c[i] == 2 ? -1.0f : 1.0f;
         encode_vt(&p, 1, 0, 0, x, N, b2, NULL, NULL);
@@ -305,13 +322,16 @@ static void test_planar_layout(void **state)
 /* Sums of m ranks' codes travel in ceil(log2(2m+1)) bits, hop by hop, and come back exactly. */
 static void test_integer_sums(void **state)
 {
-    static const unsigned bits[9] = {0, 2, 3, 3, 4, 4, 4, 4, 5};
-    enum { N = 1001, M = 9 };
+    static const unsigned bits[9] = { 0, 2, 3, 3, 4, 4, 4, 4, 5 };
+    enum {
+        N = 1001,
+        M = 9
+    };
     uint64_t seed = 1;
     uint8_t codes[(N + 3) / 4], packed[2][N * 2];
     int8_t t[N], c[N];
     int16_t got[N];
-    int32_t want[N] = {0};
+    int32_t want[N] = { 0 };
     size_t bytes = 0;
     (void)state;
     for (uint32_t m = 1; m <= 8; m++) assert_int_equal(gcomp_tg_sum_bits(m), bits[m]);
@@ -372,20 +392,20 @@ static void pack_plain(const int32_t *sum, size_t n, uint32_t m, uint8_t *out, l
 /* Group sizes and sizes of the format, worked by hand. */
 static void test_sums_format(void **state)
 {
-    static const unsigned groups[] = {0, 5, 3, 1, 2, 2, 1, 1, 1};
+    static const unsigned groups[] = { 0, 5, 3, 1, 2, 2, 1, 1, 1 };
     (void)state;
     for (uint32_t m = 1; m <= 8; m++) assert_int_equal(gcomp_tg_sum_group(m), groups[m]);
     assert_int_equal(gcomp_tg_sum_group(127), 1);
     assert_int_equal(gcomp_tg_sum_group(1000), 1);
-    assert_int_equal(gcomp_tg_sum_bytes(240, 1), 48);     /* 48 groups of 5 in 8 bits */
-    assert_int_equal(gcomp_tg_sum_bytes(7, 1), 2);        /* 8 bits + 2 digits in bits(9) = 4 */
-    assert_int_equal(gcomp_tg_sum_bytes(240, 2), 70);     /* 80 groups of 3 in 7 bits */
-    assert_int_equal(gcomp_tg_sum_bytes(240, 4), 105);    /* 120 groups of 2 in 7 bits */
-    assert_int_equal(gcomp_tg_sum_bytes(240, 3), 90);     /* plain 3 bits */
-    assert_int_equal(gcomp_tg_sum_bytes(1, 1000), 2);     /* 11 bits */
+    assert_int_equal(gcomp_tg_sum_bytes(240, 1), 48);  /* 48 groups of 5 in 8 bits */
+    assert_int_equal(gcomp_tg_sum_bytes(7, 1), 2);     /* 8 bits + 2 digits in bits(9) = 4 */
+    assert_int_equal(gcomp_tg_sum_bytes(240, 2), 70);  /* 80 groups of 3 in 7 bits */
+    assert_int_equal(gcomp_tg_sum_bytes(240, 4), 105); /* 120 groups of 2 in 7 bits */
+    assert_int_equal(gcomp_tg_sum_bytes(240, 3), 90);  /* plain 3 bits */
+    assert_int_equal(gcomp_tg_sum_bytes(1, 1000), 2);  /* 11 bits */
     assert_int_equal(gcomp_tg_sum_bytes(0, 4), 0);
     { /* a hop to 32768 ranks would leave int16: refused */
-        uint8_t in[2] = {0, 0}, out[4];
+        uint8_t in[2] = { 0, 0 }, out[4];
         int8_t t1 = 0;
         assert_int_equal(gcomp__tg_sums_add_pack(in, (size_t)gcomp_tg_sum_bytes(1, 32767), 32767, &t1, 1, out),
                          GCOMP_ERR_UNSUPPORTED);
@@ -406,11 +426,14 @@ static void test_sums_format(void **state)
  * access past the end. */
 static void check_sums_wire_bytes(int N)
 {
-    enum { NMAX = 4099, M = 140 };
+    enum {
+        NMAX = 4099,
+        M = 140
+    };
     uint64_t seed = 5;
     static uint8_t packed[2][NMAX * 2], want[NMAX * 2], bad[NMAX * 2];
     int8_t t[NMAX];
-    int32_t sum[NMAX] = {0};
+    int32_t sum[NMAX] = { 0 };
     int16_t got[NMAX];
     static float value[2 * M + 1], vals_bad[NMAX];
     size_t bytes = 0;
@@ -466,15 +489,17 @@ static void test_sums_wire_bytes(void **state)
  * residual. */
 static void test_ternarise_matches_encode(void **state)
 {
-    enum { N = 5003 };
-    static const int64_t buckets[] = {0, 1024, 4};
+    enum {
+        N = 5003
+    };
+    static const int64_t buckets[] = { 0, 1024, 4 };
     float *x = tu_gauss_array(N, 31), *r = tu_gauss_array(N, 32), ra[N], rb[N], scales[N];
     static uint8_t body[4 * N + N];
     int8_t ta[N], tb[N];
     (void)state;
     for (size_t bi = 0; bi < sizeof buckets / sizeof buckets[0]; bi++) {
         gcomp_terngrad_params p = params(buckets[bi], 2.5);
-        gcomp_encode_ctx ctx = {0};
+        gcomp_encode_ctx ctx = { 0 };
         size_t nb = gcomp__codec_terngrad.num_scales(&p, N), w;
         uint32_t flags;
         ctx.seed = 7;
@@ -490,7 +515,8 @@ static void test_ternarise_matches_encode(void **state)
         } else {
             for (size_t a = 0; a < N; a += (size_t)buckets[bi]) {
                 size_t len = N - a < (size_t)buckets[bi] ? N - a : (size_t)buckets[bi];
-                assert_int_equal(gcomp__tg_codes_unpack(body + 4 * nb + a / 4, (len + 3) / 4, len, ta + a), GCOMP_SUCCESS);
+                assert_int_equal(gcomp__tg_codes_unpack(body + 4 * nb + a / 4, (len + 3) / 4, len, ta + a),
+                                 GCOMP_SUCCESS);
             }
         }
         assert_int_equal(gcomp__tg_ternarise(&p, &ctx, x, r, rb, N, scales, tb), GCOMP_SUCCESS);
@@ -504,7 +530,7 @@ static void test_ternarise_matches_encode(void **state)
 static void test_corrupt_codes(void **state)
 {
     gcomp_terngrad_params p = params(0, 0);
-    float x[5] = {1, -1, 0.5f, 0.25f, 1}, y[5];
+    float x[5] = { 1, -1, 0.5f, 0.25f, 1 }, y[5];
     uint8_t body[64];
     size_t w;
     (void)state;
@@ -525,13 +551,20 @@ static void test_corrupt_codes(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_roundtrip_values), cmocka_unit_test(test_unbiased),
-        cmocka_unit_test(test_deterministic),    cmocka_unit_test(test_buckets),
-        cmocka_unit_test(test_clip),             cmocka_unit_test(test_rms_order),             cmocka_unit_test(test_split_encode),
-        cmocka_unit_test(test_nonfinite),        cmocka_unit_test(test_integer_sums),
-        cmocka_unit_test(test_sums_format), cmocka_unit_test(test_sums_wire_bytes),
+        cmocka_unit_test(test_roundtrip_values),
+        cmocka_unit_test(test_unbiased),
+        cmocka_unit_test(test_deterministic),
+        cmocka_unit_test(test_buckets),
+        cmocka_unit_test(test_clip),
+        cmocka_unit_test(test_rms_order),
+        cmocka_unit_test(test_split_encode),
+        cmocka_unit_test(test_nonfinite),
+        cmocka_unit_test(test_integer_sums),
+        cmocka_unit_test(test_sums_format),
+        cmocka_unit_test(test_sums_wire_bytes),
         cmocka_unit_test(test_ternarise_matches_encode),
-        cmocka_unit_test(test_corrupt_codes),  cmocka_unit_test(test_planar_layout),
+        cmocka_unit_test(test_corrupt_codes),
+        cmocka_unit_test(test_planar_layout),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -30,7 +30,7 @@ static uint32_t key_of(float f) { return gcomp_topk_key(bits_of(f)); }
 
 static gcomp_topk_params params(double ratio, int64_t k, int fp16)
 {
-    gcomp_topk_params p = {ratio, k, fp16};
+    gcomp_topk_params p = { ratio, k, fp16 };
     return p;
 }
 
@@ -170,24 +170,19 @@ typedef struct enc {
     gcomp_encode_ctx ctx;
 } enc;
 
-static void encode_direct(const gcomp_topk_params *p, const float *g, const float *r_in,
-                          float *r_out, size_t n, enc *e)
+static void encode_direct(const gcomp_topk_params *p, const float *g, const float *r_in, float *r_out, size_t n, enc *e)
 {
     size_t cap = vt->max_body_bytes(p, n);
     memset(e, 0, sizeof *e);
     e->body = malloc(cap);
     e->flags = 0xdeadu;
-    assert_int_equal(vt->encode(p, &e->ctx, g, r_in, r_out, n, e->body, cap, &e->bytes, &e->flags),
-                     GCOMP_SUCCESS);
+    assert_int_equal(vt->encode(p, &e->ctx, g, r_in, r_out, n, e->body, cap, &e->bytes, &e->flags), GCOMP_SUCCESS);
     assert_true(e->bytes <= cap);
     assert_int_equal(e->flags, p->values ? GCOMP_TOPK_FLAG_FP16 : 0);
 }
 
 /* What decode yields for raw wire value v. */
-static float decoded(uint32_t v, int fp16)
-{
-    return fp16 ? gcomp_f16_to_f32((uint16_t)v) : float_of(v);
-}
+static float decoded(uint32_t v, int fp16) { return fp16 ? gcomp_f16_to_f32((uint16_t)v) : float_of(v); }
 
 /* Encodes x = g (+ r) every way (r_out separate, r_out aliasing r_in, no r_out) and checks
  * the selection against the reference, the values, the residual and decode_add. */
@@ -216,9 +211,9 @@ static void check_encode(const gcomp_topk_params *p, const float *g, const float
     assert_int_equal(pb.k, k);
     for (uint64_t j = 0; j < k; j++) {
         size_t i = (size_t)pb.idx[j];
-        if (pb.idx[j] != ref[j]) print_error("n=%zu k=%llu: kept[%llu] = %llu, reference %zu\n", n,
-                                             (unsigned long long)k, (unsigned long long)j,
-                                             (unsigned long long)pb.idx[j], ref[j]);
+        if (pb.idx[j] != ref[j])
+            print_error("n=%zu k=%llu: kept[%llu] = %llu, reference %zu\n", n, (unsigned long long)k,
+                        (unsigned long long)j, (unsigned long long)pb.idx[j], ref[j]);
         assert_int_equal(pb.idx[j], ref[j]);
         assert_int_equal(pb.vals[j], fp16 ? gcomp_f32_to_f16(x[i]) : bits_of(x[i]));
         kept[i] = 1;
@@ -339,13 +334,13 @@ static void test_k_rule(void **state)
 
 static void test_gauss(void **state)
 {
-    static const size_t ns[] = {1, 2, 7, 17, 1000, 65536, 1000003};
+    static const size_t ns[] = { 1, 2, 7, 17, 1000, 65536, 1000003 };
     (void)state;
     for (size_t t = 0; t < sizeof ns / sizeof ns[0]; t++) {
         size_t n = ns[t];
         float *g = tu_gauss_array(n, 100 + t);
-        gcomp_topk_params ps[] = {params(0.01, 0, 0), params(1e-6, 0, 0), params(0.3, 0, 0),
-                                  params(1, 0, 0), params(0.01, 1, 0), params(0.01, 129, 0)};
+        gcomp_topk_params ps[] = { params(0.01, 0, 0), params(1e-6, 0, 0), params(0.3, 0, 0),
+                                   params(1, 0, 0),    params(0.01, 1, 0), params(0.01, 129, 0) };
         for (size_t j = 0; j < sizeof ps / sizeof ps[0]; j++) check_all(&ps[j], g, n, 7 * t + j);
         free(g);
     }
@@ -354,7 +349,7 @@ static void test_gauss(void **state)
 static void test_empty(void **state)
 {
     gcomp_topk_params p = params(0.01, 0, 0);
-    float acc[3] = {1, 2, 3};
+    float acc[3] = { 1, 2, 3 };
     enc e;
     (void)state;
     assert_int_equal(vt->max_body_bytes(&p, 0), 8);
@@ -370,15 +365,15 @@ static void test_empty(void **state)
 /* Many equal magnitudes of both signs: the ties go to the lowest indices. */
 static void test_ties(void **state)
 {
-    static const size_t ns[] = {7, 1000, 1000003};
-    static const float vals[] = {-1, 0, 1, 2, -2, -0.0f};
+    static const size_t ns[] = { 7, 1000, 1000003 };
+    static const float vals[] = { -1, 0, 1, 2, -2, -0.0f };
     (void)state;
     for (size_t t = 0; t < sizeof ns / sizeof ns[0]; t++) {
         size_t n = ns[t];
         uint64_t seed = 5 + t;
         float *g = malloc(n * sizeof *g);
-        gcomp_topk_params ps[] = {params(0.01, 0, 0), params(0.2, 0, 0), params(0.5, 0, 0),
-                                  params(1, 0, 0), params(0.01, 1, 0), params(0.01, 3, 0)};
+        gcomp_topk_params ps[] = { params(0.01, 0, 0), params(0.2, 0, 0),  params(0.5, 0, 0),
+                                   params(1, 0, 0),    params(0.01, 1, 0), params(0.01, 3, 0) };
         for (size_t i = 0; i < n; i++) g[i] = vals[tu_next(&seed) % 6];
         for (size_t j = 0; j < sizeof ps / sizeof ps[0]; j++) {
             check_encode(&ps[j], g, NULL, n);
@@ -391,14 +386,14 @@ static void test_ties(void **state)
 
 static void test_all_equal(void **state)
 {
-    static const size_t ns[] = {1, 7, 1000, 1000003};
-    static const float vals[] = {1.5f, 0.0f};
+    static const size_t ns[] = { 1, 7, 1000, 1000003 };
+    static const float vals[] = { 1.5f, 0.0f };
     (void)state;
     for (size_t t = 0; t < sizeof ns / sizeof ns[0]; t++) {
         size_t n = ns[t];
         float *g = malloc(n * sizeof *g);
-        gcomp_topk_params ps[] = {params(0.01, 1, 0), params(0.01, 3, 0), params(0.5, 0, 0),
-                                  params(1, 0, 0), params(0.01, 0, 1)};
+        gcomp_topk_params ps[] = { params(0.01, 1, 0), params(0.01, 3, 0), params(0.5, 0, 0), params(1, 0, 0),
+                                   params(0.01, 0, 1) };
         for (size_t v = 0; v < 3; v++) {
             /* all 1.5, all 0, and +-1.5 alternating (equal keys, both signs) */
             for (size_t i = 0; i < n; i++) g[i] = v < 2 ? vals[v] : (i & 1 ? -1.5f : 1.5f);
@@ -411,13 +406,13 @@ static void test_all_equal(void **state)
 /* Mostly zeros with fewer nonzeros than k: every nonzero plus the first zeros are kept. */
 static void test_sparse_input(void **state)
 {
-    static const size_t ns[] = {1000, 1000003};
+    static const size_t ns[] = { 1000, 1000003 };
     (void)state;
     for (size_t t = 0; t < sizeof ns / sizeof ns[0]; t++) {
         size_t n = ns[t];
         uint64_t seed = 77;
         float *g = calloc(n, sizeof *g);
-        gcomp_topk_params ps[] = {params(0.01, 0, 0), params(0.001, 0, 0), params(0.1, 0, 0)};
+        gcomp_topk_params ps[] = { params(0.01, 0, 0), params(0.001, 0, 0), params(0.1, 0, 0) };
         for (size_t i = 0; i < n; i++)
             if (tu_uniform(&seed) < 0.005) g[i] = tu_gauss(&seed);
         for (size_t j = 0; j < sizeof ps / sizeof ps[0]; j++) check_all(&ps[j], g, n, j);
@@ -433,7 +428,7 @@ static void test_misleading_sample(void **state)
 {
     const size_t n = (size_t)1 << 20, stride = n / 8192;
     float *g = tu_gauss_array(n, 31);
-    gcomp_topk_params ps[] = {params(0.05, 0, 0), params(0.01, 0, 0)};
+    gcomp_topk_params ps[] = { params(0.05, 0, 0), params(0.01, 0, 0) };
     (void)state;
     for (size_t i = 0; i < n; i += stride) g[i] *= 10.0f;
     for (size_t j = 0; j < sizeof ps / sizeof ps[0]; j++) check_encode(&ps[j], g, NULL, n);
@@ -516,7 +511,7 @@ static void test_bitstream(void **state)
     uint8_t out[4096], ref[4096];
     (void)state;
     for (int round = 0; round < 200; round++) {
-        gcomp_bitwriter bw = {out, 0, 0, 0};
+        gcomp_bitwriter bw = { out, 0, 0, 0 };
         gcomp_bitreader br;
         uint64_t v[64], gaps[64];
         unsigned w[64], b[64];
@@ -541,7 +536,7 @@ static void test_bitstream(void **state)
         bytes = gcomp_bits_flush(&bw);
         assert_int_equal(bytes, (bit + 7) / 8);
         assert_memory_equal(out, ref, bytes);
-        br = (gcomp_bitreader){out, 0, bytes, 0, 0};
+        br = (gcomp_bitreader){ out, 0, bytes, 0, 0 };
         for (unsigned j = 0; j < 64; j++) {
             uint64_t got = 0, gap = 0;
             assert_true(gcomp_bits_get(&br, w[j], &got));
@@ -557,24 +552,24 @@ static void test_bitstream(void **state)
     }
     /* a gap whose quotient reaches qmax is refused before the run of ones ends */
     {
-        gcomp_bitwriter bw = {out, 0, 0, 0};
+        gcomp_bitwriter bw = { out, 0, 0, 0 };
         gcomp_bitreader br;
         uint64_t gap;
         gcomp_topk_put_gap(&bw, 1000, 0);
-        br = (gcomp_bitreader){out, 0, gcomp_bits_flush(&bw), 0, 0};
+        br = (gcomp_bitreader){ out, 0, gcomp_bits_flush(&bw), 0, 0 };
         assert_false(gcomp_topk_get_gap(&br, 0, 1000, &gap));
-        br = (gcomp_bitreader){out, 0, bw.pos, 0, 0};
+        br = (gcomp_bitreader){ out, 0, bw.pos, 0, 0 };
         assert_true(gcomp_topk_get_gap(&br, 0, 1001, &gap));
         assert_int_equal(gap, 1000);
-        br = (gcomp_bitreader){out, 0, bw.pos - 1, 0, 0}; /* the zero is cut off */
+        br = (gcomp_bitreader){ out, 0, bw.pos - 1, 0, 0 }; /* the zero is cut off */
         assert_false(gcomp_topk_get_gap(&br, 0, UINT64_MAX, &gap));
     }
     /* the Rice choice */
     for (int round = 0; round < 300; round++) {
         uint64_t gaps[GCOMP_TOPK_BLOCK];
         unsigned m = 1 + (unsigned)(tu_next(&seed) % GCOMP_TOPK_BLOCK), shift = (unsigned)(tu_next(&seed) % 64);
-        for (unsigned j = 0; j < m; j++) gaps[j] = round % 3 == 0 ? (uint64_t)(-100.0 * log(1.0 - tu_uniform(&seed)))
-                                                                  : tu_next(&seed) >> shift;
+        for (unsigned j = 0; j < m; j++)
+            gaps[j] = round % 3 == 0 ? (uint64_t)(-100.0 * log(1.0 - tu_uniform(&seed))) : tu_next(&seed) >> shift;
         assert_int_equal(gcomp_topk_rice_param(gaps, m), ref_rice_param(gaps, m));
     }
     assert_int_equal(gcomp_topk_width(0), 0);
@@ -652,9 +647,9 @@ static void expect_corrupt(const uint8_t *p, size_t bytes, uint32_t flags, size_
  * index must be caught even though prev + 1 + gap wraps around to a small number. */
 static void test_huge_gaps(void **state)
 {
-    uint64_t gaps[3] = {5, 7, 0};
-    unsigned r63[1] = {63};
-    float acc[20] = {0};
+    uint64_t gaps[3] = { 5, 7, 0 };
+    unsigned r63[1] = { 63 };
+    float acc[20] = { 0 };
     body b = make_body(3, gaps, r63);
     gcomp_topk_params q = params(0.01, 0, 0);
     (void)state;
@@ -674,8 +669,8 @@ static void test_huge_gaps(void **state)
     /* a quotient that would wrap: with b = 63, q = 2 makes q << 63 overflow to 0, leaving gap 5
      * (a valid index) unless the decoder bounds q first; q = 0 is the same pair, valid */
     for (unsigned quot = 0; quot <= 2; quot++) {
-        float few[20] = {0};
-        uint8_t wrap[8 + 3 + 13] = {0};
+        float few[20] = { 0 };
+        uint8_t wrap[8 + 3 + 13] = { 0 };
         size_t bit = quot + 1;
         gcomp_store_u64(wrap, 1);
         wrap[8] = 63, wrap[9] = 0, wrap[10] = 8;
@@ -692,9 +687,9 @@ static void test_huge_gaps(void **state)
 
     /* a long unary run (b = 0): fine when the index fits, refused when it does not */
     {
-        uint64_t far[2] = {1000, 3};
-        unsigned r0[1] = {0};
-        float big[1100] = {0};
+        uint64_t far[2] = { 1000, 3 };
+        unsigned r0[1] = { 0 };
+        float big[1100] = { 0 };
         b = make_body(2, far, r0);
         assert_int_equal(vt->decode_add(&q, 0, b.p, b.n, big, 1100), GCOMP_SUCCESS);
         assert_true(big[1000] == 1 && big[1004] == 2);
@@ -706,9 +701,9 @@ static void test_huge_gaps(void **state)
 
     /* wide gap fields: truncations land inside and between the blocks */
     {
-        uint64_t zeros[200] = {0};
-        unsigned wide[2] = {63, 63};
-        float all[200] = {0};
+        uint64_t zeros[200] = { 0 };
+        unsigned wide[2] = { 63, 63 };
+        float all[200] = { 0 };
         b = make_body(200, zeros, wide);
         assert_int_equal(vt->decode_add(&q, 0, b.p, b.n, all, 200), GCOMP_SUCCESS);
         for (size_t i = 0; i < 200; i++) assert_true(all[i] == (float)(i + 1));
@@ -721,7 +716,7 @@ static void test_huge_gaps(void **state)
  * for the rest must still find the next float up wherever it is. */
 static void test_next_float(void **state)
 {
-    static const size_t ns[] = {1000, 1000003};
+    static const size_t ns[] = { 1000, 1000003 };
     const float up = nextafterf(1.0f, 2.0f);
     (void)state;
     for (size_t t = 0; t < sizeof ns / sizeof ns[0]; t++) {
@@ -739,8 +734,8 @@ static void test_next_float(void **state)
 
 static void test_corrupt_fields(void **state)
 {
-    uint64_t gaps[300] = {0};
-    unsigned rice[3] = {3, 0, 9};
+    uint64_t gaps[300] = { 0 };
+    unsigned rice[3] = { 3, 0, 9 };
     body b;
     float acc[400];
     gcomp_topk_params q = params(0.01, 0, 0);
@@ -752,8 +747,8 @@ static void test_corrupt_fields(void **state)
     assert_int_equal(vt->decode_add(&q, 0, b.p, b.n, acc, 300), GCOMP_SUCCESS);
     assert_true(acc[0] == 1 && acc[299] == 300);
 
-    expect_corrupt(b.p, b.n, 0, 299);                    /* k > n */
-    expect_corrupt(b.p, b.n, 2, 300);                    /* unknown flag bits */
+    expect_corrupt(b.p, b.n, 0, 299); /* k > n */
+    expect_corrupt(b.p, b.n, 2, 300); /* unknown flag bits */
     expect_corrupt(b.p, b.n, 0x80000000u, 300);
     expect_corrupt(b.p, b.n, GCOMP_TOPK_FLAG_FP16, 300); /* fp16: an offset width of 8 > 5 */
     b.p[8] = 64;                                         /* Rice parameter > 63 */
@@ -812,7 +807,7 @@ static void test_truncations(void **state)
 {
     const size_t n = 5000;
     float *g = tu_gauss_array(n, 12);
-    gcomp_topk_params ps[] = {params(0.01, 0, 0), params(0.1, 0, 1), params(0.01, 1, 0)};
+    gcomp_topk_params ps[] = { params(0.01, 0, 0), params(0.1, 0, 1), params(0.01, 1, 0) };
     (void)state;
     for (size_t j = 0; j < sizeof ps / sizeof ps[0]; j++) {
         enc e;
@@ -829,7 +824,7 @@ static void test_buffer_too_small(void **state)
     const size_t n = 100000;
     float *g = tu_gauss_array(n, 13), *r = tu_gauss_array(n, 14), *r0 = malloc(n * sizeof *r0);
     gcomp_topk_params p = params(0.01, 0, 0);
-    gcomp_encode_ctx ctx = {0};
+    gcomp_encode_ctx ctx = { 0 };
     size_t need, w = 0;
     uint32_t flags;
     uint8_t *buf;
@@ -840,8 +835,7 @@ static void test_buffer_too_small(void **state)
     need = e.bytes;
     buf = malloc(need);
     memcpy(r0, r, n * sizeof *r);
-    assert_int_equal(vt->encode(&p, &ctx, g, r, r, n, buf, need - 1, &w, &flags),
-                     GCOMP_ERR_BUFFER_TOO_SMALL);
+    assert_int_equal(vt->encode(&p, &ctx, g, r, r, n, buf, need - 1, &w, &flags), GCOMP_ERR_BUFFER_TOO_SMALL);
     assert_non_null(strstr(gcomp_last_error(), "topk"));
     assert_memory_equal(r, r0, n * sizeof *r);
     /* exactly enough: the same body, and the residual of a normal call */
@@ -849,8 +843,7 @@ static void test_buffer_too_small(void **state)
     assert_int_equal(w, need);
     assert_memory_equal(buf, e.body, need);
     assert_memory_equal(r, r1, n * sizeof *r);
-    assert_int_equal(vt->encode(&p, &ctx, NULL, NULL, NULL, 0, buf, 7, &w, &flags),
-                     GCOMP_ERR_BUFFER_TOO_SMALL);
+    assert_int_equal(vt->encode(&p, &ctx, NULL, NULL, NULL, 0, buf, 7, &w, &flags), GCOMP_ERR_BUFFER_TOO_SMALL);
     free(e.body);
     free(r1);
     free(buf);
@@ -887,8 +880,9 @@ static void check_sum_pairs(size_t n, int fp16, int lists, size_t misalign)
         val[j] = malloc(k * sizeof *val[j]);
         assert_int_equal(gcomp__topk_body_pairs(e.flags, e.body, e.bytes, n, k, idx[j], val[j], &got_k), GCOMP_SUCCESS);
         assert_int_equal(got_k, k);
-        if (k > 1) assert_int_equal(gcomp__topk_body_pairs(e.flags, e.body, e.bytes, n, k - 1, idx[j], val[j], &got_k),
-                                    GCOMP_ERR_CORRUPT); /* more pairs than the receiver expects */
+        if (k > 1)
+            assert_int_equal(gcomp__topk_body_pairs(e.flags, e.body, e.bytes, n, k - 1, idx[j], val[j], &got_k),
+                             GCOMP_ERR_CORRUPT); /* more pairs than the receiver expects */
         pl[j].idx = idx[j];
         pl[j].val = val[j];
         pl[j].k = k;
@@ -919,9 +913,9 @@ static void check_sum_pairs(size_t n, int fp16, int lists, size_t misalign)
  * divide; subnormal results, signed zeros, infinities, NaN and the largest floats included. */
 static void test_divide_f32(void **state)
 {
-    static const float d[] = {1, 2, 3, 4, 5, 7, 8, 1024, 6, 0.5f};
-    float edge[] = {0.0f, -0.0f, 1e-45f, -1e-45f, 3e-39f, 1.17549435e-38f, 1.5e-38f, 3.4028235e38f, -3.4028235e38f,
-                    INFINITY, -INFINITY, NAN, 1.0f, -7.0f, 0.1f};
+    static const float d[] = { 1, 2, 3, 4, 5, 7, 8, 1024, 6, 0.5f };
+    float edge[] = { 0.0f,           -0.0f,    1e-45f,    -1e-45f, 3e-39f, 1.17549435e-38f, 1.5e-38f, 3.4028235e38f,
+                     -3.4028235e38f, INFINITY, -INFINITY, NAN,     1.0f,   -7.0f,           0.1f };
     size_t ne = sizeof edge / sizeof edge[0], n = ne + 1000;
     float *x = tu_gauss_array(n, 77), *y = malloc(n * sizeof *y);
     (void)state;
@@ -1023,7 +1017,9 @@ int main(void)
         cmocka_unit_test(test_corrupt_fields),
         cmocka_unit_test(test_truncations),
         cmocka_unit_test(test_buffer_too_small),
-        cmocka_unit_test(test_sum_pairs), cmocka_unit_test(test_divide_f32), cmocka_unit_test(test_public_api),
+        cmocka_unit_test(test_sum_pairs),
+        cmocka_unit_test(test_divide_f32),
+        cmocka_unit_test(test_public_api),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

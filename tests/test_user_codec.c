@@ -114,9 +114,9 @@ static int group_setup(void **state)
 
 static void test_found_and_listed(void **state)
 {
-    static const char *const builtins[] = {"none", "fp16", "bf16", "terngrad", "topk", "zstd"};
-    static const uint16_t wire_ids[] = {1, 2, 3, 4, 7, 6}; /* topk's format 1 was 5 */
-    int seen_builtin[6] = {0}, seen_randk = 0, seen_xor = 0;
+    static const char *const builtins[] = { "none", "fp16", "bf16", "terngrad", "topk", "zstd" };
+    static const uint16_t wire_ids[] = { 1, 2, 3, 4, 7, 6 }; /* topk's format 1 was 5 */
+    int seen_builtin[6] = { 0 }, seen_randk = 0, seen_xor = 0;
     size_t n = 0;
     const char *name;
     (void)state;
@@ -148,7 +148,7 @@ static void test_found_and_listed(void **state)
 
 static void test_spec_and_round_trip(void **state)
 {
-    static const size_t ns[] = {1, 2, 7, 100, 1001};
+    static const size_t ns[] = { 1, 2, 7, 100, 1001 };
     (void)state;
     for (size_t t = 0; t < sizeof ns / sizeof ns[0]; t++) {
         size_t n = ns[t], bytes, kept = 0, k = (n + 1) / 2;
@@ -180,8 +180,12 @@ static void test_spec_and_round_trip(void **state)
 static void test_default_and_bad_params(void **state)
 {
     static const char *const bad[] = {
-        "randk:foo=1", "randk:ratio=2", "randk:ratio=0", "randk:ratio=abc", "randk:ratio=", "randk:ratio=0.5,ratio=0.5",
-        "randk:k=3", "randk:ratio=0.5+randk", "xormask", "xormask+randk", "randk:",
+        "randk:foo=1",   "randk:ratio=2",
+        "randk:ratio=0", "randk:ratio=abc",
+        "randk:ratio=",  "randk:ratio=0.5,ratio=0.5",
+        "randk:k=3",     "randk:ratio=0.5+randk",
+        "xormask",       "xormask+randk",
+        "randk:",
     };
     gcomp_codec *c = NULL;
     (void)state;
@@ -281,10 +285,9 @@ static void test_error_feedback(void **state)
 /* In a chain with zstd (and with the user byte stage): the same values as randk alone. */
 static void test_chains(void **state)
 {
-    static const char *const chains[] = {"randk:ratio=0.5+zstd", "randk:ratio=0.5+zstd:level=19",
-                                         "randk:ratio=0.5+xormask", "randk:ratio=0.5+xormask+zstd",
-                                         "fp16+xormask"};
-    static const size_t ns[] = {1, 7, 1001, 20000};
+    static const char *const chains[] = { "randk:ratio=0.5+zstd", "randk:ratio=0.5+zstd:level=19",
+                                          "randk:ratio=0.5+xormask", "randk:ratio=0.5+xormask+zstd", "fp16+xormask" };
+    static const size_t ns[] = { 1, 7, 1001, 20000 };
     (void)state;
     for (size_t ci = 0; ci < sizeof chains / sizeof chains[0]; ci++) {
         for (size_t t = 0; t < sizeof ns / sizeof ns[0]; t++) {
@@ -326,15 +329,16 @@ static void test_corrupt_payloads(void **state)
 {
     const size_t n = 64;
     gcomp_codec *c = codec_with("randk:ratio=0.5", 1, 0), *none = codec_with("none", 0, 0);
-    float *x = nonzero_input(n, 8), acc[64] = {0};
+    float *x = nonzero_input(n, 8), acc[64] = { 0 };
     size_t bytes, nb;
     uint8_t *p = encode_with(c, GCOMP_KEY_NONE, x, n, &bytes), *q = encode_with(none, GCOMP_KEY_NONE, x, n, &nb);
     (void)state;
-    for (size_t len = 0; len < bytes; len++) assert_int_equal(gcomp_codec_decode_add(c, p, len, acc, n), GCOMP_ERR_CORRUPT);
+    for (size_t len = 0; len < bytes; len++)
+        assert_int_equal(gcomp_codec_decode_add(c, p, len, acc, n), GCOMP_ERR_CORRUPT);
     assert_int_equal(gcomp_codec_decode_add(c, p, bytes, acc, n - 1), GCOMP_ERR_CORRUPT);
-    assert_int_equal(gcomp_codec_decode_add(c, q, nb, acc, n), GCOMP_ERR_CORRUPT);    /* none's payload */
+    assert_int_equal(gcomp_codec_decode_add(c, q, nb, acc, n), GCOMP_ERR_CORRUPT);       /* none's payload */
     assert_int_equal(gcomp_codec_decode_add(none, p, bytes, acc, n), GCOMP_ERR_CORRUPT); /* randk's payload */
-    p[8] = 1;                                                                          /* header flags */
+    p[8] = 1;                                                                            /* header flags */
     assert_int_equal(gcomp_codec_decode_add(c, p, bytes, acc, n), GCOMP_ERR_CORRUPT);
     free(p), free(q), free(x);
     gcomp_codec_destroy(c);
@@ -359,7 +363,7 @@ static void test_register_errors(void **state)
     assert_int_equal(gcomp_codec_register(&v), GCOMP_ERR_EXISTS);
     /* invalid: built-in wire ids (taken or not), id 0, bad names, ABI, missing functions */
     {
-        static const uint16_t ids[] = {0, 1, 4, 6, 100, GCOMP_WIRE_ID_USER_MIN - 1};
+        static const uint16_t ids[] = { 0, 1, 4, 6, 100, GCOMP_WIRE_ID_USER_MIN - 1 };
         for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++) {
             v = randk_vt;
             v.name = "fresh";
@@ -368,8 +372,8 @@ static void test_register_errors(void **state)
         }
     }
     {
-        static const char *const names[] = {"Bad-Name", "BadName", "bad-name", "bad name", "", "a+b", "a:b",
-                                            "123456789012345678901234567890123"};
+        static const char *const names[] = { "Bad-Name", "BadName", "bad-name", "bad name",
+                                             "",         "a+b",     "a:b",      "123456789012345678901234567890123" };
         for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
             v = randk_vt;
             v.name = names[i];
@@ -433,25 +437,33 @@ typedef struct small_params { /* 12 bytes: an int64 at offset 8 would run 4 byte
     int32_t a, b, c;
 } small_params;
 
-static const char *const two_choices[] = {"lo", "hi", NULL};
-static const char *const no_choices[] = {NULL};
-static const char *const comma_choice[] = {"a,b", NULL};
-static const char *const empty_choice[] = {"", NULL};
-static const char *const dup_choices[] = {"x", "x", NULL};
+static const char *const two_choices[] = { "lo", "hi", NULL };
+static const char *const no_choices[] = { NULL };
+static const char *const comma_choice[] = { "a,b", NULL };
+static const char *const empty_choice[] = { "", NULL };
+static const char *const dup_choices[] = { "x", "x", NULL };
 static const char *const many_choices[64] = {
-    "c0", "c1", "c2", "c3", "c4", "c5", "c6", "c7", "c8", "c9", "c10", "c11", "c12", "c13", "c14", "c15",
+    "c0",  "c1",  "c2",  "c3",  "c4",  "c5",  "c6",  "c7",  "c8",  "c9",  "c10", "c11", "c12", "c13", "c14", "c15",
     "c16", "c17", "c18", "c19", "c20", "c21", "c22", "c23", "c24", "c25", "c26", "c27", "c28", "c29", "c30", "c31",
     "c32", "c33", "c34", "c35", "c36", "c37", "c38", "c39", "c40", "c41", "c42", "c43", "c44", "c45", "c46", "c47",
     "c48", "c49", "c50", "c51", "c52", "c53", "c54", "c55", "c56", "c57", "c58", "c59", "c60", "c61", "c62", "c63",
 }; /* no NULL within 64 entries */
 
-#define P_INT(name, off, lo, hi, def) {name, GCOMP_PARAM_INT, off, lo, hi, def, NULL, "test"}
-#define P_DBL(name, off, lo, hi, def) {name, GCOMP_PARAM_DOUBLE, off, lo, hi, def, NULL, "test"}
-#define P_ENUM(name, off, choices, def) {name, GCOMP_PARAM_ENUM, off, 0, 0, def, choices, "test"}
+#define P_INT(name, off, lo, hi, def)                         \
+    {                                                         \
+        name, GCOMP_PARAM_INT, off, lo, hi, def, NULL, "test" \
+    }
+#define P_DBL(name, off, lo, hi, def)                            \
+    {                                                            \
+        name, GCOMP_PARAM_DOUBLE, off, lo, hi, def, NULL, "test" \
+    }
+#define P_ENUM(name, off, choices, def)                         \
+    {                                                           \
+        name, GCOMP_PARAM_ENUM, off, 0, 0, def, choices, "test" \
+    }
 
 /* A byte stage (it never reads its params) with the given table: only the table is tested. */
-static gcomp_codec_vtable table_vt(const char *name, uint16_t id, const gcomp_param_def *params, size_t n,
-                                   size_t size)
+static gcomp_codec_vtable table_vt(const char *name, uint16_t id, const gcomp_param_def *params, size_t n, size_t size)
 {
     gcomp_codec_vtable v = xormask_vt;
     v.name = name;
@@ -464,66 +476,66 @@ static gcomp_codec_vtable table_vt(const char *name, uint16_t id, const gcomp_pa
 
 static void test_register_param_tables(void **state)
 {
-    static const gcomp_param_def int_past_end[] = {P_INT("x", 8, 0, 100, 1)};
-    static const gcomp_param_def dbl_past_end[] = {P_DBL("x", 8, 0, 100, 1)};
-    static const gcomp_param_def enum_past_end[] = {P_ENUM("x", 12, two_choices, 0)};
-    static const gcomp_param_def offset_wraps[] = {P_INT("x", SIZE_MAX - 3, 0, 100, 1)};
-    static const gcomp_param_def misaligned[] = {P_INT("x", 4, 0, 100, 1)};
-    static const gcomp_param_def enum_def_past[] = {P_ENUM("e", offsetof(ptab_params, e), two_choices, 5)};
-    static const gcomp_param_def enum_def_neg[] = {P_ENUM("e", offsetof(ptab_params, e), two_choices, -1)};
-    static const gcomp_param_def enum_def_frac[] = {P_ENUM("e", offsetof(ptab_params, e), two_choices, 0.5)};
-    static const gcomp_param_def enum_null[] = {P_ENUM("e", offsetof(ptab_params, e), NULL, 0)};
-    static const gcomp_param_def enum_empty[] = {P_ENUM("e", offsetof(ptab_params, e), no_choices, 0)};
-    static const gcomp_param_def enum_unterminated[] = {P_ENUM("e", offsetof(ptab_params, e), many_choices, 0)};
-    static const gcomp_param_def enum_comma[] = {P_ENUM("e", offsetof(ptab_params, e), comma_choice, 0)};
-    static const gcomp_param_def enum_empty_name[] = {P_ENUM("e", offsetof(ptab_params, e), empty_choice, 0)};
-    static const gcomp_param_def enum_dup[] = {P_ENUM("e", offsetof(ptab_params, e), dup_choices, 0)};
-    static const gcomp_param_def min_gt_max[] = {P_INT("i", 0, 10, 1, 5)};
-    static const gcomp_param_def nan_bound[] = {P_DBL("d", 8, 0, NAN, 0)};
-    static const gcomp_param_def def_below[] = {P_DBL("d", 8, 1, 2, 0.5)};
-    static const gcomp_param_def def_above[] = {P_INT("i", 0, 1, 2, 3)};
-    static const gcomp_param_def def_nan[] = {P_DBL("d", 8, -INFINITY, INFINITY, NAN)};
-    static const gcomp_param_def def_frac[] = {P_INT("i", 0, 0, 10, 2.5)};
-    static const gcomp_param_def dup_names[] = {P_INT("i", 0, 0, 10, 1), P_DBL("i", 8, 0, 1, 0)};
-    static const gcomp_param_def overlap[] = {P_DBL("d", 8, 0, 1, 0), P_ENUM("e", 12, two_choices, 0)};
-    static const gcomp_param_def bad_name[] = {P_INT("Bad", 0, 0, 10, 1)};
-    static const gcomp_param_def eq_name[] = {P_INT("a=b", 0, 0, 10, 1)};
-    static const gcomp_param_def null_name[] = {P_INT(NULL, 0, 0, 10, 1)};
-    static const gcomp_param_def bad_type[] = {{"i", (gcomp_param_type)7, 0, 0, 10, 1, NULL, "test"}};
+    static const gcomp_param_def int_past_end[] = { P_INT("x", 8, 0, 100, 1) };
+    static const gcomp_param_def dbl_past_end[] = { P_DBL("x", 8, 0, 100, 1) };
+    static const gcomp_param_def enum_past_end[] = { P_ENUM("x", 12, two_choices, 0) };
+    static const gcomp_param_def offset_wraps[] = { P_INT("x", SIZE_MAX - 3, 0, 100, 1) };
+    static const gcomp_param_def misaligned[] = { P_INT("x", 4, 0, 100, 1) };
+    static const gcomp_param_def enum_def_past[] = { P_ENUM("e", offsetof(ptab_params, e), two_choices, 5) };
+    static const gcomp_param_def enum_def_neg[] = { P_ENUM("e", offsetof(ptab_params, e), two_choices, -1) };
+    static const gcomp_param_def enum_def_frac[] = { P_ENUM("e", offsetof(ptab_params, e), two_choices, 0.5) };
+    static const gcomp_param_def enum_null[] = { P_ENUM("e", offsetof(ptab_params, e), NULL, 0) };
+    static const gcomp_param_def enum_empty[] = { P_ENUM("e", offsetof(ptab_params, e), no_choices, 0) };
+    static const gcomp_param_def enum_unterminated[] = { P_ENUM("e", offsetof(ptab_params, e), many_choices, 0) };
+    static const gcomp_param_def enum_comma[] = { P_ENUM("e", offsetof(ptab_params, e), comma_choice, 0) };
+    static const gcomp_param_def enum_empty_name[] = { P_ENUM("e", offsetof(ptab_params, e), empty_choice, 0) };
+    static const gcomp_param_def enum_dup[] = { P_ENUM("e", offsetof(ptab_params, e), dup_choices, 0) };
+    static const gcomp_param_def min_gt_max[] = { P_INT("i", 0, 10, 1, 5) };
+    static const gcomp_param_def nan_bound[] = { P_DBL("d", 8, 0, NAN, 0) };
+    static const gcomp_param_def def_below[] = { P_DBL("d", 8, 1, 2, 0.5) };
+    static const gcomp_param_def def_above[] = { P_INT("i", 0, 1, 2, 3) };
+    static const gcomp_param_def def_nan[] = { P_DBL("d", 8, -INFINITY, INFINITY, NAN) };
+    static const gcomp_param_def def_frac[] = { P_INT("i", 0, 0, 10, 2.5) };
+    static const gcomp_param_def dup_names[] = { P_INT("i", 0, 0, 10, 1), P_DBL("i", 8, 0, 1, 0) };
+    static const gcomp_param_def overlap[] = { P_DBL("d", 8, 0, 1, 0), P_ENUM("e", 12, two_choices, 0) };
+    static const gcomp_param_def bad_name[] = { P_INT("Bad", 0, 0, 10, 1) };
+    static const gcomp_param_def eq_name[] = { P_INT("a=b", 0, 0, 10, 1) };
+    static const gcomp_param_def null_name[] = { P_INT(NULL, 0, 0, 10, 1) };
+    static const gcomp_param_def bad_type[] = { { "i", (gcomp_param_type)7, 0, 0, 10, 1, NULL, "test" } };
     static gcomp_param_def too_many[65];
     static const struct {
         const char *what;
         const gcomp_param_def *params;
         size_t n, size;
     } bad[] = {
-        {"int64 at offset 8 of a 12-byte struct", int_past_end, 1, sizeof(small_params)},
-        {"double at offset 8 of a 12-byte struct", dbl_past_end, 1, sizeof(small_params)},
-        {"int at offset 12 of a 12-byte struct", enum_past_end, 1, sizeof(small_params)},
-        {"an offset that wraps", offset_wraps, 1, sizeof(ptab_params)},
-        {"a misaligned int64", misaligned, 1, sizeof(ptab_params)},
-        {"an enum default past its choices", enum_def_past, 1, sizeof(ptab_params)},
-        {"a negative enum default", enum_def_neg, 1, sizeof(ptab_params)},
-        {"a fractional enum default", enum_def_frac, 1, sizeof(ptab_params)},
-        {"an enum without choices", enum_null, 1, sizeof(ptab_params)},
-        {"an enum with an empty choice list", enum_empty, 1, sizeof(ptab_params)},
-        {"choices without NULL within 64", enum_unterminated, 1, sizeof(ptab_params)},
-        {"a choice holding ','", enum_comma, 1, sizeof(ptab_params)},
-        {"an empty choice", enum_empty_name, 1, sizeof(ptab_params)},
-        {"a choice given twice", enum_dup, 1, sizeof(ptab_params)},
-        {"min > max", min_gt_max, 1, sizeof(ptab_params)},
-        {"a NaN bound", nan_bound, 1, sizeof(ptab_params)},
-        {"a default below min", def_below, 1, sizeof(ptab_params)},
-        {"a default above max", def_above, 1, sizeof(ptab_params)},
-        {"a NaN default", def_nan, 1, sizeof(ptab_params)},
-        {"a fractional integer default", def_frac, 1, sizeof(ptab_params)},
-        {"a parameter name given twice", dup_names, 2, sizeof(ptab_params)},
-        {"two fields that overlap", overlap, 2, sizeof(ptab_params)},
-        {"an upper-case name", bad_name, 1, sizeof(ptab_params)},
-        {"a name holding '='", eq_name, 1, sizeof(ptab_params)},
-        {"a NULL name", null_name, 1, sizeof(ptab_params)},
-        {"an unknown type", bad_type, 1, sizeof(ptab_params)},
-        {"65 parameters", too_many, 65, 65 * sizeof(double)},
-        {"a params struct of 1 MiB", int_past_end, 1, (size_t)1 << 20},
+        { "int64 at offset 8 of a 12-byte struct", int_past_end, 1, sizeof(small_params) },
+        { "double at offset 8 of a 12-byte struct", dbl_past_end, 1, sizeof(small_params) },
+        { "int at offset 12 of a 12-byte struct", enum_past_end, 1, sizeof(small_params) },
+        { "an offset that wraps", offset_wraps, 1, sizeof(ptab_params) },
+        { "a misaligned int64", misaligned, 1, sizeof(ptab_params) },
+        { "an enum default past its choices", enum_def_past, 1, sizeof(ptab_params) },
+        { "a negative enum default", enum_def_neg, 1, sizeof(ptab_params) },
+        { "a fractional enum default", enum_def_frac, 1, sizeof(ptab_params) },
+        { "an enum without choices", enum_null, 1, sizeof(ptab_params) },
+        { "an enum with an empty choice list", enum_empty, 1, sizeof(ptab_params) },
+        { "choices without NULL within 64", enum_unterminated, 1, sizeof(ptab_params) },
+        { "a choice holding ','", enum_comma, 1, sizeof(ptab_params) },
+        { "an empty choice", enum_empty_name, 1, sizeof(ptab_params) },
+        { "a choice given twice", enum_dup, 1, sizeof(ptab_params) },
+        { "min > max", min_gt_max, 1, sizeof(ptab_params) },
+        { "a NaN bound", nan_bound, 1, sizeof(ptab_params) },
+        { "a default below min", def_below, 1, sizeof(ptab_params) },
+        { "a default above max", def_above, 1, sizeof(ptab_params) },
+        { "a NaN default", def_nan, 1, sizeof(ptab_params) },
+        { "a fractional integer default", def_frac, 1, sizeof(ptab_params) },
+        { "a parameter name given twice", dup_names, 2, sizeof(ptab_params) },
+        { "two fields that overlap", overlap, 2, sizeof(ptab_params) },
+        { "an upper-case name", bad_name, 1, sizeof(ptab_params) },
+        { "a name holding '='", eq_name, 1, sizeof(ptab_params) },
+        { "a NULL name", null_name, 1, sizeof(ptab_params) },
+        { "an unknown type", bad_type, 1, sizeof(ptab_params) },
+        { "65 parameters", too_many, 65, 65 * sizeof(double) },
+        { "a params struct of 1 MiB", int_past_end, 1, (size_t)1 << 20 },
     };
     static gcomp_codec_vtable vts[sizeof bad / sizeof bad[0]];
     static char names[sizeof bad / sizeof bad[0]][16];
@@ -569,7 +581,7 @@ static void test_register_spec_length(void **state)
         uint16_t id;
         size_t n;
         int ok;
-    } cases[] = {{"lenno", 470, 64, 0}, {"lenn9", 471, 9, 0}, {"lenok", 472, 8, 1}};
+    } cases[] = { { "lenno", 470, 64, 0 }, { "lenn9", 471, 9, 0 }, { "lenok", 472, 8, 1 } };
     char spec[1024];
     (void)state;
     for (size_t i = 0; i < 64; i++) {
@@ -665,7 +677,8 @@ static float tern1_scale(const float *g, const float *r, size_t n)
 }
 
 static gcomp_result tern1_encode(const void *params, gcomp_encode_ctx *ctx, const float *g, const float *r_in,
-                                 float *r_out, size_t count, uint8_t *body, size_t cap, size_t *written, uint32_t *flags)
+                                 float *r_out, size_t count, uint8_t *body, size_t cap, size_t *written,
+                                 uint32_t *flags)
 {
     float s = tern1_scale(g, r_in, count);
     (void)params;
@@ -745,7 +758,8 @@ static gcomp_result tern1_int_sums_add_pack(const void *params, const uint8_t *i
 {
     (void)params;
     __atomic_fetch_add(&tern1_calls[1], 1, __ATOMIC_RELAXED);
-    if (m_in && in_bytes != n) return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "tern1: %zu bytes of sums, expected %zu", in_bytes, n);
+    if (m_in && in_bytes != n)
+        return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "tern1: %zu bytes of sums, expected %zu", in_bytes, n);
     for (size_t i = 0; i < n; i++) {
         int v = m_in ? (int8_t)in[i] : 0;
         if (v < -(int)m_in || v > (int)m_in) return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "tern1: sum out of range");
@@ -761,7 +775,8 @@ static gcomp_result tern1_int_sums_values(const void *params, const uint8_t *in,
     (void)lo;
     (void)scratch;
     __atomic_fetch_add(&tern1_calls[2], 1, __ATOMIC_RELAXED);
-    if (bytes != n) return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "tern1: %zu bytes of final sums, expected %zu", bytes, n);
+    if (bytes != n)
+        return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "tern1: %zu bytes of final sums, expected %zu", bytes, n);
     for (size_t i = 0; i < n; i++) {
         int v = (int8_t)in[i];
         if (v < -(int)m || v > (int)m) return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "tern1: final sum out of range");
@@ -790,21 +805,35 @@ static const gcomp_codec_vtable tern1_vt = {
 /* An INTEGER codec without an entry the ring needs is refused, and the message names it. */
 static void test_integer_entries_required(void **state)
 {
-    static const char *const names[] = {"num_scales", "local_scales", "int_align", "int_sum_bytes",
-                                        "int_ternarise", "int_sums_add_pack", "int_sums_values"};
+    static const char *const names[] = { "num_scales",    "local_scales",      "int_align",      "int_sum_bytes",
+                                         "int_ternarise", "int_sums_add_pack", "int_sums_values" };
     (void)state;
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         gcomp_codec_vtable v = tern1_vt;
         v.name = "tern1_lacking";
         v.wire_id = 203;
         switch (i) {
-        case 0: v.num_scales = NULL; break;
-        case 1: v.local_scales = NULL; break;
-        case 2: v.int_align = NULL; break;
-        case 3: v.int_sum_bytes = NULL; break;
-        case 4: v.int_ternarise = NULL; break;
-        case 5: v.int_sums_add_pack = NULL; break;
-        default: v.int_sums_values = NULL; break;
+        case 0:
+            v.num_scales = NULL;
+            break;
+        case 1:
+            v.local_scales = NULL;
+            break;
+        case 2:
+            v.int_align = NULL;
+            break;
+        case 3:
+            v.int_sum_bytes = NULL;
+            break;
+        case 4:
+            v.int_ternarise = NULL;
+            break;
+        case 5:
+            v.int_sums_add_pack = NULL;
+            break;
+        default:
+            v.int_sums_values = NULL;
+            break;
         }
         assert_int_equal(gcomp_codec_register(&v), GCOMP_ERR_INVALID_ARG);
         if (!strstr(gcomp_last_error(), names[i]) || !strstr(gcomp_last_error(), "GCOMP_CAP_INTEGER"))
@@ -914,11 +943,11 @@ static void test_user_integer_codec_ring(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_found_and_listed),    cmocka_unit_test(test_spec_and_round_trip),
-        cmocka_unit_test(test_default_and_bad_params), cmocka_unit_test(test_deterministic_choice),
-        cmocka_unit_test(test_error_feedback),      cmocka_unit_test(test_chains),
-        cmocka_unit_test(test_corrupt_payloads),    cmocka_unit_test(test_register_errors),
-        cmocka_unit_test(test_register_param_tables), cmocka_unit_test(test_register_valid_table),
+        cmocka_unit_test(test_found_and_listed),         cmocka_unit_test(test_spec_and_round_trip),
+        cmocka_unit_test(test_default_and_bad_params),   cmocka_unit_test(test_deterministic_choice),
+        cmocka_unit_test(test_error_feedback),           cmocka_unit_test(test_chains),
+        cmocka_unit_test(test_corrupt_payloads),         cmocka_unit_test(test_register_errors),
+        cmocka_unit_test(test_register_param_tables),    cmocka_unit_test(test_register_valid_table),
         cmocka_unit_test(test_integer_entries_required), cmocka_unit_test(test_user_integer_codec_ring),
         cmocka_unit_test(test_register_spec_length),
     };

@@ -86,8 +86,10 @@ static void check_lossless(const char *plain_spec, const char *chain_spec, const
     assert_int_equal(gcomp_codec_residual_get(chain, 3, rb, count), GCOMP_SUCCESS);
     if (count) assert_memory_equal(ra, rb, count * sizeof *ra);
     /* RAW exactly when the frame would not have been smaller */
-    if (b.h.flags & GCOMP_ZSTD_FLAG_RAW) assert_int_equal(b.n, a.n + GCOMP_HEADER_BYTES);
-    else assert_true(b.n < a.n + GCOMP_HEADER_BYTES);
+    if (b.h.flags & GCOMP_ZSTD_FLAG_RAW)
+        assert_int_equal(b.n, a.n + GCOMP_HEADER_BYTES);
+    else
+        assert_true(b.n < a.n + GCOMP_HEADER_BYTES);
     free(inner), free(da), free(db), free(ra), free(rb), free(a.p), free(b.p);
     gcomp_codec_destroy(plain);
     gcomp_codec_destroy(chain);
@@ -96,15 +98,15 @@ static void check_lossless(const char *plain_spec, const char *chain_spec, const
 static void test_lossless(void **state)
 {
     static const char *const specs[][2] = {
-        {"fp16", "fp16+zstd"},
-        {"topk:ratio=0.1", "topk:ratio=0.1+zstd"},
-        {"topk:ratio=0.01,values=fp16", "topk:ratio=0.01,values=fp16+zstd:level=3"},
-        {"terngrad", "terngrad+zstd"},
-        {"terngrad:bucket=64,clip=2.5", "terngrad:bucket=64,clip=2.5+zstd"},
-        {"bf16", "bf16+zstd:level=-3"},
-        {"none", "none+zstd"},
+        { "fp16", "fp16+zstd" },
+        { "topk:ratio=0.1", "topk:ratio=0.1+zstd" },
+        { "topk:ratio=0.01,values=fp16", "topk:ratio=0.01,values=fp16+zstd:level=3" },
+        { "terngrad", "terngrad+zstd" },
+        { "terngrad:bucket=64,clip=2.5", "terngrad:bucket=64,clip=2.5+zstd" },
+        { "bf16", "bf16+zstd:level=-3" },
+        { "none", "none+zstd" },
     };
-    static const size_t ns[] = {0, 1, 7, 1000, 100003};
+    static const size_t ns[] = { 0, 1, 7, 1000, 100003 };
     (void)state;
     for (size_t s = 0; s < sizeof specs / sizeof specs[0]; s++) {
         for (size_t t = 0; t < sizeof ns / sizeof ns[0]; t++) {
@@ -130,7 +132,7 @@ static void test_compressible(void **state)
     assert_int_equal(a.n, GCOMP_HEADER_BYTES + 2 * n);
     assert_int_equal(b.h.flags & GCOMP_ZSTD_FLAG_RAW, 0);
     print_message("    fp16 of %zu zeros: %zu bytes, with zstd %zu bytes\n", n, a.n, b.n);
-    assert_true(b.n < 1024);       /* 200 KB of zeros: a few dozen bytes of frame */
+    assert_true(b.n < 1024);      /* 200 KB of zeros: a few dozen bytes of frame */
     assert_true(b.n * 100 < a.n); /* at least 100x */
     for (size_t i = 0; i < n; i++) assert_true(d[i] == 0.0f);
     assert_int_equal(gcomp_codec_stats_get(chain, &st), GCOMP_SUCCESS);
@@ -146,7 +148,7 @@ static void test_compressible(void **state)
  * gain a byte or two on the inner header's zero fields, so only the +32 bytes limit holds. */
 static void test_incompressible_raw(void **state)
 {
-    static const size_t ns[] = {1, 2, 7, 100, 1000, 4096, 65537};
+    static const size_t ns[] = { 1, 2, 7, 100, 1000, 4096, 65537 };
     (void)state;
     for (size_t t = 0; t < sizeof ns / sizeof ns[0]; t++) {
         size_t n = ns[t], inner_n;
@@ -180,13 +182,19 @@ static void test_incompressible_raw(void **state)
 
 static void test_levels(void **state)
 {
-    static const char *const ok[] = {"fp16+zstd:level=-7", "fp16+zstd:level=1", "fp16+zstd:level=19",
-                                     "fp16+zstd:level=0", "fp16+zstd"};
-    static const char *const canon[] = {"fp16+zstd:level=-7", "fp16+zstd:level=1", "fp16+zstd:level=19",
-                                        "fp16+zstd:level=0", "fp16+zstd:level=1"};
-    static const char *const bad[] = {"fp16+zstd:level=20", "fp16+zstd:level=-8", "fp16+zstd:level=1.5",
-                                      "fp16+zstd:level=abc", "fp16+zstd:level=", "fp16+zstd:lvl=3", "zstd",
-                                      "zstd+fp16", "fp16+zstd:level=99999999999999999999"};
+    static const char *const ok[] = { "fp16+zstd:level=-7", "fp16+zstd:level=1", "fp16+zstd:level=19",
+                                      "fp16+zstd:level=0", "fp16+zstd" };
+    static const char *const canon[] = { "fp16+zstd:level=-7", "fp16+zstd:level=1", "fp16+zstd:level=19",
+                                         "fp16+zstd:level=0", "fp16+zstd:level=1" };
+    static const char *const bad[] = { "fp16+zstd:level=20",
+                                       "fp16+zstd:level=-8",
+                                       "fp16+zstd:level=1.5",
+                                       "fp16+zstd:level=abc",
+                                       "fp16+zstd:level=",
+                                       "fp16+zstd:lvl=3",
+                                       "zstd",
+                                       "zstd+fp16",
+                                       "fp16+zstd:level=99999999999999999999" };
     const size_t n = 50000;
     float *x = malloc(n * sizeof *x);
     size_t sizes[3];
@@ -254,8 +262,10 @@ static void test_context_reuse(void **state)
         }
         wire += e.n;
         raw += 4 * n;
-        if (e.h.flags & GCOMP_ZSTD_FLAG_RAW) n_raw++;
-        else n_frame++;
+        if (e.h.flags & GCOMP_ZSTD_FLAG_RAW)
+            n_raw++;
+        else
+            n_frame++;
         free(x), free(d), free(dp), free(d2), free(e.p), free(p.p), free(o.p);
     }
     assert_int_equal(gcomp_codec_stats_get(c, &st), GCOMP_SUCCESS);
@@ -276,7 +286,7 @@ static void test_context_reuse(void **state)
  * ASan build catches a write past the capacity. */
 static void test_output_capacity(void **state)
 {
-    static const size_t ns[] = {0, 1, 7, 1000, 30000};
+    static const size_t ns[] = { 0, 1, 7, 1000, 30000 };
     (void)state;
     for (size_t t = 0; t < sizeof ns / sizeof ns[0]; t++) {
         for (int compressible = 0; compressible < 2; compressible++) {
@@ -302,7 +312,7 @@ static void test_output_capacity(void **state)
                     assert_int_equal(w, 0);
                     assert_true(cap != bound);
                 } else {
-                    enc got = {buf, w, {0}};
+                    enc got = { buf, w, { 0 } };
                     float *d1, *d2;
                     assert_true(w <= cap);
                     assert_int_equal(gcomp_header_read(buf, w, &got.h), GCOMP_SUCCESS);
@@ -346,7 +356,7 @@ static void test_two_zstd_stages(void **state)
 static void test_bound_limits(void **state)
 {
     const gcomp_codec_vtable *vt = gcomp_codec_find("zstd");
-    gcomp_zstd_params p = {1};
+    gcomp_zstd_params p = { 1 };
     gcomp_codec *c = tu_codec("fp16+zstd");
     (void)state;
     assert_non_null(vt);
@@ -362,10 +372,10 @@ static void test_bound_limits(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_lossless),          cmocka_unit_test(test_compressible),
+        cmocka_unit_test(test_lossless),           cmocka_unit_test(test_compressible),
         cmocka_unit_test(test_incompressible_raw), cmocka_unit_test(test_levels),
-        cmocka_unit_test(test_context_reuse),     cmocka_unit_test(test_output_capacity),
-        cmocka_unit_test(test_two_zstd_stages),   cmocka_unit_test(test_bound_limits),
+        cmocka_unit_test(test_context_reuse),      cmocka_unit_test(test_output_capacity),
+        cmocka_unit_test(test_two_zstd_stages),    cmocka_unit_test(test_bound_limits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

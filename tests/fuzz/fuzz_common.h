@@ -18,13 +18,13 @@
 #include "gcomp_codec.h"
 
 /* A violated property is a crash: libFuzzer saves the input and the ctest run fails. */
-#define FUZZ_CHECK(cond)                                                                    \
-    do {                                                                                    \
-        if (!(cond)) {                                                                      \
-            fprintf(stderr, "%s:%d: property violated: %s (last error: %s)\n", __FILE__,     \
-                    __LINE__, #cond, gcomp_last_error());                                   \
-            __builtin_trap();                                                               \
-        }                                                                                   \
+#define FUZZ_CHECK(cond)                                                                                  \
+    do {                                                                                                  \
+        if (!(cond)) {                                                                                    \
+            fprintf(stderr, "%s:%d: property violated: %s (last error: %s)\n", __FILE__, __LINE__, #cond, \
+                    gcomp_last_error());                                                                  \
+            __builtin_trap();                                                                             \
+        }                                                                                                 \
     } while (0)
 
 /* On the targets' own checking code: its comparisons tell the fuzzer nothing about the
@@ -34,7 +34,13 @@
 /* Largest element count a target decodes or encodes: bounds memory and time per input. */
 #define FUZZ_MAX_COUNT ((size_t)1 << 16)
 
-typedef enum fuzz_kind { FK_NONE, FK_FP16, FK_BF16, FK_TERNGRAD, FK_TOPK } fuzz_kind;
+typedef enum fuzz_kind {
+    FK_NONE,
+    FK_FP16,
+    FK_BF16,
+    FK_TERNGRAD,
+    FK_TOPK
+} fuzz_kind;
 
 typedef struct fuzz_spec {
     const char *spec;
@@ -48,28 +54,28 @@ typedef struct fuzz_spec {
 } fuzz_spec;
 
 static const fuzz_spec fuzz_specs[] = {
-    /*  0 */ {"none", FK_NONE, 0, 0, 0, 0, 0},
-    /*  1 */ {"fp16", FK_FP16, 0, 0, 0, 0, 0},
-    /*  2 */ {"bf16", FK_BF16, 0, 0, 0, 0, 0},
-    /*  3 */ {"terngrad:clip=0", FK_TERNGRAD, 0, 0, 0, 0, 0},
-    /*  4 */ {"terngrad:bucket=8,clip=0", FK_TERNGRAD, 8, 0, 0, 0, 0},
-    /*  5 */ {"terngrad:clip=2.5", FK_TERNGRAD, 0, 2.5, 0, 0, 0},
-    /*  6 */ {"topk:ratio=0.1", FK_TOPK, 0, 0, 0.1, 0, 0},
-    /*  7 */ {"topk:ratio=0.1,values=fp16", FK_TOPK, 0, 0, 0.1, 0, 1},
-    /*  8 */ {"fp16+zstd", FK_FP16, 0, 0, 0, 0, 0},
-    /*  9 */ {"topk:ratio=0.1+zstd", FK_TOPK, 0, 0, 0.1, 0, 0},
-    /* 10 */ {"terngrad:clip=0+zstd", FK_TERNGRAD, 0, 0, 0, 0, 0},
-    /* 11 */ {"none+zstd", FK_NONE, 0, 0, 0, 0, 0},
-    /* 12 */ {"bf16+zstd:level=-7", FK_BF16, 0, 0, 0, 0, 0},
-    /* 13 */ {"terngrad:bucket=8,clip=0+zstd", FK_TERNGRAD, 8, 0, 0, 0, 0},
-    /* 14 */ {"topk:ratio=0.1,values=fp16+zstd", FK_TOPK, 0, 0, 0.1, 0, 1},
-    /* 15 */ {"topk:k=1", FK_TOPK, 0, 0, 0.01, 1, 0},
-    /* 16 */ {"topk:ratio=1", FK_TOPK, 0, 0, 1.0, 0, 0},
-    /* 17 */ {"topk:ratio=0.5,values=fp16", FK_TOPK, 0, 0, 0.5, 0, 1},
-    /* 18 */ {"terngrad:bucket=4,clip=1", FK_TERNGRAD, 4, 1.0, 0, 0, 0},
-    /* 19 */ {"terngrad:bucket=1024,clip=0.5", FK_TERNGRAD, 1024, 0.5, 0, 0, 0},
-    /* 20 */ {"fp16+zstd+zstd:level=19", FK_FP16, 0, 0, 0, 0, 0},
-    /* 21 */ {"topk:ratio=0.01+zstd+zstd", FK_TOPK, 0, 0, 0.01, 0, 0},
+    /*  0 */ { "none", FK_NONE, 0, 0, 0, 0, 0 },
+    /*  1 */ { "fp16", FK_FP16, 0, 0, 0, 0, 0 },
+    /*  2 */ { "bf16", FK_BF16, 0, 0, 0, 0, 0 },
+    /*  3 */ { "terngrad:clip=0", FK_TERNGRAD, 0, 0, 0, 0, 0 },
+    /*  4 */ { "terngrad:bucket=8,clip=0", FK_TERNGRAD, 8, 0, 0, 0, 0 },
+    /*  5 */ { "terngrad:clip=2.5", FK_TERNGRAD, 0, 2.5, 0, 0, 0 },
+    /*  6 */ { "topk:ratio=0.1", FK_TOPK, 0, 0, 0.1, 0, 0 },
+    /*  7 */ { "topk:ratio=0.1,values=fp16", FK_TOPK, 0, 0, 0.1, 0, 1 },
+    /*  8 */ { "fp16+zstd", FK_FP16, 0, 0, 0, 0, 0 },
+    /*  9 */ { "topk:ratio=0.1+zstd", FK_TOPK, 0, 0, 0.1, 0, 0 },
+    /* 10 */ { "terngrad:clip=0+zstd", FK_TERNGRAD, 0, 0, 0, 0, 0 },
+    /* 11 */ { "none+zstd", FK_NONE, 0, 0, 0, 0, 0 },
+    /* 12 */ { "bf16+zstd:level=-7", FK_BF16, 0, 0, 0, 0, 0 },
+    /* 13 */ { "terngrad:bucket=8,clip=0+zstd", FK_TERNGRAD, 8, 0, 0, 0, 0 },
+    /* 14 */ { "topk:ratio=0.1,values=fp16+zstd", FK_TOPK, 0, 0, 0.1, 0, 1 },
+    /* 15 */ { "topk:k=1", FK_TOPK, 0, 0, 0.01, 1, 0 },
+    /* 16 */ { "topk:ratio=1", FK_TOPK, 0, 0, 1.0, 0, 0 },
+    /* 17 */ { "topk:ratio=0.5,values=fp16", FK_TOPK, 0, 0, 0.5, 0, 1 },
+    /* 18 */ { "terngrad:bucket=4,clip=1", FK_TERNGRAD, 4, 1.0, 0, 0, 0 },
+    /* 19 */ { "terngrad:bucket=1024,clip=0.5", FK_TERNGRAD, 1024, 0.5, 0, 0, 0 },
+    /* 20 */ { "fp16+zstd+zstd:level=19", FK_FP16, 0, 0, 0, 0, 0 },
+    /* 21 */ { "topk:ratio=0.01+zstd+zstd", FK_TOPK, 0, 0, 0.01, 0, 0 },
 };
 #define FUZZ_N_SPECS (sizeof fuzz_specs / sizeof fuzz_specs[0])
 _Static_assert(FUZZ_N_SPECS <= 32, "the selector byte keeps 5 bits for the spec");

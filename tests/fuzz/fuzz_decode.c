@@ -19,7 +19,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    static const gcomp_dtype out_dtype[4] = {GCOMP_F32, GCOMP_F32, GCOMP_F16, GCOMP_BF16};
+    static const gcomp_dtype out_dtype[4] = { GCOMP_F32, GCOMP_F32, GCOMP_F16, GCOMP_BF16 };
     uint8_t sel, *payload;
     size_t bytes, count = 0, esize;
     unsigned mode;

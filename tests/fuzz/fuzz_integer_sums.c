@@ -90,7 +90,8 @@ static void mode_unpack(const uint8_t *in, size_t len, uint32_t m, uint8_t adjus
     int8_t *zeros;
     uint8_t *repacked;
     gcomp_result rc;
-    n = adjust & 0x80 ? ((size_t)adjust * 977u + len) % (most + 17) : most - (most < (adjust & 7u) ? most : (adjust & 7u));
+    n = adjust & 0x80 ? ((size_t)adjust * 977u + len) % (most + 17)
+                      : most - (most < (adjust & 7u) ? most : (adjust & 7u));
     out = xmalloc(n * sizeof *out);
     rc = gcomp__tg_sums_unpack(in, len, n, m, out);
     if (m >= 1 && m <= 32767) { /* straight to values: the same verdict, and value[sum + m] */
@@ -182,9 +183,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     len = size - 4 < MAX_LEN ? size - 4 : MAX_LEN;
     in = xmalloc(len); /* exact size: AddressSanitizer sees a read past the end */
     if (len) memcpy(in, data + 4, len);
-    if (mode == 0) mode_codes(in, len, adjust);
-    else if (mode == 1) mode_unpack(in, len, m, adjust);
-    else mode_add_pack(in, len, m % 32767, adjust);
+    if (mode == 0)
+        mode_codes(in, len, adjust);
+    else if (mode == 1)
+        mode_unpack(in, len, m, adjust);
+    else
+        mode_add_pack(in, len, m % 32767, adjust);
     free(in);
     return 0;
 }

@@ -32,12 +32,38 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 #define MAX_INPUT_PARAMS 70
 #define FUZZ_WIRE_ID 60000
 
-static const char *const NAMES[] = {"a", "b", "k", "x_1", "ratio", "level", "Bad", "", NULL, "a=b", "a,b",
-                                    "abcdefghijklmnopqrstuvwxyz0123456", "abcdefghijklmnopqrstuvwxyz012345"};
-static const double VALUES[] = {0.0, 1.0, -1.0, 0.5, 2.5, 1e-6, 100.0, 9007199254740992.0 /* 2^53 */,
-                                4611686018427387904.0 /* 2^62 */, 9223372036854775808.0 /* 2^63 */,
-                                -9223372036854775808.0, 1e300, INFINITY, -INFINITY, NAN, 4.9e-324, -0.0, 3.0};
-static const size_t SIZES[] = {0, 8, 12, 4096, 4097, (size_t)1 << 20, SIZE_MAX, SIZE_MAX - 7};
+static const char *const NAMES[] = { "a",
+                                     "b",
+                                     "k",
+                                     "x_1",
+                                     "ratio",
+                                     "level",
+                                     "Bad",
+                                     "",
+                                     NULL,
+                                     "a=b",
+                                     "a,b",
+                                     "abcdefghijklmnopqrstuvwxyz0123456",
+                                     "abcdefghijklmnopqrstuvwxyz012345" };
+static const double VALUES[] = { 0.0,
+                                 1.0,
+                                 -1.0,
+                                 0.5,
+                                 2.5,
+                                 1e-6,
+                                 100.0,
+                                 9007199254740992.0 /* 2^53 */,
+                                 4611686018427387904.0 /* 2^62 */,
+                                 9223372036854775808.0 /* 2^63 */,
+                                 -9223372036854775808.0,
+                                 1e300,
+                                 INFINITY,
+                                 -INFINITY,
+                                 NAN,
+                                 4.9e-324,
+                                 -0.0,
+                                 3.0 };
+static const size_t SIZES[] = { 0, 8, 12, 4096, 4097, (size_t)1 << 20, SIZE_MAX, SIZE_MAX - 7 };
 #define N_CHOICE_LISTS 7 /* NULL; {}; {lo, hi}; {one}; {"a,b"}; {x, x}; 64 names without NULL */
 
 static const gcomp_param_def *current; /* the table under test, for state_create */
@@ -65,12 +91,10 @@ static void *check_values(const void *params)
             int64_t v;
             memcpy(&v, f, sizeof v);
             /* exactly: v in [ceil(min), floor(max)] as integers (a double compare could round) */
-            FUZZ_CHECK(p->min <= -9223372036854775808.0 || (p->min <= 0 ? v >= (int64_t)p->min
-                                                                           : v > (int64_t)p->min ||
-                                                                                 (double)v == p->min));
-            FUZZ_CHECK(p->max >= 9223372036854775808.0 || (p->max >= 0 ? v <= (int64_t)p->max
-                                                                          : v < (int64_t)p->max ||
-                                                                                (double)v == p->max));
+            FUZZ_CHECK(p->min <= -9223372036854775808.0 ||
+                       (p->min <= 0 ? v >= (int64_t)p->min : v > (int64_t)p->min || (double)v == p->min));
+            FUZZ_CHECK(p->max >= 9223372036854775808.0 ||
+                       (p->max >= 0 ? v <= (int64_t)p->max : v < (int64_t)p->max || (double)v == p->max));
         } else if (p->type == GCOMP_PARAM_DOUBLE) {
             double v;
             memcpy(&v, f, sizeof v);
@@ -117,8 +141,9 @@ static gcomp_result pass_decode(const void *params, void *state, uint32_t flags,
 
 static const char **make_choices(unsigned sel)
 {
-    static const char *const lists[N_CHOICE_LISTS][3] = {
-        {NULL}, {NULL}, {"lo", "hi", NULL}, {"one", NULL}, {"a,b", NULL}, {"x", "x", NULL}, {NULL}};
+    static const char *const lists[N_CHOICE_LISTS][3] = { { NULL },        { NULL },        { "lo", "hi", NULL },
+                                                          { "one", NULL }, { "a,b", NULL }, { "x", "x", NULL },
+                                                          { NULL } };
     const char **c;
     sel %= N_CHOICE_LISTS;
     if (sel == 0) return NULL;
@@ -197,9 +222,9 @@ static void parse_with(const char *rest, size_t rest_len)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    gcomp_codec_vtable vt = {0};
+    gcomp_codec_vtable vt = { 0 };
     gcomp_param_def *params = NULL;
-    const char **choices[MAX_INPUT_PARAMS] = {0};
+    const char **choices[MAX_INPUT_PARAMS] = { 0 };
     size_t n, psize, used;
     gcomp_result rc;
 
@@ -217,16 +242,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     for (size_t i = 0; i < n; i++) {
         const uint8_t *b = data + 3 + 8 * i;
-        static const size_t far[] = {SIZE_MAX, SIZE_MAX - 3, 0 /* psize */, 4 /* psize - 4 */, 8 /* psize - 8 */,
-                                     (size_t)1 << 20};
+        static const size_t far[] = { SIZE_MAX,          SIZE_MAX - 3,      0 /* psize */,
+                                      4 /* psize - 4 */, 8 /* psize - 8 */, (size_t)1 << 20 };
         gcomp_param_def *p = &params[i];
         memset(p, 0, sizeof *p);
         p->name = NAMES[b[0] % (sizeof NAMES / sizeof NAMES[0])];
         p->type = b[1] % 5 < 3 ? (gcomp_param_type)(b[1] % 5) : (gcomp_param_type)(b[1] % 5 == 3 ? 7 : -1);
-        if (b[2] < 250) p->offset = b[2];
-        else if (b[2] - 250 < 2) p->offset = far[b[2] - 250];
-        else if (b[2] - 250 < 5) p->offset = psize - far[b[2] - 250]; /* may wrap: that is a case too */
-        else p->offset = far[5];
+        if (b[2] < 250)
+            p->offset = b[2];
+        else if (b[2] - 250 < 2)
+            p->offset = far[b[2] - 250];
+        else if (b[2] - 250 < 5)
+            p->offset = psize - far[b[2] - 250]; /* may wrap: that is a case too */
+        else
+            p->offset = far[5];
         p->min = VALUES[b[3] % (sizeof VALUES / sizeof VALUES[0])];
         p->max = VALUES[b[4] % (sizeof VALUES / sizeof VALUES[0])];
         p->def = (b[7] & 1) ? (double)(int8_t)b[5] : VALUES[b[5] % (sizeof VALUES / sizeof VALUES[0])];

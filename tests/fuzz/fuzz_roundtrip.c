@@ -54,7 +54,7 @@ FUZZ_NO_COVERAGE static int cmp_desc(const void *a, const void *b)
 
 FUZZ_NO_COVERAGE static void check_topk(const fuzz_spec *fs, const float *x, const float *dec, size_t n)
 {
-    gcomp_topk_params p = {fs->ratio, fs->k, fs->fp16};
+    gcomp_topk_params p = { fs->ratio, fs->k, fs->fp16 };
     uint64_t k = gcomp_topk_k(&p, n), above = 0, ties;
     uint32_t *keys, thr;
     if (n == 0) return;
@@ -164,8 +164,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (dict) {
             float f = fuzz_bits_f32(fuzz_special_bits[data[i] % FUZZ_N_SPECIAL]);
             uint16_t h = dtype == GCOMP_F16 ? gcomp_f32_to_f16(f) : gcomp_f32_to_bf16(f);
-            if (dtype == GCOMP_F32) memcpy(src + 4 * i, &f, 4);
-            else memcpy(src + 2 * i, &h, 2);
+            if (dtype == GCOMP_F32)
+                memcpy(src + 4 * i, &f, 4);
+            else
+                memcpy(src + 2 * i, &h, 2);
         } else {
             memcpy(src + esize * i, data + esize * i, esize);
         }
@@ -196,9 +198,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         FUZZ_CHECK(gcomp_codec_stats_get(c, &after) == GCOMP_SUCCESS);
         FUZZ_CHECK(gcomp_codec_decode(c, buf, written, dec, n, GCOMP_F32) == GCOMP_SUCCESS);
 
-        if (fs->kind == FK_TOPK) check_topk(fs, x, dec, n);
-        else if (fs->kind == FK_TERNGRAD) check_terngrad(fs, x, dec, n);
-        else check_cast(fs->kind, x, dec, n);
+        if (fs->kind == FK_TOPK)
+            check_topk(fs, x, dec, n);
+        else if (fs->kind == FK_TERNGRAD)
+            check_terngrad(fs, x, dec, n);
+        else
+            check_cast(fs->kind, x, dec, n);
 
         nf_x = any_nonfinite(x, n);
         nf_dec = any_nonfinite(dec, n);

@@ -62,8 +62,8 @@ static uint8_t *read_golden(const char *name, size_t *len)
 }
 
 /* CORPUS_ROOT/target/seed-label: the prefix bytes, then body. */
-static void write_seed(const char *target, const char *label, const uint8_t *prefix, size_t plen,
-                       const void *body, size_t blen)
+static void write_seed(const char *target, const char *label, const uint8_t *prefix, size_t plen, const void *body,
+                       size_t blen)
 {
     char path[1024];
     FILE *f;
@@ -78,7 +78,7 @@ static void write_seed(const char *target, const char *label, const uint8_t *pre
 
 static void seed_decode(void)
 {
-    static const size_t small_n[] = {0, 3, 1030};
+    static const size_t small_n[] = { 0, 3, 1030 };
     float x[GOLDEN_COUNT > 1030 ? GOLDEN_COUNT : 1030];
     golden_input(x, sizeof x / sizeof x[0]);
     for (size_t s = 0; s < FUZZ_N_SPECS; s++) {
@@ -99,7 +99,8 @@ static void seed_decode(void)
             size_t cap = gcomp_codec_max_encoded_bytes(c, n), written = 0;
             if (n == GOLDEN_COUNT && len) continue; /* the golden file is that payload */
             payload = malloc(cap);
-            if (!payload || gcomp_codec_encode(c, GCOMP_KEY_NONE, x, n, GCOMP_F32, payload, cap, &written) != GCOMP_SUCCESS)
+            if (!payload ||
+                gcomp_codec_encode(c, GCOMP_KEY_NONE, x, n, GCOMP_F32, payload, cap, &written) != GCOMP_SUCCESS)
                 die("cannot encode for", fuzz_specs[s].spec);
             snprintf(label, sizeof label, "%s-n%zu", name, n);
             write_seed("fuzz_decode", label, &sel, 1, payload, written);
@@ -122,7 +123,7 @@ static void seed_roundtrip(void)
     for (size_t i = 0; i < sizeof dict; i++) dict[i] = (uint8_t)(i % FUZZ_N_SPECIAL);
     for (size_t s = 0; s < FUZZ_N_SPECS; s++) {
         char name[GOLDEN_NAME_MAX], label[GOLDEN_NAME_MAX + 16];
-        uint8_t pre[2] = {(uint8_t)s, 0};
+        uint8_t pre[2] = { (uint8_t)s, 0 };
         golden_name(fuzz_specs[s].spec, name);
         snprintf(label, sizeof label, "%s-f32", name);
         write_seed("fuzz_roundtrip", label, pre, 2, f32, f32_len);
@@ -144,14 +145,24 @@ static void seed_roundtrip(void)
 static void seed_spec(void)
 {
     static const char *const extra[] = {
-        "topk:k=4611686018427387904",        "topk:ratio=0.000001,values=fp32",
-        "terngrad:bucket=1073741824,clip=1000", "terngrad:clip=0",
-        "fp16+zstd:level=-7+zstd+zstd:level=19", "none+zstd",
+        "topk:k=4611686018427387904",
+        "topk:ratio=0.000001,values=fp32",
+        "terngrad:bucket=1073741824,clip=1000",
+        "terngrad:clip=0",
+        "fp16+zstd:level=-7+zstd+zstd:level=19",
+        "none+zstd",
         "topk:ratio=0.5,k=3,values=fp16+zstd",
         /* issue 13 item 9: each was accepted or refused for the wrong reason */
-        "topk:,ratio=0.1", "topk:k=4611686018427387905", "topk:ratio=+0.5", "terngrad:clip=1e+3",
-        "terngrad:clip=1e+2+zstd:level=+3", "terngrad:clip=4.9e-324", "terngrad:clip=1e-400",
-        "terngrad:clip=1e400", "topk:k=9223372036854775808", "terngrad:clip=0x1p+3",
+        "topk:,ratio=0.1",
+        "topk:k=4611686018427387905",
+        "topk:ratio=+0.5",
+        "terngrad:clip=1e+3",
+        "terngrad:clip=1e+2+zstd:level=+3",
+        "terngrad:clip=4.9e-324",
+        "terngrad:clip=1e-400",
+        "terngrad:clip=1e400",
+        "topk:k=9223372036854775808",
+        "terngrad:clip=0x1p+3",
     };
     size_t i = 0;
     char label[32];
@@ -174,7 +185,7 @@ static void seed_spec(void)
 
 static void seed_integer_sums(void)
 {
-    static const uint32_t ranks[] = {1, 2, 3, 4, 5, 127, 128};
+    static const uint32_t ranks[] = { 1, 2, 3, 4, 5, 127, 128 };
     size_t len, n = GOLDEN_COUNT, cb = (GOLDEN_COUNT + 3) / 4;
     uint8_t *tg = read_golden("terngrad_clip_0.bin", &len);
     const uint8_t *codes;
@@ -187,7 +198,7 @@ static void seed_integer_sums(void)
     }
     codes = tg + GCOMP_HEADER_BYTES + 4; /* one scale, then the codes */
     {
-        uint8_t pre[4] = {0, 0, 0, (uint8_t)(4 * cb - n)}; /* codes_unpack with n = 1001 */
+        uint8_t pre[4] = { 0, 0, 0, (uint8_t)(4 * cb - n) }; /* codes_unpack with n = 1001 */
         write_seed("fuzz_integer_sums", "codes", pre, 4, codes, cb);
     }
     if (gcomp__tg_codes_unpack(codes, cb, n, t) != GCOMP_SUCCESS) die("cannot unpack", "terngrad_clip_0.bin");
@@ -208,7 +219,7 @@ static void seed_integer_sums(void)
         }
         {
             size_t sb = (size_t)gcomp_tg_sum_bytes(n, m), most = (size_t)gcomp_tg_sums_fit(sb, m);
-            uint8_t pre[4] = {1, (uint8_t)m, (uint8_t)(m >> 8), (uint8_t)(most - n)};
+            uint8_t pre[4] = { 1, (uint8_t)m, (uint8_t)(m >> 8), (uint8_t)(most - n) };
             char label[32];
             snprintf(label, sizeof label, "sums-m%u", m);
             write_seed("fuzz_integer_sums", label, pre, 4, sums, sb);
@@ -234,11 +245,12 @@ static void seed_integer_sums(void)
  * 8 2^62; choices: 2 {lo, hi}. */
 static void seed_register(void)
 {
-    static const uint8_t valid[] = {3, 24, 0, 0, 0, 0, 2, 6, 0, 0, 0, 1, 1, 8, 0, 1, 3, 0, 0,
-                                    2, 2, 16, 0, 0, 1, 2, 0};
-    static const uint8_t int_past_end[] = {1, 12, 0, 0, 0, 8, 0, 6, 1, 0, 0};
-    static const uint8_t enum_default_past[] = {1, 4, 0, 0, 2, 0, 0, 0, 5, 2, 1};
-    static const uint8_t int_2p62[] = {1, 8, 0, 2, 0, 0, 0, 8, 0, 0, 0};
+    static const uint8_t valid[] = {
+        3, 24, 0, 0, 0, 0, 2, 6, 0, 0, 0, 1, 1, 8, 0, 1, 3, 0, 0, 2, 2, 16, 0, 0, 1, 2, 0
+    };
+    static const uint8_t int_past_end[] = { 1, 12, 0, 0, 0, 8, 0, 6, 1, 0, 0 };
+    static const uint8_t enum_default_past[] = { 1, 4, 0, 0, 2, 0, 0, 0, 5, 2, 1 };
+    static const uint8_t int_2p62[] = { 1, 8, 0, 2, 0, 0, 0, 8, 0, 0, 0 };
     write_seed("fuzz_register", "valid", valid, sizeof valid, "a=+5,b=4.9e-324,k=lo", 20);
     write_seed("fuzz_register", "valid-defaults", valid, sizeof valid, NULL, 0);
     write_seed("fuzz_register", "int-past-end", int_past_end, sizeof int_past_end, "a=5", 3);
