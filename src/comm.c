@@ -116,6 +116,19 @@ gcomp_result gcomp__comm_join_failed(gcomp__transport *tp, gcomp_result local)
     return gcomp__fail(local, "%s", mine.detail);
 }
 
+/* The lock and condition of the request queue (request.c runs it). */
+static gcomp_result queue_init(gcomp_comm *c)
+{
+    if (pthread_mutex_init(&c->q.lock, NULL) != 0)
+        return gcomp__fail(GCOMP_ERR_NOMEM, "cannot create the request queue's lock");
+    if (pthread_cond_init(&c->q.cond, NULL) != 0) {
+        pthread_mutex_destroy(&c->q.lock);
+        return gcomp__fail(GCOMP_ERR_NOMEM, "cannot create the request queue's condition");
+    }
+    c->q.inited = 1;
+    return GCOMP_SUCCESS;
+}
+
 gcomp_result gcomp__comm_create(gcomp__transport *tp, const gcomp_config *cfg, gcomp_comm **out)
 {
     gcomp_comm *c = calloc(1, sizeof *c);
@@ -131,7 +144,7 @@ gcomp_result gcomp__comm_create(gcomp__transport *tp, const gcomp_config *cfg, g
     /* A local failure (NULL out, bad spec, bad GCOMP_* variable) still joins the agreement
      * below, so the other ranks get an error too instead of waiting for this one. */
     if (!out) local = gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_create: out is NULL");
-    if (local == GCOMP_SUCCESS) local = gcomp__queue_init(c);
+    if (local == GCOMP_SUCCESS) local = queue_init(c);
     if (local == GCOMP_SUCCESS) local = gcomp__config_resolve(cfg, &c->cfg);
     if (local == GCOMP_SUCCESS) {
         opts.seed = c->cfg.seed;
@@ -160,14 +173,18 @@ gcomp_result gcomp__comm_create(gcomp__transport *tp, const gcomp_config *cfg, g
     *out = c;
     return GCOMP_SUCCESS;
 fail:
-    gcomp_comm_destroy(c);
+    gcomp__comm_free(c);
     return rc;
 }
 
-void gcomp_comm_destroy(gcomp_comm *c)
+void gcomp__comm_free(gcomp_comm *c)
 {
     if (!c) return;
-    gcomp__queue_destroy(c); /* the calls in flight end first, and the progress thread */
+    if (c->q.inited) {
+        pthread_cond_destroy(&c->q.cond);
+        pthread_mutex_destroy(&c->q.lock);
+        c->q.inited = 0;
+    }
     while (c->keys) {
         gcomp__key *k = c->keys;
         c->keys = k->next;

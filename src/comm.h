@@ -80,10 +80,10 @@ struct gcomp_comm {
 /* Run one call to its end on this thread (the caller of gcomp_allreduce, or the progress
  * thread). Calls of a communicator never run concurrently: request.c serialises them. */
 gcomp_result gcomp__engine_run(gcomp_comm *c, const gcomp__args *a);
-/* The queue's lock and condition (at creation), and its end at destroy: waits for the
- * calls in flight to finish and joins the progress thread. */
-gcomp_result gcomp__queue_init(gcomp_comm *c);
-void gcomp__queue_destroy(gcomp_comm *c);
+/* Frees the communicator and everything it owns (comm.c). gcomp_comm_destroy (request.c)
+ * first lets the calls in flight finish and joins the progress thread, then calls this, so the
+ * communicator layer never calls up into the request layer. */
+void gcomp__comm_free(gcomp_comm *c);
 
 /* The key's state, created at its first call (count recorded). */
 gcomp_result gcomp__comm_key(gcomp_comm *c, uint64_t key, size_t count, gcomp__key **out);

@@ -41,22 +41,6 @@ static const env_param params[] = {
     { "GCOMP_DEBUG", "gcomp_config.debug", 0, 0, 1, offsetof(gcomp__config, debug), 1 },
 };
 
-/* GCOMP_DEBUG takes words too (the docs and the interposer say GCOMP_DEBUG=INFO), in any case. */
-static const struct {
-    const char *word;
-    int level;
-} debug_words[] = { { "NONE", 0 }, { "INFO", 1 } };
-
-static int debug_word(const char *s, int64_t *v)
-{
-    for (size_t i = 0; i < sizeof debug_words / sizeof debug_words[0]; i++)
-        if (strcasecmp(s, debug_words[i].word) == 0) {
-            *v = debug_words[i].level;
-            return 1;
-        }
-    return 0;
-}
-
 static gcomp_result from_env(const env_param *p, int64_t *v)
 {
     const char *s = getenv(p->env);
@@ -65,7 +49,7 @@ static gcomp_result from_env(const env_param *p, int64_t *v)
     *v = p->def;
     if (!s || !*s) return GCOMP_SUCCESS;
     if (p->offset == offsetof(gcomp__config, debug)) {
-        if (debug_word(s, v)) return GCOMP_SUCCESS;
+        if (gcomp__debug_word(s, v)) return GCOMP_SUCCESS;
         if ((s[0] == '0' || s[0] == '1') && !s[1]) {
             *v = s[0] - '0';
             return GCOMP_SUCCESS;
@@ -93,15 +77,6 @@ static int64_t user_value(const gcomp_config *cfg, const env_param *p)
     if (p->offset == offsetof(gcomp__config, seed)) return cfg->seed;
     if (p->offset == offsetof(gcomp__config, timeout_ms)) return cfg->timeout_ms;
     return cfg->debug;
-}
-
-int gcomp__env_debug(void)
-{
-    const char *s = getenv("GCOMP_DEBUG");
-    int64_t v = 0;
-    if (!s || !*s) return 0;
-    if (debug_word(s, &v)) return (int)v;
-    return (s[0] == '0' || s[0] == '1') && !s[1] ? s[0] - '0' : 0; /* unparsable: off (creation says why) */
 }
 
 gcomp_result gcomp__config_resolve(const gcomp_config *cfg, gcomp__config *out)

@@ -83,34 +83,24 @@ static void *progress_main(void *arg)
     return NULL;
 }
 
-gcomp_result gcomp__queue_init(gcomp_comm *c)
+/* The end of a communicator: the calls in flight finish and the progress thread is joined,
+ * then the communicator layer frees the rest (gcomp__comm_free). */
+void gcomp_comm_destroy(gcomp_comm *c)
 {
-    if (pthread_mutex_init(&c->q.lock, NULL) != 0)
-        return gcomp__fail(GCOMP_ERR_NOMEM, "cannot create the request queue's lock");
-    if (pthread_cond_init(&c->q.cond, NULL) != 0) {
-        pthread_mutex_destroy(&c->q.lock);
-        return gcomp__fail(GCOMP_ERR_NOMEM, "cannot create the request queue's condition");
+    if (!c) return;
+    if (c->q.inited) {
+        pthread_mutex_lock(&c->q.lock);
+        c->q.stop = 1;
+        pthread_cond_broadcast(&c->q.cond);
+        pthread_mutex_unlock(&c->q.lock);
+        if (c->q.thread_started) pthread_join(c->q.thread, NULL);
+        /* without a thread, calls issued and never waited for still run (they are collective:
+         * the other ranks expect them); their requests stay the caller's */
+        pthread_mutex_lock(&c->q.lock);
+        while (c->q.head) run_head(c);
+        pthread_mutex_unlock(&c->q.lock);
     }
-    c->q.inited = 1;
-    return GCOMP_SUCCESS;
-}
-
-void gcomp__queue_destroy(gcomp_comm *c)
-{
-    if (!c->q.inited) return;
-    pthread_mutex_lock(&c->q.lock);
-    c->q.stop = 1;
-    pthread_cond_broadcast(&c->q.cond);
-    pthread_mutex_unlock(&c->q.lock);
-    if (c->q.thread_started) pthread_join(c->q.thread, NULL);
-    /* without a thread, calls issued and never waited for still run (they are collective:
-     * the other ranks expect them); their requests stay the caller's */
-    pthread_mutex_lock(&c->q.lock);
-    while (c->q.head) run_head(c);
-    pthread_mutex_unlock(&c->q.lock);
-    pthread_cond_destroy(&c->q.cond);
-    pthread_mutex_destroy(&c->q.lock);
-    c->q.inited = 0;
+    gcomp__comm_free(c);
 }
 
 /* Called with the lock held, at the first gcomp_iallreduce: a progress thread when the
