@@ -1,5 +1,6 @@
 /*
- * mpi_test_util.h — what the MPI test programs (test_mpi_allreduce.c, test_mpi_faults.c)
+ * mpi_test_util.h — what the MPI test programs (test_mpi_allreduce.c, test_mpi_faults.c,
+ * test_mpi_checkpoint.c)
  * share: each rank counts its own verdicts with CHECK, collective verdicts come from
  * all_ranks(), and mpi_test_finish() has rank 0 print the totals and gives the exit status
  * (nonzero when any rank failed). It defines the program's state (rank, size, the counters):

@@ -21,24 +21,11 @@
 
 #include "gcomp.h"
 #include "gcomp_mpi.h"
+#include "mpi_test_util.h"
 
 #define N1 50000 /* 200000 bytes: compressed (min_bytes 65536) */
 #define N2 30000
 #define STEPS 4
-
-static int rank, size, n_pass, n_fail;
-
-#define CHECK(cond, ...)                                                        \
-    do {                                                                        \
-        if (cond) {                                                             \
-            n_pass++;                                                           \
-        } else {                                                                \
-            n_fail++;                                                           \
-            fprintf(stderr, "rank %d: FAIL %s:%d: ", rank, __FILE__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                                       \
-            fputc('\n', stderr);                                                \
-        }                                                                       \
-    } while (0)
 
 static void fill(float *x, size_t n, int r, int step, int key)
 {
@@ -223,10 +210,7 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < sizeof codecs / sizeof codecs[0]; i++) test_resume(codecs[i], 0);
     test_resume("terngrad", 1);
     test_refusals();
-    MPI_Allreduce(&n_fail, &fails, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-    if (rank == 0)
-        printf("test_mpi_checkpoint (%d ranks): %d checks passed on rank 0, %d failed on all ranks\n", size, n_pass,
-               fails);
+    fails = mpi_test_finish("test_mpi_checkpoint", "");
     MPI_Finalize();
     return fails ? 1 : 0;
 }
