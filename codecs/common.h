@@ -1,13 +1,16 @@
 /*
  * common.h — helpers shared by the CPU reference (codecs/<codec>.c) and the CUDA kernels (cuda/<codec>.cu),
  * so both compute every element the same way: one GCOMP_HD macro, float bit casts,
- * little-endian loads and stores, bit counts. Free of compiler builtins nvcc's device side lacks.
- * Codec-specific helpers (half/bfloat rounding, the TernGrad RNG, Rice codes) live in their
- * codec's header and use these.
+ * little-endian loads and stores, bit counts, half and bfloat16 rounding, the TernGrad RNG
+ * mixers, the division rule and LSB-first bit streams. Free of compiler builtins nvcc's device
+ * side lacks. What only one codec needs (its wire format, Rice codes, the TernGrad code rule)
+ * stays in that codec's header and uses these.
  */
 #ifndef GCOMP_CODECS_COMMON_H
 #define GCOMP_CODECS_COMMON_H
 
+#include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -127,6 +130,148 @@ static inline GCOMP_HD uint32_t gcomp_mix32(uint32_t x)
     x *= 0x846ca68bu;
     x ^= x >> 16;
     return x;
+}
+
+/* ---- half and bfloat16 (codecs/cast.h's formats; top-k's fp16 values) -------------------- */
+
+/* f32 -> f16, round to nearest even. Written branch-free (selects) so loops vectorise. */
+static inline GCOMP_HD uint16_t gcomp_f16_from_bits(uint32_t x)
+{
+    uint32_t sign = (x >> 16) & 0x8000u;
+    uint32_t a = x & 0x7fffffffu;
+    /* normal range: rebias the exponent, round the 13 dropped mantissa bits to even; a
+     * carry out of the mantissa correctly bumps the exponent (up to 0x7c00 = inf) */
+    uint32_t normal = (a + 0xc8000fffu + ((a >> 13) & 1u)) >> 13; /* 0xc8000000 = (15-127)<<23 */
+    /* subnormal range (|x| < 2^-14): adding 0.5f aligns the value so the FPU's own
+     * round-to-nearest-even leaves the f16 subnormal bits in the low mantissa */
+    uint32_t sub = gcomp_f32_bits(gcomp_bits_f32(a) + 0.5f) - 0x3f000000u;
+    uint32_t nan = 0x7e00u | ((a >> 13) & 0x3ffu);
+    uint32_t o = a < 0x38800000u ? sub : normal;
+    o = a >= 0x47800000u ? 0x7c00u : o; /* >= 65536: inf */
+    o = a > 0x7f800000u ? nan : o;
+    return (uint16_t)(o | sign);
+}
+
+static inline GCOMP_HD float gcomp_f16_to_f32_inline(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t em = (uint32_t)(h & 0x7fffu) << 13; /* exponent and mantissa in f32 position */
+    uint32_t exp = em & 0x0f800000u;
+    uint32_t normal = em + 0x38000000u; /* rebias 15 -> 127 */
+    uint32_t infnan = em + 0x70000000u; /* exponent 31 -> 255 */
+    /* subnormal: build 2^-14 * (1 + m) exactly, then subtract 2^-14 (exact in f32) */
+    uint32_t sub = gcomp_f32_bits(gcomp_bits_f32(em + 0x38800000u) - gcomp_bits_f32(0x38800000u));
+    uint32_t o = exp == 0x0f800000u ? infnan : (exp == 0 ? sub : normal);
+    return gcomp_bits_f32(o | sign);
+}
+
+/* f32 -> bf16, round to nearest even; NaN stays a quiet NaN. */
+static inline GCOMP_HD uint16_t gcomp_bf16_from_bits(uint32_t x)
+{
+    uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+    uint32_t nan = (x >> 16) | 0x40u;
+    return (uint16_t)((x & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
+}
+
+static inline GCOMP_HD float gcomp_bf16_to_f32_inline(uint16_t h) { return gcomp_bits_f32((uint32_t)h << 16); }
+
+/* ---- division: x[i] / d, bit for bit as the division, fast where it can be --------------
+ * AVG is SUM / N. When N is a power of two, x * (1/N) is the same correctly rounded value as
+ * x / N (1/N is exact, so both round the same real number, subnormal results included), and
+ * a multiply vectorises where a division stalls; any other N divides. */
+
+/* The rule for one divisor, shared by the CPU loop below and the CUDA kernels: returns 1/d
+ * when d is a power of two (then x * that is x / d, bit for bit), else 0 (divide). */
+static inline GCOMP_HD float gcomp_divide_inverse(float d)
+{
+    int e;
+    return frexpf(d, &e) == 0.5f ? ldexpf(1.0f, 1 - e) : 0.0f; /* d = 2^(e-1) */
+}
+
+/* x / d as the rule computes it, inv = gcomp_divide_inverse(d). */
+static inline GCOMP_HD float gcomp_divide_one(float x, float d, float inv) { return inv != 0.0f ? x * inv : x / d; }
+
+static inline void gcomp_divide_f32(float *x, size_t n, float d)
+{
+    const float inv = gcomp_divide_inverse(d);
+    if (inv != 0.0f) {
+        for (size_t i = 0; i < n; i++) x[i] *= inv;
+    } else {
+        for (size_t i = 0; i < n; i++) x[i] /= d;
+    }
+}
+
+/* ---- bit streams ------------------------------------------------------------------------
+ * LSB-first bit streams for codec bodies: a writer of fields up to 32 bits and a reader that
+ * never reads past its end (so it is safe on untrusted payloads). Bits fill each byte from its
+ * least-significant bit; the last byte is padded with zero bits. Used by top-k (Rice-coded
+ * gaps and packed values) and by TernGrad's packed sums outside its fast blocks, on the host
+ * and, through the same functions, in the CUDA kernels. */
+
+typedef struct gcomp_bitwriter {
+    uint8_t *out;
+    size_t pos;    /* bytes written */
+    uint64_t acc;  /* bits not yet written */
+    unsigned fill; /* how many, < 32 between calls */
+} gcomp_bitwriter;
+
+/* Appends the low w bits of v (w <= 32; higher bits of v must be zero). */
+static inline GCOMP_HD void gcomp_bits_put(gcomp_bitwriter *bw, uint64_t v, unsigned w)
+{
+    bw->acc |= v << bw->fill;
+    bw->fill += w;
+    if (bw->fill >= 32) {
+        gcomp_le_store_u32(bw->out + bw->pos, (uint32_t)bw->acc);
+        bw->pos += 4;
+        bw->acc >>= 32;
+        bw->fill -= 32;
+    }
+}
+
+/* Writes the last partial bytes (zero-padded). Returns the bytes written in all. */
+static inline GCOMP_HD size_t gcomp_bits_flush(gcomp_bitwriter *bw)
+{
+    for (; bw->fill > 0; bw->fill = bw->fill > 8 ? bw->fill - 8 : 0) {
+        bw->out[bw->pos++] = (uint8_t)bw->acc;
+        bw->acc >>= 8;
+    }
+    bw->acc = 0;
+    return bw->pos;
+}
+
+typedef struct gcomp_bitreader {
+    const uint8_t *in;
+    size_t pos, end; /* next byte to load, and the end of what may be read */
+    uint64_t acc;    /* bits loaded but not consumed; above them, zeros or the stream's next bits */
+    unsigned avail;  /* how many */
+} gcomp_bitreader;
+
+/* Loads whole bytes so that at least 56 bits are available, or all that is left. Away from the
+ * end this is one unaligned 8-byte load and no branch on the data: bytes already in acc are
+ * loaded again at the same place, which changes nothing. */
+static inline GCOMP_HD void gcomp_bits_refill(gcomp_bitreader *br)
+{
+    if (br->end - br->pos >= 8) {
+        br->acc |= gcomp_le_load_u64(br->in + br->pos) << br->avail;
+        br->pos += (63 - br->avail) >> 3;
+        br->avail |= 56; /* = avail + 8 x the bytes taken */
+        return;
+    }
+    while (br->avail <= 56 && br->pos < br->end) {
+        br->acc |= (uint64_t)br->in[br->pos++] << br->avail;
+        br->avail += 8;
+    }
+}
+
+/* Takes w bits (w <= 32). Returns 0 when the input ended first. */
+static inline GCOMP_HD int gcomp_bits_get(gcomp_bitreader *br, unsigned w, uint64_t *v)
+{
+    if (br->avail < w) gcomp_bits_refill(br);
+    if (br->avail < w) return 0;
+    *v = br->acc & (((uint64_t)1 << w) - 1);
+    br->acc >>= w;
+    br->avail -= w;
+    return 1;
 }
 
 #endif

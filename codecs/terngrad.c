@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "codecs/bitstream.h"
+#include "codecs/common.h"
 #include "codecs/terngrad.h"
 
 #define TILE GCOMP_TG_TILE
@@ -426,7 +426,7 @@ gcomp_result gcomp__tg_codes_unpack(const uint8_t *codes, size_t bytes, size_t n
  * a W-bit code. 240 elements are a whole number of groups for every g (1, 2, 3 or 5) and,
  * since 240 / g is a multiple of 8, a whole number of bytes: blocks of 240 are packed with
  * W known at compile time and a table from code to digits (W <= 8, up to 127 ranks); the
- * last partial block and wider sums go through the bit streams of bitstream.h. */
+ * last partial block and wider sums go through the bit streams of codecs/common.h. */
 #define SUM_BLOCK 240
 
 /* Sums of m ranks as packed: digits of base L, g per code of w bits. */

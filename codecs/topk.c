@@ -35,7 +35,7 @@
  * allocates its own and frees it before returning.
  */
 #include "topk.h"
-#include "divide.h"
+#include "codecs/common.h"
 
 #include <stddef.h>
 #include <stdint.h>

@@ -40,9 +40,8 @@
 #ifndef GCOMP_CODECS_TOPK_H
 #define GCOMP_CODECS_TOPK_H
 
-#include "codecs/bitstream.h"
-#include "codecs/cast.h"
 #include "codecs/common.h"
+#include "codecs/cast.h"
 #include "gcomp_codec.h"
 
 #define GCOMP_WIRE_ID_TOPK 7 /* format 2; 5 was format 1 (6 is zstd) */
@@ -167,7 +166,7 @@ static inline GCOMP_HD size_t gcomp_topk_block_bytes(uint64_t rice_bits, unsigne
     return 3 + (size_t)((rice_bits + (uint64_t)m * (1 + ew + f.mbits) + 7) / 8);
 }
 
-/* ---- Rice-coded gaps on the bit streams of bitstream.h ---------------------------------- */
+/* ---- Rice-coded gaps on the bit streams of codecs/common.h ---------------------------------- */
 
 /* One Rice-coded gap. */
 static inline GCOMP_HD void gcomp_topk_put_gap(gcomp_bitwriter *bw, uint64_t gap, unsigned b)

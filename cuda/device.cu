@@ -172,7 +172,7 @@ static __global__ void narrow_kernel(const float *src, int bf16, size_t n, uint1
     }
 }
 
-/* x * inv when d is a power of two (exactly x / d, see codecs/divide.h), else x / d: both
+/* x * inv when d is a power of two (exactly x / d, see codecs/common.h), else x / d: both
  * correctly rounded (nvcc's default -prec-div=true; no fast math). */
 static __global__ void divide_kernel(float *x, size_t n, float d, float inv, int pow2)
 {

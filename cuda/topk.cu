@@ -1,7 +1,7 @@
 /*
  * cuda/topk.cu — the top-k codec on the GPU: the same selection, the same format-2 body and
  * the same residuals as the CPU reference (codecs/topk.c), bit for bit. Every field written
- * or checked goes through the GCOMP_HD helpers of codecs/topk.h and codecs/bitstream.h, which
+ * or checked goes through the GCOMP_HD helpers of codecs/topk.h and codecs/common.h, which
  * topk.c calls too.
  *
  * Encode (all on the caller's stream; the host learns the body size from status->body_bytes):
@@ -46,7 +46,7 @@
  * everything (status->error on a fault), a second adds only when status->error == 0, so a
  * corrupt body never touches acc. sum_payloads parses every rank's body in parallel (one
  * thread each) into lists (scratch), then sums a tile of the result per block, ranks in order
- * from 0.0f, and divides as codecs/divide.h does: what gcomp__topk_sum_pairs computes, bit
+ * from 0.0f, and divides as codecs/common.h says: what gcomp__topk_sum_pairs computes, bit
  * for bit. A rank whose k is not the expected one is refused, as the CPU's sparse gather does.
  */
 #include <cuda_runtime.h>
@@ -56,7 +56,7 @@
 #include <string.h>
 
 extern "C" {
-#include "codecs/divide.h"
+#include "codecs/common.h"
 #include "codecs/topk.h"
 }
 

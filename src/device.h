@@ -65,7 +65,7 @@ typedef struct gcomp__device_ops {
     gcomp_result (*widen)(const void *src, gcomp_dtype dtype, size_t count, float *dst, struct CUstream_st *stream);
     /* dst[i] = src[i] rounded to dtype (nearest even); f32: a copy */
     gcomp_result (*narrow)(const float *src, size_t count, gcomp_dtype dtype, void *dst, struct CUstream_st *stream);
-    /* x[i] /= d, bit for bit as the division (codecs/divide.h) */
+    /* x[i] /= d, bit for bit as the division (codecs/common.h) */
     gcomp_result (*divide)(float *x, size_t count, float d, struct CUstream_st *stream);
 
     /* Block until the work enqueued on stream is done; timeout_ms < 0: no limit. Work still

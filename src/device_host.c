@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "codecs/cast.h"
-#include "codecs/divide.h"
+#include "codecs/common.h"
 #include "device.h"
 
 static gcomp_result host_alloc(size_t bytes, void **out)

@@ -19,7 +19,7 @@
 #include <string.h>
 
 #include "test_util.h"
-#include "codecs/divide.h"
+#include "codecs/common.h"
 #include "codecs/topk.h"
 #include "gcomp_codec.h"
 

@@ -6,7 +6,7 @@
 
 #include "test_util.h"
 
-#include "codecs/divide.h"
+#include "codecs/common.h"
 #include "codecs/topk.h"
 #include "gcomp_codec.h"
 
