@@ -5,9 +5,12 @@
  * Every rank starts from the same weights (same --seed), walks the same shuffled order of
  * the training set, and takes its slice of each global batch. Gradients are scaled so that
  * GCOMP_AVG over ranks gives exactly the mean gradient of the global batch, then reduced one
- * gcomp key per tensor (or per fused bucket, --bucket-bytes). gcomp returns the same bits on
- * every rank, so the weights stay identical on every rank without any broadcast; the trainer
- * checks this at the end.
+ * gcomp key per tensor (or per fused bucket, --bucket-bytes). As DDP does, each key's
+ * allreduce starts (gcomp_iallreduce) as soon as the backward pass has computed its gradients,
+ * while the layers below are still being differentiated, and the update waits for all of them;
+ * --blocking runs the same calls in the same order with gcomp_allreduce after the backward
+ * pass instead. gcomp returns the same bits on every rank, so the weights stay identical on
+ * every rank without any broadcast; the trainer checks this at the end.
  */
 #include <cblas.h>
 #include <float.h>
@@ -34,7 +37,7 @@ char *openblas_get_corename(void);
 
 typedef struct options {
     const char *model, *codec, *json, *data, *schedule;
-    int ef, batch, evals_per_epoch, quiet;
+    int ef, batch, evals_per_epoch, quiet, blocking;
     long long min_bytes, bucket_bytes;
     double epochs, lr, momentum, wd;
     unsigned long long seed;
@@ -45,6 +48,21 @@ typedef struct bucket {
     size_t off, count;
     int first, last; /* tensor indices it covers */
 } bucket;
+
+#define MAX_BUCKETS 64
+
+/* The allreduces of one step, started as the backward pass hands over each tensor's gradient
+ * (grad_ready). A bucket is ready once all its tensors are; its key is the bucket index. */
+typedef struct step_comm {
+    gcomp_comm *comm;
+    float *g;
+    const bucket *b;
+    int nb, overlap;
+    int left[MAX_BUCKETS];  /* tensors of the bucket still to come this step */
+    int order[MAX_BUCKETS]; /* buckets in the order they became ready */
+    int nready;
+    gcomp_request *req[MAX_BUCKETS];
+} step_comm;
 
 typedef struct history {
     double epoch, train_time_s, wall_s, loss, train_acc, test_acc, test_loss, wire_bytes_per_step;
@@ -86,6 +104,8 @@ static void usage(int rc)
                 "  --min-bytes N          tensors (buckets) under N bytes bypass compression [0]\n"
                 "  --bucket-bytes N       fuse consecutive tensors into buckets of >= N bytes, one key each;\n"
                 "                         0: one key per tensor, -1: one bucket for the whole model [0]\n"
+                "  --blocking             reduce every key after the backward pass (gcomp_allreduce) instead of\n"
+                "                         starting each key's gcomp_iallreduce as soon as its gradient is ready\n"
                 "  --epochs E             epochs, fractional allowed (0.25) [3]\n"
                 "  --batch B              global batch, split across ranks [128]\n"
                 "  --lr LR                peak learning rate [0.05]\n"
@@ -163,6 +183,7 @@ static void parse_options(int argc, char **argv, options *o)
         O_DATA,
         O_JSON,
         O_QUIET,
+        O_BLOCKING,
         O_HELP
     };
     static const struct option longopts[] = { { "model", 1, 0, O_MODEL },
@@ -181,6 +202,7 @@ static void parse_options(int argc, char **argv, options *o)
                                               { "data", 1, 0, O_DATA },
                                               { "json", 1, 0, O_JSON },
                                               { "quiet", 0, 0, O_QUIET },
+                                              { "blocking", 0, 0, O_BLOCKING },
                                               { "help", 0, 0, O_HELP },
                                               { 0, 0, 0, 0 } };
     int c;
@@ -247,6 +269,9 @@ static void parse_options(int argc, char **argv, options *o)
         case O_QUIET:
             o->quiet = 1;
             break;
+        case O_BLOCKING:
+            o->blocking = 1;
+            break;
         case 'h':
         case O_HELP:
             usage(0);
@@ -301,6 +326,48 @@ static void check_gcomp(gcomp_result rc, const char *what)
     MPI_Abort(MPI_COMM_WORLD, 3);
 }
 
+static void step_comm_begin(step_comm *sc)
+{
+    for (int b = 0; b < sc->nb; b++) sc->left[b] = sc->b[b].last - sc->b[b].first + 1;
+    sc->nready = 0;
+}
+
+/* train_grad_ready_fn: tensor t's gradient is final. When that completes its bucket, the
+ * bucket's allreduce starts now (overlap) or is queued for after the backward pass. */
+static void grad_ready(void *ctx, int t)
+{
+    step_comm *sc = ctx;
+    int b = 0;
+    while (b < sc->nb - 1 && t > sc->b[b].last) b++;
+    if (--sc->left[b] > 0) return;
+    sc->order[sc->nready++] = b;
+    if (!sc->overlap) return;
+    const bucket *k = &sc->b[b];
+    check_gcomp(gcomp_iallreduce(sc->comm, sc->g + k->off, sc->g + k->off, k->count, GCOMP_F32, GCOMP_AVG,
+                                 (uint64_t)b, NULL, &sc->req[b]),
+                "gcomp_iallreduce");
+}
+
+/* After the backward pass: every bucket reduced, in the order they became ready (the same
+ * calls, keys and order in both modes, so the same bits). */
+static void step_comm_finish(step_comm *sc)
+{
+    if (sc->nready != sc->nb) {
+        fprintf(stderr, "train: rank %d: %d of %d buckets got their gradients\n", g_rank, sc->nready, sc->nb);
+        MPI_Abort(MPI_COMM_WORLD, 3);
+    }
+    for (int i = 0; i < sc->nb; i++) {
+        int b = sc->order[i];
+        const bucket *k = &sc->b[b];
+        if (sc->overlap)
+            check_gcomp(gcomp_wait(&sc->req[b]), "gcomp_wait");
+        else
+            check_gcomp(gcomp_allreduce(sc->comm, sc->g + k->off, sc->g + k->off, k->count, GCOMP_F32, GCOMP_AVG,
+                                        (uint64_t)b, NULL),
+                        "gcomp_allreduce");
+    }
+}
+
 /* FNV-1a over the parameter bits: equal on every rank iff the weights are identical. */
 static uint64_t param_hash(const float *p, size_t n)
 {
@@ -352,7 +419,10 @@ int main(int argc, char **argv)
     char err[1024];
     const char *blas_note;
     choose_blas_core(argv, &blas_note);
-    MPI_Init(&argc, &argv);
+    /* gcomp's progress thread (the overlap) needs MPI_THREAD_MULTIPLE; with less the calls run
+     * inside gcomp_wait, which the log says */
+    int provided = MPI_THREAD_SINGLE;
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
     MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &g_size);
     openblas_set_num_threads(1); /* one core per rank: ranks are the parallelism */
@@ -387,8 +457,10 @@ int main(int argc, char **argv)
     float *xb = malloc((size_t)nloc * 784 * sizeof(float));
     uint8_t *yb = malloc((size_t)nloc);
     int *perm = malloc((size_t)train.n * sizeof(int));
-    bucket buckets[64];
+    bucket buckets[MAX_BUCKETS];
     int nb = make_buckets(m, o.bucket_bytes, buckets);
+    step_comm sc = { .comm = comm, .g = g, .b = buckets, .nb = nb, .overlap = !o.blocking };
+    const char *progress = provided >= MPI_THREAD_MULTIPLE ? "thread" : "caller";
     long spe = train.n / o.batch; /* steps per epoch; the last partial batch is dropped */
     long total = (long)llround(o.epochs * (double)spe);
     long eval_every = spe / o.evals_per_epoch;
@@ -409,6 +481,13 @@ int main(int argc, char **argv)
             o.epochs, total, spe);
         printf("# BLAS: OpenBLAS, %s kernels%s%s%s\n", openblas_get_corename(), blas_note ? " (" : "",
                blas_note ? blas_note : "", blas_note ? ")" : "");
+        printf("# allreduce: %s; gcomp progress: %s\n",
+               o.blocking ? "blocking (gcomp_allreduce of every key after the backward pass)"
+                          : "overlapped (each key's gcomp_iallreduce starts as its gradient is ready, waited before "
+                            "the update)",
+               provided >= MPI_THREAD_MULTIPLE
+                   ? "progress thread (MPI_THREAD_MULTIPLE)"
+                   : "inside gcomp_wait on the caller's thread (MPI gave less than MPI_THREAD_MULTIPLE: no overlap)");
         printf("# %6s %7s %8s %9s %9s %14s %14s %9s %9s\n", "epoch", "loss", "train%", "test%", "elapsed",
                "wire B/step", "raw B/step", "compute", "comm");
         fflush(stdout);
@@ -430,14 +509,12 @@ int main(int argc, char **argv)
             yb[i] = train.y[idx];
         }
         int ok;
-        win_loss += train_model_step(m, xb, yb, nloc, grad_scale, &ok);
+        step_comm_begin(&sc);
+        win_loss += train_model_step(m, xb, yb, nloc, grad_scale, &ok, grad_ready, &sc);
         win_correct += ok;
         win_n += nloc;
-        double t1 = now();
-        for (int b = 0; b < nb; b++)
-            check_gcomp(gcomp_allreduce(comm, g + buckets[b].off, g + buckets[b].off, buckets[b].count, GCOMP_F32,
-                                        GCOMP_AVG, (uint64_t)b, NULL),
-                        "gcomp_allreduce");
+        double t1 = now(); /* comm from here is what the backward pass did not hide */
+        step_comm_finish(&sc);
         double t2 = now();
         float lr = (float)o.lr;
         if (strcmp(o.schedule, "cosine") == 0)
@@ -522,6 +599,8 @@ int main(int argc, char **argv)
                 json_str(jf, "spec", o.codec, ", ");
                 json_str(jf, "codec", gcomp_comm_codec(comm), ", ");
                 fprintf(jf, "\"ef\": %d, \"ranks\": %d, ", o.ef, g_size);
+                json_str(jf, "allreduce", o.blocking ? "blocking" : "overlap", ", ");
+                json_str(jf, "progress", progress, ", ");
                 json_num(jf, "epochs", o.epochs, ", ");
                 json_str(jf, "model", o.model, ", ");
                 fprintf(jf,

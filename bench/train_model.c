@@ -387,7 +387,8 @@ static void backward_layer(train_model *m, int i, int n, const float *dy, float 
     }
 }
 
-double train_model_step(train_model *m, const float *x, const uint8_t *y, int n, float grad_scale, int *correct)
+double train_model_step(train_model *m, const float *x, const uint8_t *y, int n, float grad_scale, int *correct,
+                        train_grad_ready_fn ready, void *ctx)
 {
     double loss = forward(m, x, y, n, correct);
     float *d = m->delta[0];
@@ -400,6 +401,11 @@ double train_model_step(train_model *m, const float *x, const uint8_t *y, int n,
     for (int i = m->nlayers - 1; i >= 0; i--) {
         float *dx = i > 0 ? m->delta[cur ^ 1] : NULL;
         backward_layer(m, i, n, m->delta[cur], dx);
+        const layer *L = &m->l[i];
+        if (ready && (L->kind == L_DENSE || L->kind == L_CONV)) {
+            ready(ctx, L->bt);
+            ready(ctx, L->wt);
+        }
         cur ^= 1;
     }
     return loss;

@@ -32,10 +32,17 @@ const train_tensor *train_model_tensor(const train_model *m, int i);
 float *train_model_params(train_model *m);
 float *train_model_grads(train_model *m);
 
+/* Called by train_model_step as soon as tensor t's gradient is final, while the backward pass
+ * goes on with the layers below (the trainer starts that tensor's allreduce there). Tensors
+ * come last layer first; a layer's bias before its weights. */
+typedef void (*train_grad_ready_fn)(void *ctx, int t);
+
 /* Forward and backward over n <= batch_cap samples (x: n images of 784 floats). Overwrites
- * the gradients with grad_scale * d(sum of per-sample losses)/d(params). Returns the sum of the
- * per-sample losses; *correct receives how many argmax predictions match y. */
-double train_model_step(train_model *m, const float *x, const uint8_t *y, int n, float grad_scale, int *correct);
+ * the gradients with grad_scale * d(sum of per-sample losses)/d(params), calling ready (if
+ * not NULL) once per tensor as its gradient is done. Returns the sum of the per-sample losses;
+ * *correct receives how many argmax predictions match y. */
+double train_model_step(train_model *m, const float *x, const uint8_t *y, int n, float grad_scale, int *correct,
+                        train_grad_ready_fn ready, void *ctx);
 
 /* Forward only over n samples (any n; processed batch_cap at a time): loss sum and count of
  * correct predictions. */
