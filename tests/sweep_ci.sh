@@ -43,6 +43,17 @@ for path in sorted(glob.glob(sys.argv[1] + "/*.json")):
         sys.exit("%s: OpenBLAS ran its %s kernels on a CPU with AVX2" % (path, core))
     print("%s: OpenBLAS %s kernels" % (os.path.basename(path), core))
 PY
+# The trainer records how it reduced (overlapped by default) and gcomp's progress mode, in
+# the JSON and in the log.
+/usr/bin/python3 - "$out/points" <<'PY'
+import glob, json, sys
+for path in sorted(glob.glob(sys.argv[1] + "/*.json")):
+    d = json.load(open(path))
+    if d.get("allreduce") != "overlap" or d.get("progress") not in ("thread", "caller"):
+        sys.exit("%s: allreduce/progress mode missing or wrong: %r %r" % (path, d.get("allreduce"), d.get("progress")))
+    if "# allreduce: overlapped" not in open(path[:-5] + ".log").read():
+        sys.exit("%s: the log does not say the allreduce mode" % path)
+PY
 # Several seeds: one aggregated row per setting (the mean), every run in results_by_seed.csv.
 /usr/bin/python3 "$root/bench/sweep" --ranks 2 --epochs 0.02 --codec none --seed 1,2 \
   --trainer "$trainer" --out "$out/seeds"
