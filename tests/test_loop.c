@@ -19,15 +19,14 @@
 #include <cmocka.h>
 
 #include "comm.h"
-#include "transport_loop.h"
+#include "loop_world.h"
 #include "schedule_cases.h"
 #include "golden/schedules_expected.h"
 
 #define MAX_RANKS 8
 
 typedef struct rank_job {
-    gcomp__loop_world *w;
-    int rank, size;
+    loop_rank at; /* first: loop_run_world fills it */
     const schedule_case *c;
     gcomp_result rc; /* first failure */
     uint64_t hash;   /* of every step's result */
@@ -47,14 +46,14 @@ static void *run_case(void *arg)
     cfg.seed = 7;
     cfg.timeout_ms = 20000;
     j->hash = SC_HASH_INIT;
-    j->rc = gcomp__comm_create_loop(j->w, j->rank, &cfg, &comm);
+    j->rc = gcomp__comm_create_loop(j->at.w, j->at.rank, &cfg, &comm);
     for (int t = 0; t < SCHEDULE_STEPS && j->rc == GCOMP_SUCCESS; t++) {
-        sc_fill(c, x, j->rank, t);
+        sc_fill(c, x, j->at.rank, t);
         j->rc = gcomp_allreduce(comm, x, y, c->count, GCOMP_F32, c->op, 42, NULL);
         j->hash = sc_hash(j->hash, y, c->count * sizeof(float));
     }
     if (j->rc == GCOMP_SUCCESS && gcomp_comm_stats_get(comm, &st) == GCOMP_SUCCESS) j->sched = st.last_schedule;
-    if (j->rc != GCOMP_SUCCESS) fprintf(stderr, "rank %d: %s\n", j->rank, gcomp_last_error());
+    if (j->rc != GCOMP_SUCCESS) fprintf(stderr, "rank %d: %s\n", j->at.rank, gcomp_last_error());
     gcomp_comm_destroy(comm);
     free(x);
     free(y);
@@ -62,21 +61,6 @@ static void *run_case(void *arg)
 }
 
 /* Run fn on n thread-ranks of a fresh world; jobs[r] is rank r's. */
-static void run_world(int n, void *(*fn)(void *), rank_job *jobs)
-{
-    pthread_t th[MAX_RANKS];
-    gcomp__loop_world *w = NULL;
-    assert_int_equal(gcomp__loop_world_create(n, &w), GCOMP_SUCCESS);
-    for (int r = 0; r < n; r++) {
-        jobs[r].w = w;
-        jobs[r].rank = r;
-        jobs[r].size = n;
-        assert_int_equal(pthread_create(&th[r], NULL, fn, &jobs[r]), 0);
-    }
-    for (int r = 0; r < n; r++) pthread_join(th[r], NULL);
-    gcomp__loop_world_destroy(w);
-}
-
 static uint64_t expected_hash(const char *name, int ranks)
 {
     for (size_t i = 0; i < sizeof schedules_expected / sizeof schedules_expected[0]; i++)
@@ -95,7 +79,7 @@ static void test_every_schedule(void **state)
             rank_job jobs[MAX_RANKS];
             memset(jobs, 0, sizeof jobs);
             for (int r = 0; r < n; r++) jobs[r].c = c;
-            run_world(n, run_case, jobs);
+            loop_run_world(n, run_case, jobs, sizeof jobs[0]);
             for (int r = 0; r < n; r++) {
                 assert_int_equal(jobs[r].rc, GCOMP_SUCCESS);
                 /* bit-identical on every rank */
@@ -135,13 +119,13 @@ static void *run_fault(void *arg)
     cfg.codec = "fp16";
     cfg.min_bytes = 0;
     cfg.timeout_ms = g_variant == VARIANT_STOPPED_PEER ? 300 : 20000;
-    j->rc = gcomp__comm_create_loop(j->w, j->rank, &cfg, &comm);
+    j->rc = gcomp__comm_create_loop(j->at.w, j->at.rank, &cfg, &comm);
     if (j->rc == GCOMP_SUCCESS) {
         size_t count = n;
-        if (g_variant == VARIANT_MISMATCH && j->rank == 1) count = n + 1;
-        if (g_variant == VARIANT_LOCAL_FAILURE && j->rank == 0)
+        if (g_variant == VARIANT_MISMATCH && j->at.rank == 1) count = n + 1;
+        if (g_variant == VARIANT_LOCAL_FAILURE && j->at.rank == 0)
             gcomp__comm_inject_fault(comm, GCOMP__FAULT_TRUNCATE_WIRE);
-        if (g_variant == VARIANT_STOPPED_PEER && j->rank == j->size - 1) usleep(1200 * 1000);
+        if (g_variant == VARIANT_STOPPED_PEER && j->at.rank == j->at.size - 1) usleep(1200 * 1000);
         j->rc = gcomp_allreduce(comm, x, y, count, GCOMP_F32, GCOMP_SUM, 1, NULL);
         /* after a mismatch or a local failure the communicator still works */
         if (g_variant != VARIANT_STOPPED_PEER && j->rc != GCOMP_SUCCESS) {
@@ -161,7 +145,7 @@ static void run_fault_variant(int variant, int n, gcomp_result want)
     double t0 = gcomp__now();
     memset(jobs, 0, sizeof jobs);
     g_variant = variant;
-    run_world(n, run_fault, jobs);
+    loop_run_world(n, run_fault, jobs, sizeof jobs[0]);
     for (int r = 0; r < n; r++) {
         if (jobs[r].rc != want)
             fail_msg("variant %d, %d ranks: rank %d returned %s, expected %s", variant, n, r,
@@ -198,12 +182,12 @@ static void *run_key_none(void *arg)
     gcomp_comm *comm = NULL;
     size_t n = 5003;
     float *x = malloc(n * sizeof(float)), *y1 = malloc(n * sizeof(float)), *y2 = malloc(n * sizeof(float));
-    uint64_t s = 99 + (uint64_t)j->rank;
+    uint64_t s = 99 + (uint64_t)j->at.rank;
     for (size_t i = 0; i < n; i++) x[i] = (float)((double)(sc_splitmix(&s) >> 11) * 0x1p-53 - 0.5) * 3.3f;
     cfg.codec = "fp16";
     cfg.min_bytes = 0;
     cfg.error_feedback = 1;
-    j->rc = gcomp__comm_create_loop(j->w, j->rank, &cfg, &comm);
+    j->rc = gcomp__comm_create_loop(j->at.w, j->at.rank, &cfg, &comm);
     if (j->rc == GCOMP_SUCCESS) j->rc = gcomp_allreduce(comm, x, y1, n, GCOMP_F32, GCOMP_SUM, GCOMP_KEY_NONE, NULL);
     if (j->rc == GCOMP_SUCCESS) j->rc = gcomp_allreduce(comm, x, y2, n, GCOMP_F32, GCOMP_SUM, GCOMP_KEY_NONE, NULL);
     if (j->rc == GCOMP_SUCCESS && memcmp(y1, y2, n * sizeof(float)) != 0) j->rc = GCOMP_ERR_INTERNAL;
@@ -220,7 +204,7 @@ static void test_key_none_keeps_no_residual(void **state)
     for (int n = 2; n <= 4; n++) {
         rank_job jobs[MAX_RANKS];
         memset(jobs, 0, sizeof jobs);
-        run_world(n, run_key_none, jobs);
+        loop_run_world(n, run_key_none, jobs, sizeof jobs[0]);
         for (int r = 0; r < n; r++)
             if (jobs[r].rc != GCOMP_SUCCESS)
                 fail_msg("%d ranks: rank %d: %s (INTERNAL: the second call differed)", n, r,

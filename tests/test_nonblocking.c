@@ -16,14 +16,13 @@
 #include <cmocka.h>
 
 #include "comm.h"
-#include "transport_loop.h"
+#include "loop_world.h"
 
 #define MAX_RANKS 5
 #define N_CALLS 12
 
 typedef struct job {
-    gcomp__loop_world *w;
-    int rank, size;
+    loop_rank at; /* first: loop_run_world fills it */
     const char *spec;
     int blocking;  /* 1: the same calls with gcomp_allreduce (the reference) */
     int no_thread; /* 1: no progress thread (progress in test/wait) */
@@ -77,15 +76,15 @@ static void *run_job(void *arg)
     for (int i = 0; i < N_CALLS; i++) {
         x[i] = malloc(call_count(i) * sizeof(float) + 4);
         y[i] = malloc(call_count(i) * sizeof(float) + 4);
-        fill(x[i], call_count(i), j->rank, i);
+        fill(x[i], call_count(i), j->at.rank, i);
         j->rc[i] = GCOMP_ERR_INTERNAL;
     }
-    if (gcomp__comm_create_loop(j->w, j->rank, &cfg, &comm) != GCOMP_SUCCESS) goto out;
+    if (gcomp__comm_create_loop(j->at.w, j->at.rank, &cfg, &comm) != GCOMP_SUCCESS) goto out;
     if (j->no_thread) comm->threads_ok = 0;
-    if (j->variant == V_TIMEOUT && j->rank == j->size - 1) usleep(1200 * 1000);
+    if (j->variant == V_TIMEOUT && j->at.rank == j->at.size - 1) usleep(1200 * 1000);
     for (int i = 0; i < n_calls; i++) {
         size_t count = call_count(i);
-        if (j->variant == V_MISMATCH && i == 2 && j->rank == 1) count++;
+        if (j->variant == V_MISMATCH && i == 2 && j->at.rank == 1) count++;
         if (j->blocking) {
             j->rc[i] = gcomp_allreduce(comm, x[i], y[i], count, GCOMP_F32, GCOMP_SUM, call_key(i), NULL);
         } else if (j->variant == V_MANY && i == 7) {
@@ -130,21 +129,6 @@ out:
     return NULL;
 }
 
-static void run_world(int n, job *jobs)
-{
-    pthread_t th[MAX_RANKS];
-    gcomp__loop_world *w = NULL;
-    assert_int_equal(gcomp__loop_world_create(n, &w), GCOMP_SUCCESS);
-    for (int r = 0; r < n; r++) {
-        jobs[r].w = w;
-        jobs[r].rank = r;
-        jobs[r].size = n;
-        assert_int_equal(pthread_create(&th[r], NULL, run_job, &jobs[r]), 0);
-    }
-    for (int r = 0; r < n; r++) pthread_join(th[r], NULL);
-    gcomp__loop_world_destroy(w);
-}
-
 static void run(int n, const char *spec, int variant, int blocking, int no_thread, job *jobs)
 {
     memset(jobs, 0, sizeof(job) * MAX_RANKS);
@@ -154,7 +138,7 @@ static void run(int n, const char *spec, int variant, int blocking, int no_threa
         jobs[r].blocking = blocking;
         jobs[r].no_thread = no_thread;
     }
-    run_world(n, jobs);
+    loop_run_world(n, run_job, jobs, sizeof jobs[0]);
 }
 
 static void test_many_in_flight_match_blocking(void **state)
