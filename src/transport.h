@@ -4,8 +4,15 @@
  * knows nothing of codecs, schedules or communicators' state; it is handed to one.
  *
  * Implementations: transport_mpi.c (host memory over Open MPI), transport_loop.c (ranks as
- * threads of one process, for unit tests); decorators wrap another transport and forward
- * to it (transport_fault.c: test faults).
+ * threads of one process, for unit tests), transport_nccl.c (CUDA memory over NCCL);
+ * decorators wrap another transport and forward to it (transport_fault.c: test faults;
+ * transport_staging.c: CUDA memory over a host transport through pinned bounce buffers).
+ *
+ * Transports of CUDA memory (mem == GCOMP__MEM_CUDA): the buffers of start/finish_sendrecv
+ * and of allreduce_sum_f32 are device memory of the current device, and the transport
+ * orders its work after what the caller enqueued on `stream` (set by the engine before each
+ * call) and before what the caller enqueues there after finish_sendrecv /
+ * allreduce_sum_f32 return. allreduce_max_u64 always takes host memory (the agreements).
  */
 #ifndef GCOMP_TRANSPORT_H
 #define GCOMP_TRANSPORT_H
@@ -22,6 +29,9 @@ typedef struct gcomp__transport gcomp__transport;
 struct gcomp__transport {
     int rank, size;
     gcomp__mem_kind mem; /* the memory every buffer passed below must be in */
+    /* GCOMP__MEM_CUDA: the CUDA stream (cudaStream_t) of the call in progress; the engine
+     * sets it before each call (calls of a communicator never overlap). Unused for host. */
+    struct CUstream_st *stream;
     /* 1: once finish_sendrecv has returned, even with a timeout, the transport touches the
      * exchange's buffers no more (the loopback transport copies messages). 0 (MPI, which
      * cannot cancel a send): a timed-out exchange may still use them, so a communicator
