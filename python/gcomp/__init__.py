@@ -19,6 +19,7 @@ gcomp_last_error(). A closed Comm or Codec raises ValueError, like a closed file
 import atexit
 import ctypes
 import os
+import sys
 import threading
 import weakref
 
@@ -105,6 +106,15 @@ def _buf(x, what, writable):
         if dt is None:
             raise TypeError("%s: dtype %s not supported (float32, float16; bfloat16 through "
                             "torch tensors)" % (what, x.dtype))
+        if not x.dtype.isnative:
+            # '>f4' names the same numbers in other bytes; the library reads native floats.
+            # Converting here would hand the library a copy and break in-place results.
+            raise TypeError("%s: array has non-native byte order (dtype %r); gcomp reads "
+                            "native (%s-endian) floats: convert with x.astype('%s%s%d') "
+                            "(a copy: use the result)"
+                            % (what, x.dtype.str, sys.byteorder,
+                               "<" if sys.byteorder == "little" else ">", x.dtype.kind,
+                               x.dtype.itemsize))
         if not x.flags.c_contiguous:
             raise ValueError("%s: array is not C-contiguous (use numpy.ascontiguousarray)" % what)
         if writable and not x.flags.writeable:
