@@ -11,9 +11,10 @@ library is found (GCOMP_LIBRARY, next to the package, the checkout's build tree,
     comm.stats()                                 # dict of counters
     comm.close()
 
-Buffers: C-contiguous float32 or float16 numpy arrays, or contiguous CPU torch tensors of
-float32, float16 or bfloat16. Anything else is refused with TypeError/ValueError before any C
-call. Failures inside the library raise GcompError carrying the code name and
+Buffers: C-contiguous float32 or float16 numpy arrays in native byte order, or contiguous
+CPU torch tensors of float32, float16 or bfloat16; either at an address aligned to the element
+size (4 or 2 bytes, as C requires of a float * or uint16_t *). Anything else is refused with
+TypeError/ValueError before any C call. Failures inside the library raise GcompError carrying the code name and
 gcomp_last_error(). A closed Comm or Codec raises ValueError, like a closed file.
 """
 import atexit
@@ -76,10 +77,23 @@ class _Buf:
 _NP_DTYPES = {"float32": F32, "float16": F16}
 _TORCH_DTYPES = {"torch.float32": F32, "torch.float16": F16, "torch.bfloat16": BF16}
 _DTYPE_NAMES = {F32: "float32", F16: "float16", BF16: "bfloat16"}
+_DTYPE_SIZES = {F32: 4, F16: 2, BF16: 2}
 
 
 def _is_torch(x):
     return type(x).__module__.split(".")[0] == "torch"
+
+
+def _check_aligned(ptr, dt, what):
+    """C reads a float32 buffer through a float * and a float16/bfloat16 one through a
+    uint16_t *: both must be aligned to the element size (C11 6.3.2.3; compilers vectorise on
+    it). A view at an odd byte offset (numpy .view of a uint8 slice, torch.frombuffer with an
+    offset) breaks that; refuse it rather than risk a fault or a silent misread."""
+    size = _DTYPE_SIZES[dt]
+    if ptr % size:
+        raise ValueError("%s: the buffer's address %#x is not %d-byte aligned, as %s elements "
+                         "must be (a view at an odd byte offset?); pass an aligned copy "
+                         "(numpy.array(x) / x.clone())" % (what, ptr, size, _DTYPE_NAMES[dt]))
 
 
 def _buf(x, what, writable):
@@ -96,6 +110,7 @@ def _buf(x, what, writable):
                             % (what, x.dtype))
         if not x.is_contiguous():
             raise ValueError("%s: tensor is not contiguous (call .contiguous() first)" % what)
+        _check_aligned(x.data_ptr(), dt, what)
         return _Buf(x.data_ptr(), x.numel(), dt, x)
     try:
         import numpy as np
@@ -119,6 +134,7 @@ def _buf(x, what, writable):
             raise ValueError("%s: array is not C-contiguous (use numpy.ascontiguousarray)" % what)
         if writable and not x.flags.writeable:
             raise ValueError("%s: array is read-only" % what)
+        _check_aligned(x.ctypes.data, dt, what)
         return _Buf(x.ctypes.data, x.size, dt, x)
     raise TypeError("%s: expected a numpy.ndarray or a torch.Tensor, got %s"
                     % (what, type(x).__name__))

@@ -95,6 +95,41 @@ def test_byte_order():
     log("big-endian arrays refused (allreduce in/out, encode, decode, decode_add, residual)")
 
 
+@test
+def test_alignment():
+    """A float32 view at an odd byte offset of a uint8 buffer: C requires a float* (a
+    uint16_t* for float16/bfloat16) to be aligned to its element size, and compilers vectorise
+    on that assumption; the old binding passed such pointers through. Refused, numpy and
+    torch; the same numbers at an aligned address reduce."""
+    x = grad(2)
+    raw = np.zeros(x.nbytes + 8, dtype=np.uint8)
+    odd = raw[1:1 + x.nbytes].view(np.float32)  # numpy allows the view, flags.aligned False
+    odd[:] = x
+    assert odd.ctypes.data % 4 == 1 and not odd.flags.aligned
+    half = np.zeros(2 * 64 + 2, dtype=np.uint8)[1:1 + 2 * 64].view(np.float16)
+    tbuf = bytearray(x.nbytes + 8)
+    tod = torch.frombuffer(tbuf, dtype=torch.float32, offset=1, count=x.size)
+    assert tod.data_ptr() % 4 == 1
+    tbf = torch.frombuffer(bytearray(130), dtype=torch.bfloat16, offset=1, count=64)
+    with gcomp.Comm(WORLD, codec="fp16", min_bytes=0, error_feedback=False) as comm:
+        with trapped("allreduce"):
+            e = raises(ValueError, lambda: comm.allreduce(odd), "aligned")
+            assert "4-byte" in str(e), str(e)
+            raises(ValueError, lambda: comm.allreduce(x, out=odd), "aligned")
+            raises(ValueError, lambda: comm.allreduce(half), "2-byte")
+            raises(ValueError, lambda: comm.allreduce(tod), "aligned")
+            raises(ValueError, lambda: comm.allreduce(tbf), "aligned")
+        ref = comm.allreduce(x.copy(), op="avg")
+        assert np.array_equal(comm.allreduce(odd.copy(), op="avg"), ref)
+    with gcomp.Codec("fp16") as c:
+        with trapped("codec_encode", "codec_decode", "codec_decode_add", "codec_residual_set"):
+            raises(ValueError, lambda: c.encode(odd), "aligned")
+            raises(ValueError, lambda: c.decode(b"", out=odd), "aligned")
+            raises(ValueError, lambda: c.decode_add(b"", odd), "aligned")
+            raises(ValueError, lambda: c.set_residual(3, odd), "aligned")
+    log("misaligned buffers refused (numpy float32/float16 views, torch.frombuffer)")
+
+
 def main(names):
     log("library:", gcomp.library_path)
     unknown = set(names) - {t.__name__ for t in TESTS}
