@@ -24,7 +24,7 @@ import sys
 import threading
 import weakref
 
-from . import _lib
+from . import _args, _lib
 
 __all__ = ["GcompError", "Codec", "Comm", "init_mpi", "codec_names", "F32", "F16", "BF16",
            "SUM", "AVG", "KEY_NONE", "library_path"]
@@ -140,29 +140,27 @@ def _buf(x, what, writable):
                     % (what, type(x).__name__))
 
 
-def _key(key):
-    if key is None:
-        return KEY_NONE
-    if isinstance(key, bool) or not isinstance(key, int) or not 0 <= key < KEY_NONE:
-        raise ValueError("key must be None or an int in [0, 2**64 - 1), got %r" % (key,))
-    return key
+_key = _args.key_arg
+
+
+def _choice(what, v, table):
+    """v looked up in table (names, and the C enum values as ints); a bool is neither."""
+    try:
+        if not _args._is_bool(v):
+            return table[v.lower() if isinstance(v, str) else v]
+    except (KeyError, TypeError):
+        pass
+    raise ValueError("%s must be one of %s, got %r"
+                     % (what, ", ".join(repr(k) for k in table if isinstance(k, str)), v))
 
 
 def _op(op):
-    ops = {"sum": SUM, "avg": AVG, SUM: SUM, AVG: AVG}
-    try:
-        return ops[op.lower() if isinstance(op, str) else op]
-    except (KeyError, TypeError):
-        raise ValueError("op must be 'sum' or 'avg', got %r" % (op,)) from None
+    return _choice("op", op, {"sum": SUM, "avg": AVG, SUM: SUM, AVG: AVG})
 
 
 def _dtype_arg(dtype):
-    names = {"float32": F32, "float16": F16, "bfloat16": BF16, F32: F32, F16: F16, BF16: BF16}
-    try:
-        return names[dtype]
-    except (KeyError, TypeError):
-        raise ValueError("dtype must be 'float32', 'float16' or 'bfloat16', got %r"
-                         % (dtype,)) from None
+    return _choice("dtype", dtype, {"float32": F32, "float16": F16, "bfloat16": BF16,
+                                    F32: F32, F16: F16, BF16: BF16})
 
 
 def _stats_dict(s, fields):
@@ -184,7 +182,9 @@ class Codec:
         if not isinstance(spec, str):
             raise TypeError("spec must be a str, got %s" % type(spec).__name__)
         self._h = None
-        opts = _lib.CodecOptions(int(seed), int(rank), 1 if error_feedback else 0)
+        opts = _lib.CodecOptions(_args.int_arg("seed", seed, 0, _args.UINT64_MAX),
+                                 _args.int_arg("rank", rank, 0, _args.UINT32_MAX),
+                                 _args.bool_arg("error_feedback", error_feedback))
         h = ctypes.c_void_p()
         _check(_lib.codec_create(spec.encode(), ctypes.byref(opts), ctypes.byref(h)),
                "gcomp_codec_create(%r)" % spec)
@@ -200,7 +200,7 @@ class Codec:
         return _lib.codec_spec(self._handle()).decode()
 
     def max_encoded_bytes(self, count):
-        return _lib.codec_max_encoded_bytes(self._handle(), count)
+        return _lib.codec_max_encoded_bytes(self._handle(), _args.count_arg("count", count))
 
     def encode(self, x, key=None):
         h = self._handle()
@@ -226,9 +226,9 @@ class Codec:
             dt = _dtype_arg(dtype)
             if dt == BF16:
                 raise ValueError("decode: numpy has no bfloat16; pass a torch.bfloat16 out")
-            out = np.empty(int(count), dtype=_DTYPE_NAMES[dt])
+            out = np.empty(_args.count_arg("count", count), dtype=_DTYPE_NAMES[dt])
         b = _buf(out, "Codec.decode out", writable=True)
-        if count is not None and count != b.count:
+        if count is not None and _args.count_arg("count", count) != b.count:
             raise ValueError("decode: count %d != out's %d elements" % (count, b.count))
         data = bytes(payload)
         _check(_lib.codec_decode(h, data, len(data), b.ptr, b.count, b.dtype), "gcomp_codec_decode")
@@ -246,7 +246,7 @@ class Codec:
 
     def residual(self, key, count):
         import numpy as np
-        out = np.empty(int(count), dtype=np.float32)
+        out = np.empty(_args.count_arg("count", count), dtype=np.float32)
         _check(_lib.codec_residual_get(self._handle(), _key(key), out.ctypes.data, out.size),
                "gcomp_codec_residual_get")
         return out
@@ -345,16 +345,17 @@ class Comm:
                 raise TypeError("codec must be a spec string, got %s" % type(codec).__name__)
             self._codec_bytes = codec.encode()  # kept alive until the call returns
             cfg.codec = self._codec_bytes
+        # ranges of config.c's table; -1 would be GCOMP_UNSET (the environment) in C
         if min_bytes is not None:
-            cfg.min_bytes = int(min_bytes)
+            cfg.min_bytes = _args.int_arg("min_bytes", min_bytes, 0, _args.INT64_MAX)
         if error_feedback is not None:
-            cfg.error_feedback = 1 if error_feedback else 0
+            cfg.error_feedback = _args.bool_arg("error_feedback", error_feedback)
         if seed is not None:
-            cfg.seed = int(seed)
+            cfg.seed = _args.int_arg("seed", seed, 0, _args.INT64_MAX)
         if timeout_ms is not None:
-            cfg.timeout_ms = int(timeout_ms)
+            cfg.timeout_ms = _args.int_arg("timeout_ms", timeout_ms, 1, _args.INT64_MAX)
         if debug is not None:
-            cfg.debug = 1 if debug else 0
+            cfg.debug = _args.bool_arg("debug", debug)
         h = ctypes.c_void_p()
         self._h = None
         self._lock = threading.Lock()

@@ -43,6 +43,7 @@ import torch
 import torch.distributed as dist
 
 import gcomp
+from gcomp import _args
 
 __all__ = ["GcompHookState", "hook"]
 
@@ -64,8 +65,7 @@ class GcompHookState:
 
     def __init__(self, codec="terngrad", start_iter=10, comm=None, process_group=None,
                  min_bytes=0, error_feedback=None, seed=None, timeout_ms=None):
-        if not isinstance(start_iter, int) or start_iter < 0:
-            raise ValueError("start_iter must be an int >= 0, got %r" % (start_iter,))
+        start_iter = _args.int_arg("start_iter", start_iter, 0, _args.INT64_MAX)
         self._config = dict(codec=codec, start_iter=start_iter, min_bytes=min_bytes,
                             error_feedback=error_feedback, seed=seed, timeout_ms=timeout_ms)
         self.start_iter = start_iter

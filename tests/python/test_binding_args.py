@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 import gcomp
+import gcomp.torch
 from gcomp import _lib
 
 WORLD = MPI.COMM_WORLD
@@ -128,6 +129,64 @@ def test_alignment():
             raises(ValueError, lambda: c.decode_add(b"", odd), "aligned")
             raises(ValueError, lambda: c.set_residual(3, odd), "aligned")
     log("misaligned buffers refused (numpy float32/float16 views, torch.frombuffer)")
+
+
+@test
+def test_integer_ranges():
+    """ctypes wraps an out-of-range int without a word (2**64 -> 0, -1 -> 2**64 - 1, and
+    -1 in a gcomp_config field is GCOMP_UNSET: 'take the environment'). Every integer argument
+    is range-checked in Python: ValueError out of range, TypeError for a bool, float or str;
+    numpy integers are integers."""
+    big, i64 = 2 ** 64, 2 ** 63
+    with trapped("comm_create_mpi"):
+        for kw in (dict(min_bytes=big), dict(min_bytes=-1), dict(min_bytes=i64),
+                   dict(seed=-1), dict(seed=i64), dict(timeout_ms=0), dict(timeout_ms=big),
+                   dict(error_feedback=2), dict(debug=-1)):
+            e = raises(ValueError, lambda: gcomp.Comm(WORLD, **kw), list(kw)[0])
+            assert "range" in str(e), str(e)
+        for kw in (dict(min_bytes=1.5), dict(seed="1"), dict(timeout_ms=True),
+                   dict(error_feedback="no"), dict(debug=0.0)):
+            raises(TypeError, lambda: gcomp.Comm(WORLD, **kw), list(kw)[0])
+    with trapped("codec_create"):
+        for kw in (dict(seed=-1), dict(seed=big), dict(rank=-1), dict(rank=2 ** 32)):
+            raises(ValueError, lambda: gcomp.Codec("fp16", **kw), list(kw)[0])
+        raises(TypeError, lambda: gcomp.Codec("fp16", error_feedback="yes"), "error_feedback")
+    with trapped("comm_create_mpi"):
+        raises(TypeError, lambda: gcomp.torch.GcompHookState(start_iter=True), "start_iter")
+        raises(ValueError, lambda: gcomp.torch.GcompHookState(start_iter=-1), "start_iter")
+        raises(ValueError, lambda: gcomp.torch.GcompHookState(seed=-1), "seed")
+    x = grad(3)
+    with gcomp.Comm(WORLD, codec="terngrad", min_bytes=np.int64(0), seed=np.uint32(7),
+                    timeout_ms=np.int64(60000), error_feedback=np.True_) as comm:
+        cfg = comm.config()
+        assert (cfg["min_bytes"], cfg["seed"], cfg["timeout_ms"], cfg["error_feedback"]) == \
+            (0, 7, 60000, True), cfg
+        with trapped("allreduce", "comm_key_stats"):
+            for k in (-1, big - 1, big, i64 * 4):
+                raises(ValueError, lambda: comm.allreduce(x, key=k), "key")
+            for k in (True, 5.0, "5", np.float32(5)):
+                raises(TypeError, lambda: comm.allreduce(x, key=k), "key")
+            raises(ValueError, lambda: comm.stats(key=-1), "key")
+            raises(ValueError, lambda: comm.allreduce(x, op=True), "op")
+        comm.allreduce(x, op="avg", key=np.int64(5))  # refused by the old binding
+        comm.allreduce(x, op="avg", key=np.uint64(big - 2))
+        assert comm.stats(key=np.int32(5))["calls"] == 1 and comm.stats(key=big - 2)["calls"] == 1
+    with gcomp.Codec("fp16", seed=np.uint64(big - 1), rank=np.int64(2 ** 32 - 1)) as c:
+        with trapped("codec_max_encoded_bytes", "codec_decode", "codec_residual_get",
+                     "codec_encode", "codec_residual_reset"):
+            for n in (-1, big):
+                raises(ValueError, lambda: c.max_encoded_bytes(n), "count")
+                raises(ValueError, lambda: c.decode(b"", count=n), "count")
+                raises(ValueError, lambda: c.residual(1, n), "count")
+            raises(TypeError, lambda: c.decode(b"", count=2.0), "count")
+            raises(ValueError, lambda: c.decode(b"", count=1, dtype=True), "dtype")
+            raises(ValueError, lambda: c.encode(x, key=-1), "key")
+            raises(ValueError, lambda: c.reset_residual(big), "key")
+        assert c.max_encoded_bytes(np.int64(10)) == c.max_encoded_bytes(10) > 0
+        p = c.encode(x, key=np.int16(3))
+        assert np.array_equal(c.decode(p, count=np.int64(x.size)), c.decode(p, x.size))
+        assert c.residual(np.uint8(3), np.int64(x.size)).shape == x.shape
+    log("integers: out of range -> ValueError, bool/float/str -> TypeError, numpy ints accepted")
 
 
 def main(names):
