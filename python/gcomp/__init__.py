@@ -179,14 +179,13 @@ class Codec:
     fills `out`); decode_add() accumulates into a float32 array. Not thread-safe."""
 
     def __init__(self, spec, seed=0, rank=0, error_feedback=True):
-        if not isinstance(spec, str):
-            raise TypeError("spec must be a str, got %s" % type(spec).__name__)
         self._h = None
+        spec_bytes = _args.spec_arg("spec", spec)
         opts = _lib.CodecOptions(_args.int_arg("seed", seed, 0, _args.UINT64_MAX),
                                  _args.int_arg("rank", rank, 0, _args.UINT32_MAX),
                                  _args.bool_arg("error_feedback", error_feedback))
         h = ctypes.c_void_p()
-        _check(_lib.codec_create(spec.encode(), ctypes.byref(opts), ctypes.byref(h)),
+        _check(_lib.codec_create(spec_bytes, ctypes.byref(opts), ctypes.byref(h)),
                "gcomp_codec_create(%r)" % spec)
         self._h = h
 
@@ -341,9 +340,7 @@ class Comm:
         cfg = _lib.config_default()
         self._codec_bytes = None
         if codec is not None:
-            if not isinstance(codec, str):
-                raise TypeError("codec must be a spec string, got %s" % type(codec).__name__)
-            self._codec_bytes = codec.encode()  # kept alive until the call returns
+            self._codec_bytes = _args.spec_arg("codec", codec)  # alive until the call returns
             cfg.codec = self._codec_bytes
         # ranges of config.c's table; -1 would be GCOMP_UNSET (the environment) in C
         if min_bytes is not None:

@@ -53,3 +53,15 @@ def key_arg(key, name="key"):
     if key is None:
         return KEY_NONE
     return int_arg(name + " (None: no error feedback)", key, 0, KEY_NONE - 1)
+
+
+def spec_arg(name, spec):
+    """A codec spec as the bytes C gets. An empty spec is refused: gcomp_codec_create refuses
+    it, and gcomp_config.codec = "" would silently mean "terngrad" (config.c), so a typo
+    would become the default codec; the default is spelled None."""
+    if not isinstance(spec, str):
+        raise TypeError("%s must be a codec spec string, got %s" % (name, type(spec).__name__))
+    if not spec:
+        raise ValueError("%s is an empty codec spec; pass None for the default (GCOMP_CODEC, "
+                         "then terngrad)" % name)
+    return spec.encode()

@@ -7,6 +7,7 @@ Run: timeout 300 mpirun -np 2 /usr/bin/python3 tests/python/test_binding_args.py
 (PYTHONPATH=python, GCOMP_LIBRARY=build/libgcomp.so). Names given: only those tests run.
 """
 import contextlib
+import os
 import sys
 import traceback
 
@@ -187,6 +188,22 @@ def test_integer_ranges():
         assert np.array_equal(c.decode(p, count=np.int64(x.size)), c.decode(p, x.size))
         assert c.residual(np.uint8(3), np.int64(x.size)).shape == x.shape
     log("integers: out of range -> ValueError, bool/float/str -> TypeError, numpy ints accepted")
+
+
+@test
+def test_empty_spec():
+    """codec="" reached C as an empty gcomp_config.codec, which config.c resolves to
+    "terngrad" (ignoring GCOMP_CODEC): a typo became the default codec. gcomp_codec_create
+    refuses an empty spec; the binding refuses it for both, naming codec=None (the
+    environment, then the default) as the way to ask for the default."""
+    with trapped("comm_create_mpi", "codec_create"):
+        e = raises(ValueError, lambda: gcomp.Comm(WORLD, codec=""), "empty")
+        assert "None" in str(e), str(e)
+        raises(ValueError, lambda: gcomp.Codec(""), "empty")
+        raises(ValueError, lambda: gcomp.torch.GcompHookState(codec=""), "empty")
+    with gcomp.Comm(WORLD, codec=None) as comm:  # the default is still reachable
+        assert comm.codec.startswith("terngrad") or os.environ.get("GCOMP_CODEC"), comm.codec
+    log("empty codec spec refused (Comm, Codec, GcompHookState); codec=None is the default")
 
 
 def main(names):
