@@ -432,12 +432,12 @@ class Comm:
     def save_residuals_file(self, path):
         """save_residuals() into a file (written to a temporary file renamed over path)."""
         _need(_lib.comm_residuals_save_file, "gcomp_comm_residuals_save_file")
-        _check(_lib.comm_residuals_save_file(self._handle(), os.fsencode(path)),
+        _check(_lib.comm_residuals_save_file(self._handle(), _args.path_arg("path", path)),
                "gcomp_comm_residuals_save_file")
 
     def load_residuals_file(self, path):
         _need(_lib.comm_residuals_load_file, "gcomp_comm_residuals_load_file")
-        _check(_lib.comm_residuals_load_file(self._handle(), os.fsencode(path)),
+        _check(_lib.comm_residuals_load_file(self._handle(), _args.path_arg("path", path)),
                "gcomp_comm_residuals_load_file")
 
     def config(self):

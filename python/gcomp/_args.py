@@ -8,6 +8,7 @@ ValueError, a value of the wrong kind (bool, float, str where an integer goes) a
 each naming the argument.
 """
 import operator
+import os
 
 INT64_MAX = (1 << 63) - 1
 UINT32_MAX = (1 << 32) - 1
@@ -64,4 +65,21 @@ def spec_arg(name, spec):
     if not spec:
         raise ValueError("%s is an empty codec spec; pass None for the default (GCOMP_CODEC, "
                          "then terngrad)" % name)
-    return spec.encode()
+    return _no_nul(name, spec, spec.encode())
+
+
+def path_arg(name, path):
+    """A file path (str, bytes or path-like) as the bytes C gets."""
+    try:
+        b = os.fsencode(path)
+    except TypeError:
+        raise TypeError("%s must be a path (str, bytes or os.PathLike), got %s"
+                        % (name, type(path).__name__)) from None
+    return _no_nul(name, path, b)
+
+
+def _no_nul(name, v, b):
+    # C would read up to the NUL only: "fp16\0topk" would be "fp16", "dir/a\0b" "dir/a"
+    if b"\0" in b:
+        raise ValueError("%s %r holds a NUL character, where C would end it" % (name, v))
+    return b

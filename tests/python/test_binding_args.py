@@ -8,7 +8,10 @@ Run: timeout 300 mpirun -np 2 /usr/bin/python3 tests/python/test_binding_args.py
 """
 import contextlib
 import os
+import pathlib
+import shutil
 import sys
+import tempfile
 import traceback
 
 from mpi4py import MPI
@@ -204,6 +207,32 @@ def test_empty_spec():
     with gcomp.Comm(WORLD, codec=None) as comm:  # the default is still reachable
         assert comm.codec.startswith("terngrad") or os.environ.get("GCOMP_CODEC"), comm.codec
     log("empty codec spec refused (Comm, Codec, GcompHookState); codec=None is the default")
+
+
+@test
+def test_nul_in_strings():
+    """ctypes' c_char_p ends a string at its first NUL: "fp16\\0topk" reached C as "fp16",
+    a path "dir/a\\0b" as "dir/a" (another file). Refused, as Python's open() does."""
+    with trapped("comm_create_mpi", "codec_create"):
+        e = raises(ValueError, lambda: gcomp.Comm(WORLD, codec="topk:ratio=0.5\0,k=1"), "NUL")
+        assert "codec" in str(e), str(e)
+        raises(ValueError, lambda: gcomp.Codec("fp16\0+zstd"), "NUL")
+        raises(ValueError, lambda: gcomp.Codec("\0"), "NUL")
+    d = tempfile.mkdtemp()
+    try:
+        with gcomp.Comm(WORLD, codec="terngrad", min_bytes=0) as comm:
+            comm.allreduce(grad(4), key=1)
+            with trapped("comm_residuals_save_file", "comm_residuals_load_file"):
+                raises(ValueError, lambda: comm.save_residuals_file(os.path.join(d, "a\0b")), "NUL")
+                raises(ValueError, lambda: comm.load_residuals_file(d + "/a\0b"), "NUL")
+                raises(TypeError, lambda: comm.save_residuals_file(3), "path")
+            assert os.listdir(d) == [], os.listdir(d)
+            comm.save_residuals_file(pathlib.Path(d) / "r")  # a path-like is fine
+            comm.load_residuals_file(os.fsencode(os.path.join(d, "r")))
+        assert os.listdir(d) == ["r"], os.listdir(d)
+    finally:
+        shutil.rmtree(d)
+    log("NUL inside a codec spec or a path refused")
 
 
 def main(names):
