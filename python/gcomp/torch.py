@@ -140,21 +140,57 @@ class GcompHookState:
         }
 
     def load_state_dict(self, sd):
-        if sd.get("version") != _STATE_VERSION:
-            raise ValueError("GcompHookState.load_state_dict: state version %r, expected %d"
-                             % (sd.get("version"), _STATE_VERSION))
-        if sd["codec"] != self.comm.codec:
-            raise ValueError("GcompHookState.load_state_dict: saved with codec %r, this state "
-                             "uses %r" % (sd["codec"], self.comm.codec))
-        if (sd["residuals"] is None) == self._ef:
-            raise ValueError("GcompHookState.load_state_dict: saved with error feedback %s, "
-                             "this state has it %s" % ("off" if sd["residuals"] is None else "on",
-                                                       "on" if self._ef else "off"))
+        """Take a state_dict() of the same codec and error-feedback setting. All or nothing:
+        every field is checked before anything is replaced, and the residuals (the only part
+        the library has to accept) are loaded before the Python fields, which cannot fail;
+        a refused state dict (ValueError, TypeError, GcompError) leaves this state as it was."""
+        start_iter, it, layout, residuals = self._check_state_dict(sd)
         if self._ef:
-            self._call(lambda: self.comm.load_residuals(sd["residuals"]))
-        self.start_iter = sd["start_iter"]
-        self.iter = sd["iter"]
-        self._layout = {int(i): dict(gens) for i, gens in sd["layout"].items()}
+            self._call(lambda: self.comm.load_residuals(residuals))  # all or nothing in C
+        self.start_iter, self.iter, self._layout = start_iter, it, layout
+
+    def _check_state_dict(self, sd):
+        what = "GcompHookState.load_state_dict"
+        if not isinstance(sd, dict):
+            raise TypeError("%s: expected a dict from state_dict(), got %s"
+                            % (what, type(sd).__name__))
+        missing = [k for k in ("version", "codec", "start_iter", "iter", "layout", "residuals")
+                   if k not in sd]
+        if missing:
+            raise ValueError("%s: the state dict lacks %s" % (what, ", ".join(missing)))
+        if sd["version"] != _STATE_VERSION:
+            raise ValueError("%s: state version %r, expected %d"
+                             % (what, sd["version"], _STATE_VERSION))
+        if sd["codec"] != self.comm.codec:
+            raise ValueError("%s: saved with codec %r, this state uses %r"
+                             % (what, sd["codec"], self.comm.codec))
+        residuals = sd["residuals"]
+        if (residuals is None) == self._ef:
+            raise ValueError("%s: saved with error feedback %s, this state has it %s"
+                             % (what, "off" if residuals is None else "on",
+                                "on" if self._ef else "off"))
+        if residuals is not None and not isinstance(residuals, (bytes, bytearray)):
+            raise TypeError("%s: residuals must be bytes (Comm.save_residuals), got %s"
+                            % (what, type(residuals).__name__))
+        start_iter = _args.int_arg(what + ": start_iter", sd["start_iter"], 0, _args.INT64_MAX)
+        it = _args.int_arg(what + ": iter", sd["iter"], 0, _args.INT64_MAX)
+        return start_iter, it, self._check_layout(what, sd["layout"]), residuals
+
+    @staticmethod
+    def _check_layout(what, layout):
+        """{bucket index: {layout signature: generation}} with both numbers fitting the key
+        (generation << 32) | index below GCOMP_KEY_NONE; returns a copy."""
+        if not isinstance(layout, dict):
+            raise TypeError("%s: layout must be a dict, got %s" % (what, type(layout).__name__))
+        out = {}
+        for i, gens in layout.items():
+            idx = _args.int_arg(what + ": layout bucket index", i, 0, (1 << 32) - 1)
+            if not isinstance(gens, dict):
+                raise TypeError("%s: layout of bucket %d must be a dict, got %s"
+                                % (what, idx, type(gens).__name__))
+            out[idx] = {sig: _args.int_arg(what + ": layout generation", g, 0, (1 << 32) - 2)
+                        for sig, g in gens.items()}
+        return out
 
     def __getstate__(self):
         # Pickling is a checkpoint; unpickling re-creates the communicator over

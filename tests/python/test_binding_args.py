@@ -235,6 +235,61 @@ def test_nul_in_strings():
     log("NUL inside a codec spec or a path refused")
 
 
+@test
+def test_hook_state_load_all_or_nothing():
+    """GcompHookState.load_state_dict replaced the residuals first and then failed on a bad
+    counter or layout, leaving a state that was neither the old nor the saved one. Every
+    field is now checked first; a refused state dict leaves the state as it was (residuals,
+    iteration counters, layouts), and a good one is still taken whole."""
+    state = gcomp.torch.GcompHookState(codec="terngrad", start_iter=0)
+    try:
+        def step(i):
+            state._call(lambda: state.comm.allreduce(grad(50 + i + RANK), op="avg", key=3))
+
+        step(0)
+        state.iter, state._layout = 4, {0: {(4099, "torch.float32", ((4099,),)): 0}}
+        saved = state.state_dict()
+        step(1)
+        state.iter, state.start_iter = 9, 2
+        state._layout = {0: {(4099, "torch.float32", ((4099,),)): 0}, 1: {(7,): 2}}
+        before = (state._call(state.comm.save_residuals), state.iter, state.start_iter,
+                  {i: dict(g) for i, g in state._layout.items()})
+        assert before[0] != saved["residuals"], "the test needs residuals that differ"
+
+        def bad(**change):
+            sd = dict(saved)
+            for k, v in change.items():
+                if v is KeyError:
+                    del sd[k]
+                else:
+                    sd[k] = v
+            return sd
+
+        cases = [bad(layout="garbage"), bad(layout={0: {("x",): -1}}), bad(layout={-1: {}}),
+                 bad(layout={0: {("x",): 2 ** 32}}), bad(layout={"0": {}}),
+                 bad(iter=KeyError), bad(iter=-3), bad(iter="7"), bad(start_iter=True),
+                 bad(layout=KeyError), bad(version=KeyError), bad(codec="fp16"),
+                 bad(residuals=KeyError), bad(residuals=None), bad(residuals=5),
+                 bad(residuals=saved["residuals"][:-1]), "not a dict", None]
+        for sd in cases:
+            try:
+                state.load_state_dict(sd)
+            except (ValueError, TypeError, gcomp.GcompError):
+                pass
+            else:
+                raise AssertionError("load_state_dict accepted %r" % (sd,))
+            now = (state._call(state.comm.save_residuals), state.iter, state.start_iter,
+                   {i: dict(g) for i, g in state._layout.items()})
+            assert now == before, "a refused state dict changed the state: %r" % (sd,)
+        state.load_state_dict(saved)
+        assert state._call(state.comm.save_residuals) == saved["residuals"]
+        assert (state.iter, state.start_iter, state._layout) == (4, 0, saved["layout"])
+    finally:
+        state.close()
+    log("GcompHookState.load_state_dict: %d bad state dicts refused, state untouched; a good "
+        "one loads" % len(cases))
+
+
 def main(names):
     log("library:", gcomp.library_path)
     unknown = set(names) - {t.__name__ for t in TESTS}
