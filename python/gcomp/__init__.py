@@ -18,6 +18,7 @@ TypeError/ValueError before any C call. Failures inside the library raise GcompE
 gcomp_last_error(). A closed Comm or Codec raises ValueError, like a closed file.
 """
 import atexit
+import contextlib
 import ctypes
 import os
 import sys
@@ -170,16 +171,75 @@ def _stats_dict(s, fields):
     return d
 
 
+def _payload(payload):
+    """A payload as bytes. bytes(5) would be five zero bytes: only bytes-like objects."""
+    if not isinstance(payload, (bytes, bytearray, memoryview)):
+        raise TypeError("payload must be bytes-like (bytes, bytearray, memoryview), got %s"
+                        % type(payload).__name__)
+    return bytes(payload)
+
+
+# ---- handles -------------------------------------------------------------------------------
+
+class _Handle:
+    """A C handle used under a lock. gcomp_codec_destroy and gcomp_comm_destroy on an object
+    another thread is using are undefined (like free()), so every C call holds the object's
+    lock (an RLock: a method may call another) and close() takes it too: close() waits for
+    the call in progress, later calls raise ValueError. Calls of one object from several
+    threads thereby run one at a time."""
+
+    _what = "gcomp object"
+
+    def _init_handle(self):
+        self._h = None
+        self._lock = threading.RLock()
+
+    @contextlib.contextmanager
+    def _use(self):
+        with self._lock:
+            if self._h is None:
+                raise ValueError("%s used after close()" % self._what)
+            yield self._h
+
+    def _release(self, free, block=True):
+        """Free the handle with free(h) unless already freed. block=False (the exit handler):
+        give up, leaving it to the process's end, when another thread is inside a call (it
+        would otherwise wait for that call's timeout). Returns whether it is freed."""
+        lock = getattr(self, "_lock", None)
+        if lock is None or not lock.acquire(blocking=block):
+            return False
+        try:
+            if self._h is not None:
+                free(self._h)
+                self._h = None
+            return True
+        finally:
+            lock.release()
+
+    @property
+    def closed(self):
+        return getattr(self, "_h", None) is None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
 # ---- codecs --------------------------------------------------------------------------------
 
-class Codec:
+class Codec(_Handle):
     """A codec chain without a communicator, e.g. Codec("topk:ratio=0.01").
 
     encode() returns the payload as bytes; decode() returns a new float32 numpy array (or
-    fills `out`); decode_add() accumulates into a float32 array. Not thread-safe."""
+    fills `out`); decode_add() accumulates into a float32 array. Calls from several threads
+    run one at a time (see _Handle)."""
+
+    _what = "gcomp.Codec"
 
     def __init__(self, spec, seed=0, rank=0, error_feedback=True):
-        self._h = None
+        self._init_handle()
         spec_bytes = _args.spec_arg("spec", spec)
         opts = _lib.CodecOptions(_args.int_arg("seed", seed, 0, _args.UINT64_MAX),
                                  _args.int_arg("rank", rank, 0, _args.UINT32_MAX),
@@ -189,35 +249,31 @@ class Codec:
                "gcomp_codec_create(%r)" % spec)
         self._h = h
 
-    def _handle(self):
-        if self._h is None:
-            raise ValueError("gcomp.Codec used after close()")
-        return self._h
-
     @property
     def spec(self):
-        return _lib.codec_spec(self._handle()).decode()
+        with self._use() as h:
+            return _lib.codec_spec(h).decode()
 
     def max_encoded_bytes(self, count):
-        return _lib.codec_max_encoded_bytes(self._handle(), _args.count_arg("count", count))
+        count = _args.count_arg("count", count)
+        with self._use() as h:
+            return _lib.codec_max_encoded_bytes(h, count)
 
     def encode(self, x, key=None):
-        h = self._handle()
         b = _buf(x, "Codec.encode", writable=False)
         k = _key(key)
-        cap = _lib.codec_max_encoded_bytes(h, b.count)
-        dst = ctypes.create_string_buffer(max(cap, 1))
-        written = ctypes.c_size_t()
-        _check(_lib.codec_encode(h, k, b.ptr, b.count, b.dtype, dst, cap, ctypes.byref(written)),
-               "gcomp_codec_encode")
+        with self._use() as h:
+            cap = _lib.codec_max_encoded_bytes(h, b.count)
+            dst = ctypes.create_string_buffer(max(cap, 1))
+            written = ctypes.c_size_t()
+            _check(_lib.codec_encode(h, k, b.ptr, b.count, b.dtype, dst, cap,
+                                     ctypes.byref(written)), "gcomp_codec_encode")
         return dst.raw[:written.value]
 
     def decode(self, payload, count=None, dtype="float32", out=None):
         """Decode payload into `out` (overwritten) or a new numpy array of `count` float32
         (or float16) elements."""
-        h = self._handle()
-        if not isinstance(payload, (bytes, bytearray, memoryview)):
-            raise TypeError("payload must be bytes-like, got %s" % type(payload).__name__)
+        data = _payload(payload)
         if out is None:
             import numpy as np
             if count is None:
@@ -229,59 +285,60 @@ class Codec:
         b = _buf(out, "Codec.decode out", writable=True)
         if count is not None and _args.count_arg("count", count) != b.count:
             raise ValueError("decode: count %d != out's %d elements" % (count, b.count))
-        data = bytes(payload)
-        _check(_lib.codec_decode(h, data, len(data), b.ptr, b.count, b.dtype), "gcomp_codec_decode")
+        with self._use() as h:
+            _check(_lib.codec_decode(h, data, len(data), b.ptr, b.count, b.dtype),
+                   "gcomp_codec_decode")
         return out
 
     def decode_add(self, payload, acc):
         """Decode payload and add it into acc (a float32 array or tensor) in place."""
-        h = self._handle()
+        data = _payload(payload)
         b = _buf(acc, "Codec.decode_add acc", writable=True)
         if b.dtype != F32:
             raise TypeError("decode_add: acc must be float32, got %s" % _DTYPE_NAMES[b.dtype])
-        data = bytes(payload)
-        _check(_lib.codec_decode_add(h, data, len(data), b.ptr, b.count), "gcomp_codec_decode_add")
+        with self._use() as h:
+            _check(_lib.codec_decode_add(h, data, len(data), b.ptr, b.count),
+                   "gcomp_codec_decode_add")
         return acc
 
     def residual(self, key, count):
         import numpy as np
+        k = _key(key)
         out = np.empty(_args.count_arg("count", count), dtype=np.float32)
-        _check(_lib.codec_residual_get(self._handle(), _key(key), out.ctypes.data, out.size),
-               "gcomp_codec_residual_get")
+        with self._use() as h:
+            _check(_lib.codec_residual_get(h, k, out.ctypes.data, out.size),
+                   "gcomp_codec_residual_get")
         return out
 
     def set_residual(self, key, values):
         b = _buf(values, "Codec.set_residual", writable=False)
         if b.dtype != F32:
             raise TypeError("set_residual: values must be float32")
-        _check(_lib.codec_residual_set(self._handle(), _key(key), b.ptr, b.count),
-               "gcomp_codec_residual_set")
+        k = _key(key)
+        with self._use() as h:
+            _check(_lib.codec_residual_set(h, k, b.ptr, b.count), "gcomp_codec_residual_set")
 
     def reset_residual(self, key):
-        _check(_lib.codec_residual_reset(self._handle(), _key(key)), "gcomp_codec_residual_reset")
+        k = _key(key)
+        with self._use() as h:
+            _check(_lib.codec_residual_reset(h, k), "gcomp_codec_residual_reset")
 
     def stats(self):
         s = _lib.CodecStats()
-        _check(_lib.codec_stats(self._handle(), ctypes.byref(s)), "gcomp_codec_stats_get")
+        with self._use() as h:
+            _check(_lib.codec_stats(h, ctypes.byref(s)), "gcomp_codec_stats_get")
         return _stats_dict(s, _lib.CodecStats._fields_)
 
     def stats_reset(self):
-        _check(_lib.codec_stats_reset(self._handle()), "gcomp_codec_stats_reset")
+        with self._use() as h:
+            _check(_lib.codec_stats_reset(h), "gcomp_codec_stats_reset")
 
     def close(self):
-        if self._h is not None:
-            _lib.codec_destroy(self._h)
-            self._h = None
+        """Free the codec object; waits for a call in progress in another thread."""
+        self._release(lambda h: _lib.codec_destroy(h))
 
     def __del__(self):
-        if getattr(self, "_h", None) is not None:
-            self.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+        self._release(lambda h: _lib.codec_destroy(h))
 
 
 # ---- MPI and communicators -----------------------------------------------------------------
@@ -315,12 +372,13 @@ _live_comms = weakref.WeakSet()
 @atexit.register
 def _close_all():
     # Python's atexit handlers run before mpi4py's MPI_Finalize (registered with Py_AtExit):
-    # free every communicator's MPI duplicate while MPI still exists.
+    # free every communicator's MPI duplicate while MPI still exists. One that a (daemon)
+    # thread is still inside a call of is left alone: waiting could last its timeout.
     for c in list(_live_comms):
-        c.close()
+        c._release(c._free, block=False)
 
 
-class Comm:
+class Comm(_Handle):
     """A gcomp communicator over an MPI communicator (collective to create).
 
     Comm(mpi_comm=None, codec=None, min_bytes=None, error_feedback=None, seed=None,
@@ -328,59 +386,40 @@ class Comm:
 
     mpi_comm: an mpi4py communicator (default MPI.COMM_WORLD). Settings left None are filled
     from GCOMP_* environment variables, then the library defaults (see gcomp.h's
-    gcomp_config). Calls on one Comm must come from one thread at a time."""
+    gcomp_config). Calls from several threads run one at a time (see _Handle); being
+    collective, they must still be issued in the same order on every rank."""
+
+    _what = "gcomp.Comm"
 
     def __init__(self, mpi_comm=None, codec=None, min_bytes=None, error_feedback=None, seed=None,
                  timeout_ms=None, debug=None):
+        self._init_handle()
+        cfg = _config(codec, min_bytes, error_feedback, seed, timeout_ms, debug)
         if _lib.comm_create_mpi is None:
             raise NotImplementedError("%s was built without MPI (gcomp_comm_create_mpi missing)"
                                       % _lib.path)
         MPI = init_mpi()
         handle = _mpi_handle(MPI.COMM_WORLD if mpi_comm is None else mpi_comm)
-        cfg = _lib.config_default()
-        self._codec_bytes = None
-        if codec is not None:
-            self._codec_bytes = _args.spec_arg("codec", codec)  # alive until the call returns
-            cfg.codec = self._codec_bytes
-        # ranges of config.c's table; -1 would be GCOMP_UNSET (the environment) in C
-        if min_bytes is not None:
-            cfg.min_bytes = _args.int_arg("min_bytes", min_bytes, 0, _args.INT64_MAX)
-        if error_feedback is not None:
-            cfg.error_feedback = _args.bool_arg("error_feedback", error_feedback)
-        if seed is not None:
-            cfg.seed = _args.int_arg("seed", seed, 0, _args.INT64_MAX)
-        if timeout_ms is not None:
-            cfg.timeout_ms = _args.int_arg("timeout_ms", timeout_ms, 1, _args.INT64_MAX)
-        if debug is not None:
-            cfg.debug = _args.bool_arg("debug", debug)
         h = ctypes.c_void_p()
-        self._h = None
-        self._lock = threading.Lock()
         _check(_lib.comm_create_mpi(handle, ctypes.byref(cfg), ctypes.byref(h)),
                "gcomp_comm_create_mpi")
         self._h = h
         _live_comms.add(self)
 
-    def _handle(self):
-        if self._h is None:
-            raise ValueError("gcomp.Comm used after close()")
-        return self._h
-
     @property
     def rank(self):
-        return _lib.comm_rank(self._handle())
+        with self._use() as h:
+            return _lib.comm_rank(h)
 
     @property
     def size(self):
-        return _lib.comm_size(self._handle())
+        with self._use() as h:
+            return _lib.comm_size(h)
 
     @property
     def codec(self):
-        return _lib.comm_codec(self._handle()).decode()
-
-    @property
-    def closed(self):
-        return self._h is None
+        with self._use() as h:
+            return _lib.comm_codec(h).decode()
 
     def allreduce(self, x, out=None, op="sum", key=None):
         """Reduce x over all ranks into out (default: x itself, in place) and return out.
@@ -388,7 +427,6 @@ class Comm:
         Collective: every rank calls it with the same count, dtype, op and codec. key names
         the tensor for error feedback (an int; None: no error feedback). Blocking, with the
         GIL released while the library works."""
-        h = self._handle()
         s = _buf(x, "Comm.allreduce input", writable=out is None)
         if out is None:
             r = s
@@ -401,79 +439,105 @@ class Comm:
                 raise TypeError("Comm.allreduce: out is %s, input %s"
                                 % (_DTYPE_NAMES[r.dtype], _DTYPE_NAMES[s.dtype]))
         o, k = _op(op), _key(key)
-        _check(_lib.allreduce(h, s.ptr, r.ptr, s.count, s.dtype, o, k, None), "gcomp_allreduce")
+        with self._use() as h:
+            _check(_lib.allreduce(h, s.ptr, r.ptr, s.count, s.dtype, o, k, None),
+                   "gcomp_allreduce")
         return x if out is None else out
 
     def stats(self, key=None):
         """Counters of all calls (key None) or of one key, as a dict."""
         s = _lib.CommStats()
-        if key is None:
-            _check(_lib.comm_stats_get(self._handle(), ctypes.byref(s)), "gcomp_comm_stats_get")
-        else:
-            _check(_lib.comm_key_stats(self._handle(), _key(key), ctypes.byref(s)),
-                   "gcomp_comm_key_stats_get")
+        k = None if key is None else _key(key)
+        with self._use() as h:
+            if k is None:
+                _check(_lib.comm_stats_get(h, ctypes.byref(s)), "gcomp_comm_stats_get")
+            else:
+                _check(_lib.comm_key_stats(h, k, ctypes.byref(s)), "gcomp_comm_key_stats_get")
         return _stats_dict(s, _lib.CommStats._fields_)
 
     def stats_reset(self):
-        _check(_lib.comm_stats_reset(self._handle()), "gcomp_comm_stats_reset")
+        with self._use() as h:
+            _check(_lib.comm_stats_reset(h), "gcomp_comm_stats_reset")
 
     def save_residuals(self):
         """The communicator's residuals (every key) as bytes, in the library's versioned
         checkpoint format."""
-        return _residuals_save(self._handle())
+        with self._use() as h:
+            return _residuals_save(h)
 
     def load_residuals(self, data):
         """Replace the communicator's residuals by a save_residuals() blob. The library checks
         the codec, keys and counts and refuses a mismatch (GcompError)."""
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError("load_residuals: expected bytes, got %s" % type(data).__name__)
-        _residuals_load(self._handle(), bytes(data))
+        data = bytes(data)
+        with self._use() as h:
+            _residuals_load(h, data)
 
     def save_residuals_file(self, path):
         """save_residuals() into a file (written to a temporary file renamed over path)."""
         _need(_lib.comm_residuals_save_file, "gcomp_comm_residuals_save_file")
-        _check(_lib.comm_residuals_save_file(self._handle(), _args.path_arg("path", path)),
-               "gcomp_comm_residuals_save_file")
+        path = _args.path_arg("path", path)
+        with self._use() as h:
+            _check(_lib.comm_residuals_save_file(h, path), "gcomp_comm_residuals_save_file")
 
     def load_residuals_file(self, path):
         _need(_lib.comm_residuals_load_file, "gcomp_comm_residuals_load_file")
-        _check(_lib.comm_residuals_load_file(self._handle(), _args.path_arg("path", path)),
-               "gcomp_comm_residuals_load_file")
+        path = _args.path_arg("path", path)
+        with self._use() as h:
+            _check(_lib.comm_residuals_load_file(h, path), "gcomp_comm_residuals_load_file")
 
     def config(self):
         """The resolved configuration (after the environment and defaults), as a dict."""
         _need(_lib.comm_config_get, "gcomp_comm_config_get")
         c = _lib.Config()
-        _check(_lib.comm_config_get(self._handle(), ctypes.byref(c)), "gcomp_comm_config_get")
-        d = {n: getattr(c, n) for n, _ in _lib.Config._fields_}
-        d["codec"] = d["codec"].decode()
+        with self._use() as h:
+            _check(_lib.comm_config_get(h, ctypes.byref(c)), "gcomp_comm_config_get")
+            d = {n: getattr(c, n) for n, _ in _lib.Config._fields_}
+            d["codec"] = d["codec"].decode()  # owned by the communicator: copy while alive
         d["error_feedback"] = bool(d["error_feedback"])
         d["debug"] = bool(d["debug"])
         return d
 
+    def _free(self, h):
+        _write_stats_file(self)
+        _lib.comm_destroy(h)
+        _live_comms.discard(self)
+
     def close(self):
-        """Free the communicator (not collective). Later calls raise ValueError. With
-        GCOMP_STATS_FILE set, first writes this Comm's stats() there (see _write_stats_file)."""
-        if self._h is not None:
-            _write_stats_file(self)
-            _lib.comm_destroy(self._h)
-            self._h = None
-            _live_comms.discard(self)
+        """Free the communicator (not collective); waits for a call in progress in another
+        thread. Later calls raise ValueError. With GCOMP_STATS_FILE set, first writes this
+        Comm's stats() there (see _write_stats_file)."""
+        self._release(self._free)
 
     destroy = close
 
     def __del__(self):
         try:
-            if getattr(self, "_h", None) is not None:
-                self.close()
+            self._release(self._free)
         except Exception:  # interpreter shutdown: nothing left to report to
             pass
 
-    def __enter__(self):
-        return self
 
-    def __exit__(self, *exc):
-        self.close()
+def _config(codec, min_bytes, error_feedback, seed, timeout_ms, debug):
+    """A gcomp_config from the keyword arguments (None: unset), checked against config.c's
+    ranges; -1 would be GCOMP_UNSET (the environment) in C. The struct keeps the codec's
+    bytes alive (_codec_bytes) until the creating call has copied them."""
+    cfg = _lib.config_default()
+    if codec is not None:
+        cfg._codec_bytes = _args.spec_arg("codec", codec)
+        cfg.codec = cfg._codec_bytes
+    if min_bytes is not None:
+        cfg.min_bytes = _args.int_arg("min_bytes", min_bytes, 0, _args.INT64_MAX)
+    if error_feedback is not None:
+        cfg.error_feedback = _args.bool_arg("error_feedback", error_feedback)
+    if seed is not None:
+        cfg.seed = _args.int_arg("seed", seed, 0, _args.INT64_MAX)
+    if timeout_ms is not None:
+        cfg.timeout_ms = _args.int_arg("timeout_ms", timeout_ms, 1, _args.INT64_MAX)
+    if debug is not None:
+        cfg.debug = _args.bool_arg("debug", debug)
+    return cfg
 
 
 def _write_stats_file(comm):

@@ -12,6 +12,8 @@ import pathlib
 import shutil
 import sys
 import tempfile
+import threading
+import time
 import traceback
 
 from mpi4py import MPI
@@ -288,6 +290,73 @@ def test_hook_state_load_all_or_nothing():
         state.close()
     log("GcompHookState.load_state_dict: %d bad state dicts refused, state untouched; a good "
         "one loads" % len(cases))
+
+
+@test
+def test_close_during_call():
+    """close() from one thread while another is inside gcomp_allreduce freed the
+    communicator under the running call (gcomp_comm_destroy on a communicator in use is
+    undefined, like free()). Now close() waits for the call in progress, then frees it, and
+    later calls raise ValueError. Rank 1 joins the allreduce 1.5 s late, so rank 0's call is
+    surely inside the library when rank 0's main thread closes the Comm (rank 1 closes
+    after its call)."""
+    x = grad(5, 1 << 18)
+    comm = gcomp.Comm(WORLD, codec="fp16", min_bytes=0, error_feedback=False)
+    expect = comm.allreduce(x.copy(), op="avg")
+    got, times = {}, {}
+
+    def call():
+        if RANK == 1:
+            time.sleep(1.5)
+        try:
+            got["y"] = comm.allreduce(x.copy(), op="avg")
+        except BaseException as e:  # noqa: B902 - reported below
+            got["error"] = e
+        times["call"] = time.monotonic()
+
+    t = threading.Thread(target=call)
+    t.start()
+    if RANK == 0:
+        time.sleep(0.5)
+    else:
+        t.join()
+    comm.close()
+    times["close"] = time.monotonic()
+    t.join()
+    assert "error" not in got, "the call in progress failed: %r" % got.get("error")
+    assert np.array_equal(got["y"], expect), "the call in progress gave another result"
+    assert times["close"] >= times["call"], "close() returned before the call in progress"
+    raises(ValueError, lambda: comm.allreduce(x), "after close()")
+    raises(ValueError, lambda: comm.rank, "after close()")
+    # the same for a Codec: close() waits for an encode in another thread
+    c = gcomp.Codec("topk:ratio=0.5")
+    big = grad(6, 1 << 22)
+    enc = {}
+    t = threading.Thread(target=lambda: enc.setdefault("p", c.encode(big)))
+    t.start()
+    time.sleep(0.01)
+    c.close()
+    t.join()
+    assert "p" in enc and len(enc["p"]) > 0
+    raises(ValueError, lambda: c.encode(big), "after close()")
+    WORLD.Barrier()
+    log("close() during a call in another thread waits for it, then frees (Comm, Codec)")
+
+
+@test
+def test_payload_type():
+    """decode_add(5, acc) took bytes(5), five zero bytes, as the payload; only bytes-like
+    payloads are taken (decode and decode_add alike)."""
+    with gcomp.Codec("fp16") as c:
+        acc = np.zeros(8, np.float32)
+        with trapped("codec_decode", "codec_decode_add"):
+            for bad in (5, "abc", [1, 2], None):
+                raises(TypeError, lambda: c.decode_add(bad, acc), "bytes-like")
+                raises(TypeError, lambda: c.decode(bad, count=8), "bytes-like")
+        p = c.encode(np.ones(8, np.float32))
+        assert np.array_equal(c.decode_add(memoryview(p), acc), np.ones(8, np.float32))
+        assert np.array_equal(c.decode(bytearray(p), 8), np.ones(8, np.float32))
+    log("payloads: only bytes-like objects")
 
 
 def main(names):
