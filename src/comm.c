@@ -153,6 +153,9 @@ gcomp_result gcomp__comm_create(gcomp__transport *tp, const gcomp_config *cfg, g
         local = gcomp_codec_create(c->cfg.codec, &opts, &c->codec);
     }
     if (c->cfg.timeout_ms <= 0) c->cfg.timeout_ms = CREATE_TIMEOUT_MS; /* config not resolved */
+    /* a transport that cannot carry byte stages (NCCL: zstd runs on host memory) says why */
+    if (local == GCOMP_SUCCESS && tp->no_byte_stages && gcomp__codec_chain(c->codec)->n_stages > 1)
+        local = gcomp__fail(GCOMP_ERR_UNSUPPORTED, "codec '%s': %s", gcomp_codec_spec(c->codec), tp->no_byte_stages);
     /* ranks must agree on the codec: compare a hash of the canonical spec */
     fields[F_SPEC] = local == GCOMP_SUCCESS ? spec_hash(c->codec) : 0;
     vote_init(&mine, tp->rank, local, 0, fields);

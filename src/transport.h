@@ -58,6 +58,25 @@ struct gcomp__transport {
      * transport: each rank's transport is used by one thread at a time, which the
      * communicator's queue guarantees). */
     int (*threads_ok)(char *why, size_t cap);
+
+    /* ---- optional entries (NULL / 0 in transports that do not need them) ---- */
+    /* The same exchange as start_sendrecv when both ends know every size: sbytes is exactly
+     * what rank `to` passes as its rbytes, and the message from `from` is exactly rbytes long
+     * (finish_sendrecv then reports rbytes). Both ranks of a message must use the same entry.
+     * NCCL (transport_nccl.c) needs the receive size when it posts a receive: without this,
+     * start_sendrecv first exchanges the size (a small NCCL exchange and a host wait per
+     * message); with it, nothing but the payload travels and start does not wait. For
+     * payloads whose size follows from (count, ranks, codec) -- fp16, bf16, TernGrad's sums --
+     * or sizes the ranks shared already (top-k: one allreduce_max_u64 of N sizes per call).
+     * A rank that failed locally must still send sbytes (any content: the outcome agreement
+     * discards the call), not the empty message of the ring's convention. NULL: callers use
+     * start_sendrecv, which is always correct. Proposed by the NCCL transport; the ring and
+     * schedules opt in (src/ring.c). */
+    gcomp_result (*start_sendrecv_sized)(gcomp__transport *t, int to, const void *sbuf, size_t sbytes, int from,
+                                         void *rbuf, size_t rbytes);
+    /* NULL, or why this transport cannot carry a spec with byte stages (+zstd): creation
+     * (gcomp__comm_create) then refuses such a spec with GCOMP_ERR_UNSUPPORTED and this text. */
+    const char *no_byte_stages;
 };
 
 /* ---- handing a transport to a communicator (comm.c) ----
