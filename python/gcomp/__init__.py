@@ -25,12 +25,12 @@ import sys
 import threading
 import weakref
 
-from . import _args, _lib
+from . import _args, _buffers, _cuda, _lib
 
 __all__ = ["GcompError", "Codec", "Comm", "init_mpi", "codec_names", "F32", "F16", "BF16",
            "SUM", "AVG", "KEY_NONE", "library_path"]
 
-F32, F16, BF16 = 0, 1, 2
+F32, F16, BF16 = _buffers.F32, _buffers.F16, _buffers.BF16
 SUM, AVG = 0, 1
 KEY_NONE = (1 << 64) - 1
 library_path = _lib.path
@@ -65,80 +65,19 @@ def codec_names():
         i += 1
 
 
-# ---- buffers -------------------------------------------------------------------------------
+# ---- buffers (see _buffers) ------------------------------------------------------------------
 
-class _Buf:
-    """A checked view of a caller buffer: pointer, element count, gcomp dtype."""
-    __slots__ = ("ptr", "count", "dtype", "obj")
-
-    def __init__(self, ptr, count, dtype, obj):
-        self.ptr, self.count, self.dtype, self.obj = ptr, count, dtype, obj
+_DTYPE_NAMES = _buffers.DTYPE_NAMES
 
 
-_NP_DTYPES = {"float32": F32, "float16": F16}
-_TORCH_DTYPES = {"torch.float32": F32, "torch.float16": F16, "torch.bfloat16": BF16}
-_DTYPE_NAMES = {F32: "float32", F16: "float16", BF16: "bfloat16"}
-_DTYPE_SIZES = {F32: 4, F16: 2, BF16: 2}
-
-
-def _is_torch(x):
-    return type(x).__module__.split(".")[0] == "torch"
-
-
-def _check_aligned(ptr, dt, what):
-    """C reads a float32 buffer through a float * and a float16/bfloat16 one through a
-    uint16_t *: both must be aligned to the element size (C11 6.3.2.3; compilers vectorise on
-    it). A view at an odd byte offset (numpy .view of a uint8 slice, torch.frombuffer with an
-    offset) breaks that; refuse it rather than risk a fault or a silent misread."""
-    size = _DTYPE_SIZES[dt]
-    if ptr % size:
-        raise ValueError("%s: the buffer's address %#x is not %d-byte aligned, as %s elements "
-                         "must be (a view at an odd byte offset?); pass an aligned copy "
-                         "(numpy.array(x) / x.clone())" % (what, ptr, size, _DTYPE_NAMES[dt]))
-
-
-def _buf(x, what, writable):
-    """Check x and return a _Buf, raising TypeError/ValueError with a clear message."""
-    if _is_torch(x):
-        if x.device.type != "cpu":
-            raise NotImplementedError(
-                "%s: a %s tensor; gcomp's Python binding handles host (CPU) tensors only: the "
-                "CUDA path needs the NCCL communicator and a stream argument, which are not "
-                "wrapped yet" % (what, x.device.type))
-        dt = _TORCH_DTYPES.get(str(x.dtype))
-        if dt is None:
-            raise TypeError("%s: dtype %s not supported (float32, float16, bfloat16)"
-                            % (what, x.dtype))
-        if not x.is_contiguous():
-            raise ValueError("%s: tensor is not contiguous (call .contiguous() first)" % what)
-        _check_aligned(x.data_ptr(), dt, what)
-        return _Buf(x.data_ptr(), x.numel(), dt, x)
-    try:
-        import numpy as np
-    except ImportError:  # pragma: no cover - numpy is a dependency
-        np = None
-    if np is not None and isinstance(x, np.ndarray):
-        dt = _NP_DTYPES.get(x.dtype.name)
-        if dt is None:
-            raise TypeError("%s: dtype %s not supported (float32, float16; bfloat16 through "
-                            "torch tensors)" % (what, x.dtype))
-        if not x.dtype.isnative:
-            # '>f4' names the same numbers in other bytes; the library reads native floats.
-            # Converting here would hand the library a copy and break in-place results.
-            raise TypeError("%s: array has non-native byte order (dtype %r); gcomp reads "
-                            "native (%s-endian) floats: convert with x.astype('%s%s%d') "
-                            "(a copy: use the result)"
-                            % (what, x.dtype.str, sys.byteorder,
-                               "<" if sys.byteorder == "little" else ">", x.dtype.kind,
-                               x.dtype.itemsize))
-        if not x.flags.c_contiguous:
-            raise ValueError("%s: array is not C-contiguous (use numpy.ascontiguousarray)" % what)
-        if writable and not x.flags.writeable:
-            raise ValueError("%s: array is read-only" % what)
-        _check_aligned(x.ctypes.data, dt, what)
-        return _Buf(x.ctypes.data, x.size, dt, x)
-    raise TypeError("%s: expected a numpy.ndarray or a torch.Tensor, got %s"
-                    % (what, type(x).__name__))
+def _host_buf(x, what, writable):
+    """A buffer for a call that takes host memory only (the Codec object's)."""
+    b = _buffers.buf(x, what, writable)
+    if b.device is not None:
+        raise NotImplementedError(
+            "%s: a tensor on %s; gcomp.Codec works on host memory (the C codec API takes device "
+            "pointers, the Python Codec does not wrap them): pass x.cpu()" % (what, b.device))
+    return b
 
 
 _key = _args.key_arg
@@ -260,7 +199,7 @@ class Codec(_Handle):
             return _lib.codec_max_encoded_bytes(h, count)
 
     def encode(self, x, key=None):
-        b = _buf(x, "Codec.encode", writable=False)
+        b = _host_buf(x, "Codec.encode", writable=False)
         k = _key(key)
         with self._use() as h:
             cap = _lib.codec_max_encoded_bytes(h, b.count)
@@ -282,7 +221,7 @@ class Codec(_Handle):
             if dt == BF16:
                 raise ValueError("decode: numpy has no bfloat16; pass a torch.bfloat16 out")
             out = np.empty(_args.count_arg("count", count), dtype=_DTYPE_NAMES[dt])
-        b = _buf(out, "Codec.decode out", writable=True)
+        b = _host_buf(out, "Codec.decode out", writable=True)
         if count is not None and _args.count_arg("count", count) != b.count:
             raise ValueError("decode: count %d != out's %d elements" % (count, b.count))
         with self._use() as h:
@@ -293,7 +232,7 @@ class Codec(_Handle):
     def decode_add(self, payload, acc):
         """Decode payload and add it into acc (a float32 array or tensor) in place."""
         data = _payload(payload)
-        b = _buf(acc, "Codec.decode_add acc", writable=True)
+        b = _host_buf(acc, "Codec.decode_add acc", writable=True)
         if b.dtype != F32:
             raise TypeError("decode_add: acc must be float32, got %s" % _DTYPE_NAMES[b.dtype])
         with self._use() as h:
@@ -311,7 +250,7 @@ class Codec(_Handle):
         return out
 
     def set_residual(self, key, values):
-        b = _buf(values, "Codec.set_residual", writable=False)
+        b = _host_buf(values, "Codec.set_residual", writable=False)
         if b.dtype != F32:
             raise TypeError("set_residual: values must be float32")
         k = _key(key)
@@ -379,22 +318,43 @@ def _close_all():
 
 
 class Comm(_Handle):
-    """A gcomp communicator over an MPI communicator (collective to create).
+    """A gcomp communicator (collective to create), over MPI for host buffers or over NCCL
+    for CUDA tensors.
 
     Comm(mpi_comm=None, codec=None, min_bytes=None, error_feedback=None, seed=None,
-         timeout_ms=None, debug=None)
+         timeout_ms=None, debug=None, backend="mpi", group=None, device=None)
 
-    mpi_comm: an mpi4py communicator (default MPI.COMM_WORLD). Settings left None are filled
-    from GCOMP_* environment variables, then the library defaults (see gcomp.h's
-    gcomp_config). Calls from several threads run one at a time (see _Handle); being
-    collective, they must still be issued in the same order on every rank."""
+    backend="mpi": over mpi_comm, an mpi4py communicator (default MPI.COMM_WORLD); reduces
+    numpy arrays and CPU tensors.
+    backend="nccl": over NCCL on one CUDA device (device: None = the current one, or an int,
+    "cuda:N", torch.device); reduces CUDA tensors of that device. Rank 0 gets NCCL's unique id
+    and shares it over mpi_comm when given, else over the torch process group `group` (None:
+    the default group, torch.distributed.init_process_group must have run); the ranks are
+    that group's. Needs a library built with NCCL (gcomp_comm_create_nccl_rank).
+
+    Settings left None are filled from GCOMP_* environment variables, then the library
+    defaults (see gcomp.h's gcomp_config). Calls from several threads run one at a time (see
+    _Handle); being collective, they must still be issued in the same order on every rank."""
 
     _what = "gcomp.Comm"
 
     def __init__(self, mpi_comm=None, codec=None, min_bytes=None, error_feedback=None, seed=None,
-                 timeout_ms=None, debug=None):
+                 timeout_ms=None, debug=None, backend="mpi", group=None, device=None):
         self._init_handle()
+        self._device = None  # the CUDA device of an NCCL communicator
         cfg = _config(codec, min_bytes, error_feedback, seed, timeout_ms, debug)
+        backend = _choice("backend", backend, {"mpi": "mpi", "nccl": "nccl"})
+        if backend == "nccl":
+            self._create_nccl(cfg, mpi_comm, group, device)
+        else:
+            if group is not None or device is not None:
+                raise ValueError("group and device are for backend='nccl'; an MPI Comm runs "
+                                 "over mpi_comm on host memory")
+            self._create_mpi(cfg, mpi_comm)
+        self.backend = backend
+        _live_comms.add(self)
+
+    def _create_mpi(self, cfg, mpi_comm):
         if _lib.comm_create_mpi is None:
             raise NotImplementedError("%s was built without MPI (gcomp_comm_create_mpi missing)"
                                       % _lib.path)
@@ -404,7 +364,39 @@ class Comm(_Handle):
         _check(_lib.comm_create_mpi(handle, ctypes.byref(cfg), ctypes.byref(h)),
                "gcomp_comm_create_mpi")
         self._h = h
-        _live_comms.add(self)
+
+    def _create_nccl(self, cfg, mpi_comm, group, device):
+        if _lib.comm_create_nccl_rank is None or _lib.nccl_get_unique_id is None:
+            raise NotImplementedError(
+                "gcomp.Comm(backend='nccl'): %s was built without NCCL (gcomp_comm_create_nccl_"
+                "rank / gcomp_nccl_get_unique_id missing); configure gcomp with "
+                "-DGCOMP_WITH_NCCL=ON where CUDA and NCCL are installed" % _lib.path)
+        if mpi_comm is not None and group is not None:
+            raise ValueError("backend='nccl': pass mpi_comm or group (where the unique id is "
+                             "shared), not both")
+        if mpi_comm is not None:
+            init_mpi()
+            _mpi_handle(mpi_comm)  # the same checks as for an MPI Comm
+        torch = _cuda.torch_with_cuda("gcomp.Comm(backend='nccl')")
+        dev = _cuda.device_arg(torch, device)
+
+        def unique_id():
+            uid = ctypes.create_string_buffer(_cuda.UNIQUE_ID_BYTES)
+            _check(_lib.nccl_get_unique_id(uid), "gcomp_nccl_get_unique_id")
+            return uid.raw
+
+        with torch.cuda.device(dev):  # NCCL binds its communicator to the current device
+            uid, rank, size = _cuda.share_unique_id(unique_id, group=group, mpi_comm=mpi_comm)
+            h = ctypes.c_void_p()
+            _check(_lib.comm_create_nccl_rank(uid, size, rank, ctypes.byref(cfg), ctypes.byref(h)),
+                   "gcomp_comm_create_nccl_rank")
+        self._h = h
+        self._device = dev
+
+    @property
+    def device(self):
+        """The CUDA device (torch.device) of an NCCL Comm; None for an MPI Comm."""
+        return self._device
 
     @property
     def rank(self):
@@ -421,34 +413,81 @@ class Comm(_Handle):
         with self._use() as h:
             return _lib.comm_codec(h).decode()
 
-    def allreduce(self, x, out=None, op="sum", key=None):
+    def allreduce(self, x, out=None, op="sum", key=None, stream=None):
         """Reduce x over all ranks into out (default: x itself, in place) and return out.
 
         Collective: every rank calls it with the same count, dtype, op and codec. key names
-        the tensor for error feedback (an int; None: no error feedback). Blocking, with the
-        GIL released while the library works."""
-        s = _buf(x, "Comm.allreduce input", writable=out is None)
-        if out is None:
-            r = s
+        the tensor for error feedback (an int; None: no error feedback). The GIL is released
+        while the library works.
+        MPI Comm: host buffers; blocking, out holds the result on return.
+        NCCL Comm: CUDA tensors on the Comm's device, with the call ordered on `stream`
+        (None: torch.cuda.current_stream() of that device; or a torch.cuda.Stream, or a raw
+        cudaStream_t int): like torch's collectives, the result is ready for work enqueued
+        on that stream after the call (synchronise it before reading out from the host)."""
+        s, r = self._bufs(x, out)
+        o, k = _op(op), _key(key)
+        if self._device is None:
+            if stream is not None:
+                raise ValueError("Comm.allreduce: stream is for CUDA tensors on an NCCL Comm; "
+                                 "this Comm is over MPI")
+            with self._use() as h:
+                _check(_lib.allreduce(h, s.ptr, r.ptr, s.count, s.dtype, o, k, None),
+                       "gcomp_allreduce")
         else:
-            r = _buf(out, "Comm.allreduce out", writable=True)
+            torch = sys.modules["torch"]  # imported: the Comm's creation needed it
+            with torch.cuda.device(self._device):  # the library uses the current device
+                handle, tstream = _cuda.stream_arg(torch, self._device, stream)
+                with self._use() as h:
+                    _check(_lib.allreduce(h, s.ptr, r.ptr, s.count, s.dtype, o, k, handle or None),
+                           "gcomp_allreduce")
+                _cuda.record_stream((s, r), tstream, torch)
+        return x if out is None else out
+
+    def _bufs(self, x, out):
+        """The checked input and output of an allreduce, on the memory this Comm takes."""
+        s = _buffers.buf(x, "Comm.allreduce input", writable=out is None)
+        r = s if out is None else _buffers.buf(out, "Comm.allreduce out", writable=True)
+        if r is not s:
             if r.count != s.count:
                 raise ValueError("Comm.allreduce: out has %d elements, input %d"
                                  % (r.count, s.count))
             if r.dtype != s.dtype:
                 raise TypeError("Comm.allreduce: out is %s, input %s"
                                 % (_DTYPE_NAMES[r.dtype], _DTYPE_NAMES[s.dtype]))
-        o, k = _op(op), _key(key)
-        with self._use() as h:
-            _check(_lib.allreduce(h, s.ptr, r.ptr, s.count, s.dtype, o, k, None),
-                   "gcomp_allreduce")
-        return x if out is None else out
+            if s.overlaps(r):
+                # the schedules read the input after writing parts of the output
+                raise ValueError("Comm.allreduce: out overlaps the input without being it; "
+                                 "reduce in place (out=None) or into separate memory")
+        for b, name in ((s, "input"), (r, "out")):
+            if b.device != self._device:
+                raise ValueError("Comm.allreduce: %s is in %s, but this Comm (backend %r) "
+                                 "reduces %s%s" % (
+                                     name, "host memory" if b.device is None else b.device,
+                                     self.backend,
+                                     "host memory" if self._device is None else
+                                     "tensors on %s" % self._device,
+                                     "; create a Comm with backend='nccl' for CUDA tensors"
+                                     if self._device is None else ""))
+        return s, r
+
+    @contextlib.contextmanager
+    def _settled(self):
+        """An NCCL Comm's stats and residuals are read and written after the device has
+        finished the calls enqueued so far (they ran on the caller's streams), with the
+        Comm's device current; an MPI Comm's calls are complete when they return."""
+        if self._device is None:
+            yield
+            return
+        torch = sys.modules["torch"]
+        with torch.cuda.device(self._device):
+            torch.cuda.synchronize(self._device)
+            yield
 
     def stats(self, key=None):
         """Counters of all calls (key None) or of one key, as a dict."""
         s = _lib.CommStats()
         k = None if key is None else _key(key)
-        with self._use() as h:
+        with self._settled(), self._use() as h:
             if k is None:
                 _check(_lib.comm_stats_get(h, ctypes.byref(s)), "gcomp_comm_stats_get")
             else:
@@ -456,13 +495,13 @@ class Comm(_Handle):
         return _stats_dict(s, _lib.CommStats._fields_)
 
     def stats_reset(self):
-        with self._use() as h:
+        with self._settled(), self._use() as h:
             _check(_lib.comm_stats_reset(h), "gcomp_comm_stats_reset")
 
     def save_residuals(self):
         """The communicator's residuals (every key) as bytes, in the library's versioned
         checkpoint format."""
-        with self._use() as h:
+        with self._settled(), self._use() as h:
             return _residuals_save(h)
 
     def load_residuals(self, data):
@@ -471,20 +510,20 @@ class Comm(_Handle):
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError("load_residuals: expected bytes, got %s" % type(data).__name__)
         data = bytes(data)
-        with self._use() as h:
+        with self._settled(), self._use() as h:
             _residuals_load(h, data)
 
     def save_residuals_file(self, path):
         """save_residuals() into a file (written to a temporary file renamed over path)."""
         _need(_lib.comm_residuals_save_file, "gcomp_comm_residuals_save_file")
         path = _args.path_arg("path", path)
-        with self._use() as h:
+        with self._settled(), self._use() as h:
             _check(_lib.comm_residuals_save_file(h, path), "gcomp_comm_residuals_save_file")
 
     def load_residuals_file(self, path):
         _need(_lib.comm_residuals_load_file, "gcomp_comm_residuals_load_file")
         path = _args.path_arg("path", path)
-        with self._use() as h:
+        with self._settled(), self._use() as h:
             _check(_lib.comm_residuals_load_file(h, path), "gcomp_comm_residuals_load_file")
 
     def config(self):

@@ -140,3 +140,10 @@ comm_residuals_save_file = _fn("gcomp_comm_residuals_save_file", R, vp, ctypes.c
                                optional=True)
 comm_residuals_load_file = _fn("gcomp_comm_residuals_load_file", R, vp, ctypes.c_char_p,
                                optional=True)
+
+# The NCCL communicator (include/gcomp_nccl.h), in a library built with GCOMP_WITH_NCCL: absent
+# from others, and then gcomp.Comm(backend="nccl") says so (see _need_nccl in __init__).
+# ncclUniqueId travels as its 128 bytes.
+nccl_get_unique_id = _fn("gcomp_nccl_get_unique_id", R, vp, optional=True)
+comm_create_nccl_rank = _fn("gcomp_comm_create_nccl_rank", R, vp, ctypes.c_int, ctypes.c_int,
+                            ctypes.POINTER(Config), ctypes.POINTER(vp), optional=True)

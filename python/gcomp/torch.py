@@ -9,13 +9,27 @@ How it works
     The state's gcomp communicator is created over an mpi4py communicator (default
     MPI.COMM_WORLD; importing mpi4py initialises MPI with MPI_THREAD_MULTIPLE). Creating the
     state is collective over that communicator.
+  - CUDA buckets go through gcomp over NCCL (backend "nccl", the default when DDP's process
+    group is an NCCL one): rank 0 gets NCCL's unique id and shares it over the process group
+    (or over `comm`, an mpi4py communicator, when given); the communicator lives on the
+    current CUDA device (or `device`). Creating the state is collective over that group.
   - The first `start_iter` iterations run a plain dist.all_reduce on DDP's process group (like
     PowerSGD's start_powerSGD_iter): DDP rebuilds its buckets after the first iteration, and
     compressing before then would spend error feedback on a layout that goes away.
-  - Later buckets are queued to ONE worker thread, which runs the gcomp calls in the order DDP
-    issued them (the same on every rank: DDP launches buckets in index order) with the GIL
+  - Later CPU buckets are queued to ONE worker thread, which runs the gcomp calls in the order
+    DDP issued them (the same on every rank: DDP launches buckets in index order) with the GIL
     released (ctypes), and completes each bucket's torch.futures.Future; so communication
     overlaps the rest of the backward pass. The result is the average over ranks (GCOMP_AVG).
+  - Later CUDA buckets are reduced on the caller's thread, on the caller's current stream (the
+    stream the autograd engine computed the bucket's gradients on), with no worker thread:
+    gcomp orders its device work on that stream after the gradients and before whatever is
+    enqueued there next, as ProcessGroupNCCL's collectives do, so the hook never waits for the
+    GPU itself (the library may block the host for its small agreements, and top-k reads its
+    payload size back once). The hook returns a torch.futures.Future(devices=[the bucket's
+    device]) completed right after the call: set_result records a CUDA event on that stream,
+    and DDP's wait on the future makes its own stream wait for the event, so nothing reads the
+    bucket before the reduction is done on the GPU. No worker thread, hence no question of
+    which device or stream a thread has current, and no stream or event of the hook's own.
   - Error feedback: one residual per bucket and layout, key = (generation << 32) | bucket
     index. A bucket's layout is its element count, dtype and the shapes of its parameters in
     buffer order; a layout not seen before at that index gets the next generation, so its
@@ -33,8 +47,8 @@ How it works
   - state_dict()/load_state_dict() (and pickling) carry the counters, the bucket layouts and
     the residuals (through the library's residual checkpoint), so a resumed run continues
     bit for bit.
-  - CUDA buckets raise NotImplementedError: they need gcomp's NCCL communicator (unique id
-    shared over the torch process group) and stream-ordered calls, which are not wrapped yet.
+  - A bucket on another device than the state's communicator (a CPU bucket with an NCCL
+    state, a CUDA bucket with an MPI one, another GPU) is refused with ValueError naming both.
 """
 import queue
 import threading
@@ -55,29 +69,50 @@ class GcompHookState:
 
     codec: gcomp codec spec ("terngrad", "topk:ratio=0.01", "fp16", ... "+zstd").
     start_iter: iterations of plain allreduce before compressing (default 10).
-    comm: mpi4py communicator the gcomp communicator is built over (default MPI.COMM_WORLD);
-        it must hold the same processes, in the same rank order, as DDP's process group.
+    comm: mpi4py communicator the gcomp communicator is built over (backend "mpi": default
+        MPI.COMM_WORLD; backend "nccl": where the unique id is shared, default the process
+        group); it must hold the same processes, in the same rank order, as DDP's group.
     process_group: torch process group for the plain-allreduce iterations (default: the
         default group).
     min_bytes, error_feedback, seed, timeout_ms: as gcomp.Comm (None: GCOMP_* environment,
         then library defaults). min_bytes defaults to 0 here so every bucket is compressed.
+    backend: "mpi" (CPU buckets) or "nccl" (CUDA buckets); None: "nccl" when
+        torch.distributed is initialised with an NCCL process group, else "mpi".
+    device: the CUDA device of an NCCL state (None: the current one), as gcomp.Comm.
     """
 
     def __init__(self, codec="terngrad", start_iter=10, comm=None, process_group=None,
-                 min_bytes=0, error_feedback=None, seed=None, timeout_ms=None):
+                 min_bytes=0, error_feedback=None, seed=None, timeout_ms=None, backend=None,
+                 device=None):
+        self._thread = None
+        self._closed = True  # until the communicator exists
         start_iter = _args.int_arg("start_iter", start_iter, 0, _args.INT64_MAX)
-        self._config = dict(codec=codec, start_iter=start_iter, min_bytes=min_bytes,
-                            error_feedback=error_feedback, seed=seed, timeout_ms=timeout_ms)
+        if backend is None:
+            backend = _default_backend(process_group)
         self.start_iter = start_iter
         self.process_group = process_group
         self.iter = 0
         self._layout = {}  # bucket index -> {layout signature: generation}
-        self.comm = gcomp.Comm(comm, codec=codec, min_bytes=min_bytes,
-                               error_feedback=error_feedback, seed=seed, timeout_ms=timeout_ms)
+        if backend == "nccl":
+            self.comm = gcomp.Comm(comm, codec=codec, min_bytes=min_bytes,
+                                   error_feedback=error_feedback, seed=seed,
+                                   timeout_ms=timeout_ms, backend="nccl",
+                                   group=process_group if comm is None else None, device=device)
+        else:
+            self.comm = gcomp.Comm(comm, codec=codec, min_bytes=min_bytes,
+                                   error_feedback=error_feedback, seed=seed,
+                                   timeout_ms=timeout_ms, backend=backend, device=device)
+        self._config = dict(codec=codec, start_iter=start_iter, min_bytes=min_bytes,
+                            error_feedback=error_feedback, seed=seed, timeout_ms=timeout_ms,
+                            backend=self.comm.backend,
+                            device=None if self.comm.device is None else str(self.comm.device))
         self._ef = self.comm.config()["error_feedback"]
-        self._queue = queue.Queue()
-        self._thread = threading.Thread(target=self._work, name="gcomp-ddp-hook", daemon=True)
-        self._thread.start()
+        self._closed = False
+        if self.comm.device is None:  # CPU buckets: the worker thread
+            self._queue = queue.Queue()
+            self._thread = threading.Thread(target=self._work, name="gcomp-ddp-hook",
+                                            daemon=True)
+            self._thread.start()
 
     # ---- the worker ------------------------------------------------------------------------
 
@@ -95,14 +130,20 @@ class GcompHookState:
                 fut.set_result(result)
 
     def _submit(self, fn):
-        if self._thread is None:
+        if self._closed:
             raise ValueError("GcompHookState used after close()")
         fut = torch.futures.Future()
         self._queue.put((fn, fut))
         return fut
 
     def _call(self, fn):
-        """Run fn on the worker thread, after every queued allreduce, and return its value."""
+        """Run fn after every allreduce issued so far and return its value: on the worker
+        thread for CPU buckets; at once for CUDA buckets (their calls ran on the caller's
+        thread, and gcomp.Comm waits for the device before stats and residuals)."""
+        if self._thread is None:
+            if self._closed:
+                raise ValueError("GcompHookState used after close()")
+            return fn()
         return self._submit(fn).wait()
 
     # ---- bucket bookkeeping ----------------------------------------------------------------
@@ -203,18 +244,27 @@ class GcompHookState:
 
     def close(self):
         """Stop the worker and free the communicator (after queued work has finished)."""
+        self._closed = True
         if self._thread is not None:
             self._queue.put(None)
             self._thread.join()
             self._thread = None
-        self.comm.close()
+        if getattr(self, "comm", None) is not None:
+            self.comm.close()
 
     def __del__(self):
         try:
-            if getattr(self, "_thread", None) is not None:
+            if not getattr(self, "_closed", True):
                 self.close()
         except Exception:
             pass
+
+
+def _default_backend(process_group):
+    if dist.is_available() and dist.is_initialized() and \
+            str(dist.get_backend(process_group)).lower() == "nccl":
+        return "nccl"
+    return "mpi"
 
 
 def _plain_allreduce(state, tensor):
@@ -228,11 +278,14 @@ def hook(state, bucket):
     """DDP communication hook: average the bucket over ranks with gcomp; returns a
     torch.futures.Future holding the averaged bucket tensor."""
     tensor = bucket.buffer()
-    if tensor.device.type != "cpu":
-        raise NotImplementedError(
-            "gcomp.torch.hook: bucket on %s; the hook handles CPU buckets only (over MPI). "
-            "CUDA buckets need gcomp's NCCL communicator and stream-ordered calls from Python, "
-            "which are not wrapped yet" % tensor.device)
+    dev = tensor.device if tensor.device.type == "cuda" else None
+    if dev != state.comm.device or tensor.device.type not in ("cpu", "cuda"):
+        raise ValueError(
+            "gcomp.torch.hook: bucket on %s, but the GcompHookState's communicator (backend "
+            "%r) reduces %s; build the state with backend='nccl' (on the bucket's device) for "
+            "CUDA buckets, backend='mpi' for CPU ones"
+            % (tensor.device, state.comm.backend,
+               "host memory" if state.comm.device is None else state.comm.device))
     compress = state.iter >= state.start_iter
     if bucket.is_last():
         state.iter += 1
@@ -240,9 +293,28 @@ def hook(state, bucket):
     if not compress:
         return _plain_allreduce(state, tensor)
     comm = state.comm
+    if dev is not None:
+        return _cuda_allreduce(state, tensor, key)
 
     def run():
         comm.allreduce(tensor, op="avg", key=key)
         return tensor
 
     return state._submit(run)
+
+
+def _cuda_allreduce(state, tensor, key):
+    """A CUDA bucket on the caller's thread and current stream (see the module's docstring):
+    the future is complete when the call has been issued; its CUDA event, recorded on that
+    stream by set_result, is what DDP's stream waits for."""
+    if state._closed:
+        raise ValueError("GcompHookState used after close()")
+    fut = torch.futures.Future(devices=[tensor.device])
+    with torch.cuda.device(tensor.device):
+        try:
+            state.comm.allreduce(tensor, op="avg", key=key)
+        except Exception as exc:  # noqa: B902 - DDP raises it from its wait on the future
+            fut.set_exception(exc)
+        else:
+            fut.set_result(tensor)
+    return fut

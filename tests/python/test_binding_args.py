@@ -359,6 +359,75 @@ def test_payload_type():
     log("payloads: only bytes-like objects")
 
 
+class MyTensor(torch.Tensor):
+    """A torch.Tensor subclass from outside torch (the old binding looked at the module)."""
+
+
+@test
+def test_buffer_kinds():
+    """Buffers the old binding misread or misjudged: out-of-place with out overlapping the
+    input (the ring reads the input after writing the output: neither in place nor out of
+    place) -> ValueError; a numpy masked array (the mask was ignored) and a sparse torch
+    tensor (no strided data) -> TypeError; a torch.Tensor subclass from another module was
+    refused as "not a tensor" -> now reduced like any tensor."""
+    x = grad(7)
+    n = x.size
+    with gcomp.Comm(WORLD, codec="fp16", min_bytes=0, error_feedback=False) as comm:
+        ref = comm.allreduce(x.copy(), op="avg")
+        big = np.zeros(2 * n, np.float32)
+        tb = torch.zeros(2 * n)
+        with trapped("allreduce"):
+            for lo, hi in ((0, 1), (1, 0), (0, n - 1), (n - 1, 0)):
+                big[lo:lo + n] = x
+                raises(ValueError, lambda: comm.allreduce(big[lo:lo + n], out=big[hi:hi + n]),
+                       "overlaps")
+                raises(ValueError, lambda: comm.allreduce(tb[lo:lo + n], out=tb[hi:hi + n]),
+                       "overlaps")
+            view = tb.numpy()  # a numpy input and a torch out over the same memory
+            raises(ValueError, lambda: comm.allreduce(view[1:n + 1], out=tb[:n]), "overlaps")
+            masked = np.ma.masked_array(x.copy(), mask=x > 0)
+            raises(TypeError, lambda: comm.allreduce(masked), "masked")
+            raises(TypeError, lambda: comm.allreduce(torch.from_numpy(x).to_sparse()), "sparse")
+        # adjacent, not overlapping: fine; out == input: in place
+        big[:n] = x
+        comm.allreduce(big[:n], out=big[n:], op="avg")
+        assert np.array_equal(big[n:], ref) and np.array_equal(big[:n], x)
+        y = x.copy()
+        assert np.array_equal(comm.allreduce(y, out=y, op="avg"), ref)
+        t = torch.from_numpy(x.copy()).as_subclass(MyTensor)
+        comm.allreduce(t, op="avg")
+        assert np.array_equal(t.as_subclass(torch.Tensor).numpy(), ref)
+    log("buffers: overlapping in/out, masked arrays, sparse tensors refused; tensor "
+        "subclasses taken")
+
+
+@test
+def test_nccl_backend_unavailable():
+    """Comm(backend="nccl") where it cannot work says why, on every rank, before any
+    collective: a library built without NCCL (this machine's build) names
+    -DGCOMP_WITH_NCCL=ON; one with NCCL under a torch without CUDA names CUDA. (With both,
+    tests/python/test_cuda.py runs the real thing.) Bad backend/device arguments too."""
+    with trapped("comm_create_mpi"):
+        raises(ValueError, lambda: gcomp.Comm(WORLD, backend="gloo"), "backend")
+        raises(ValueError, lambda: gcomp.Comm(WORLD, device="cuda:0"), "backend='nccl'")
+    if _lib.comm_create_nccl_rank is None:
+        e = raises(NotImplementedError, lambda: gcomp.Comm(WORLD, backend="nccl"), "NCCL")
+        assert "GCOMP_WITH_NCCL" in str(e), str(e)
+        e = raises(NotImplementedError,
+                   lambda: gcomp.torch.GcompHookState(backend="nccl"), "GCOMP_WITH_NCCL")
+        what = "built without NCCL"
+    elif not torch.cuda.is_available():
+        raises(RuntimeError, lambda: gcomp.Comm(WORLD, backend="nccl"), "CUDA")
+        what = "no CUDA device"
+    else:
+        what = "NCCL and CUDA present: see test_cuda.py"
+    with gcomp.Comm(WORLD, codec="fp16") as comm:
+        assert comm.backend == "mpi" and comm.device is None
+        with trapped("allreduce"):
+            raises(ValueError, lambda: comm.allreduce(grad(8), stream=0), "stream")
+    log("backend='nccl' refused with a reason (%s)" % what)
+
+
 def main(names):
     log("library:", gcomp.library_path)
     unknown = set(names) - {t.__name__ for t in TESTS}

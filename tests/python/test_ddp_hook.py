@@ -158,27 +158,28 @@ def resume_check(codec, data, before=12, after=6, start_iter=2):
         % (codec, before, after))
 
 
-def cuda_bucket_check():
-    """A bucket on a device other than the CPU is refused with a message naming what is
-    missing (a meta tensor stands in for CUDA, which this machine may lack)."""
+def device_mismatch_check():
+    """A bucket on a device other than the state's communicator's is refused with a message
+    naming both (a meta tensor stands in for a device this MPI state does not reduce)."""
     class Bucket:
         def buffer(self):
             return torch.empty(8, device="meta")
 
     state = gcomp.torch.GcompHookState(codec="terngrad", start_iter=0)
+    assert state.comm.backend == "mpi"  # the gloo process group: host buckets over MPI
     try:
         gcomp.torch.hook(state, Bucket())
-    except NotImplementedError as e:
-        assert "NCCL" in str(e) and "meta" in str(e), str(e)
+    except ValueError as e:
+        assert "meta" in str(e) and "backend='nccl'" in str(e), str(e)
     else:
         raise AssertionError("hook accepted a non-CPU bucket")
     state.close()
-    log("hook: non-CPU bucket -> NotImplementedError")
+    log("hook: bucket on another device than the state's -> ValueError")
 
 
 def main():
     rank, size = init_dist(WORLD)
-    cuda_bucket_check()
+    device_mismatch_check()
     torch.set_num_threads(1)
     data = Data(rank, size)
     for codec in ("terngrad", "topk:ratio=0.05"):

@@ -1,0 +1,129 @@
+"""CUDA helpers of the binding: the device and stream of a call, and NCCL's unique id shared
+from rank 0 over a torch process group or an mpi4py communicator.
+
+torch is imported here only when a CUDA communicator or tensor is used, so the package works
+without torch (numpy arrays over MPI) and with a CPU-only torch.
+"""
+from . import _args
+
+UNIQUE_ID_BYTES = 128  # sizeof(ncclUniqueId)
+
+
+def torch_with_cuda(what):
+    try:
+        import torch
+    except ImportError:
+        raise NotImplementedError("%s needs torch with CUDA (import torch failed)" % what) from None
+    if not torch.cuda.is_available():
+        raise RuntimeError("%s needs a CUDA device: torch.cuda.is_available() is False (torch %s, "
+                           "built for CUDA %s)" % (what, torch.__version__, torch.version.cuda))
+    return torch
+
+
+def device_arg(torch, device):
+    """The CUDA device a communicator lives on: None is the current device; an int, "cuda",
+    "cuda:1" or a torch.device of type cuda."""
+    if device is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    if isinstance(device, int) and not isinstance(device, bool):
+        d = torch.device("cuda", _args.int_arg("device", device, 0,
+                                               torch.cuda.device_count() - 1))
+    else:
+        try:
+            d = torch.device(device)
+        except (TypeError, RuntimeError) as exc:
+            raise ValueError("device %r is not a CUDA device (%s)" % (device, exc)) from None
+    if d.type != "cuda":
+        raise ValueError("device %r is not a CUDA device" % (device,))
+    if d.index is None:
+        d = torch.device("cuda", torch.cuda.current_device())
+    if not 0 <= d.index < torch.cuda.device_count():
+        raise ValueError("device %s does not exist (%d CUDA devices)"
+                         % (d, torch.cuda.device_count()))
+    return d
+
+
+def stream_arg(torch, device, stream):
+    """(cudaStream_t as an int, the torch stream) of a call on device. None: torch's current
+    stream there, so the call is ordered after the work that produced the tensor and before
+    what the caller enqueues next, as torch's own collectives are. A torch.cuda.Stream must
+    be on that device; an int is a raw cudaStream_t of that device (0: the legacy default)."""
+    current = torch.cuda.current_stream(device)
+    if stream is None:
+        return current.cuda_stream, current
+    if isinstance(stream, torch.cuda.Stream):
+        if stream.device != device:
+            raise ValueError("stream is on %s, the call on %s" % (stream.device, device))
+        return stream.cuda_stream, stream
+    handle = _args.int_arg("stream", stream, 0, _args.UINT64_MAX)
+    if handle == current.cuda_stream:
+        return handle, current
+    return handle, torch.cuda.ExternalStream(handle, device=device)
+
+
+def record_stream(bufs, stream, torch):
+    """Tell torch's caching allocator that the tensors are used on stream, so their memory is
+    not handed out again before the work enqueued there is done (a no-op for the tensor's
+    own allocation stream, the usual case)."""
+    for b in bufs:
+        if isinstance(b.obj, torch.Tensor):
+            b.obj.record_stream(stream)
+
+
+def share_unique_id(get_id, group=None, mpi_comm=None):
+    """Rank 0 calls get_id() (-> 128 bytes) and every rank returns it, with (rank, size) of
+    the group: over mpi_comm (mpi4py) when given, else over the torch process group (None:
+    the default group). A failure of rank 0's get_id() reaches every rank as an exception
+    instead of leaving them waiting in the communicator's creation."""
+    if mpi_comm is not None:
+        rank, size = mpi_comm.Get_rank(), mpi_comm.Get_size()
+
+        def bcast(obj):
+            return mpi_comm.bcast(obj, root=0)
+    else:
+        import torch.distributed as dist
+        if not dist.is_available() or not dist.is_initialized():
+            raise ValueError("backend='nccl' shares NCCL's unique id over a torch process group "
+                             "or an mpi4py communicator: call torch.distributed."
+                             "init_process_group first, or pass mpi_comm")
+        rank, size = dist.get_rank(group), dist.get_world_size(group)
+        if rank < 0:
+            raise ValueError("this process is not a member of the process group")
+        src = 0 if group is None else _global_rank(dist, group, 0)
+        # an NCCL group moves objects through device tensors: say which device
+        dev = _object_device(dist, group)
+
+        def bcast(obj):
+            box = [obj]
+            dist.broadcast_object_list(box, src=src, group=group, device=dev)
+            return box[0]
+
+    msg = None
+    if rank == 0:
+        try:
+            msg = ("id", bytes(get_id()))
+        except Exception as exc:  # noqa: B902 - carried to every rank, then raised
+            err = exc
+            msg = ("error", "%s: %s" % (type(exc).__name__, exc))
+    msg = bcast(msg)
+    if msg[0] == "error":
+        if rank == 0:
+            raise err
+        raise RuntimeError("rank 0 could not get an NCCL unique id: %s" % msg[1])
+    uid = msg[1]
+    if not isinstance(uid, bytes) or len(uid) != UNIQUE_ID_BYTES:
+        raise RuntimeError("the NCCL unique id from rank 0 is not %d bytes" % UNIQUE_ID_BYTES)
+    return uid, rank, size
+
+
+def _global_rank(dist, group, group_rank):
+    if hasattr(dist, "get_global_rank"):  # torch >= 2.0 (1.13 has it too, deprecated later)
+        return dist.get_global_rank(group, group_rank)
+    return dist.distributed_c10d._get_global_rank(group, group_rank)
+
+
+def _object_device(dist, group):
+    import torch
+    if str(dist.get_backend(group)).lower() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return None
