@@ -1,0 +1,446 @@
+/*
+ * nccl_allreduce.c — libgcomp_nccl.so: compressed ncclAllReduce for unmodified NCCL programs.
+ *
+ *   GCOMP_CODEC=fp16 LD_PRELOAD=/path/libgcomp_nccl.so ./trainer
+ *
+ * The library defines ncclAllReduce and hands every call it does not compress to NCCL's own
+ * (found with dlsym(RTLD_NEXT)), arguments untouched, so its result is exactly NCCL's. It
+ * also defines ncclGroupStart/ncclGroupEnd (to know when a call is inside a group) and
+ * ncclCommDestroy/ncclCommAbort (to free the gcomp communicator of a communicator that
+ * goes), each forwarding to NCCL. A call is compressed only when all of these hold, and each
+ * depends only on the call's arguments and the environment, so every rank decides alike:
+ *   - GCOMP_CODEC is set and not empty (opt-in);
+ *   - the datatype is ncclFloat, ncclHalf or ncclBfloat16 and the op ncclSum or ncclAvg;
+ *   - the call is not inside ncclGroupStart/ncclGroupEnd on this thread (a grouped call
+ *     must be enqueued with the group's other calls at ncclGroupEnd; gcomp cannot join that);
+ *   - its stream is not being captured into a CUDA graph (gcomp waits on the host between
+ *     steps, which a capture cannot hold);
+ *   - the communicator has more than one rank (or GCOMP_TEST_COMPRESS_ONE_RANK=1, the
+ *     test-only switch that makes one rank run the compressed schedules) and its gcomp
+ *     communicator could be created;
+ *   - count * element size >= the communicator's min_bytes (GCOMP_MIN_BYTES, default 65536).
+ * Everything else, and every call gcomp itself makes to NCCL, goes to NCCL unchanged.
+ *
+ * One gcomp communicator per NCCL communicator, created at the first compressible call on
+ * it (gcomp_comm_create_nccl: collective, and every rank reaches that call together since
+ * they decide alike), destroyed when the program calls ncclCommDestroy or ncclCommAbort on
+ * it. gcomp works on an NCCL communicator of its own, split from the program's.
+ *
+ * Stream semantics: the call is made with the caller's stream, like ncclAllReduce: gcomp's
+ * work is ordered after what the stream holds. (gcomp also waits on the host until the
+ * result is in recvbuff before it returns, which ncclAllReduce does not.)
+ *
+ * Error feedback: the residual key is (communicator, receive buffer address, count), as in
+ * libgcomp_mpi.so: one residual per long-lived gradient buffer; a buffer reduced with another
+ * count (a fusion buffer) is reduced without error feedback from then on; at most
+ * MAX_BUFFERS buffers per communicator keep one.
+ *
+ * Environment (read once): GCOMP_CODEC (opt-in; gcomp's other GCOMP_* variables configure the
+ * communicator as usual), GCOMP_DEBUG (any value but "0": one summary line per rank on
+ * stderr at each ncclCommDestroy/ncclCommAbort of a communicator gcomp used),
+ * GCOMP_STATS_FILE (the same as JSON, rewritten at each of those: %r in the path becomes the
+ * communicator's rank, else ".rank<N>" is appended).
+ *
+ * A program linked with a static NCCL (some PyTorch builds) has no ncclAllReduce symbol to
+ * replace: nothing is intercepted there (docs/INTERPOSE.md).
+ */
+#define _GNU_SOURCE
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <nccl.h>
+
+#include "gcomp.h"
+#include "gcomp_nccl.h"
+
+#define EXPORT __attribute__((visibility("default")))
+#define MAX_BUFFERS 4096 /* receive buffers with error feedback, per communicator */
+
+/* Why a call went to NCCL (the summary counts each). */
+enum {
+    PASS_DISABLED, /* GCOMP_CODEC unset */
+    PASS_GROUP,    /* inside ncclGroupStart/ncclGroupEnd */
+    PASS_CAPTURE,  /* the stream is being captured into a CUDA graph */
+    PASS_TYPE,     /* not float, half or bfloat16 */
+    PASS_OP,       /* not sum or average */
+    PASS_COMM,     /* one rank, or a gcomp communicator that could not be created */
+    PASS_SMALL,    /* count * element size below min_bytes */
+    PASS_REASONS
+};
+static const char *const pass_names[PASS_REASONS] = {
+    "disabled", "group", "capture", "datatype", "op", "communicator", "small"
+};
+
+typedef ncclResult_t allreduce_fn(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
+                                  cudaStream_t);
+typedef ncclResult_t group_fn(void);
+typedef ncclResult_t comm_fn(ncclComm_t);
+
+/* One NCCL communicator's gcomp side. */
+typedef struct ip_comm {
+    ncclComm_t comm;
+    gcomp_comm *g; /* NULL when creation failed: every call on comm passes through */
+    int rank;
+    int64_t min_bytes;
+    struct seen {
+        const void *buf;
+        size_t count;
+        int shared;
+    } * seen;
+    size_t n_seen, cap_seen;
+    struct ip_comm *next;
+} ip_comm;
+
+/* Process-wide state; the counters are atomics (several threads may each drive their own
+ * communicator). */
+static struct {
+    pthread_mutex_t lock;
+    int ready, enabled, debug, one_rank;
+    const char *stats_file;
+    char codec[256];
+    allreduce_fn *allreduce;
+    group_fn *group_start, *group_end;
+    comm_fn *destroy, *abort;
+    ip_comm *live;
+    uint64_t compressed, passed[PASS_REASONS], no_ef_calls;
+    uint64_t comms_created, comms_destroyed;
+    uint64_t raw_bytes, wire_bytes, baseline_bytes; /* of gcomp communicators already destroyed */
+} S = { .lock = PTHREAD_MUTEX_INITIALIZER };
+
+/* NCCL calls that gcomp itself makes pass straight through; the group depth is per thread,
+ * as NCCL's own. */
+static _Thread_local int inside_gcomp, group_depth;
+
+static void bump(uint64_t *c) { __atomic_fetch_add(c, 1, __ATOMIC_RELAXED); }
+
+static void *real(const char *name)
+{
+    void *f = dlsym(RTLD_NEXT, name);
+    if (!f) fprintf(stderr, "gcomp_nccl: NCCL's %s not found behind libgcomp_nccl.so\n", name);
+    return f;
+}
+
+/* The environment and NCCL's own entry points, once. */
+static void setup(void)
+{
+    if (__atomic_load_n(&S.ready, __ATOMIC_ACQUIRE)) return;
+    pthread_mutex_lock(&S.lock);
+    if (!S.ready) {
+        const char *codec = getenv("GCOMP_CODEC"), *debug = getenv("GCOMP_DEBUG");
+        const char *one = getenv("GCOMP_TEST_COMPRESS_ONE_RANK");
+        S.enabled = codec && *codec;
+        snprintf(S.codec, sizeof S.codec, "%s", S.enabled ? codec : "");
+        S.debug = debug && *debug && strcmp(debug, "0") != 0;
+        S.one_rank = one && strcmp(one, "1") == 0;
+        S.stats_file = getenv("GCOMP_STATS_FILE");
+        S.allreduce = (allreduce_fn *)real("ncclAllReduce");
+        S.group_start = (group_fn *)real("ncclGroupStart");
+        S.group_end = (group_fn *)real("ncclGroupEnd");
+        S.destroy = (comm_fn *)real("ncclCommDestroy");
+        S.abort = (comm_fn *)real("ncclCommAbort");
+        __atomic_store_n(&S.ready, 1, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&S.lock);
+}
+
+/* ---- the summary ---- */
+
+static void summary_line(int rank, char *out, size_t cap)
+{
+    uint64_t passed = 0;
+    for (int i = 0; i < PASS_REASONS; i++) passed += S.passed[i];
+    snprintf(out, cap,
+             "gcomp_nccl: rank %d: codec %s, ncclAllReduce calls: %" PRIu64 " compressed (%" PRIu64
+             " without error feedback), %" PRIu64 " passed through (disabled %" PRIu64 ", group %" PRIu64
+             ", capture %" PRIu64 ", datatype %" PRIu64 ", op %" PRIu64 ", communicator %" PRIu64 ", small %" PRIu64
+             "); %" PRIu64 " bytes sent instead of %" PRIu64 " (%" PRId64 " saved)",
+             rank, S.enabled ? S.codec : "(off)", S.compressed, S.no_ef_calls, passed, S.passed[PASS_DISABLED],
+             S.passed[PASS_GROUP], S.passed[PASS_CAPTURE], S.passed[PASS_TYPE], S.passed[PASS_OP],
+             S.passed[PASS_COMM], S.passed[PASS_SMALL], S.wire_bytes, S.baseline_bytes,
+             (int64_t)(S.baseline_bytes - S.wire_bytes));
+}
+
+/* s as the inside of a JSON string (the codec spec comes from the environment). */
+static void json_string(FILE *f, const char *s)
+{
+    for (; *s; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch == '"' || ch == '\\')
+            fprintf(f, "\\%c", ch);
+        else if (ch < 0x20)
+            fprintf(f, "\\u%04x", ch);
+        else
+            fputc(ch, f);
+    }
+}
+
+static void write_stats_file(int rank)
+{
+    char path[4096];
+    const char *r = strstr(S.stats_file, "%r");
+    uint64_t passed = 0;
+    FILE *f;
+    if (r)
+        snprintf(path, sizeof path, "%.*s%d%s", (int)(r - S.stats_file), S.stats_file, rank, r + 2);
+    else
+        snprintf(path, sizeof path, "%s.rank%d", S.stats_file, rank);
+    if (!(f = fopen(path, "w"))) {
+        fprintf(stderr, "gcomp_nccl: cannot write GCOMP_STATS_FILE '%s'\n", path);
+        return;
+    }
+    for (int i = 0; i < PASS_REASONS; i++) passed += S.passed[i];
+    fprintf(f, "{\"rank\": %d, \"codec\": \"", rank);
+    json_string(f, S.enabled ? S.codec : "");
+    fprintf(f,
+            "\", \"calls_compressed\": %" PRIu64 ", \"calls_compressed_without_ef\": %" PRIu64
+            ", \"calls_passed_through\": %" PRIu64 ", \"passed_through\": {",
+            S.compressed, S.no_ef_calls, passed);
+    for (int i = 0; i < PASS_REASONS; i++) fprintf(f, "%s\"%s\": %" PRIu64, i ? ", " : "", pass_names[i], S.passed[i]);
+    fprintf(f,
+            "}, \"raw_bytes\": %" PRIu64 ", \"wire_bytes\": %" PRIu64 ", \"baseline_bytes\": %" PRIu64
+            ", \"bytes_saved\": %" PRId64 ", \"communicators\": %" PRIu64 ", \"communicators_destroyed\": %" PRIu64
+            "}\n",
+            S.raw_bytes, S.wire_bytes, S.baseline_bytes, (int64_t)(S.baseline_bytes - S.wire_bytes), S.comms_created,
+            S.comms_destroyed);
+    fclose(f);
+}
+
+/* ---- communicators ---- */
+
+/* Ranks with different GCOMP_MIN_BYTES would take different branches for the same call (one
+ * compressing, one in NCCL) and hang: check once, at creation, with NCCL's own allreduce on
+ * the user's communicator, and compress nothing on it if they differ. */
+static void agree_min_bytes(ip_comm *c, cudaStream_t stream)
+{
+    int64_t mine[2] = { c->min_bytes, -c->min_bytes }, all[2] = { 0, 0 };
+    int64_t *d = NULL;
+    int ok = cudaMalloc((void **)&d, sizeof mine) == cudaSuccess &&
+             cudaMemcpyAsync(d, mine, sizeof mine, cudaMemcpyHostToDevice, stream) == cudaSuccess &&
+             S.allreduce(d, d, 2, ncclInt64, ncclMax, c->comm, stream) == ncclSuccess &&
+             cudaMemcpyAsync(all, d, sizeof all, cudaMemcpyDeviceToHost, stream) == cudaSuccess &&
+             cudaStreamSynchronize(stream) == cudaSuccess;
+    if (d) cudaFree(d);
+    if (ok && all[0] == -all[1]) return;
+    fprintf(stderr,
+            "gcomp_nccl: rank %d: %s: no compression on this communicator\n", c->rank,
+            ok ? "ranks differ in GCOMP_MIN_BYTES" : "the check of GCOMP_MIN_BYTES across ranks failed");
+    inside_gcomp++;
+    gcomp_comm_destroy(c->g);
+    inside_gcomp--;
+    c->g = NULL;
+}
+
+static ip_comm *find(ncclComm_t comm)
+{
+    for (ip_comm *c = S.live; c; c = c->next)
+        if (c->comm == comm) return c;
+    return NULL;
+}
+
+/* The gcomp communicator of comm, created at its first compressible call (collective). */
+static ip_comm *comm_state(ncclComm_t comm, cudaStream_t stream)
+{
+    ip_comm *c;
+    gcomp_config cfg = gcomp_config_default(), got;
+    pthread_mutex_lock(&S.lock);
+    c = find(comm);
+    pthread_mutex_unlock(&S.lock);
+    if (c) return c;
+    if (!(c = calloc(1, sizeof *c))) return NULL;
+    c->comm = comm;
+    ncclCommUserRank(comm, &c->rank);
+    cfg.debug = S.debug; /* ours is any value but "0"; gcomp's own takes 0, 1, NONE, INFO */
+    inside_gcomp++;
+    if (gcomp_comm_create_nccl(comm, &cfg, &c->g) != GCOMP_SUCCESS) {
+        /* the creation agrees across ranks: every rank lands here and passes through */
+        fprintf(stderr, "gcomp_nccl: rank %d: no compression on this communicator: %s\n", c->rank,
+                gcomp_last_error());
+        c->g = NULL;
+    } else if (gcomp_comm_config_get(c->g, &got) == GCOMP_SUCCESS) {
+        c->min_bytes = got.min_bytes;
+    }
+    inside_gcomp--;
+    if (c->g) agree_min_bytes(c, stream);
+    pthread_mutex_lock(&S.lock);
+    if (c->g) S.comms_created++;
+    c->next = S.live;
+    S.live = c;
+    pthread_mutex_unlock(&S.lock);
+    return c;
+}
+
+/* comm is going (ncclCommDestroy/Abort): its gcomp communicator goes first, then the summary. */
+static void comm_gone(ncclComm_t comm)
+{
+    ip_comm *c, **at;
+    gcomp_comm_stats st;
+    char line[640];
+    pthread_mutex_lock(&S.lock);
+    for (at = &S.live; *at && (*at)->comm != comm; at = &(*at)->next) {}
+    c = *at;
+    if (c) *at = c->next;
+    pthread_mutex_unlock(&S.lock);
+    if (!c) return;
+    if (c->g) {
+        if (gcomp_comm_stats_get(c->g, &st) == GCOMP_SUCCESS) {
+            __atomic_fetch_add(&S.raw_bytes, st.raw_bytes, __ATOMIC_RELAXED);
+            __atomic_fetch_add(&S.wire_bytes, st.wire_bytes, __ATOMIC_RELAXED);
+            __atomic_fetch_add(&S.baseline_bytes, st.baseline_bytes, __ATOMIC_RELAXED);
+        }
+        inside_gcomp++;
+        gcomp_comm_destroy(c->g);
+        inside_gcomp--;
+        bump(&S.comms_destroyed);
+        if (S.debug) {
+            summary_line(c->rank, line, sizeof line);
+            fprintf(stderr, "%s\n", line);
+        }
+        if (S.stats_file && *S.stats_file) write_stats_file(c->rank);
+    }
+    free(c->seen);
+    free(c);
+}
+
+/* The residual key of a call, or GCOMP_KEY_NONE for a buffer whose count has changed. */
+static uint64_t residual_key(ip_comm *c, const void *buf, size_t n)
+{
+    struct seen *s = NULL;
+    uint64_t k = ((uint64_t)(uintptr_t)c->comm * 0xff51afd7ed558ccdull) ^
+                 ((uint64_t)(uintptr_t)buf * 0x9e3779b97f4a7c15ull) ^ (uint64_t)n;
+    for (size_t i = 0; i < c->n_seen && !s; i++)
+        if (c->seen[i].buf == buf) s = &c->seen[i];
+    if (!s) {
+        if (c->n_seen == MAX_BUFFERS) return GCOMP_KEY_NONE;
+        if (c->n_seen == c->cap_seen) {
+            size_t cap = c->cap_seen ? 2 * c->cap_seen : 16;
+            struct seen *p = realloc(c->seen, cap * sizeof *p);
+            if (!p) return GCOMP_KEY_NONE;
+            c->seen = p;
+            c->cap_seen = cap;
+        }
+        s = &c->seen[c->n_seen++];
+        *s = (struct seen){ buf, n, 0 };
+    } else if (!s->shared && s->count != n) {
+        s->shared = 1;
+        if (S.debug)
+            fprintf(stderr,
+                    "gcomp_nccl: rank %d: buffer %p reduced with %zu then %zu elements (a fusion buffer?): "
+                    "no error feedback for it from now on\n",
+                    c->rank, buf, s->count, n);
+    }
+    if (s->shared) return GCOMP_KEY_NONE;
+    return k == GCOMP_KEY_NONE ? 0 : k;
+}
+
+static int gcomp_dtype_of(ncclDataType_t t, gcomp_dtype *out)
+{
+    switch (t) {
+    case ncclFloat: *out = GCOMP_F32; return 1;
+    case ncclHalf: *out = GCOMP_F16; return 1;
+    case ncclBfloat16: *out = GCOMP_BF16; return 1;
+    default: return 0;
+    }
+}
+
+/* Which reason sends this call to NCCL, or -1 to compress it (*out set). */
+static int classify(size_t count, ncclDataType_t type, ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream,
+                    ip_comm **out)
+{
+    enum cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    gcomp_dtype dt;
+    int size = 0;
+    if (!S.enabled) return PASS_DISABLED;
+    if (group_depth > 0) return PASS_GROUP;
+    if (cudaStreamIsCapturing(stream, &cap) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return PASS_CAPTURE; /* whatever the stream is, do not add work to it */
+    }
+    if (cap != cudaStreamCaptureStatusNone) return PASS_CAPTURE;
+    if (!gcomp_dtype_of(type, &dt)) return PASS_TYPE;
+    if (op != ncclSum && op != ncclAvg) return PASS_OP;
+    if (ncclCommCount(comm, &size) != ncclSuccess || (size < 2 && !S.one_rank)) return PASS_COMM;
+    if (count == 0) return PASS_SMALL;
+    *out = comm_state(comm, stream);
+    if (!*out || !(*out)->g) return PASS_COMM;
+    if ((int64_t)(count * gcomp_dtype_size(dt)) < (*out)->min_bytes) return PASS_SMALL;
+    return -1;
+}
+
+static ncclResult_t compressed_allreduce(ip_comm *c, const void *send, void *recv, size_t count, ncclDataType_t type,
+                                         ncclRedOp_t op, cudaStream_t stream)
+{
+    uint64_t key = residual_key(c, recv, count);
+    gcomp_dtype dt = GCOMP_F32;
+    gcomp_result rc;
+    gcomp_dtype_of(type, &dt);
+    inside_gcomp++;
+    rc = gcomp_allreduce(c->g, send, recv, count, dt, op == ncclAvg ? GCOMP_AVG : GCOMP_SUM, key,
+                         (struct CUstream_st *)stream);
+    inside_gcomp--;
+    if (rc == GCOMP_SUCCESS) {
+        bump(&S.compressed);
+        if (key == GCOMP_KEY_NONE) bump(&S.no_ef_calls);
+        return ncclSuccess;
+    }
+    /* gcomp reports a failure on every rank; NCCL's nearest words for it */
+    fprintf(stderr, "gcomp_nccl: rank %d: compressed ncclAllReduce of %zu elements failed: %s: %s\n", c->rank, count,
+            gcomp_result_name(rc), gcomp_last_error());
+    return rc == GCOMP_ERR_INVALID_ARG ? ncclInvalidArgument
+           : rc == GCOMP_ERR_TIMEOUT   ? ncclRemoteError
+                                       : ncclInternalError;
+}
+
+EXPORT ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,
+                                  ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream)
+{
+    ip_comm *c = NULL;
+    int why;
+    setup();
+    if (!S.allreduce) return ncclSystemError;
+    if (inside_gcomp) return S.allreduce(sendbuff, recvbuff, count, datatype, op, comm, stream);
+    why = classify(count, datatype, op, comm, stream, &c);
+    if (why < 0) return compressed_allreduce(c, sendbuff, recvbuff, count, datatype, op, stream);
+    bump(&S.passed[why]);
+    return S.allreduce(sendbuff, recvbuff, count, datatype, op, comm, stream);
+}
+
+EXPORT ncclResult_t ncclGroupStart(void)
+{
+    ncclResult_t r;
+    setup();
+    if (!S.group_start) return ncclSystemError;
+    r = S.group_start();
+    if (r == ncclSuccess && !inside_gcomp) group_depth++;
+    return r;
+}
+
+EXPORT ncclResult_t ncclGroupEnd(void)
+{
+    setup();
+    if (!S.group_end) return ncclSystemError;
+    /* the group is closed whatever NCCL answers (ncclInProgress on a non-blocking one) */
+    if (!inside_gcomp && group_depth > 0) group_depth--;
+    return S.group_end();
+}
+
+EXPORT ncclResult_t ncclCommDestroy(ncclComm_t comm)
+{
+    setup();
+    if (!S.destroy) return ncclSystemError;
+    if (!inside_gcomp) comm_gone(comm);
+    return S.destroy(comm);
+}
+
+EXPORT ncclResult_t ncclCommAbort(ncclComm_t comm)
+{
+    setup();
+    if (!S.abort) return ncclSystemError;
+    if (!inside_gcomp) comm_gone(comm);
+    return S.abort(comm);
+}
