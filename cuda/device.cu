@@ -123,6 +123,13 @@ extern "C" int gcomp__cuda_current_device(void)
     return dev;
 }
 
+extern "C" int gcomp__cuda_set_device(int device)
+{
+    cudaError_t e = cudaSetDevice(device);
+    if (e != cudaSuccess) (void)cudaGetLastError();
+    return (int)e;
+}
+
 /* ---- memory ------------------------------------------------------------------------------ */
 
 static gcomp_result cu_alloc(size_t bytes, void **out)
@@ -180,6 +187,23 @@ static __global__ void divide_kernel(float *x, size_t n, float d, float inv, int
         x[i] = gcomp_x86_nan_f32(pow2 ? x[i] * inv : x[i] / d, x[i], d); /* the CPU's NaN bits */
 }
 
+static __global__ void scale_kernel(float *x, size_t n, float s)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        x[i] = gcomp_x86_nan_f32(__fmul_rn(x[i], s), x[i], s); /* the CPU's NaN bits */
+}
+
+/* *flag = 1 when some element's exponent is all ones; threads that find none write nothing. */
+static __global__ void flag_nonfinite_kernel(const void *x, size_t n, int wide, uint32_t mask, uint32_t *flag)
+{
+    uint32_t bad = 0;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        uint32_t v = wide ? ((const uint32_t *)x)[i] : ((const uint16_t *)x)[i];
+        bad |= (v & mask) == mask;
+    }
+    if (__syncthreads_or(bad) && threadIdx.x == 0) *flag = 1;
+}
+
 static gcomp_result cu_widen(const void *src, gcomp_dtype dtype, size_t count, float *dst, struct CUstream_st *stream)
 {
     if (dtype == GCOMP_F32) return cu_copy(dst, src, count * sizeof(float), stream);
@@ -211,6 +235,43 @@ static gcomp_result cu_divide(float *x, size_t count, float d, struct CUstream_s
     divide_kernel<<<grid_for(count, 256), 256, 0, stream>>>(x, count, d, inv, pow2);
     CUDA_LAUNCHED("divide kernel");
     return GCOMP_SUCCESS;
+}
+
+static gcomp_result cu_scale(float *x, size_t count, float s, struct CUstream_st *stream)
+{
+    if (!count) return GCOMP_SUCCESS;
+    scale_kernel<<<grid_for(count, 256), 256, 0, stream>>>(x, count, s);
+    CUDA_LAUNCHED("scale kernel");
+    return GCOMP_SUCCESS;
+}
+
+static gcomp_result cu_flag_nonfinite(const void *x, size_t count, gcomp_dtype dtype, uint32_t *flag,
+                                      struct CUstream_st *stream)
+{
+    uint32_t mask = dtype == GCOMP_F32 ? 0x7f800000u : dtype == GCOMP_F16 ? 0x7c00u : 0x7f80u;
+    if (dtype != GCOMP_F32 && dtype != GCOMP_F16 && dtype != GCOMP_BF16)
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "flag_nonfinite: invalid dtype %d", (int)dtype);
+    if (!count) return GCOMP_SUCCESS;
+    flag_nonfinite_kernel<<<grid_for(count, 256), 256, 0, stream>>>(x, count, dtype == GCOMP_F32, mask, flag);
+    CUDA_LAUNCHED("non-finite check kernel");
+    return GCOMP_SUCCESS;
+}
+
+static gcomp_result cu_alloc_pinned(size_t bytes, void **out)
+{
+    cudaError_t e = cudaHostAlloc(out, bytes ? bytes : 256, cudaHostAllocDefault);
+    if (e != cudaSuccess) {
+        *out = nullptr;
+        (void)cudaGetLastError();
+        return gcomp__fail(e == cudaErrorMemoryAllocation ? GCOMP_ERR_NOMEM : GCOMP_ERR_TRANSPORT,
+                           "cuda: cannot allocate %zu bytes of pinned host memory: %s", bytes, cudaGetErrorString(e));
+    }
+    return GCOMP_SUCCESS;
+}
+
+static void cu_free_pinned(void *p)
+{
+    if (p && cudaFreeHost(p) != cudaSuccess) (void)cudaGetLastError();
 }
 
 /* Poll instead of cudaStreamSynchronize so that a kernel that never ends (a hung peer in a
@@ -344,6 +405,10 @@ static gcomp__device_ops make_ops()
     o.widen = cu_widen;
     o.narrow = cu_narrow;
     o.divide = cu_divide;
+    o.scale = cu_scale;
+    o.flag_nonfinite = cu_flag_nonfinite;
+    o.alloc_pinned = cu_alloc_pinned;
+    o.free_pinned = cu_free_pinned;
     o.wait = cu_wait;
     o.header_write = cu_header_write;
     o.header_check = cu_header_check;

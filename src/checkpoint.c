@@ -21,6 +21,10 @@
  * communicator already knows. The checksum turns a truncated or damaged file into
  * GCOMP_ERR_CORRUPT instead of a silently wrong residual. A load is all or nothing: every
  * check passes before anything is changed.
+ *
+ * Residuals of device buffers live in device memory: a save copies them to the host (the
+ * file does not say where a residual lived), a load puts every key in the host store, and a
+ * key's next call with device buffers moves its residual back to the device.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -43,32 +47,76 @@ static uint64_t fnv1a(const uint8_t *p, size_t n)
     return h;
 }
 
-static int cmp_residual(const void *a, const void *b)
+/* One key's state to save: a host residual's buffer, or a device residual copied to host
+ * memory (owned). */
+typedef struct record {
+    uint64_t key;
+    size_t count;
+    uint64_t step;
+    const float *data;
+    float *owned;
+} record;
+
+static int cmp_record(const void *a, const void *b)
 {
-    uint64_t x = (*(gcomp__residual *const *)a)->key, y = (*(gcomp__residual *const *)b)->key;
+    uint64_t x = ((const record *)a)->key, y = ((const record *)b)->key;
     return x < y ? -1 : x > y;
 }
 
-/* The residuals of the communicator in ascending key order (a stable file for the same
- * state). The caller frees *out. */
-static gcomp_result sorted_residuals(gcomp_comm *comm, gcomp__residual ***out, size_t *n)
+static void free_records(record *v, size_t n)
+{
+    for (size_t i = 0; v && i < n; i++) free(v[i].owned);
+    free(v);
+}
+
+/* Every key's residual in ascending key order (a stable file for the same state): the host
+ * store's, and those living in device memory (copied to the host when with_data; a key lives
+ * in one place only). The caller frees with free_records. */
+static gcomp_result gather_records(gcomp_comm *comm, int with_data, record **out, size_t *n)
 {
     const gcomp__residual_store *s = gcomp__codec_residuals(comm->codec);
-    gcomp__residual **v = malloc((s->used ? s->used : 1) * sizeof *v);
-    size_t k = 0;
-    if (!v) return gcomp__fail(GCOMP_ERR_NOMEM, "residual checkpoint: out of memory");
+    size_t n_dev = gcomp__codec_dev_keys(comm->codec, NULL, 0), k = 0;
+    uint64_t *dev_keys = malloc((n_dev ? n_dev : 1) * sizeof *dev_keys);
+    record *v = calloc(s->used + n_dev + 1, sizeof *v);
+    gcomp_result rc = GCOMP_SUCCESS;
+    if (!v || !dev_keys) {
+        free(v);
+        free(dev_keys);
+        return gcomp__fail(GCOMP_ERR_NOMEM, "residual checkpoint: out of memory");
+    }
     for (size_t i = 0; i < s->cap; i++)
-        if (s->slots[i]) v[k++] = s->slots[i];
-    qsort(v, k, sizeof *v, cmp_residual);
+        if (s->slots[i]) {
+            const gcomp__residual *r = s->slots[i];
+            v[k++] = (record){ r->key, r->count, r->step, r->buf[r->cur], NULL };
+        }
+    gcomp__codec_dev_keys(comm->codec, dev_keys, n_dev);
+    for (size_t i = 0; i < n_dev && rc == GCOMP_SUCCESS; i++) {
+        record *r = &v[k++];
+        r->key = dev_keys[i];
+        rc = gcomp__codec_dev_export(comm->codec, r->key, NULL, &r->count, &r->step);
+        if (rc != GCOMP_SUCCESS || !with_data) continue;
+        if (!(r->owned = malloc(r->count ? r->count * sizeof(float) : 1))) {
+            rc = gcomp__fail(GCOMP_ERR_NOMEM, "residual checkpoint: out of memory");
+            break;
+        }
+        rc = gcomp__codec_dev_export(comm->codec, r->key, r->owned, &r->count, &r->step);
+        r->data = r->owned;
+    }
+    free(dev_keys);
+    if (rc != GCOMP_SUCCESS) {
+        free_records(v, k);
+        return rc;
+    }
+    qsort(v, k, sizeof *v, cmp_record);
     *out = v;
     *n = k;
     return GCOMP_SUCCESS;
 }
 
-static size_t blob_bytes(const char *spec, gcomp__residual *const *v, size_t n)
+static size_t blob_bytes(const char *spec, const record *v, size_t n)
 {
     size_t bytes = CKPT_FIXED + strlen(spec) + 8 + 8;
-    for (size_t i = 0; i < n; i++) bytes += CKPT_RECORD + v[i]->count * sizeof(float);
+    for (size_t i = 0; i < n; i++) bytes += CKPT_RECORD + v[i].count * sizeof(float);
     return bytes;
 }
 
@@ -80,7 +128,7 @@ static void put_floats(uint8_t *p, const float *src, size_t count)
 gcomp_result gcomp_comm_residuals_save(gcomp_comm *comm, void *buf, size_t cap, size_t *written)
 {
     const char *spec;
-    gcomp__residual **v = NULL;
+    record *v = NULL;
     size_t n = 0, need;
     uint8_t *p = buf;
     if (!comm || !written) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_residuals_save: NULL comm or written");
@@ -89,15 +137,15 @@ gcomp_result gcomp_comm_residuals_save(gcomp_comm *comm, void *buf, size_t cap, 
         return gcomp__fail(GCOMP_ERR_INVALID_ARG,
                            "gcomp_comm_residuals_save: the communicator has error feedback off (GCOMP_EF=0)");
     spec = gcomp_codec_spec(comm->codec);
-    GCOMP_CHECK(sorted_residuals(comm, &v, &n));
+    GCOMP_CHECK(gather_records(comm, buf != NULL, &v, &n));
     need = blob_bytes(spec, v, n);
     *written = need;
     if (!buf) {
-        free(v);
+        free_records(v, n);
         return GCOMP_SUCCESS;
     }
     if (cap < need) {
-        free(v);
+        free_records(v, n);
         return gcomp__fail(GCOMP_ERR_BUFFER_TOO_SMALL, "gcomp_comm_residuals_save: needs %zu bytes, buffer has %zu",
                            need, cap);
     }
@@ -112,15 +160,15 @@ gcomp_result gcomp_comm_residuals_save(gcomp_comm *comm, void *buf, size_t cap, 
     gcomp_le_store_u64(p, n);
     p += 8;
     for (size_t i = 0; i < n; i++) {
-        const gcomp__residual *r = v[i];
+        const record *r = &v[i];
         gcomp_le_store_u64(p, r->key);
         gcomp_le_store_u64(p + 8, r->count);
         gcomp_le_store_u64(p + 16, r->step);
-        put_floats(p + CKPT_RECORD, r->buf[r->cur], r->count);
+        put_floats(p + CKPT_RECORD, r->data, r->count);
         p += CKPT_RECORD + r->count * sizeof(float);
     }
     gcomp_le_store_u64(p, fnv1a(buf, need - 8));
-    free(v);
+    free_records(v, n);
     return GCOMP_SUCCESS;
 }
 
@@ -128,7 +176,12 @@ gcomp_result gcomp_comm_residuals_save(gcomp_comm *comm, void *buf, size_t cap, 
 static size_t known_count(gcomp_comm *comm, uint64_t key)
 {
     const gcomp__residual *r = gcomp__residual_find(gcomp__codec_residuals(comm->codec), key);
+    size_t count = 0;
+    uint64_t step;
     if (r) return r->count;
+    if (gcomp__codec_dev_has_key(comm->codec, key) &&
+        gcomp__codec_dev_export(comm->codec, key, NULL, &count, &step) == GCOMP_SUCCESS)
+        return count;
     for (const gcomp__key *k = comm->keys; k; k = k->next)
         if (k->key == key) return k->count;
     return 0;
@@ -221,8 +274,11 @@ gcomp_result gcomp_comm_residuals_load(gcomp_comm *comm, const void *buf, size_t
                            "gcomp_comm_residuals_load: the communicator has error feedback off (GCOMP_EF=0)");
     GCOMP_CHECK(check_header(comm, buf, bytes, &pos));
     GCOMP_CHECK(walk_records(comm, buf, bytes, pos, 0));
-    /* The state becomes exactly the file's: keys it does not name start from zero again. */
+    /* The state becomes exactly the file's: keys it does not name start from zero again. The
+     * residuals land in the host store; a key's next call on device buffers moves its
+     * residual (and step) to the device. */
     gcomp__residual_store_free(gcomp__codec_residuals(comm->codec));
+    gcomp__codec_dev_drop_all(comm->codec);
     return walk_records(comm, buf, bytes, pos, 1);
 }
 

@@ -510,3 +510,70 @@ gcomp_result gcomp__codec_stages_decode(gcomp_codec *c, const void *in, size_t n
     *written = bytes;
     return GCOMP_SUCCESS;
 }
+
+/* ---- the codec object on device buffers, for the engine (codec_internal.h) ---------------- */
+
+gcomp_result gcomp__codec_device_usable(const gcomp_codec *c) { return gcomp__codec_device_check(&c->chain); }
+
+gcomp_result gcomp__codec_dev_ef_begin(gcomp_codec *c, const gcomp__device_ops *ops, uint64_t key, size_t count,
+                                       struct CUstream_st *stream, gcomp__dev_ef *ef)
+{
+    return gcomp__codec_device_ef_begin(DEVICE_PARTS(c), ops, key, count, stream, ef);
+}
+
+gcomp_result gcomp__codec_dev_ef_end(gcomp_codec *c, gcomp__dev_ef *ef, int keep, struct CUstream_st *stream)
+{
+    return gcomp__codec_device_ef_end(DEVICE_PARTS(c), ef, keep, stream);
+}
+
+gcomp_result gcomp__codec_dev_encode(gcomp_codec *c, const gcomp__device_ops *ops, const gcomp_encode_ctx *ctx,
+                                     const float *x, const gcomp_cuda_residual *res, size_t count, void *dst,
+                                     size_t cap, void *scratch, gcomp_cuda_status *st, gcomp__device_tally *tally,
+                                     size_t *written, struct CUstream_st *stream)
+{
+    return gcomp__codec_device_encode_block(&c->chain, ops, ctx, x, res, count, (uint8_t *)dst, cap, scratch, st, tally,
+                                            written, stream);
+}
+
+gcomp_result gcomp__codec_dev_decode_add(gcomp_codec *c, const gcomp__device_ops *ops, const void *payload,
+                                         size_t bytes, float *acc, size_t count, gcomp_cuda_status *st,
+                                         gcomp__device_tally *tally, struct CUstream_st *stream)
+{
+    return gcomp__codec_device_decode_block(&c->chain, ops, (const uint8_t *)payload, bytes, acc, count, st, tally,
+                                            stream);
+}
+
+gcomp_result gcomp__codec_dev_tally_error(const gcomp_codec *c, const gcomp__device_tally *t)
+{
+    return gcomp__codec_device_tally_error(&c->chain, t);
+}
+
+uint64_t gcomp__codec_dev_allocs(const gcomp_codec *c) { return c ? gcomp__codec_device_allocs(c->dev) : 0; }
+
+int gcomp__codec_dev_has_key(const gcomp_codec *c, uint64_t key) { return gcomp__codec_device_has_key(c->dev, key); }
+
+gcomp_result gcomp__codec_dev_move_to_host(gcomp_codec *c, uint64_t key)
+{
+    size_t count = 0;
+    uint64_t step = 0;
+    gcomp__residual *r;
+    if (!gcomp__codec_device_has_key(c->dev, key)) return GCOMP_SUCCESS;
+    GCOMP_CHECK(gcomp__codec_device_residual_export(c->dev, key, NULL, &count, &step));
+    GCOMP_CHECK(gcomp__residual_acquire(&c->residuals, key, count, 0, &r));
+    GCOMP_CHECK(gcomp__codec_device_residual_export(c->dev, key, r->buf[r->cur], &count, &step));
+    r->step = step;
+    gcomp__codec_device_residual_drop(c->dev, key);
+    return GCOMP_SUCCESS;
+}
+
+size_t gcomp__codec_dev_keys(const gcomp_codec *c, uint64_t *keys, size_t cap)
+{
+    return gcomp__codec_device_keys(c->dev, keys, cap);
+}
+
+gcomp_result gcomp__codec_dev_export(gcomp_codec *c, uint64_t key, float *dst, size_t *count, uint64_t *step)
+{
+    return gcomp__codec_device_residual_export(c->dev, key, dst, count, step);
+}
+
+void gcomp__codec_dev_drop_all(gcomp_codec *c) { gcomp__codec_device_residual_drop_all(c->dev); }

@@ -35,6 +35,12 @@ typedef struct dev_residual {
     size_t count;
     void *mem;
     gcomp_cuda_residual *state; /* == mem, device memory */
+    /* The host's copy of state's cur and step, valid when `known`: the engine's calls keep it
+     * (they commit from the host), so they need no read-back; the public encode's commit
+     * kernel decides on the device, after which the host knows nothing until it reads. */
+    int known;
+    uint32_t cur;
+    uint64_t step;
 } dev_residual;
 
 struct gcomp__codec_device {
@@ -47,6 +53,7 @@ struct gcomp__codec_device {
     size_t scratch_cap;
     dev_residual *res;
     size_t n_res, cap_res;
+    uint64_t allocs; /* device allocations so far (tests show that steady state adds none) */
 };
 
 /* ---- where buffers live ------------------------------------------------------------------ */
@@ -122,6 +129,7 @@ static gcomp_result ensure_dev(const gcomp__codec_parts *c, const gcomp__device_
     d->ops = ops;
     d->device = cur;
     GCOMP_CHECK_GOTO(ops->alloc(head + sizeof(gcomp__device_tally), &d->blocks), rc, fail);
+    d->allocs++;
     d->status = (gcomp_cuda_status *)d->blocks;
     d->tally = (gcomp__device_tally *)((uint8_t *)d->blocks + head);
     /* zeroed before any stream of the caller's can use it: wait here, once */
@@ -143,6 +151,7 @@ static gcomp_result reserve_scratch(gcomp__codec_device *d, size_t bytes, uint8_
         d->scratch = NULL;
         d->scratch_cap = 0;
         GCOMP_CHECK(d->ops->alloc(bytes, &d->scratch));
+        d->allocs++;
         d->scratch_cap = bytes;
     }
     *out = (uint8_t *)d->scratch;
@@ -176,8 +185,12 @@ static gcomp_result res_alloc(gcomp__codec_device *d, dev_residual *r, size_t co
     uint8_t *m;
     memset(&h, 0, sizeof h);
     GCOMP_CHECK(d->ops->alloc(head + bufs, &r->mem));
+    d->allocs++;
     m = (uint8_t *)r->mem;
     r->count = count;
+    r->known = 1;
+    r->cur = 0;
+    r->step = step;
     r->state = (gcomp_cuda_residual *)m;
     h.buf[0] = (float *)(m + head);
     h.buf[1] = double_buffer ? (float *)(m + head + one) : NULL;
@@ -194,8 +207,8 @@ static gcomp_result res_alloc(gcomp__codec_device *d, dev_residual *r, size_t co
  * the count changed; a residual the host store holds for the key (restored with
  * gcomp_codec_residual_set before any device call, or from host calls) moves here with its
  * step. */
-static gcomp_result acquire(const gcomp__codec_parts *c, gcomp__codec_device *d, uint64_t key, size_t count,
-                            struct CUstream_st *stream, gcomp_cuda_residual **out)
+static gcomp_result acquire_res(const gcomp__codec_parts *c, gcomp__codec_device *d, uint64_t key, size_t count,
+                                struct CUstream_st *stream, dev_residual **out)
 {
     /* Always two buffers on the device, in-place codecs included: an in-place encode may change
      * no residual before it knows every scale is finite, which costs TernGrad a second read of
@@ -209,7 +222,7 @@ static gcomp_result acquire(const gcomp__codec_parts *c, gcomp__codec_device *d,
     uint64_t step = 0;
     gcomp_result rc;
     if (r && r->count == count) {
-        *out = r->state;
+        *out = r;
         return GCOMP_SUCCESS;
     }
     if (r) {
@@ -240,6 +253,15 @@ static gcomp_result acquire(const gcomp__codec_parts *c, gcomp__codec_device *d,
     }
     /* host -> device copies are staged before they return: the host buffers may go now */
     if (host) gcomp__residual_drop(c->host_residuals, key);
+    *out = r;
+    return GCOMP_SUCCESS;
+}
+
+static gcomp_result acquire(const gcomp__codec_parts *c, gcomp__codec_device *d, uint64_t key, size_t count,
+                            struct CUstream_st *stream, gcomp_cuda_residual **out)
+{
+    dev_residual *r;
+    GCOMP_CHECK(acquire_res(c, d, key, count, stream, &r));
     *out = r->state;
     return GCOMP_SUCCESS;
 }
@@ -419,7 +441,10 @@ gcomp_result gcomp__codec_device_encode(const gcomp__codec_parts *c, uint64_t ke
     h.wire_id = el->vt->wire_id;
     h.count = count;
     GCOMP_CHECK(ops->header_write(dst, &h, d->status, fixed ? (uint64_t)body_max : UINT64_MAX, d->tally, stream));
-    if (res) GCOMP_CHECK(ops->residual_commit(res, d->status, stream));
+    if (res) {
+        GCOMP_CHECK(ops->residual_commit(res, d->status, stream));
+        find_res(d, key)->known = 0; /* the kernel decides the flip: read back when needed */
+    }
     if (fixed) {
         *written = GCOMP_HEADER_BYTES + body_max;
     } else { /* the size depends on the data: the one read-back of this path */
@@ -481,4 +506,163 @@ gcomp_result gcomp__codec_device_decode(const gcomp__codec_parts *c, const void 
     if (dtype != GCOMP_F32) GCOMP_CHECK(ops->narrow(acc, count, dtype, dst, stream));
     if (blocking) GCOMP_CHECK(gcomp__codec_device_sync(c, stream));
     return GCOMP_SUCCESS;
+}
+
+/* ---- the engine's device path (codec.c hands these on to the schedules) ------------------ */
+
+static int known_state(const gcomp__codec_device *d, dev_residual *r, struct CUstream_st *stream, gcomp_result *rc)
+{
+    gcomp_cuda_residual st;
+    *rc = GCOMP_SUCCESS;
+    if (r->known) return 1;
+    /* written by the public path's commit kernel: read it once, ordered after that work */
+    *rc = d->ops->wait(stream, -1);
+    if (*rc == GCOMP_SUCCESS) *rc = read_state(d, r, &st);
+    if (*rc != GCOMP_SUCCESS) return 0;
+    r->known = 1;
+    r->cur = st.cur;
+    r->step = st.step;
+    return 1;
+}
+
+gcomp_result gcomp__codec_device_ef_begin(const gcomp__codec_parts *c, const gcomp__device_ops *ops, uint64_t key,
+                                          size_t count, struct CUstream_st *stream, gcomp__dev_ef *ef)
+{
+    gcomp__codec_device *d;
+    dev_residual *r;
+    gcomp_cuda_residual h;
+    gcomp_result rc;
+    memset(ef, 0, sizeof *ef);
+    GCOMP_CHECK(ensure_dev(c, ops, &d));
+    GCOMP_CHECK(acquire_res(c, d, key, count, stream, &r));
+    if (!known_state(d, r, stream, &rc)) return rc;
+    /* the buffer pointers of the state block, as res_alloc wrote them */
+    h.buf[0] = (float *)((uint8_t *)r->mem + ALIGN_UP(sizeof(gcomp_cuda_residual)));
+    h.buf[1] = (float *)((uint8_t *)h.buf[0] + ALIGN_UP(count * sizeof(float)));
+    ef->key = key;
+    ef->active = 1;
+    ef->r_in = h.buf[r->cur];
+    ef->r_out = h.buf[r->cur ^ 1u];
+    ef->step = r->step;
+    return GCOMP_SUCCESS;
+}
+
+gcomp_result gcomp__codec_device_ef_end(const gcomp__codec_parts *c, gcomp__dev_ef *ef, int keep,
+                                        struct CUstream_st *stream)
+{
+    gcomp__codec_device *d = *c->dev;
+    dev_residual *r = ef->active ? find_res(d, ef->key) : NULL;
+    gcomp_cuda_status *st = d ? d->status : NULL; /* the object's own block: free between its calls */
+    ef->active = 0;
+    if (!r) return GCOMP_SUCCESS;
+    /* the commit kernel flips the buffers unless st->nonfinite, and advances the step: the
+     * same kernel as the public path's, fed the decision every rank agreed on */
+    GCOMP_CHECK(d->ops->memset_async(st, 0, sizeof *st, stream));
+    if (keep) GCOMP_CHECK(d->ops->memset_async(&st->nonfinite, 1, 1, stream));
+    GCOMP_CHECK(d->ops->residual_commit(r->state, st, stream));
+    if (!keep) r->cur ^= 1u;
+    r->step++;
+    return GCOMP_SUCCESS;
+}
+
+gcomp_result gcomp__codec_device_check(const gcomp__chain *chain)
+{
+    return check_chain("gcomp_allreduce", chain);
+}
+
+gcomp_result gcomp__codec_device_encode_block(const gcomp__chain *chain, const gcomp__device_ops *ops,
+                                              const gcomp_encode_ctx *ctx, const float *x,
+                                              const gcomp_cuda_residual *res, size_t count, uint8_t *dst, size_t cap,
+                                              void *scratch, gcomp_cuda_status *st, gcomp__device_tally *tally,
+                                              size_t *written, struct CUstream_st *stream)
+{
+    const gcomp__stage *el = &chain->stages[0];
+    size_t body_max = el->vt->max_body_bytes(el->params, count);
+    int fixed = !(el->vt->caps & GCOMP_CAP_SPARSE);
+    gcomp_header h;
+    if (cap < GCOMP_HEADER_BYTES)
+        return gcomp__fail(GCOMP_ERR_BUFFER_TOO_SMALL, "device encode: output of %zu bytes cannot hold the header", cap);
+    GCOMP_CHECK(ops->memset_async(st, 0, sizeof *st, stream));
+    GCOMP_CHECK(el->vt->cuda->encode(el->params, ctx, x, res, count, dst + GCOMP_HEADER_BYTES,
+                                     cap - GCOMP_HEADER_BYTES, scratch, st, stream));
+    memset(&h, 0, sizeof h);
+    h.dtype = GCOMP_F32;
+    h.wire_id = el->vt->wire_id;
+    h.count = count;
+    GCOMP_CHECK(ops->header_write(dst, &h, st, fixed ? (uint64_t)body_max : UINT64_MAX, tally, stream));
+    if (fixed) {
+        *written = GCOMP_HEADER_BYTES + body_max;
+    } else { /* the size depends on the data: read it back (one wait on the stream) */
+        gcomp_cuda_status hs;
+        GCOMP_CHECK(ops->copy_async(&hs, st, sizeof hs, stream));
+        GCOMP_CHECK(ops->wait(stream, -1));
+        if (hs.body_bytes > cap - GCOMP_HEADER_BYTES)
+            return gcomp__fail(GCOMP_ERR_INTERNAL, "device encode: '%s' reports a body of %llu bytes, more than %zu",
+                               el->vt->name, (unsigned long long)hs.body_bytes, cap - GCOMP_HEADER_BYTES);
+        *written = GCOMP_HEADER_BYTES + (size_t)hs.body_bytes;
+    }
+    return GCOMP_SUCCESS;
+}
+
+gcomp_result gcomp__codec_device_decode_block(const gcomp__chain *chain, const gcomp__device_ops *ops,
+                                              const uint8_t *payload, size_t bytes, float *acc, size_t count,
+                                              gcomp_cuda_status *st, gcomp__device_tally *tally,
+                                              struct CUstream_st *stream)
+{
+    const gcomp__stage *el = &chain->stages[0];
+    GCOMP_CHECK(ops->memset_async(st, 0, sizeof *st, stream));
+    GCOMP_CHECK(ops->header_check(payload, bytes, el->vt->wire_id, count, st, stream));
+    GCOMP_CHECK(el->vt->cuda->decode_add(el->params, payload, bytes, acc, count, st, stream));
+    return ops->status_fold(st, tally, stream);
+}
+
+gcomp_result gcomp__codec_device_tally_error(const gcomp__chain *chain, const gcomp__device_tally *t)
+{
+    const char *name = chain->stages[0].vt->name;
+    if (t->error == GCOMP_SUCCESS) return GCOMP_SUCCESS;
+    if (t->where == GCOMP__WHERE_HEADER)
+        return gcomp__fail(GCOMP_ERR_CORRUPT,
+                           "device decode: a payload's header is not one of '%s' with the expected count and size",
+                           name);
+    if (t->where == GCOMP__WHERE_SIZE)
+        return gcomp__fail(GCOMP_ERR_INTERNAL,
+                           "device encode: '%s' wrote another body size than max_body_bytes (a codec whose "
+                           "size depends on the data must declare GCOMP_CAP_SPARSE)",
+                           name);
+    if (t->error == GCOMP_ERR_CORRUPT)
+        return gcomp__fail(GCOMP_ERR_CORRUPT, "device decode: '%s' found a payload malformed", name);
+    return gcomp__fail(t->error <= GCOMP_ERR_INTERNAL ? (gcomp_result)t->error : GCOMP_ERR_INTERNAL,
+                       "device work of '%s' failed with %s", name, gcomp_result_name((gcomp_result)t->error));
+}
+
+uint64_t gcomp__codec_device_allocs(const gcomp__codec_device *d) { return d ? d->allocs : 0; }
+
+size_t gcomp__codec_device_keys(const gcomp__codec_device *d, uint64_t *keys, size_t cap)
+{
+    size_t n = d ? d->n_res : 0;
+    for (size_t i = 0; i < n && i < cap; i++) keys[i] = d->res[i].key;
+    return n;
+}
+
+gcomp_result gcomp__codec_device_residual_export(gcomp__codec_device *d, uint64_t key, float *dst, size_t *count,
+                                                 uint64_t *step)
+{
+    dev_residual *r = find_res(d, key);
+    gcomp_result rc;
+    if (!r) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "no device residual for key %llu", (unsigned long long)key);
+    if (!known_state(d, r, NULL, &rc)) return rc;
+    *count = r->count;
+    *step = r->step;
+    if (!dst || !r->count) return GCOMP_SUCCESS;
+    GCOMP_CHECK(d->ops->wait(NULL, -1));
+    GCOMP_CHECK(d->ops->copy_async(dst,
+                                   (uint8_t *)r->mem + ALIGN_UP(sizeof(gcomp_cuda_residual)) +
+                                       (r->cur ? ALIGN_UP(r->count * sizeof(float)) : 0),
+                                   r->count * sizeof(float), NULL));
+    return d->ops->wait(NULL, -1);
+}
+
+void gcomp__codec_device_residual_drop_all(gcomp__codec_device *d)
+{
+    while (d && d->n_res) remove_res(d, &d->res[d->n_res - 1]);
 }

@@ -74,6 +74,16 @@ typedef struct gcomp__ef {
 gcomp_result gcomp__ef_begin(gcomp__residual_store *s, uint64_t key, size_t count, int in_place, gcomp__ef *ef);
 void gcomp__ef_end(gcomp__ef *ef, int nonfinite);
 
+/* The same protocol for a key whose residual lives in device memory (codec_device.c):
+ * always double-buffered; begin gives the buffers and the step, end commits on the device
+ * (the flip and the step kept on the host too, so the next call reads nothing back). */
+typedef struct gcomp__dev_ef {
+    uint64_t key;
+    int active;          /* begun and not yet ended */
+    float *r_in, *r_out; /* device memory, count elements each */
+    uint64_t step;
+} gcomp__dev_ef;
+
 /* ---- codec-object internals the schedules use (codec.c) ---- */
 const gcomp__chain *gcomp__codec_chain(const gcomp_codec *c);
 /* Encode x (with explicit ctx; residual slices given by the caller) through the whole chain. */
@@ -90,5 +100,35 @@ gcomp__residual_store *gcomp__codec_residuals(gcomp_codec *c);
  * is valid until the next call on this codec object). */
 gcomp_result gcomp__codec_element_body(gcomp_codec *c, const void *payload, size_t bytes, size_t count,
                                        const uint8_t **body, size_t *body_bytes, uint32_t *flags);
+
+/* ---- the codec object on device buffers, for the engine (codec.c -> codec_device.c) ----
+ * ops: the device layer's ops of the call's buffers (device.h, an incomplete type here);
+ * status/tally/scratch: device memory the engine carved from its workspace; every call only
+ * enqueues on stream. See codec_device.h for each one's contract. */
+struct gcomp__device_ops;
+struct gcomp__device_tally;
+/* GCOMP_ERR_UNSUPPORTED when the codec cannot run on device buffers (a byte stage, no CUDA ops) */
+gcomp_result gcomp__codec_device_usable(const gcomp_codec *c);
+gcomp_result gcomp__codec_dev_ef_begin(gcomp_codec *c, const struct gcomp__device_ops *ops, uint64_t key, size_t count,
+                                       struct CUstream_st *stream, gcomp__dev_ef *ef);
+gcomp_result gcomp__codec_dev_ef_end(gcomp_codec *c, gcomp__dev_ef *ef, int keep, struct CUstream_st *stream);
+gcomp_result gcomp__codec_dev_encode(gcomp_codec *c, const struct gcomp__device_ops *ops, const gcomp_encode_ctx *ctx,
+                                     const float *x, const gcomp_cuda_residual *res, size_t count, void *dst,
+                                     size_t cap, void *scratch, gcomp_cuda_status *st,
+                                     struct gcomp__device_tally *tally, size_t *written, struct CUstream_st *stream);
+gcomp_result gcomp__codec_dev_decode_add(gcomp_codec *c, const struct gcomp__device_ops *ops, const void *payload,
+                                         size_t bytes, float *acc, size_t count, gcomp_cuda_status *st,
+                                         struct gcomp__device_tally *tally, struct CUstream_st *stream);
+gcomp_result gcomp__codec_dev_tally_error(const gcomp_codec *c, const struct gcomp__device_tally *t);
+/* Device allocations of the object so far (0 without device state). */
+uint64_t gcomp__codec_dev_allocs(const gcomp_codec *c);
+/* Where a key's residual lives: 1 on the device. move_to_host: a key met on the device that
+ * now comes with host buffers takes its residual (and step) into the host store. */
+int gcomp__codec_dev_has_key(const gcomp_codec *c, uint64_t key);
+gcomp_result gcomp__codec_dev_move_to_host(gcomp_codec *c, uint64_t key);
+/* Checkpoints: the device keys, one key's residual into host memory, forget them all. */
+size_t gcomp__codec_dev_keys(const gcomp_codec *c, uint64_t *keys, size_t cap);
+gcomp_result gcomp__codec_dev_export(gcomp_codec *c, uint64_t key, float *dst, size_t *count, uint64_t *step);
+void gcomp__codec_dev_drop_all(gcomp_codec *c);
 
 #endif

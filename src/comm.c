@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "comm.h"
+#include "transport_staging.h"
 
 static uint64_t fnv1a(uint64_t h, const void *data, size_t n)
 {
@@ -152,10 +153,10 @@ gcomp_result gcomp__comm_create(gcomp__transport *tp, const gcomp_config *cfg, g
         opts.error_feedback = c->cfg.error_feedback;
         local = gcomp_codec_create(c->cfg.codec, &opts, &c->codec);
     }
-    if (c->cfg.timeout_ms <= 0) c->cfg.timeout_ms = CREATE_TIMEOUT_MS; /* config not resolved */
     /* a transport that cannot carry byte stages (NCCL: zstd runs on host memory) says why */
     if (local == GCOMP_SUCCESS && tp->no_byte_stages && gcomp__codec_chain(c->codec)->n_stages > 1)
         local = gcomp__fail(GCOMP_ERR_UNSUPPORTED, "codec '%s': %s", gcomp_codec_spec(c->codec), tp->no_byte_stages);
+    if (c->cfg.timeout_ms <= 0) c->cfg.timeout_ms = CREATE_TIMEOUT_MS; /* config not resolved */
     /* ranks must agree on the codec: compare a hash of the canonical spec */
     fields[F_SPEC] = local == GCOMP_SUCCESS ? spec_hash(c->codec) : 0;
     vote_init(&mine, tp->rank, local, 0, fields);
@@ -196,11 +197,50 @@ void gcomp__comm_free(gcomp_comm *c)
     gcomp_codec_destroy(c->codec);
     gcomp_codec_destroy(c->dense_codec);
     /* after a timeout an MPI ring exchange may still be sending from the workspace (MPI
-     * cannot cancel sends): then it is leaked on purpose rather than freed under it */
-    if (!c->broken || (c->tp && c->tp->releases_buffers_on_timeout))
-        for (int d = 0; d < 2; d++) gcomp__ws_free(&c->ws[d]);
+     * cannot cancel sends): then it is leaked on purpose rather than freed under it. The
+     * workspace of each memory kind goes with the transport that moved its buffers. */
+    for (int d = 0; d < 2; d++) {
+        const gcomp__transport *t = c->staged[d] ? c->staged[d] : c->tp;
+        if (!c->broken || (t && t->releases_buffers_on_timeout)) gcomp__ws_free(&c->ws[d]);
+    }
+    for (int d = 0; d < 2; d++) /* decorators first: they use tp */
+        if (c->staged[d]) c->staged[d]->destroy(c->staged[d]);
     if (c->tp) c->tp->destroy(c->tp);
     free(c);
+}
+
+gcomp_result gcomp__comm_transport_for(gcomp_comm *c, const gcomp__device_ops *dev, gcomp__transport **out)
+{
+    gcomp__mem_kind want = dev->kind == GCOMP__DEVICE_CUDA ? GCOMP__MEM_CUDA : GCOMP__MEM_HOST;
+    if (c->staged[want]) {
+        *out = c->staged[want];
+        return GCOMP_SUCCESS;
+    }
+    if (c->tp->mem == want) {
+        *out = c->tp;
+        return GCOMP_SUCCESS;
+    }
+    if (want == GCOMP__MEM_HOST)
+        return gcomp__fail(GCOMP_ERR_UNSUPPORTED,
+                           "gcomp_allreduce: this communicator's transport moves device memory only (NCCL): pass "
+                           "device buffers, or use an MPI communicator for host buffers");
+    /* device buffers over a host transport (MPI without CUDA support): stage through host */
+    GCOMP_CHECK(gcomp__transport_staging_wrap(c->tp, dev, &c->staged[want]));
+    gcomp__debug("rank %d: device buffers go through the staging transport", c->tp->rank);
+    *out = c->staged[want];
+    return GCOMP_SUCCESS;
+}
+
+uint64_t gcomp__comm_device_allocs(const gcomp_comm *c)
+{
+    return c->ws[GCOMP__DEVICE_CUDA].allocs + gcomp__codec_dev_allocs(c->codec) +
+           gcomp__codec_dev_allocs(c->dense_codec) + gcomp__transport_staging_allocs(c->staged[GCOMP__MEM_CUDA]);
+}
+
+gcomp_result gcomp__comm_stage_host(gcomp_comm *c)
+{
+    if (c->staged[GCOMP__MEM_HOST]) return GCOMP_SUCCESS;
+    return gcomp__transport_staging_wrap(c->tp, &gcomp__device_host, &c->staged[GCOMP__MEM_HOST]);
 }
 
 int gcomp_comm_rank(const gcomp_comm *c) { return c ? c->tp->rank : -1; }
@@ -304,6 +344,7 @@ void gcomp__comm_inject_fault(gcomp_comm *c, int fault)
         gcomp__transport *wrapped;
         if (gcomp__transport_fault_wrap(c->tp, &wrapped) != GCOMP_SUCCESS) return;
         c->tp = wrapped;
+        for (int d = 0; d < 2; d++) gcomp__transport_staging_rebind(c->staged[d], wrapped);
         gcomp__transport_fault_truncate_next(wrapped);
     }
 }

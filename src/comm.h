@@ -34,6 +34,8 @@ typedef struct gcomp__args {
     gcomp_op op;
     uint64_t key;
     struct CUstream_st *stream;
+    int device; /* the CUDA device current on the issuing thread (-1: none): a call run on
+                 * the progress thread makes it current there too */
 } gcomp__args;
 
 /* A call issued and not yet freed by gcomp_wait/gcomp_test (request.c). */
@@ -64,7 +66,13 @@ enum {
 
 struct gcomp_comm {
     gcomp__config cfg;
-    gcomp__transport *tp;
+    gcomp__transport *tp; /* the transport the communicator was made with: the agreements,
+                           * and the buffers of its memory kind (tp->mem) */
+    /* decorators of tp for buffers of the other memory kind, made at their first call and
+     * owned here (tp stays owned by the communicator too): CUDA memory over a host transport
+     * goes through the staging transport (transport_staging.c); [GCOMP__MEM_HOST] only by a
+     * test hook (gcomp__comm_stage_host) */
+    gcomp__transport *staged[2];
     gcomp_codec *codec;       /* the parsed chain and its residuals */
     gcomp_codec *dense_codec; /* sparse-as-dense: the fp32 ring's codec ("none"), made at first use */
     int broken;               /* set by a timeout or transport failure: refuse further calls */
@@ -92,6 +100,13 @@ const gcomp__key *gcomp__comm_find_key(const gcomp_comm *c, uint64_t key);
 void gcomp__comm_add_stats(gcomp_comm *c, gcomp__key *k, const gcomp_comm_stats *st);
 /* rc, after marking the communicator broken when rc says the transport is (timeout, failure). */
 gcomp_result gcomp__comm_transport_failed(gcomp_comm *c, gcomp_result rc);
+/* The transport that moves buffers of dev's memory: tp when its memory kind is that one,
+ * else a staging decorator of tp (made here at the first such call). GCOMP_ERR_UNSUPPORTED
+ * for host buffers on a transport of device memory only (NCCL). */
+gcomp_result gcomp__comm_transport_for(gcomp_comm *c, const gcomp__device_ops *dev, gcomp__transport **out);
+/* Device memory the communicator allocated so far: workspace, the codec objects' device
+ * state and residuals, staging buffers (pinned host memory). Tests show steady state adds none. */
+uint64_t gcomp__comm_device_allocs(const gcomp_comm *c);
 
 /* Before a call: the ranks agree on the call (codec spec, count, dtype, op, min_bytes,
  * library version) and on whether every rank's preparation (local) succeeded. A difference
@@ -112,5 +127,8 @@ enum {
     GCOMP__FAULT_TRUNCATE_WIRE = 2
 };
 void gcomp__comm_inject_fault(gcomp_comm *c, int fault);
+/* Test hook: host buffers of this communicator go through a staging decorator with the host's
+ * device ops (bounce buffers of plain memory), so the decorator's logic runs without a GPU. */
+gcomp_result gcomp__comm_stage_host(gcomp_comm *c);
 
 #endif

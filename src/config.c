@@ -103,5 +103,10 @@ gcomp_result gcomp__config_resolve(const gcomp_config *cfg, gcomp__config *out)
         else
             *(int64_t *)((char *)out + p->offset) = v;
     }
+    /* test-only, no gcomp_config field: any value but unset, empty or "0" turns it on */
+    {
+        const char *t = getenv("GCOMP_TEST_COMPRESS_ONE_RANK");
+        out->compress_one_rank = t && *t && strcmp(t, "0") != 0;
+    }
     return GCOMP_SUCCESS;
 }

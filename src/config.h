@@ -19,6 +19,10 @@ typedef struct gcomp__config {
     uint64_t seed;
     int64_t timeout_ms;
     int debug;
+    /* GCOMP_TEST_COMPRESS_ONE_RANK=1, for tests only: a communicator of one rank runs the
+     * compressed schedules against itself instead of the bypass (a machine with one GPU can
+     * then check them on device buffers, where NCCL allows only one rank per GPU) */
+    int compress_one_rank;
 } gcomp__config;
 
 /* GCOMP_DEBUG takes words too (the docs and the interposer say GCOMP_DEBUG=INFO), in any case:

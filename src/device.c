@@ -11,7 +11,20 @@ extern const gcomp__device_ops gcomp__device_cuda;
 /* 1 when ptr is memory of a CUDA device (*device set), 0 for host memory or no usable CUDA */
 int gcomp__cuda_locate(const void *ptr, int *device);
 int gcomp__cuda_current_device(void);
+int gcomp__cuda_set_device(int device); /* 0, or the runtime's error */
 #endif
+
+gcomp_result gcomp__device_use(int device)
+{
+#if defined(GCOMP_WITH_CUDA)
+    if (device < 0 || device == gcomp__cuda_current_device()) return GCOMP_SUCCESS;
+    if (gcomp__cuda_set_device(device) != 0)
+        return gcomp__fail(GCOMP_ERR_TRANSPORT, "cuda: cannot make device %d current on this thread", device);
+#else
+    (void)device;
+#endif
+    return GCOMP_SUCCESS;
+}
 
 int gcomp__device_current(void)
 {

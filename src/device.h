@@ -67,6 +67,17 @@ typedef struct gcomp__device_ops {
     gcomp_result (*narrow)(const float *src, size_t count, gcomp_dtype dtype, void *dst, struct CUstream_st *stream);
     /* x[i] /= d, bit for bit as the division (codecs/common.h) */
     gcomp_result (*divide)(float *x, size_t count, float d, struct CUstream_st *stream);
+    /* x[i] *= s, one rounding (the dense ring's AVG pre-scale); NaN bits as on x86 */
+    gcomp_result (*scale)(float *x, size_t count, float s, struct CUstream_st *stream);
+    /* *flag = 1 (flag in this device's memory) when x, count elements of dtype, holds a NaN
+     * or an Inf; a finite x leaves *flag as it was, so one flag can collect several checks */
+    gcomp_result (*flag_nonfinite)(const void *x, size_t count, gcomp_dtype dtype, uint32_t *flag,
+                                   struct CUstream_st *stream);
+    /* Page-locked host memory (cudaHostAlloc) that copies to and from this device can use
+     * without staging (the staging transport's bounce buffers); host: plain memory. Errors
+     * as alloc. Not for the hot path. */
+    gcomp_result (*alloc_pinned)(size_t bytes, void **out);
+    void (*free_pinned)(void *p); /* NULL is a no-op */
 
     /* Block until the work enqueued on stream is done; timeout_ms < 0: no limit. Work still
      * running at the deadline is GCOMP_ERR_TIMEOUT (the stream is then left running); an
@@ -107,5 +118,8 @@ gcomp_result gcomp__device_for(const void *ptr, const gcomp__device_ops **ops, i
 
 /* The current CUDA device, or -1 when there is none (or no CUDA in the build). */
 int gcomp__device_current(void);
+/* Make CUDA device `device` current on the calling thread (a call issued on one thread and
+ * run on the progress thread runs where it was issued); a no-op when it already is. */
+gcomp_result gcomp__device_use(int device);
 
 #endif

@@ -80,6 +80,33 @@ static gcomp_result host_divide(float *x, size_t count, float d, struct CUstream
     return GCOMP_SUCCESS;
 }
 
+static gcomp_result host_scale(float *x, size_t count, float s, struct CUstream_st *stream)
+{
+    (void)stream;
+    for (size_t i = 0; i < count; i++) x[i] *= s;
+    return GCOMP_SUCCESS;
+}
+
+/* Branch-free so it vectorises. */
+static gcomp_result host_flag_nonfinite(const void *x, size_t count, gcomp_dtype dtype, uint32_t *flag,
+                                        struct CUstream_st *stream)
+{
+    uint32_t bad = 0;
+    (void)stream;
+    if (dtype == GCOMP_F32) {
+        const uint32_t *b = (const uint32_t *)x;
+        for (size_t i = 0; i < count; i++) bad |= (b[i] & 0x7f800000u) == 0x7f800000u;
+    } else if (dtype == GCOMP_F16 || dtype == GCOMP_BF16) {
+        const uint16_t *h = (const uint16_t *)x;
+        uint16_t e = dtype == GCOMP_F16 ? 0x7c00u : 0x7f80u;
+        for (size_t i = 0; i < count; i++) bad |= (h[i] & e) == e;
+    } else {
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "flag_nonfinite: invalid dtype %d", (int)dtype);
+    }
+    if (bad) *flag = 1;
+    return GCOMP_SUCCESS;
+}
+
 static gcomp_result host_wait(struct CUstream_st *stream, int64_t timeout_ms)
 {
     (void)stream;
@@ -156,6 +183,10 @@ const gcomp__device_ops gcomp__device_host = {
     .widen = host_widen,
     .narrow = host_narrow,
     .divide = host_divide,
+    .scale = host_scale,
+    .flag_nonfinite = host_flag_nonfinite,
+    .alloc_pinned = host_alloc,
+    .free_pinned = host_free,
     .wait = host_wait,
     .header_write = host_header_write,
     .header_check = host_header_check,

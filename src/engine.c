@@ -12,6 +12,15 @@
  *   run     the schedule from the table below, which sees a gcomp__call, never the comm
  *   finish  result (/ N for AVG) into recv; the ranks agree on the outcome; the residual is
  *           committed unless some rank saw a non-finite value; stats
+ *
+ * Device buffers run the same steps on the device: the schedules through sched_codec.c (the
+ * codec's CUDA ops), the engine's own element work through the device layer (widen, pre-scale,
+ * divide, narrow, the non-finite check), all on the caller's stream; the workspace and the
+ * key's residual live in device memory, and the transport is the communicator's one for
+ * device memory (NCCL, or MPI through the staging decorator). What kernels find (a corrupt
+ * payload, a non-finite encode or result) is read back once, at the end of the call, for the
+ * outcome agreement; then the residual is committed on the device and the stream waited for,
+ * so the call returns with all its device work done.
  */
 #include <string.h>
 
@@ -48,8 +57,7 @@ static gcomp_result check_args(const void *send, void *recv, size_t count, gcomp
         return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_allreduce: invalid dtype %d", (int)dtype);
     if ((unsigned)op >= GCOMP_OP_COUNT)
         return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_allreduce: invalid op %d", (int)op);
-    if (stream)
-        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_allreduce: a CUDA stream needs a GPU (NCCL) communicator");
+    (void)stream; /* checked with the buffers' memory (prepare_call) */
     if (count > (size_t)1 << 40)
         return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_allreduce: count %zu is too large", count);
     return GCOMP_SUCCESS;
@@ -59,7 +67,8 @@ static gcomp_result check_args(const void *send, void *recv, size_t count, gcomp
 typedef struct plan {
     gcomp_schedule sched;
     gcomp__key *key;
-    gcomp__ef ef;
+    gcomp__ef ef;      /* the key's residual, host buffers */
+    gcomp__dev_ef def; /* the key's residual, device buffers */
     gcomp_dtype dtype;
     float prescale; /* AVG on the dense ring: the wire never carries sums larger than the result */
     /* workspace regions of the engine itself (the schedule's follow them) */
@@ -68,6 +77,12 @@ typedef struct plan {
     uint8_t *own;  /* sparse-as-dense: this rank's sparse payload */
     size_t own_cap;
     float *spx; /* sparse-as-dense: that payload decoded, the dense ring's input */
+    /* device buffers: sparse-as-dense's encode scratch and residual block */
+    void *own_scratch;
+    gcomp_cuda_residual *own_res, *own_res_tmp;
+    /* 1 when the result holds a NaN or Inf: device memory for device buffers, else hflag */
+    uint32_t *flag;
+    uint32_t hflag;
 } plan;
 
 static int needs_copy(gcomp_dtype dtype, float prescale) { return dtype != GCOMP_F32 || prescale != 1.0f; }
@@ -76,7 +91,7 @@ static gcomp_schedule pick_schedule(const gcomp_comm *c, size_t count, size_t ra
 {
     uint32_t caps = gcomp__codec_chain(c->codec)->stages[0].vt->caps;
     int n = c->tp->size;
-    if (n == 1 || raw_bytes < (uint64_t)c->cfg.min_bytes) return GCOMP_SCHED_BYPASS;
+    if ((n == 1 && !c->cfg.compress_one_rank) || raw_bytes < (uint64_t)c->cfg.min_bytes) return GCOMP_SCHED_BYPASS;
     if (caps & GCOMP_CAP_INTEGER) return GCOMP_SCHED_INTEGER;
     if (caps & GCOMP_CAP_SPARSE) {
         /* A gather forwards N-1 whole payloads (they do not shrink when summed); when that
@@ -110,12 +125,26 @@ static gcomp__call dense_half(gcomp_comm *c, const gcomp__call *call, const plan
     return d;
 }
 
-/* The engine's regions, then the schedule's: the same sequence sizing and carving. */
+/* Device buffers: the call's status and tally blocks and the result's non-finite flag. */
+static void layout_device_blocks(gcomp__call *call, plan *p)
+{
+    gcomp__workspace *ws = call->ws;
+    p->flag = &p->hflag;
+    if (!call->on_device) return;
+    call->status = gcomp__ws_take(ws, sizeof(gcomp_cuda_status), "engine: device status");
+    call->tally = gcomp__ws_take(ws, sizeof(gcomp__device_tally), "engine: device tally");
+    p->flag = gcomp__ws_take(ws, sizeof(uint32_t), "engine: non-finite flag");
+}
+
+/* The engine's regions, then the schedule's: the same sequence sizing and carving (in the
+ * buffers' workspace and, for device buffers, the host one for bookkeeping). */
 static gcomp_result layout(gcomp_comm *c, gcomp__call *call, plan *p, int sizing)
 {
     gcomp__workspace *ws = call->ws;
     size_t fbytes = call->count * sizeof(float);
     gcomp__ws_begin(ws, sizing);
+    if (call->meta != ws) gcomp__ws_begin(call->meta, sizing);
+    layout_device_blocks(call, p);
     p->x = NULL;
     if (p->sched == GCOMP_SCHED_BYPASS ? p->dtype != GCOMP_F32 : needs_copy(p->dtype, p->prescale))
         p->x = gcomp__ws_take(ws, fbytes, "engine: fp32 input");
@@ -127,26 +156,91 @@ static gcomp_result layout(gcomp_comm *c, gcomp__call *call, plan *p, int sizing
         p->own_cap = (gcomp_codec_max_encoded_bytes(c->codec, call->count) + 7) & ~(size_t)7;
         p->own = gcomp__ws_take(ws, p->own_cap, "sparse-as-dense: own payload");
         p->spx = gcomp__ws_take(ws, fbytes, "sparse-as-dense: decoded input");
+        if (call->on_device) {
+            p->own_scratch =
+                gcomp__ws_take(ws, gcomp__call_scratch_bytes(call, call->count, 1), "sparse-as-dense: encode scratch");
+            p->own_res = gcomp__ws_take(ws, sizeof(gcomp_cuda_residual), "sparse-as-dense: residual block");
+            p->own_res_tmp =
+                gcomp__ws_take(call->meta, sizeof(gcomp_cuda_residual), "sparse-as-dense: residual block (host)");
+        }
         d = dense_half(c, call, p);
         return sizing ? gcomp__sched_dense.prepare(&d) : GCOMP_SUCCESS;
     }
     return sizing ? schedules[p->sched]->prepare(call) : GCOMP_SUCCESS;
 }
 
-static gcomp_result prepare_call(gcomp_comm *c, gcomp__call *call, plan *p, const void *send, uint64_t key, gcomp_op op)
+/* After a sizing layout: both workspaces hold it (allocating only when they must grow). */
+static gcomp_result fit(gcomp__call *call)
+{
+    GCOMP_CHECK(gcomp__ws_fit(call->ws));
+    return call->meta != call->ws ? gcomp__ws_fit(call->meta) : GCOMP_SUCCESS;
+}
+
+static gcomp_result check_carved(const gcomp__call *call)
+{
+    GCOMP_CHECK(gcomp__ws_check(call->ws));
+    return call->meta != call->ws ? gcomp__ws_check(call->meta) : GCOMP_SUCCESS;
+}
+
+/* Where the buffers live: both on the host, or both on the current CUDA device; a stream
+ * only with device buffers. Sets the call's device ops, workspaces and transport. */
+static gcomp_result place_call(gcomp_comm *c, gcomp__call *call, const void *send, const void *recv,
+                               struct CUstream_st *stream)
+{
+    const gcomp__device_ops *rdev;
+    GCOMP_CHECK(gcomp__device_for(send, &call->dev, NULL));
+    GCOMP_CHECK(gcomp__device_for(recv, &rdev, NULL));
+    if (rdev->kind != call->dev->kind)
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG,
+                           "gcomp_allreduce: send is %s memory but recv is %s memory: pass both on the same device",
+                           call->dev->name, rdev->name);
+    call->on_device = call->dev->kind != GCOMP__DEVICE_HOST;
+    if (!call->on_device && stream)
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG,
+                           "gcomp_allreduce: a CUDA stream was given with host buffers: pass NULL (a stream goes "
+                           "with device buffers)");
+    call->stream = stream;
+    call->ws = &c->ws[call->dev->kind];
+    call->meta = &c->ws[GCOMP__DEVICE_HOST];
+    if (!call->ws->dev) call->ws->dev = call->dev;
+    if (!call->meta->dev) call->meta->dev = &gcomp__device_host;
+    GCOMP_CHECK(gcomp__comm_transport_for(c, call->dev, &call->ring.tp));
+    call->ring.tp->stream = stream;
+    return GCOMP_SUCCESS;
+}
+
+/* The key's residual for this call, on the buffers' device (a key met on the other one moves). */
+static gcomp_result begin_residual(gcomp_comm *c, gcomp__call *call, plan *p, int in_place)
+{
+    if (call->on_device) {
+        GCOMP_CHECK(gcomp__codec_dev_ef_begin(c->codec, call->dev, p->key->key, call->count, call->stream, &p->def));
+        call->r_in = p->def.r_in;
+        call->r_out = p->def.r_out;
+        call->step = p->def.step;
+        return GCOMP_SUCCESS;
+    }
+    GCOMP_CHECK(gcomp__codec_dev_move_to_host(c->codec, p->key->key));
+    GCOMP_CHECK(gcomp__ef_begin(gcomp__codec_residuals(c->codec), p->key->key, call->count, in_place, &p->ef));
+    call->r_in = p->ef.r_in;
+    call->r_out = p->ef.r_out;
+    call->step = p->ef.step;
+    return GCOMP_SUCCESS;
+}
+
+static gcomp_result prepare_call(gcomp_comm *c, gcomp__call *call, plan *p, const void *send, void *recv,
+                                 struct CUstream_st *stream, uint64_t key, gcomp_op op)
 {
     size_t count = call->count;
     int in_place;
-    GCOMP_CHECK(gcomp__device_for(send, &call->dev, NULL));
-    if (call->dev->kind != GCOMP__DEVICE_HOST)
-        return gcomp__fail(GCOMP_ERR_UNSUPPORTED, "gcomp_allreduce: buffers in GPU memory need a GPU communicator");
-    call->ws = &c->ws[call->dev->kind];
-    if (!call->ws->dev) call->ws->dev = call->dev;
+    GCOMP_CHECK(place_call(c, call, send, recv, stream));
     GCOMP_CHECK(gcomp__comm_key(c, key, count, &p->key));
     p->sched = pick_schedule(c, count, count * gcomp_dtype_size(p->dtype));
+    /* device buffers take the codec's CUDA ops: a codec without them (or with byte stages)
+     * is refused here, before the call, on every rank (the agreement carries it) */
+    if (call->on_device && p->sched != GCOMP_SCHED_BYPASS) GCOMP_CHECK(gcomp__codec_device_usable(c->codec));
     p->prescale = (op == GCOMP_AVG && p->sched == GCOMP_SCHED_DENSE) ? 1.0f / (float)c->tp->size : 1.0f;
     GCOMP_CHECK(layout(c, call, p, 1));
-    GCOMP_CHECK(gcomp__ws_fit(call->ws));
+    GCOMP_CHECK(fit(call));
     if (p->sched == GCOMP_SCHED_BYPASS) return GCOMP_SUCCESS;
     if (!c->cfg.error_feedback || key == GCOMP_KEY_NONE) {
         /* GCOMP_KEY_NONE means no error feedback, as for a codec object (gcomp.h). The
@@ -165,11 +259,7 @@ static gcomp_result prepare_call(gcomp_comm *c, gcomp__call *call, plan *p, cons
      * this rank's encode wrote its residual. */
     in_place =
         (call->vt->caps & GCOMP_CAP_RESIDUAL_IN_PLACE) != 0 && p->sched == GCOMP_SCHED_INTEGER && p->dtype == GCOMP_F32;
-    GCOMP_CHECK(gcomp__ef_begin(gcomp__codec_residuals(c->codec), p->key->key, count, in_place, &p->ef));
-    call->r_in = p->ef.r_in;
-    call->r_out = p->ef.r_out;
-    call->step = p->ef.step;
-    return GCOMP_SUCCESS;
+    return begin_residual(c, call, p, in_place); /* device residuals: always double-buffered */
 }
 
 /* x = the fp32 view of send: widened by the device layer, pre-scaled for AVG on the dense ring. */
@@ -180,43 +270,42 @@ static gcomp_result prepare_input(const gcomp__call *call, const plan *p, const 
         *x = send;
         return GCOMP_SUCCESS;
     }
-    GCOMP_CHECK(call->dev->widen(send, p->dtype, count, p->x, NULL));
-    if (p->prescale != 1.0f)
-        for (size_t i = 0; i < count; i++) p->x[i] *= p->prescale;
+    GCOMP_CHECK(call->dev->widen(send, p->dtype, count, p->x, call->stream));
+    if (p->prescale != 1.0f) GCOMP_CHECK(call->dev->scale(p->x, count, p->prescale, call->stream));
     *x = p->x;
     return GCOMP_SUCCESS;
 }
 
 /* The uncompressed path: exact fp32 sum through the transport's own allreduce. */
-static gcomp_result run_bypass(gcomp_comm *c, const gcomp__call *call, const plan *p, const void *send, void *recv,
+static gcomp_result run_bypass(gcomp_comm *c, gcomp__call *call, const plan *p, const void *send, void *recv,
                                gcomp_op op)
 {
     size_t count = call->count;
     float *buf = p->dtype == GCOMP_F32 ? recv : p->x;
+    gcomp__transport *tp = call->ring.tp;
     if (p->dtype == GCOMP_F32) {
-        if (send != recv) GCOMP_CHECK(call->dev->copy_async(recv, send, count * sizeof(float), NULL));
+        if (send != recv) GCOMP_CHECK(call->dev->copy_async(recv, send, count * sizeof(float), call->stream));
     } else {
-        GCOMP_CHECK(call->dev->widen(send, p->dtype, count, buf, NULL));
+        GCOMP_CHECK(call->dev->widen(send, p->dtype, count, buf, call->stream));
     }
-    GCOMP_CHECK(gcomp__comm_transport_failed(c, c->tp->allreduce_sum_f32(c->tp, buf, count, call->ring.deadline)));
-    if (op == GCOMP_AVG) GCOMP_CHECK(call->dev->divide(buf, count, (float)c->tp->size, NULL));
-    if (p->dtype != GCOMP_F32) GCOMP_CHECK(call->dev->narrow(buf, count, p->dtype, recv, NULL));
-    return GCOMP_SUCCESS;
+    GCOMP_CHECK(gcomp__comm_transport_failed(c, tp->allreduce_sum_f32(tp, buf, count, call->ring.deadline)));
+    if (op == GCOMP_AVG) GCOMP_CHECK(call->dev->divide(buf, count, (float)tp->size, call->stream));
+    if (p->dtype != GCOMP_F32) GCOMP_CHECK(call->dev->narrow(buf, count, p->dtype, recv, call->stream));
+    return call->dev->flag_nonfinite(recv, count, p->dtype, p->flag, call->stream);
 }
 
-/* 1 if recv (count elements of dtype) holds no NaN/Inf. Branch-free so it vectorises. */
-static int output_finite(const void *recv, size_t count, gcomp_dtype dtype)
+/* The end of a call's device work: wait for the stream (within the deadline), then read back
+ * what the kernels found -- the tally (first error, non-finite encodes, overflows) and the
+ * result's non-finite flag -- in one more wait. Host buffers: the flag is already on the host. */
+static gcomp_result collect(gcomp_comm *c, gcomp__call *call, const plan *p, gcomp__device_tally *t, uint32_t *flag)
 {
-    uint32_t bad = 0;
-    if (dtype == GCOMP_F32) {
-        const uint32_t *b = recv;
-        for (size_t i = 0; i < count; i++) bad |= (b[i] & 0x7f800000u) == 0x7f800000u;
-    } else {
-        const uint16_t *h = recv;
-        uint16_t e = dtype == GCOMP_F16 ? 0x7c00u : 0x7f80u;
-        for (size_t i = 0; i < count; i++) bad |= (h[i] & e) == e;
-    }
-    return !bad;
+    memset(t, 0, sizeof *t);
+    *flag = p->hflag;
+    if (!call->on_device) return GCOMP_SUCCESS;
+    GCOMP_CHECK(gcomp__comm_transport_failed(c, gcomp__call_wait(call)));
+    GCOMP_CHECK(call->dev->copy_async(t, call->tally, sizeof *t, call->stream));
+    GCOMP_CHECK(call->dev->copy_async(flag, p->flag, sizeof *flag, call->stream));
+    return gcomp__comm_transport_failed(c, gcomp__call_wait(call));
 }
 
 /* Sparse-as-dense: this rank's sparse payload (residual fused) is decoded into a dense
@@ -228,14 +317,17 @@ static gcomp_result run_sparse_as_dense(gcomp_comm *c, gcomp__call *call, const 
     gcomp_result rc;
     size_t bytes = 0;
     double t0 = gcomp__now();
-    GCOMP_CHECK(call->dev->memset_async(p->spx, 0, call->count * sizeof(float), NULL));
-    GCOMP_STEP(&call->ring, gcomp__codec_encode_ctx(call->codec, &ctx, call->x, call->r_in, call->r_out, call->count,
-                                                    p->own, p->own_cap, &bytes));
+    size_t zero = 0;
+    GCOMP_CHECK(gcomp__call_zero(call, p->spx, call->count * sizeof(float)));
+    GCOMP_STEP(&call->ring, gcomp__call_res_blocks(call, 1, &zero, p->own_res_tmp, p->own_res));
+    GCOMP_STEP(&call->ring, gcomp__call_encode(call, &ctx, call->x, 0, call->count, 1, p->own_res, p->own_scratch,
+                                               p->own, p->own_cap, &bytes));
     call->nonfinite = (int)ctx.nonfinite;
     call->ring.st->overflow_count += ctx.overflow;
     call->ring.st->encode_s += gcomp__now() - t0;
-    GCOMP_STEP(&call->ring, gcomp_codec_decode_add(call->codec, p->own, bytes, p->spx, call->count));
+    GCOMP_STEP(&call->ring, gcomp__call_decode_add(call, p->own, bytes, p->spx, call->count));
     d = dense_half(c, call, p);
+    d.ring.error = call->ring.error;
     rc = gcomp__sched_dense.run(&d);
     call->ring.error = d.ring.error;
     call->nonfinite |= d.nonfinite;
@@ -243,14 +335,42 @@ static gcomp_result run_sparse_as_dense(gcomp_comm *c, gcomp__call *call, const 
     return rc;
 }
 
+/* The residual follows the result, the same decision on every rank: a non-finite step (a
+ * loss scaler skips it) or a failed call leaves it exactly as it was. Device buffers: the
+ * commit is enqueued on the stream, which is then waited for. */
+static gcomp_result end_residual(gcomp_comm *c, gcomp__call *call, plan *p, int keep)
+{
+    gcomp__ef_end(&p->ef, keep);
+    p->ef.res = NULL;
+    if (!p->def.active) return GCOMP_SUCCESS;
+    GCOMP_CHECK(gcomp__codec_dev_ef_end(c->codec, &p->def, keep, call->stream));
+    return gcomp__comm_transport_failed(c, gcomp__call_wait(call));
+}
+
+/* The same for a call that failed: the residual kept, the step advanced; the commit's wait is
+ * bounded (the call's own error is what the caller gets). */
+static void abandon_residual(gcomp_comm *c, gcomp__call *call, plan *p)
+{
+    p->ef.res = NULL;
+    if (!p->def.active) return;
+    if (gcomp__codec_dev_ef_end(c->codec, &p->def, 1, call->stream) == GCOMP_SUCCESS)
+        (void)call->dev->wait(call->stream, 1000);
+}
+
 static gcomp_result run_compressed(gcomp_comm *c, gcomp__call *call, plan *p, const void *send, void *recv, gcomp_op op)
 {
     size_t count = call->count;
     int local_nonfinite = 0, nonfinite = 0;
+    uint32_t flag = 0;
+    gcomp__device_tally tally;
     double t0;
     gcomp_result rc;
     GCOMP_CHECK(layout(c, call, p, 0));
-    GCOMP_CHECK(gcomp__ws_check(call->ws));
+    GCOMP_CHECK(check_carved(call));
+    if (call->on_device) {
+        GCOMP_CHECK(call->dev->memset_async(call->tally, 0, sizeof *call->tally, call->stream));
+        GCOMP_CHECK(call->dev->memset_async(p->flag, 0, sizeof *p->flag, call->stream));
+    }
     GCOMP_CHECK(prepare_input(call, p, send, &call->x));
     call->result = p->dtype == GCOMP_F32 ? (float *)recv : p->result;
     call->divisor = op == GCOMP_AVG && p->sched != GCOMP_SCHED_DENSE ? (float)c->tp->size : 1.0f;
@@ -261,17 +381,20 @@ static gcomp_result run_compressed(gcomp_comm *c, gcomp__call *call, plan *p, co
     GCOMP_CHECK(gcomp__comm_transport_failed(c, rc));
     if (!call->ring.error) {
         if (call->divisor != 1.0f && !call->divided)
-            GCOMP_CHECK(call->dev->divide(call->result, count, call->divisor, NULL));
-        if (p->dtype != GCOMP_F32) GCOMP_CHECK(call->dev->narrow(call->result, count, p->dtype, recv, NULL));
-        local_nonfinite = call->nonfinite || !output_finite(recv, count, p->dtype);
+            GCOMP_STEP(&call->ring, call->dev->divide(call->result, count, call->divisor, call->stream));
+        if (p->dtype != GCOMP_F32)
+            GCOMP_STEP(&call->ring, call->dev->narrow(call->result, count, p->dtype, recv, call->stream));
+        GCOMP_STEP(&call->ring, call->dev->flag_nonfinite(recv, count, p->dtype, p->flag, call->stream));
     }
+    GCOMP_CHECK(collect(c, call, p, &tally, &flag));
+    if (!call->ring.error && tally.error) call->ring.error = gcomp__codec_dev_tally_error(call->codec, &tally);
+    call->ring.st->overflow_count += tally.overflow;
+    if (!call->ring.error) local_nonfinite = call->nonfinite || tally.nonfinite_calls > 0 || flag;
     t0 = gcomp__now();
     GCOMP_CHECK(gcomp__comm_agree_outcome(c, call->ring.error, local_nonfinite, &nonfinite, call->ring.deadline));
     call->ring.st->agree_s += gcomp__now() - t0;
-    /* the residual follows the result, the same decision on every rank: a non-finite step
-     * (a loss scaler skips it) leaves it exactly as it was */
     if (nonfinite) call->ring.st->nonfinite_calls++;
-    gcomp__ef_end(&p->ef, nonfinite);
+    GCOMP_CHECK(end_residual(c, call, p, nonfinite));
     call->ring.st->compressed_calls++;
     return GCOMP_SUCCESS;
 }
@@ -279,7 +402,7 @@ static gcomp_result run_compressed(gcomp_comm *c, gcomp__call *call, plan *p, co
 /* One call, from start to end, on the thread that runs it (the caller's, or the
  * communicator's progress thread: request.c). Its deadline starts now, when it starts to
  * run, not when it was issued, so calls queued behind a slow one keep their whole timeout. */
-gcomp_result gcomp__engine_run(gcomp_comm *c, const gcomp__args *a)
+static gcomp_result run_call(gcomp_comm *c, const gcomp__args *a, gcomp__call *callp, plan *pp)
 {
     const void *send = a->send;
     void *recv = a->recv;
@@ -288,48 +411,66 @@ gcomp_result gcomp__engine_run(gcomp_comm *c, const gcomp__args *a)
     gcomp_op op = a->op;
     uint64_t key = a->key;
     gcomp_comm_stats st;
-    gcomp__call call;
-    plan p;
+    gcomp__call *call = callp;
+    plan *p = pp;
     gcomp_result local;
     double t0 = gcomp__now(), t_agree;
     if (c->broken)
         return gcomp__fail(GCOMP_ERR_COMM_INVALID,
                            "communicator is unusable after an earlier timeout or transport error");
     memset(&st, 0, sizeof st);
-    memset(&call, 0, sizeof call);
-    memset(&p, 0, sizeof p);
-    call.ring.tp = c->tp;
-    call.ring.rank = c->tp->rank;
-    call.ring.size = c->tp->size;
-    call.ring.deadline = t0 + 1e-3 * (double)c->cfg.timeout_ms;
-    call.ring.st = &st;
-    call.seed = c->cfg.seed;
-    call.count = count;
-    call_codec(&call, c->codec);
-    p.dtype = dtype;
+    call->ring.tp = c->tp;
+    call->ring.rank = c->tp->rank;
+    call->ring.size = c->tp->size;
+    call->ring.deadline = t0 + 1e-3 * (double)c->cfg.timeout_ms;
+    call->ring.st = &st;
+    call->seed = c->cfg.seed;
+    call->count = count;
+    call_codec(call, c->codec);
+    p->dtype = dtype;
     local = check_args(send, recv, count, dtype, op, a->stream);
-    if (local == GCOMP_SUCCESS && count > 0) local = prepare_call(c, &call, &p, send, key, op);
+    if (local == GCOMP_SUCCESS && count > 0) local = prepare_call(c, call, p, send, recv, a->stream, key, op);
     t_agree = gcomp__now();
-    GCOMP_CHECK(gcomp__comm_agree_call(c, local, count, dtype, op, call.ring.deadline));
+    GCOMP_CHECK(gcomp__comm_agree_call(c, local, count, dtype, op, call->ring.deadline));
     st.agree_s = gcomp__now() - t_agree;
     if (count == 0) return GCOMP_SUCCESS;
     st.calls = 1;
     st.raw_bytes = count * gcomp_dtype_size(dtype);
     st.baseline_bytes = (uint64_t)(2.0 * (c->tp->size - 1) / c->tp->size * (double)st.raw_bytes);
-    if (p.sched == GCOMP_SCHED_BYPASS) {
-        GCOMP_CHECK(layout(c, &call, &p, 0));
-        GCOMP_CHECK(run_bypass(c, &call, &p, send, recv, op));
-        st.nonfinite_calls = !output_finite(recv, count, dtype); /* the same result on every rank */
+    if (p->sched == GCOMP_SCHED_BYPASS) {
+        gcomp__device_tally tally;
+        uint32_t flag = 0;
+        GCOMP_CHECK(layout(c, call, p, 0));
+        if (call->on_device) GCOMP_CHECK(call->dev->memset_async(p->flag, 0, sizeof *p->flag, call->stream));
+        GCOMP_CHECK(run_bypass(c, call, p, send, recv, op));
+        GCOMP_CHECK(collect(c, call, p, &tally, &flag));
+        st.nonfinite_calls = flag != 0; /* the same result on every rank */
         st.wire_bytes = st.baseline_bytes;
         st.comm_s = gcomp__now() - t0;
     } else {
-        GCOMP_CHECK(run_compressed(c, &call, &p, send, recv, op));
+        GCOMP_CHECK(run_compressed(c, call, p, send, recv, op));
     }
-    st.last_schedule = p.sched;
-    gcomp__comm_add_stats(c, p.key, &st);
+    st.last_schedule = p->sched;
+    gcomp__comm_add_stats(c, p->key, &st);
     if (c->cfg.debug) /* the communicator's own switch: gcomp_config.debug, else GCOMP_DEBUG */
-        gcomp__log("rank %d key %llu: %s, %zu elements, %llu wire bytes, %.3f ms", c->tp->rank, (unsigned long long)key,
-                   gcomp_schedule_name(st.last_schedule), count, (unsigned long long)st.wire_bytes,
-                   1e3 * (gcomp__now() - t0));
+        gcomp__log("rank %d key %llu: %s on %s, %zu elements, %llu wire bytes, %.3f ms", c->tp->rank,
+                   (unsigned long long)key, gcomp_schedule_name(st.last_schedule), call->dev ? call->dev->name : "host",
+                   count, (unsigned long long)st.wire_bytes, 1e3 * (gcomp__now() - t0));
     return GCOMP_SUCCESS;
+}
+
+gcomp_result gcomp__engine_run(gcomp_comm *c, const gcomp__args *a)
+{
+    gcomp__call call;
+    plan p;
+    gcomp_result rc;
+    memset(&call, 0, sizeof call);
+    memset(&p, 0, sizeof p);
+    /* a call issued on another thread (gcomp_iallreduce) runs on the device that was current there */
+    if (a->device >= 0) GCOMP_CHECK(gcomp__device_use(a->device));
+    rc = run_call(c, a, &call, &p);
+    /* a call that ends early still ends its residual: kept as it was, its step advanced (as a
+     * host residual's, which advances at the start) */
+    abandon_residual(c, &call, &p);
+    return rc;
 }

@@ -147,6 +147,17 @@ static gcomp_result finish(gcomp_request **req)
     return rc;
 }
 
+/* The CUDA device of device buffers, which is current on the issuing thread (the call may
+ * run on the progress thread, whose current device is its own); -1 for host buffers. A
+ * pointer the device layer refuses is reported when the call runs. */
+static int issuing_device(const void *send)
+{
+    const gcomp__device_ops *ops;
+    int dev = -1;
+    if (!send || gcomp__device_for(send, &ops, &dev) != GCOMP_SUCCESS) return -1;
+    return dev;
+}
+
 gcomp_result gcomp_iallreduce(gcomp_comm *c, const void *send, void *recv, size_t count, gcomp_dtype dtype, gcomp_op op,
                               uint64_t key, struct CUstream_st *stream, gcomp_request **req)
 {
@@ -157,7 +168,7 @@ gcomp_result gcomp_iallreduce(gcomp_comm *c, const void *send, void *recv, size_
     r = calloc(1, sizeof *r);
     if (!r) return gcomp__fail(GCOMP_ERR_NOMEM, "gcomp_iallreduce: out of memory");
     r->comm = c;
-    r->args = (gcomp__args){ send, recv, count, dtype, op, key, stream };
+    r->args = (gcomp__args){ send, recv, count, dtype, op, key, stream, issuing_device(send) };
     pthread_mutex_lock(&c->q.lock);
     if (c->q.mode == GCOMP__PROGRESS_UNDECIDED) decide_mode(c);
     enqueue(c, r);
@@ -201,7 +212,7 @@ gcomp_result gcomp_allreduce(gcomp_comm *c, const void *send, void *recv, size_t
     if (!c) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_allreduce: comm is NULL");
     memset(&r, 0, sizeof r);
     r.comm = c;
-    r.args = (gcomp__args){ send, recv, count, dtype, op, key, stream };
+    r.args = (gcomp__args){ send, recv, count, dtype, op, key, stream, issuing_device(send) };
     pthread_mutex_lock(&c->q.lock);
     if (!c->q.head && !c->q.running) {
         /* the common case, without a copy of the error detail: run it here directly */

@@ -17,6 +17,12 @@
  * element still gets 0 + received, + own, re-encode), so the result bits and the wire
  * bytes are those of the unpipelined ring.
  *
+ * One rank (a test switch runs the compressed schedules there): the rank's own payload,
+ * decoded, is the whole sum; it is re-encoded and decoded as the final chunk, as above.
+ *
+ * Device buffers: the same steps through sched_codec.c (the codec's kernels on the caller's
+ * stream); each own chunk's residual slice is a block in device memory, written once per call.
+ *
  * Wire bytes per rank: the sum over 2(N-1) steps of one chunk's payload (header included),
  * about 2(N-1)/N * count * (bytes per element of the codec) + 2(N-1) * 32.
  */
@@ -30,10 +36,15 @@ typedef struct dense_ctx {
     gcomp__call *call;
     size_t bound;   /* payload capacity of one chunk */
     uint8_t *slots; /* N payloads of `bound` bytes: own chunks, later final chunks */
-    size_t *bytes;  /* their sizes */
+    size_t *bytes;  /* their sizes (host) */
     float *acc;     /* fp32 running sums, count elements */
     uint8_t *sbuf;  /* a re-encoded partial sum on its way out */
     uint8_t *rbuf;  /* a partial sum coming in */
+    /* device buffers only */
+    void *scratch;                /* the codec's encode scratch */
+    gcomp_cuda_residual *res;     /* N residual blocks, one per own chunk (device) */
+    gcomp_cuda_residual *res_tmp; /* the same, written on the host */
+    size_t *lo;                   /* each chunk's first element (host) */
 } dense_ctx;
 
 static uint8_t *slot(dense_ctx *d, int j) { return d->slots + (size_t)j * d->bound; }
@@ -52,10 +63,18 @@ static void layout(gcomp__call *call, dense_ctx *d)
     d->bound = gcomp_codec_max_encoded_bytes(call->codec, max_chunk < call->count ? max_chunk : call->count);
     d->bound = (d->bound + 7) & ~(size_t)7; /* every slot 8-byte aligned */
     d->slots = gcomp__ws_take(call->ws, (size_t)n * d->bound, "dense: chunk payloads");
-    d->bytes = gcomp__ws_take(call->ws, (size_t)n * sizeof(size_t), "dense: payload sizes");
+    d->bytes = gcomp__ws_take(call->meta, (size_t)n * sizeof(size_t), "dense: payload sizes");
     d->acc = gcomp__ws_take(call->ws, call->count * sizeof(float), "dense: partial sums");
     d->sbuf = gcomp__ws_take(call->ws, d->bound, "dense: outgoing partial sum");
     d->rbuf = gcomp__ws_take(call->ws, d->bound, "dense: incoming partial sum");
+    d->scratch = d->res = d->res_tmp = NULL;
+    d->lo = NULL;
+    if (!call->on_device) return;
+    d->scratch = gcomp__ws_take(call->ws, gcomp__call_scratch_bytes(call, max_chunk < call->count ? max_chunk : call->count, 1),
+                                "dense: codec scratch");
+    d->res = gcomp__ws_take(call->ws, (size_t)n * sizeof(gcomp_cuda_residual), "dense: residual blocks");
+    d->res_tmp = gcomp__ws_take(call->meta, (size_t)n * sizeof(gcomp_cuda_residual), "dense: residual blocks (host)");
+    d->lo = gcomp__ws_take(call->meta, (size_t)n * sizeof(size_t), "dense: chunk starts");
 }
 
 static gcomp_result dense_prepare(gcomp__call *call)
@@ -73,8 +92,8 @@ static gcomp_result encode_chunk(dense_ctx *d, const float *src, int j, int own,
     double t0 = gcomp__now();
     chunk_of(d, j, &lo, &hi);
     ctx = gcomp__call_ctx(call, lo);
-    GCOMP_CHECK(gcomp__codec_encode_ctx(call->codec, &ctx, src + lo, own && call->r_in ? call->r_in + lo : NULL,
-                                        own && call->r_out ? call->r_out + lo : NULL, hi - lo, out, d->bound, bytes));
+    GCOMP_CHECK(gcomp__call_encode(call, &ctx, src, lo, hi - lo, own, d->res ? &d->res[j] : NULL, d->scratch, out,
+                                   d->bound, bytes));
     call->nonfinite |= own ? (int)ctx.nonfinite : 0;
     call->ring.st->overflow_count += ctx.overflow;
     call->ring.st->encode_s += gcomp__now() - t0;
@@ -87,8 +106,8 @@ static gcomp_result decode_chunk(dense_ctx *d, const uint8_t *payload, size_t by
     size_t lo, hi;
     double t0 = gcomp__now();
     chunk_of(d, j, &lo, &hi);
-    if (!add) memset(dst + lo, 0, (hi - lo) * sizeof(float));
-    GCOMP_CHECK(gcomp_codec_decode_add(d->call->codec, payload, bytes, dst + lo, hi - lo));
+    if (!add) GCOMP_CHECK(gcomp__call_zero(d->call, dst + lo, (hi - lo) * sizeof(float)));
+    GCOMP_CHECK(gcomp__call_decode_add(d->call, payload, bytes, dst + lo, hi - lo));
     d->call->ring.st->decode_s += gcomp__now() - t0;
     return GCOMP_SUCCESS;
 }
@@ -118,6 +137,8 @@ static gcomp_result reduce_scatter(dense_ctx *d)
             out = d->sbuf;
         }
     }
+    if (n == 1) /* a ring of one: the own payload is the whole sum */
+        GCOMP_STEP(ring, decode_chunk(d, slot(d, r), d->bytes[r], r, d->acc, 0));
     return GCOMP_SUCCESS;
 }
 
@@ -148,6 +169,13 @@ static gcomp_result dense_run(gcomp__call *call)
     layout(call, &d);
     GCOMP_CHECK(gcomp__ws_check(call->ws));
     memset(d.bytes, 0, (size_t)ring->size * sizeof(size_t));
+    if (d.res && !call->reencoded) {
+        for (int j = 0; j < ring->size; j++) {
+            size_t hi;
+            chunk_of(&d, j, &d.lo[j], &hi);
+        }
+        GCOMP_STEP(ring, gcomp__call_res_blocks(call, ring->size, d.lo, d.res_tmp, d.res));
+    }
     GCOMP_CHECK(reduce_scatter(&d));
     GCOMP_STEP(ring, encode_chunk(&d, d.acc, own, 0, slot(&d, own), &d.bytes[own]));
     GCOMP_CHECK(allgather(&d));

@@ -20,6 +20,12 @@
  * whole. Wire bytes per rank: sum_{m=1}^{N-1} int_sum_bytes(L, m) + (N-1) * int_sum_bytes(L, N)
  * for chunks of L elements (plus 32-byte stage headers with zstd), plus 8 * nb bytes for the
  * scale allreduce.
+ *
+ * Device buffers: the codec's CUDA ops (local_scales, ternarise, sums_add_pack, sums_values)
+ * on the caller's stream. The scales come back to the host once per call (nb floats: the
+ * allreduce-max that shares them runs on host memory) and go back to the device; message
+ * sizes are checked on the host against int_sum_bytes, since they are known there. Byte
+ * stages (zstd) do not run on device buffers (the engine refuses them before the call).
  */
 #include <math.h>
 #include <string.h>
@@ -45,6 +51,11 @@ typedef struct int_ctx {
     size_t msg_cap;
     int staged;         /* the spec has byte stages after the element codec */
     int write_residual; /* every scale is finite: the residual may be updated */
+    /* device buffers only (else hscales == scales) */
+    float *hscales;               /* the scales on the host, for the allreduce-max */
+    void *dscratch;               /* the codec's local_scales scratch (device) */
+    gcomp_cuda_residual *res;     /* the residual block (device) */
+    gcomp_cuda_residual *res_tmp; /* the same, written on the host */
 } int_ctx;
 
 static void chunk_of(const int_ctx *d, int j, size_t *lo, size_t *hi)
@@ -74,16 +85,24 @@ static void layout(gcomp__call *call, int_ctx *d)
     d->msg_cap = (gcomp__codec_stages_bound(call->codec, vt->int_sum_bytes(call->params, max_chunk, (uint32_t)n)) + 7) &
                  ~(size_t)7;
     d->scales = gcomp__ws_take(ws, d->nb * sizeof(float), "integer: shared scales");
-    d->keys = gcomp__ws_take(ws, d->nb * sizeof(uint64_t), "integer: scale bits");
-    d->scratch =
-        gcomp__ws_take(ws, vt->int_scratch_bytes ? vt->int_scratch_bytes(call->params, max_chunk, (uint32_t)n) : 0,
-                       "integer: codec scratch");
+    d->keys = gcomp__ws_take(call->meta, d->nb * sizeof(uint64_t), "integer: scale bits");
+    d->scratch = gcomp__ws_take(ws,
+                                !call->on_device && vt->int_scratch_bytes
+                                    ? vt->int_scratch_bytes(call->params, max_chunk, (uint32_t)n)
+                                    : 0,
+                                "integer: codec scratch");
     d->t = gcomp__ws_take(ws, max_chunk * sizeof(int8_t), "integer: codes");
-    d->raw = gcomp__ws_take(ws, d->msg_cap, "integer: unstaged sums in");
-    d->raw_out = gcomp__ws_take(ws, d->msg_cap, "integer: unstaged sums out");
+    d->raw = gcomp__ws_take(ws, d->staged ? d->msg_cap : 0, "integer: unstaged sums in");
+    d->raw_out = gcomp__ws_take(ws, d->staged ? d->msg_cap : 0, "integer: unstaged sums out");
     d->rbuf = gcomp__ws_take(ws, d->msg_cap, "integer: incoming message");
     d->slots = gcomp__ws_take(ws, (size_t)n * d->msg_cap, "integer: message slots");
-    d->slot_bytes = gcomp__ws_take(ws, (size_t)n * sizeof(size_t), "integer: message sizes");
+    d->slot_bytes = gcomp__ws_take(call->meta, (size_t)n * sizeof(size_t), "integer: message sizes");
+    d->hscales = d->scales;
+    if (!call->on_device) return;
+    d->hscales = gcomp__ws_take(call->meta, d->nb * sizeof(float), "integer: shared scales (host)");
+    d->dscratch = gcomp__ws_take(ws, gcomp__call_scratch_bytes(call, call->count, 1), "integer: scale scratch");
+    d->res = gcomp__ws_take(ws, sizeof(gcomp_cuda_residual), "integer: residual block");
+    d->res_tmp = gcomp__ws_take(call->meta, sizeof(gcomp_cuda_residual), "integer: residual block (host)");
 }
 
 static gcomp_result int_prepare(gcomp__call *call)
@@ -98,25 +117,33 @@ static gcomp_result shared_scales(int_ctx *d)
     gcomp__call *call = d->call;
     gcomp_encode_ctx ctx = { 0 };
     double t0 = gcomp__now();
-    GCOMP_CHECK(call->vt->local_scales(call->params, &ctx, call->x, call->r_in, call->count, d->scales));
+    if (call->on_device) { /* on the device, then the nb scales to the host (one wait) */
+        size_t zero = 0;
+        GCOMP_CHECK(gcomp__call_res_blocks(call, 1, &zero, d->res_tmp, d->res));
+        GCOMP_CHECK(call->vt->cuda->local_scales(call->params, call->x, call->r_in ? d->res : NULL, call->count,
+                                                 d->scales, d->dscratch, call->stream));
+        GCOMP_CHECK(gcomp__call_to_host(call, d->hscales, d->scales, d->nb * sizeof(float)));
+    } else {
+        GCOMP_CHECK(call->vt->local_scales(call->params, &ctx, call->x, call->r_in, call->count, d->scales));
+    }
     call->ring.st->encode_s += gcomp__now() - t0;
     /* |scale| bits as integers: max is exact, and NaN (largest) wins */
     for (size_t j = 0; j < d->nb; j++) {
         uint32_t b;
-        memcpy(&b, &d->scales[j], 4);
+        memcpy(&b, &d->hscales[j], 4);
         d->keys[j] = b & 0x7fffffffu;
     }
     GCOMP_CHECK(gcomp__ring_max_u64(&call->ring, d->keys, d->nb));
     d->write_residual = 1;
     for (size_t j = 0; j < d->nb; j++) {
         uint32_t b = (uint32_t)d->keys[j];
-        memcpy(&d->scales[j], &b, 4);
+        memcpy(&d->hscales[j], &b, 4);
         /* a scale whose N-fold sum overflows would give an infinite result after the
          * in-place residual was written: treat it as non-finite too */
-        if (!isfinite(d->scales[j] * (float)call->ring.size)) d->write_residual = 0;
+        if (!isfinite(d->hscales[j] * (float)call->ring.size)) d->write_residual = 0;
     }
     call->nonfinite = !d->write_residual;
-    return GCOMP_SUCCESS;
+    return gcomp__call_to_device(call, d->scales, d->hscales, d->nb * sizeof(float));
 }
 
 /* d->t = this rank's codes of chunk j, ternarised piece by piece with the shared scales
@@ -130,12 +157,49 @@ static gcomp_result ternarise_chunk(int_ctx *d, int j)
     for (size_t a = lo; a < hi; a += d->piece) {
         size_t m = hi - a < d->piece ? hi - a : d->piece;
         gcomp_encode_ctx ctx = gcomp__call_ctx(call, a);
-        GCOMP_CHECK(call->vt->int_ternarise(call->params, &ctx, call->x, call->r_in,
-                                            d->write_residual ? call->r_out : NULL, m, d->scales, d->t + (a - lo)));
+        if (call->on_device) /* a non-finite scale: the kernel leaves the residual alone */
+            GCOMP_CHECK(call->vt->cuda->ternarise(call->params, &ctx, call->x, call->r_in ? d->res : NULL, m,
+                                                  d->scales, d->t + (a - lo), call->status, call->stream));
+        else
+            GCOMP_CHECK(call->vt->int_ternarise(call->params, &ctx, call->x, call->r_in,
+                                                d->write_residual ? call->r_out : NULL, m, d->scales, d->t + (a - lo)));
         gcomp__ring_progress(&call->ring);
     }
     call->ring.st->encode_s += gcomp__now() - t0;
     return GCOMP_SUCCESS;
+}
+
+/* Device buffers: a message of sums must have exactly the size int_sum_bytes says (the
+ * kernels read that many bytes); the host knows both. */
+static gcomp_result check_sums_size(const int_ctx *d, size_t n, uint32_t m, size_t bytes)
+{
+    size_t want = d->call->vt->int_sum_bytes(d->call->params, n, m);
+    if (bytes != want)
+        return gcomp__fail(GCOMP_ERR_CORRUPT, "%s: %zu bytes of sums for %zu elements of %u ranks, expected %zu",
+                           d->call->vt->name, bytes, n, m, want);
+    return GCOMP_SUCCESS;
+}
+
+/* hop and finish on the device: the kernel, then its status folded into the call's tally. */
+static gcomp_result hop_device(int_ctx *d, int j, size_t n, const uint8_t *in, size_t in_bytes, uint32_t m_in)
+{
+    gcomp__call *call = d->call;
+    if (m_in) GCOMP_CHECK(check_sums_size(d, n, m_in, in_bytes));
+    GCOMP_CHECK(call->dev->memset_async(call->status, 0, sizeof *call->status, call->stream));
+    GCOMP_CHECK(call->vt->cuda->sums_add_pack(in, m_in, d->t, n, slot(d, j), call->status, call->stream));
+    d->slot_bytes[j] = call->vt->int_sum_bytes(call->params, n, m_in + 1);
+    return call->dev->status_fold(call->status, call->tally, call->stream);
+}
+
+static gcomp_result finish_device(int_ctx *d, size_t lo, size_t n, const uint8_t *src, size_t bytes)
+{
+    gcomp__call *call = d->call;
+    uint32_t m = (uint32_t)call->ring.size;
+    GCOMP_CHECK(check_sums_size(d, n, m, bytes));
+    GCOMP_CHECK(call->dev->memset_async(call->status, 0, sizeof *call->status, call->stream));
+    GCOMP_CHECK(call->vt->cuda->sums_values(call->params, src, lo, n, m, d->scales, call->divisor, call->result + lo,
+                                            call->status, call->stream));
+    return call->dev->status_fold(call->status, call->tally, call->stream);
 }
 
 /* One hop: the slot of chunk j := (sums of m_in ranks in `in`) + d->t, packed for m_in + 1
@@ -150,6 +214,11 @@ static gcomp_result hop(int_ctx *d, int j, const uint8_t *in, size_t in_bytes, u
     double t0 = gcomp__now();
     chunk_of(d, j, &lo, &hi);
     n = hi - lo;
+    if (call->on_device) {
+        GCOMP_CHECK(hop_device(d, j, n, in, in_bytes, m_in));
+        call->ring.st->encode_s += gcomp__now() - t0;
+        return GCOMP_SUCCESS;
+    }
     if (m_in && d->staged) {
         GCOMP_CHECK(gcomp__codec_stages_decode(codec, in, in_bytes, n, d->raw,
                                                call->vt->int_sum_bytes(call->params, n, m_in), &in_bytes));
@@ -180,8 +249,11 @@ static gcomp_result finish(int_ctx *d, int j)
                                                call->vt->int_sum_bytes(call->params, hi - lo, n_ranks), &bytes));
         src = d->raw;
     }
-    GCOMP_CHECK(call->vt->int_sums_values(call->params, src, bytes, lo, hi - lo, n_ranks, d->scales, call->divisor,
-                                          call->result + lo, d->scratch));
+    if (call->on_device)
+        GCOMP_CHECK(finish_device(d, lo, hi - lo, src, bytes));
+    else
+        GCOMP_CHECK(call->vt->int_sums_values(call->params, src, bytes, lo, hi - lo, n_ranks, d->scales,
+                                              call->divisor, call->result + lo, d->scratch));
     gcomp__ring_progress(&call->ring);
     call->divided = 1;
     call->ring.st->decode_s += gcomp__now() - t0;

@@ -9,6 +9,11 @@
  * when summed, so a gather sends (N-1) payloads per rank; when that would exceed what a
  * dense fp32 ring sends, the engine's planner runs sparse-as-dense instead (engine.c).
  *
+ * Device buffers: the codec's CUDA ops; the payloads' headers are checked against the sizes
+ * that arrived, then the codec's sum_payloads kernel sums all N in rank order at the end (or,
+ * without it, decode-add in rank order). The encoded size depends on the data: it is read
+ * back once per call (one wait on the stream), before the gather starts.
+ *
  * Wire bytes per rank: the sum of the N-1 payloads it forwards, each 32 + 8 + k * (value
  * bytes) + about k * log2(count / k) / 8 bytes of index gaps.
  */
@@ -26,6 +31,12 @@ typedef struct sparse_ctx {
     gcomp_pair_list *lists; /* pair path: n list heads */
     uint64_t *idx;          /* n x k indices */
     float *val;             /* n x k values */
+    /* device buffers only */
+    void *scratch;                /* the codec's scratch: encode, or sum_payloads of n */
+    gcomp_cuda_residual *res;     /* the residual block (device) */
+    gcomp_cuda_residual *res_tmp; /* the same, written on the host */
+    const uint8_t **ptrs;         /* the n payloads' addresses, for sum_payloads (device) */
+    const uint8_t **ptrs_tmp;     /* the same, written on the host */
 } sparse_ctx;
 
 /* A codec with the sparse_* entries has its payloads decoded to (index, value) lists as they
@@ -33,8 +44,12 @@ typedef struct sparse_ctx {
  * (or past GCOMP_SPARSE_MAX_LISTS ranks) the gather goes through decode_add. */
 static int pairs_path(const gcomp__call *call)
 {
+    if (call->on_device) return 0;
     return call->vt->sparse_sum_pairs && call->ring.size <= GCOMP_SPARSE_MAX_LISTS;
 }
+
+/* Device buffers: the codec's kernel sums every payload at once (else decode-add in order). */
+static int device_sum(const gcomp__call *call) { return call->on_device && call->vt->cuda->sum_payloads; }
 
 static void layout(gcomp__call *call, sparse_ctx *d)
 {
@@ -45,11 +60,20 @@ static void layout(gcomp__call *call, sparse_ctx *d)
     d->pairs = pairs_path(call);
     d->bound = (gcomp_codec_max_encoded_bytes(call->codec, call->count) + 7) & ~(size_t)7;
     d->slots = gcomp__ws_take(ws, (size_t)n * d->bound, "sparse: payloads");
-    d->bytes = gcomp__ws_take(ws, (size_t)n * sizeof(size_t), "sparse: payload sizes");
+    d->bytes = gcomp__ws_take(call->meta, (size_t)n * sizeof(size_t), "sparse: payload sizes");
+    if (call->on_device) {
+        size_t enc = gcomp__call_scratch_bytes(call, call->count, 1);
+        size_t sum = device_sum(call) ? gcomp__call_scratch_bytes(call, call->count, n) : 0;
+        d->scratch = gcomp__ws_take(ws, enc > sum ? enc : sum, "sparse: codec scratch");
+        d->res = gcomp__ws_take(ws, sizeof(gcomp_cuda_residual), "sparse: residual block");
+        d->res_tmp = gcomp__ws_take(call->meta, sizeof(gcomp_cuda_residual), "sparse: residual block (host)");
+        d->ptrs = gcomp__ws_take(ws, (size_t)n * sizeof(uint8_t *), "sparse: payload addresses");
+        d->ptrs_tmp = gcomp__ws_take(call->meta, (size_t)n * sizeof(uint8_t *), "sparse: payload addresses (host)");
+    }
     if (!d->pairs) return;
     /* k of this call: every rank's payload must hold exactly as many pairs (same spec, count) */
     d->k = call->vt->sparse_k(call->params, call->count);
-    d->lists = gcomp__ws_take(ws, (size_t)n * sizeof(gcomp_pair_list), "sparse: pair lists");
+    d->lists = gcomp__ws_take(call->meta, (size_t)n * sizeof(gcomp_pair_list), "sparse: pair lists");
     d->idx = gcomp__ws_take(ws, (size_t)n * d->k * sizeof(uint64_t), "sparse: pair indices");
     d->val = gcomp__ws_take(ws, (size_t)n * d->k * sizeof(float), "sparse: pair values");
 }
@@ -67,9 +91,11 @@ static gcomp_result encode_own(sparse_ctx *d)
 {
     gcomp__call *call = d->call;
     gcomp_encode_ctx ctx = gcomp__call_ctx(call, 0);
+    size_t zero = 0;
     double t0 = gcomp__now();
-    GCOMP_CHECK(gcomp__codec_encode_ctx(call->codec, &ctx, call->x, call->r_in, call->r_out, call->count,
-                                        slot(d, call->ring.rank), d->bound, &d->bytes[call->ring.rank]));
+    GCOMP_CHECK(gcomp__call_res_blocks(call, 1, &zero, d->res_tmp, d->res));
+    GCOMP_CHECK(gcomp__call_encode(call, &ctx, call->x, 0, call->count, 1, d->res, d->scratch,
+                                   slot(d, call->ring.rank), d->bound, &d->bytes[call->ring.rank]));
     call->nonfinite = (int)ctx.nonfinite;
     call->ring.st->overflow_count += ctx.overflow;
     call->ring.st->encode_s += gcomp__now() - t0;
@@ -81,11 +107,33 @@ static void decode_all(sparse_ctx *d)
 {
     gcomp__call *call = d->call;
     double t0 = gcomp__now();
-    memset(call->result, 0, call->count * sizeof(float));
+    GCOMP_STEP(&call->ring, gcomp__call_zero(call, call->result, call->count * sizeof(float)));
     for (int j = 0; j < call->ring.size; j++)
-        GCOMP_STEP(&call->ring,
-                   gcomp_codec_decode_add(call->codec, slot(d, j), d->bytes[j], call->result, call->count));
+        GCOMP_STEP(&call->ring, gcomp__call_decode_add(call, slot(d, j), d->bytes[j], call->result, call->count));
     call->ring.st->decode_s += gcomp__now() - t0;
+}
+
+/* Device buffers: check each payload's header against the size that arrived, then the codec's
+ * kernel sums the N payloads in rank order and divides (it writes nothing after an error). */
+static gcomp_result sum_on_device(sparse_ctx *d)
+{
+    gcomp__call *call = d->call;
+    const gcomp__device_ops *dev = call->dev;
+    int n = call->ring.size;
+    double t0 = gcomp__now();
+    GCOMP_CHECK(dev->memset_async(call->status, 0, sizeof *call->status, call->stream));
+    for (int j = 0; j < n; j++) {
+        GCOMP_CHECK(dev->header_check(slot(d, j), d->bytes[j], call->vt->wire_id, call->count, call->status,
+                                      call->stream));
+        d->ptrs_tmp[j] = slot(d, j);
+    }
+    GCOMP_CHECK(gcomp__call_to_device(call, d->ptrs, d->ptrs_tmp, (size_t)n * sizeof *d->ptrs));
+    GCOMP_CHECK(call->vt->cuda->sum_payloads(call->params, d->ptrs, n, d->bound, call->result, call->count,
+                                             call->divisor, d->scratch, call->status, call->stream));
+    GCOMP_CHECK(dev->status_fold(call->status, call->tally, call->stream));
+    call->divided = 1;
+    call->ring.st->decode_s += gcomp__now() - t0;
+    return GCOMP_SUCCESS;
 }
 
 /* The pairs of payload j into list j (any order: lists are summed in rank order later). */
@@ -143,6 +191,8 @@ static gcomp_result sparse_run(gcomp__call *call)
     if (d.pairs) {
         GCOMP_STEP(ring, unpack_pairs(&d, last));
         sum_pairs(&d);
+    } else if (device_sum(call)) {
+        GCOMP_STEP(ring, sum_on_device(&d));
     } else {
         decode_all(&d);
     }

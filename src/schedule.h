@@ -19,10 +19,17 @@
 typedef struct gcomp__call {
     gcomp__ring ring;
     gcomp_codec *codec;           /* the codec object: chain, byte stages, payload headers */
-    const gcomp_codec_vtable *vt; /* its element codec, on the call's device */
+    const gcomp_codec_vtable *vt; /* its element codec (vt->cuda: its ops on device memory) */
     const void *params;           /* the element codec's parameters */
-    gcomp__workspace *ws;
-    const gcomp__device_ops *dev;
+    gcomp__workspace *ws;         /* memory of the buffers' device: everything elements live in */
+    gcomp__workspace *meta;       /* host memory for the call's bookkeeping (sizes, lists, scale
+                                   * bits); the same workspace as ws for host buffers */
+    const gcomp__device_ops *dev; /* the device layer's ops of the buffers' memory */
+    int on_device;                /* dev is not the host's: the device path below */
+    struct CUstream_st *stream;   /* device buffers: the caller's stream; every device op goes on it */
+    gcomp_cuda_status *status;    /* device buffers: the status block of the call's device steps */
+    gcomp__device_tally *tally;   /* device buffers: what those steps found (errors, non-finite
+                                   * encodes), read back once at the end of the call */
     uint64_t seed;
     const float *x; /* fp32 input (pre-scaled for AVG on the dense ring) */
     float *result;  /* fp32 output, count elements */
@@ -50,6 +57,42 @@ typedef struct gcomp__sched {
 extern const gcomp__sched gcomp__sched_dense;
 extern const gcomp__sched gcomp__sched_integer;
 extern const gcomp__sched gcomp__sched_sparse;
+
+/* ---- the element codec and memory on the call's device (sched_codec.c) ----
+ * One function per thing a schedule does to element memory, for host and device buffers
+ * alike: host buffers take the codec object's CPU path and plain memory, device buffers the
+ * codec's CUDA ops and the device layer, every step enqueued on call->stream. Device errors
+ * found by kernels (a corrupt payload) land in call->tally and reach the engine at the end. */
+
+/* Device codec scratch for an encode of count elements, the integer ring's local scales, or
+ * the sparse gather's sum of n payloads (count and n as the schedule will call them); 0 for
+ * host buffers (the codec object keeps its own). */
+size_t gcomp__call_scratch_bytes(const gcomp__call *call, size_t count, int n);
+
+/* Device buffers give the kernels a key's residual as a block in device memory: dev[i]
+ * describes the residual slice from element lo[i] on (the call's r_in/r_out and step), written
+ * from host_tmp (the call's meta memory) in one copy. Host buffers: nothing to do. */
+gcomp_result gcomp__call_res_blocks(gcomp__call *call, int n, const size_t *lo, gcomp_cuda_residual *host_tmp,
+                                    gcomp_cuda_residual *dev);
+
+/* out = payload of x[lo, lo + n) (header included, *bytes of it), encoded with the call's
+ * residual slice when with_residual (res_block: that slice's block, device buffers) and ctx
+ * (ctx->nonfinite and ctx->overflow reported on the host; the device's go to the tally).
+ * scratch: gcomp__call_scratch_bytes of device memory (NULL for host buffers). */
+gcomp_result gcomp__call_encode(gcomp__call *call, gcomp_encode_ctx *ctx, const float *x, size_t lo, size_t n,
+                                int with_residual, const gcomp_cuda_residual *res_block, void *scratch, uint8_t *out,
+                                size_t cap, size_t *bytes);
+/* acc[0..n) += decode(payload of `bytes` bytes). */
+gcomp_result gcomp__call_decode_add(gcomp__call *call, const void *payload, size_t bytes, float *acc, size_t n);
+/* bytes of dst := 0. */
+gcomp_result gcomp__call_zero(gcomp__call *call, void *dst, size_t bytes);
+/* Copies between the buffers' memory and the call's host memory: to_host waits for the
+ * copy (within the call's deadline); to_device only enqueues it (src must stay until the
+ * call ends). Host buffers: a plain copy. */
+gcomp_result gcomp__call_to_host(gcomp__call *call, void *dst, const void *src, size_t bytes);
+gcomp_result gcomp__call_to_device(gcomp__call *call, void *dst, const void *src, size_t bytes);
+/* Wait for the call's device work (within its deadline); host buffers: nothing to wait for. */
+gcomp_result gcomp__call_wait(gcomp__call *call);
 
 /* The encode context of a call for elements from `offset` on. */
 static inline gcomp_encode_ctx gcomp__call_ctx(const gcomp__call *call, size_t offset)

@@ -38,6 +38,7 @@ static gcomp_result grow(gcomp__workspace *ws, size_t need)
     ws->dev->free(ws->base);
     ws->base = p;
     ws->cap = want;
+    ws->allocs++;
     return GCOMP_SUCCESS;
 }
 

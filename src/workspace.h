@@ -23,6 +23,7 @@ typedef struct gcomp__workspace {
     int sizing;          /* 1: take only counts; 0: take carves base */
     int fail_next;       /* test hook (gcomp__comm_inject_fault): the next fit fails as out of memory */
     const char *overrun; /* the first region a carving layout could not fit (a bug: see check) */
+    uint64_t allocs;     /* blocks allocated so far: steady state adds none (tests check it) */
 } gcomp__workspace;
 
 /* Start a layout: sizing (regions are NULL, only their sizes add up) or carving. */
