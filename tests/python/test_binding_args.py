@@ -24,6 +24,9 @@ import gcomp
 import gcomp.torch
 from gcomp import _lib
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import one_rank  # noqa: E402
+
 WORLD = MPI.COMM_WORLD
 RANK = WORLD.rank
 
@@ -426,6 +429,35 @@ def test_nccl_backend_unavailable():
         with trapped("allreduce"):
             raises(ValueError, lambda: comm.allreduce(grad(8), stream=0), "stream")
     log("backend='nccl' refused with a reason (%s)" % what)
+
+
+@test
+def test_one_rank_reference():
+    """The reference tests/test_python_cuda.py holds CUDA tensors to (tests/python/one_rank.py:
+    a codec object's decode(encode(x, key)) per step) equals the MPI engine's one-rank
+    compressed allreduce on the CPU, bit for bit, for every codec, float32/float16/bfloat16
+    tensors, three steps of error feedback: so CUDA == reference on the GPU means CUDA == CPU."""
+    os.environ["GCOMP_TEST_COMPRESS_ONE_RANK"] = "1"  # read when a communicator is created
+    try:
+        for spec, sched in one_rank.SCHEDULES.items():
+            with gcomp.Comm(MPI.COMM_SELF, codec=spec, min_bytes=0, seed=5) as comm:
+                for key, dtype in enumerate(one_rank.DTYPES):
+                    xs = one_rank.inputs(dtype)
+                    ref = one_rank.reference(spec, xs, key=key, seed=5)
+                    for i, x in enumerate(xs):
+                        y = comm.allreduce(x.clone(), op="avg", key=key)
+                        assert one_rank.same_bits(y, ref[i]), (spec, dtype, i)
+                st = comm.stats()
+                n = len(one_rank.DTYPES) * one_rank.STEPS
+                assert st["compressed_calls"] == n and st["last_schedule"] == sched, (spec, st)
+    finally:
+        del os.environ["GCOMP_TEST_COMPRESS_ONE_RANK"]
+    # and the check can fail: without error feedback's residual the second step differs
+    xs = one_rank.inputs(torch.float32)
+    assert not one_rank.same_bits(one_rank.reference("terngrad", xs[1:2], key=1, seed=5)[0],
+                                  one_rank.reference("terngrad", xs, key=1, seed=5)[1])
+    log("one-rank reference == MPI engine at one rank (%d codecs x %d dtypes x %d steps)"
+        % (len(one_rank.SCHEDULES), len(one_rank.DTYPES), one_rank.STEPS))
 
 
 def main(names):
