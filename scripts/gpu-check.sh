@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # gpu-check.sh — the one command to run on a GPU machine (CUDA 13 nvcc, cmake; torch optional).
 #
-# Builds gcomp with CUDA into build-gpu (no MPI), prints the GPU and toolkit, runs the cuda
-# tests (ctest -L cuda), each cuda test again under compute-sanitizer memcheck, the device
-# codec table (codec_perf --device cuda), the PyTorch peers (bench/torch_peers.py), and ends
-# with a pass/fail line per step. A failing step is reported and the next one still runs.
+# Builds gcomp with CUDA into build-gpu (with MPI when .gpu-deps/openmpi is there, see below),
+# prints the GPU and toolkit, runs the cuda tests (ctest -L cuda), the cuda;mpi tests under
+# mpirun with 2, 3 and 4 ranks sharing the GPU, the NCCL step, each cuda test again under
+# compute-sanitizer memcheck, the device codec table (codec_perf --device cuda), the PyTorch
+# peers (bench/torch_peers.py), and ends with a pass/fail line per step. A failing step is
+# reported and the next one still runs.
 # Exit status: 0 when every step passed, 1 otherwise.
 #
 # Usage: scripts/gpu-check.sh [STEP ...]
-#   STEP: env deps build test sanitize perf torch cpu (default: all but cpu, in that order;
+#   STEP: env deps build test mpi nccl sanitize perf torch cpu (default: all but cpu, in that order;
 #   build is incremental, so `scripts/gpu-check.sh perf torch` re-runs the benches only).
 # Environment:
 #   OUT=DIR                 the whole output (gpu-check.log), codec_perf_cuda.json,
@@ -21,17 +23,22 @@
 #                           /usr/bin/python3 that imports torch with CUDA)
 #   GPU_CHECK_JOBS=N        cuda tests run N at a time, in both test steps (default 4: their
 #                           CPU references dominate and the GPU has room for several)
-#   GPU_CHECK_TIMEOUT_{TEST,SANITIZE,PERF,TORCH}=S  limits in seconds (300 300 180 120): a step
-#                           that runs past its limit fails (status 124) and the next one runs,
-#                           so the summary comes within the ~10 minutes one command may take
-#                           there. Split the run if needed: "env deps build test", then
-#                           "sanitize perf torch" (the build directory must survive between).
+#   GPU_CHECK_MPI=auto|off  auto (default): MPI on with .gpu-deps/openmpi when it is there
+#                           (through scripts/gpu-mpi-env.sh), else with the machine's own
+#                           mpicc if any, else off; off: MPI off, the mpi step skips
+#   GPU_CHECK_TIMEOUT_{TEST,SANITIZE,PERF,TORCH,MPI}=S  limits in seconds (300 300 180 120
+#                           180): a step that runs past its limit fails (status 124) and the
+#                           next one runs, so the summary comes within the ~10 minutes one
+#                           command may take there. Split the run if needed: "env deps build
+#                           test mpi nccl", then "sanitize perf torch" (the build directory
+#                           must survive between).
 # The tests read GCOMP_TEST_QUICK=1 (set here for the sanitizer run only): they then skip their
 # largest (64 Mi element) cases, which memcheck would make slow.
 #
 # Libraries: the build needs libzstd and the tests cmocka. When pkg-config does not find them,
 # the script uses .gpu-deps/ (Debian packages unpacked by scripts/gpu-deps.sh on a machine with
-# apt; carry the folder with the tree), exposing only the missing ones.
+# apt; carry the folder with the tree), exposing only the missing ones. Open MPI likewise: a
+# GPU machine without one uses the relocatable copy gpu-deps.sh puts in .gpu-deps/openmpi.
 set -u -o pipefail
 cd "$(dirname "$0")/.." || exit 1
 ROOT=$(pwd)
@@ -50,7 +57,9 @@ T_TEST=${GPU_CHECK_TIMEOUT_TEST:-300}
 T_SANITIZE=${GPU_CHECK_TIMEOUT_SANITIZE:-300}
 T_PERF=${GPU_CHECK_TIMEOUT_PERF:-180}
 T_TORCH=${GPU_CHECK_TIMEOUT_TORCH:-120}
-ALL_STEPS=(env deps build test sanitize perf torch)
+T_MPI=${GPU_CHECK_TIMEOUT_MPI:-180}
+MPI_CMAKE_ARGS=(-DGCOMP_WITH_MPI=OFF) # set by the deps step when an Open MPI is found
+ALL_STEPS=(env deps build test mpi nccl sanitize perf torch)
 STEPS=("$@")
 [ ${#STEPS[@]} -eq 0 ] && STEPS=("${ALL_STEPS[@]}")
 T_START=$SECONDS
@@ -134,6 +143,32 @@ EOF
   echo "$pc: using .gpu-deps ($version) from $prefix"
 }
 
+# Chooses the MPI of the build (GPU_CHECK_MPI): the relocatable Open MPI of .gpu-deps when it
+# is there, else the machine's own mpicc, else none. Sets MPI_CMAKE_ARGS and MPIEXEC and, for
+# .gpu-deps, the environment of scripts/gpu-mpi-env.sh for every later step.
+MPIEXEC=
+use_mpi() {
+  if [ "${GPU_CHECK_MPI:-auto}" = off ]; then echo "MPI: off (GPU_CHECK_MPI=off)"; return 0; fi
+  local mpicc extra=()
+  if [ -e "$ROOT/.gpu-deps/openmpi" ]; then
+    # shellcheck source=scripts/gpu-mpi-env.sh
+    . "$ROOT/scripts/gpu-mpi-env.sh" || return 1
+    mpicc=$GCOMP_MPICC; MPIEXEC=$GCOMP_MPIEXEC
+    echo "MPI: $(cat "$GCOMP_MPI_ROOT/VERSION" 2>/dev/null) from .gpu-deps ($GCOMP_MPI_ROOT)"
+    # that copy has no Fortran: no Fortran interposer test, even where another MPI's mpif90 is
+    extra=(-DGCOMP_MPIF90=OFF)
+  elif mpicc=$(command -v mpicc); then
+    MPIEXEC=$(command -v mpiexec || command -v mpirun) || { echo "MPI: $mpicc but no mpiexec"; return 1; }
+    echo "MPI: the machine's ($mpicc, $MPIEXEC)"
+  else
+    echo "MPI: none (no mpicc here, no .gpu-deps/openmpi): built without MPI, the mpi step skips"
+    return 0
+  fi
+  echo "  $("$MPIEXEC" --version 2>&1 | head -1)"
+  MPI_CMAKE_ARGS=(-DGCOMP_WITH_MPI=ON "-DMPI_C_COMPILER=$mpicc" "-DMPIEXEC_EXECUTABLE=$MPIEXEC"
+                  "${extra[@]}")
+}
+
 do_deps() {
   command -v pkg-config >/dev/null || { echo "pkg-config not found"; return 1; }
   local rc=0
@@ -141,6 +176,7 @@ do_deps() {
   else use_gpu_dep libzstd 'libzstd.so*' zstd.h zdict.h zstd_errors.h || rc=1; fi
   if pkg-config --exists cmocka; then echo "cmocka: system $(pkg-config --modversion cmocka)"
   else use_gpu_dep cmocka 'libcmocka.so*' cmocka.h cmocka_pbc.h || rc=1; fi
+  use_mpi || rc=1
   return $rc
 }
 
@@ -151,8 +187,15 @@ do_build() {
   if [ -f "$BUILD/CMakeCache.txt" ] && ! grep -q "CMAKE_GENERATOR:INTERNAL=${gen[1]:-Unix Makefiles}" "$BUILD/CMakeCache.txt"; then
     rm -rf "$BUILD/CMakeCache.txt" "$BUILD/CMakeFiles"
   fi
-  echo "+ cmake -S . -B $BUILD ${gen[*]} -DGCOMP_WITH_MPI=OFF -DGCOMP_WITH_CUDA=ON -DGCOMP_CUDA_ARCHS=$ARCHS"
-  cmake -S "$ROOT" -B "$BUILD" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DGCOMP_WITH_MPI=OFF \
+  # nor can a cache made with another MPI (or none): FindMPI would keep its old answers
+  local mpicc_now mpicc_cached
+  mpicc_now=$(printf '%s\n' "${MPI_CMAKE_ARGS[@]}" | sed -n 's/^-DMPI_C_COMPILER=//p')
+  mpicc_cached=$(sed -n 's/^MPI_C_COMPILER:[A-Z]*=//p' "$BUILD/CMakeCache.txt" 2>/dev/null)
+  if [ -f "$BUILD/CMakeCache.txt" ] && [ "$mpicc_now" != "$mpicc_cached" ]; then
+    rm -rf "$BUILD/CMakeCache.txt" "$BUILD/CMakeFiles"
+  fi
+  echo "+ cmake -S . -B $BUILD ${gen[*]} ${MPI_CMAKE_ARGS[*]} -DGCOMP_WITH_CUDA=ON -DGCOMP_CUDA_ARCHS=$ARCHS"
+  cmake -S "$ROOT" -B "$BUILD" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release "${MPI_CMAKE_ARGS[@]}" \
     -DGCOMP_WITH_CUDA=ON "-DGCOMP_CUDA_ARCHS=$ARCHS" "-DCMAKE_CUDA_ARCHITECTURES=$ARCHS" \
     -DBUILD_TESTING=ON || return 1
   # keep going past a failing target: the steps after this one use whatever did build (each
@@ -163,7 +206,8 @@ do_build() {
 
 do_test() {
   local out=$BUILD/ctest-cuda.out rc
-  (cd "$BUILD" && timeout "$T_TEST" ctest -L cuda -j "$JOBS" --output-on-failure --timeout "$T_TEST") 2>&1 | tee "$out"
+  # the cuda;mpi tests need mpirun: the mpi step runs them
+  (cd "$BUILD" && timeout "$T_TEST" ctest -L cuda -LE '^mpi$' -j "$JOBS" --output-on-failure --timeout "$T_TEST") 2>&1 | tee "$out"
   rc=${PIPESTATUS[0]}
   # On a GPU machine a skipped cuda test means the test did not find the device: a failure.
   if grep -q -e '\*\*\*Skipped' -e 'Not Run' "$out"; then
@@ -173,11 +217,73 @@ do_test() {
   return "$rc"
 }
 
+# The cuda;mpi tests' ctest entries as lines "name<TAB>own<TAB>dir<TAB>command": own is 1 when
+# the command starts mpirun itself (it then runs as it is), and command, shell-quoted, carries
+# the test's ENVIRONMENT through env(1).
+CUDA_MPI_TESTS_PY='
+import json, re, shlex, sys
+for t in json.load(sys.stdin).get("tests", []):
+    cmd = t.get("command") or []
+    props = {p["name"]: p["value"] for p in t.get("properties", [])}
+    own = any(re.search(r"(^|[/\s])(mpirun|mpiexec|orterun)(\s|$)", c) for c in cmd)
+    env = props.get("ENVIRONMENT", [])
+    run = (["env"] + env if env else []) + cmd
+    print("\t".join([t["name"], "1" if own else "0", props.get("WORKING_DIRECTORY", "."),
+                     shlex.join(run)]))
+'
+
+# Issue 15's check (b): the cuda;mpi tests (device buffers through the MPI staging transport,
+# bit for bit against host buffers) with 2, 3 and 4 ranks sharing the one GPU. A test whose
+# ctest command starts mpirun itself runs as it is; a bare program runs under mpirun once per
+# rank count. Skips (77) when the build has no MPI or no such test; on a GPU machine a test
+# that skips (no device seen) fails, as in the test step.
+do_mpi() {
+  [ -n "$MPIEXEC" ] || { echo "no MPI in this build (see the deps step)"; return 77; }
+  local deadline=$((SECONDS + T_MPI)) rc=0 r t0 left name own dir cmdline np
+  local -a argv nps results=()
+  command -v ompi_info >/dev/null && ompi_info --path prefix 2>/dev/null | sed 's/^ */Open MPI /'
+  # the launcher alone first, so that an Open MPI that cannot start is not taken for a test
+  echo "+ mpirun --oversubscribe -np 4 hostname"
+  timeout 60 "$MPIEXEC" --oversubscribe -np 4 hostname </dev/null || { echo "mpirun cannot start 4 ranks here"; return 1; }
+  local list
+  list=$(cd "$BUILD" && ctest -L '^cuda$' -L '^mpi$' --show-only=json-v1 | python3 -c "$CUDA_MPI_TESTS_PY") ||
+    { echo "cannot list the cuda;mpi tests (ctest --show-only=json-v1 and python3)"; return 1; }
+  [ -n "$list" ] || { echo "no test labelled cuda;mpi in $BUILD (tests/cuda_mpi_staging.c not built yet?)"; return 77; }
+  # the list comes on fd 3: mpirun reads its standard input, which is /dev/null here
+  while IFS=$'\t' read -r -u 3 name own dir cmdline; do
+    eval "argv=($cmdline)"
+    nps=(2 3 4); [ "$own" = 1 ] && nps=(own) # its own rank count: run once, as it is
+    for np in "${nps[@]}"; do
+      left=$((deadline - SECONDS))
+      [ "$left" -gt 0 ] || { results+=("$name np=$np: not run, GPU_CHECK_TIMEOUT_MPI=$T_MPI s spent"); rc=1; continue; }
+      t0=$SECONDS
+      if [ "$np" = own ]; then
+        echo "+ ctest -R ^$name\$ (it starts mpirun itself)"
+        (cd "$BUILD" && timeout "$left" ctest -R "^$name\$" --output-on-failure --timeout "$left") </dev/null; r=$?
+      else
+        echo "+ mpirun --oversubscribe -np $np ${argv[*]}"
+        (cd "$dir" && timeout "$left" "$MPIEXEC" --oversubscribe -np "$np" "${argv[@]}") </dev/null; r=$?
+      fi
+      case $r in
+        0) results+=("$name np=$np: passed in $((SECONDS - t0)) s") ;;
+        77) results+=("$name np=$np: SKIPPED (no device seen): a failure on a GPU machine"); rc=1 ;;
+        124) results+=("$name np=$np: TIMED OUT (GPU_CHECK_TIMEOUT_MPI=$T_MPI s)"); rc=1 ;;
+        *) results+=("$name np=$np: FAILED (status $r)"); rc=1 ;;
+      esac
+    done
+  done 3<<<"$list"
+  echo; printf -- '-- %s\n' "${results[@]}"
+  return "$rc"
+}
+
 do_sanitize() {
   command -v compute-sanitizer >/dev/null || { echo "compute-sanitizer not found"; return 1; }
   local t name rc=0 r running=0
   local tests=()
-  for t in "$BUILD"/tests/test_cuda_*; do [ -x "$t" ] && [ -f "$t" ] && tests+=("$t"); done
+  for t in "$BUILD"/tests/test_cuda_*; do
+    case $t in *mpi*) continue ;; esac # MPI programs: the mpi step runs them under mpirun
+    [ -x "$t" ] && [ -f "$t" ] && tests+=("$t")
+  done
   [ ${#tests[@]} -gt 0 ] || { echo "no test_cuda_* executables in $BUILD/tests"; return 1; }
   mkdir -p "$BUILD/sanitize"
   # JOBS at a time, each to its own log; the logs are printed whole, in order, afterwards
@@ -203,6 +309,82 @@ do_sanitize() {
       *) echo "-- $name: FAILED (status $r)"; rc=1 ;;
     esac
   done
+  return "$rc"
+}
+
+# ---- nccl: the NCCL transport (issue 15 (a) and (c), allreduce_perf --device cuda) ----------
+
+# Where NCCL is, exported as NCCL_ROOT (CMakeLists.txt reads it) for the build: a given
+# NCCL_ROOT; else /usr/local/cuda's; else the nvidia-nccl wheel PyTorch brings (nvidia/.../
+# include/nccl.h and lib/libnccl.so.2 under a site-packages folder of the first python that
+# has one). Runs in the main shell, before the build.
+find_nccl() {
+  local py root=
+  if [ -n "${NCCL_ROOT:-}" ]; then echo "NCCL: NCCL_ROOT=$NCCL_ROOT (given)"; return 0; fi
+  if [ -f /usr/local/cuda/include/nccl.h ] && ls /usr/local/cuda/lib*/libnccl.so* >/dev/null 2>&1; then
+    echo "NCCL: /usr/local/cuda ($(ls /usr/local/cuda/lib*/libnccl.so.* 2>/dev/null | head -1))"; return 0
+  fi
+  for py in ${GPU_CHECK_PYTHON:-} python3 /usr/bin/python3; do
+    command -v "$py" >/dev/null || continue
+    root=$("$py" - 2>/dev/null <<'PY'
+import glob, os, site
+dirs = site.getsitepackages() + [site.getusersitepackages()]
+for d in dirs:
+    for h in sorted(glob.glob(os.path.join(d, "nvidia", "**", "include", "nccl.h"), recursive=True)):
+        r = os.path.dirname(os.path.dirname(h))
+        if glob.glob(os.path.join(r, "lib*", "libnccl.so*")):
+            print(r)
+            raise SystemExit
+PY
+)
+    [ -n "$root" ] && break
+  done
+  if [ -n "$root" ]; then
+    export NCCL_ROOT=$root
+    echo "NCCL: $root (python wheel, found with $py: $(ls "$root"/lib*/ 2>/dev/null | grep nccl | tr '\n' ' '))"
+    grep -m1 -E '^#define NCCL_(MAJOR|MINOR|PATCH)' -A2 "$root/include/nccl.h" | tr '\n' ' '; echo
+  else
+    echo "NCCL: not found (no /usr/local/cuda/include/nccl.h, no nvidia/*/include/nccl.h in python's" \
+         "site-packages; set NCCL_ROOT): the NCCL transport is not built and the nccl step fails"
+  fi
+}
+
+# One process, one NCCL rank (NCCL refuses two ranks on one GPU): test_cuda_nccl (every codec
+# with the one-rank switch against the host engine, self send/recv, no allocation per call),
+# its timeout case, the ncclAllReduce interposer under a program calling NCCL directly (per
+# codec, and off), and allreduce_perf --device cuda at one rank for every codec (#wrong).
+do_nccl() {
+  local rc=0 t=${GPU_CHECK_TIMEOUT_NCCL:-240} name codec
+  local bin=$BUILD/tests/test_cuda_nccl prog=$BUILD/tests/cuda_nccl_interpose
+  local lib=$BUILD/interpose/libgcomp_nccl.so perf=$BUILD/bench/allreduce_perf
+  grep -q '^GCOMP_WITH_NCCL:.*=\(AUTO\|ON\)' "$BUILD/CMakeCache.txt" 2>/dev/null &&
+    grep -q '^NCCL_LIBRARY:.*/' "$BUILD/CMakeCache.txt" 2>/dev/null ||
+    { echo "the build has no NCCL (see the deps step's NCCL line; set NCCL_ROOT)"; return 1; }
+  echo "NCCL library: $(sed -n 's/^NCCL_LIBRARY:[A-Z]*=//p' "$BUILD/CMakeCache.txt")"
+  [ -x "$bin" ] || { echo "$bin not built"; return 1; }
+  echo "+ tests/test_cuda_nccl"
+  timeout "$t" "$bin" || rc=1
+  echo "+ tests/test_cuda_nccl --timeout"
+  timeout 120 "$bin" --timeout || rc=1
+  for codec in off none fp16 bf16 terngrad topk:ratio=0.01; do
+    name=${codec%%:*}
+    echo "+ GCOMP_CODEC=$codec LD_PRELOAD=libgcomp_nccl.so tests/cuda_nccl_interpose --codec $codec"
+    rm -f "$RESULTS/nccl_interpose_${name}_0.json"
+    if [ "$codec" = off ]; then
+      env LD_PRELOAD="$lib" GCOMP_TEST_COMPRESS_ONE_RANK=1 timeout 120 "$prog" --codec off || rc=1
+    else
+      env LD_PRELOAD="$lib" GCOMP_CODEC="$codec" GCOMP_TEST_COMPRESS_ONE_RANK=1 GCOMP_DEBUG=INFO \
+        GCOMP_STATS_FILE="$RESULTS/nccl_interpose_${name}_%r.json" timeout 120 "$prog" --codec "$codec" || rc=1
+    fi
+  done
+  if [ -x "$perf" ] && [ -n "$MPIEXEC" ]; then
+    echo "+ mpirun -np 1 -x GCOMP_TEST_COMPRESS_ONE_RANK=1 bench/allreduce_perf --device cuda -b 1M -e 256M -f 4 (every codec)"
+    timeout "$t" "$MPIEXEC" -np 1 -x GCOMP_TEST_COMPRESS_ONE_RANK=1 "$perf" --device cuda -b 1M -e 256M -f 4 \
+      -n 10 -w 3 --codec none --codec fp16 --codec bf16 --codec terngrad --codec topk:ratio=0.01 \
+      -J "$RESULTS/allreduce_perf_cuda.json" || rc=1
+  else
+    echo "allreduce_perf --device cuda: not run ($perf needs MPI in the build: see the deps step)"; rc=1
+  fi
   return "$rc"
 }
 
@@ -243,7 +425,7 @@ do_cpu() {
 want() { local s; for s in "${STEPS[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 
 for s in "${STEPS[@]}"; do
-  case $s in env|deps|build|test|sanitize|perf|torch|cpu) ;;
+  case $s in env|deps|build|test|mpi|nccl|sanitize|perf|torch|cpu) ;;
     *) echo "gpu-check: unknown step '$s' (steps: ${ALL_STEPS[*]} cpu)" >&2; exit 2 ;;
   esac
 done
@@ -252,7 +434,7 @@ command -v nvcc >/dev/null || export PATH=/usr/local/cuda/bin:$PATH
 want env && step env do_env
 # deps sets PKG_CONFIG_PATH / LD_LIBRARY_PATH for the later steps: it runs in this shell (a
 # pipeline would run it in a subshell), its output still goes to the terminal and its log.
-if want deps || want build || want test || want sanitize || want cpu; then
+if want deps || want build || want test || want mpi || want nccl || want sanitize || want cpu; then
   STEP_NO=$((STEP_NO + 1)); t0=$SECONDS
   deps_log=$(printf '%s/%02d-deps.log' "$LOGS" "$STEP_NO")
   echo; echo "==== [$STEP_NO] deps ===="
@@ -261,15 +443,21 @@ if want deps || want build || want test || want sanitize || want cpu; then
   v=PASS; [ $rc -ne 0 ] && v="FAIL (status $rc)"
   SUMMARY+=("$(printf '%-9s %-22s %4ds  %s' deps "$v" $((SECONDS - t0)) "${deps_log#"$ROOT"/}")")
 fi
+if want build || want nccl; then find_nccl; fi
 want build && step build do_build
 if [ -f "$BUILD/CTestTestfile.cmake" ]; then
   want test && step test do_test
+  want mpi && step mpi do_mpi
+  # nccl: do_nccl belongs to the NCCL transport's work (test_cuda_nccl, allreduce_perf)
+  if want nccl; then
+    if declare -F do_nccl >/dev/null; then step nccl do_nccl; else skip_step nccl "no do_nccl in this script yet"; fi
+  fi
   want sanitize && step sanitize do_sanitize
   want perf && step perf do_perf
   want torch && step torch do_torch
   want cpu && step cpu do_cpu
 else
-  for s in test sanitize perf torch cpu; do want $s && skip_step $s "$BUILD is not configured"; done
+  for s in test mpi nccl sanitize perf torch cpu; do want $s && skip_step $s "$BUILD is not configured"; done
 fi
 
 echo
