@@ -1,0 +1,390 @@
+/*
+ * test_cuda_engine.c — gcomp_allreduce on device buffers through the engine (issue 15), one
+ * rank over the loopback transport: device buffers go through the staging decorator
+ * (transport_staging.c) and GCOMP_TEST_COMPRESS_ONE_RANK=1 makes the one rank run the
+ * compressed schedules (dense ring, integer ring, sparse gather) against itself. The same
+ * calls on host buffers, on a second communicator made the same way, are the reference:
+ *
+ *   - every built-in spec, f32/f16/bf16, SUM and AVG, 3 steps with error feedback: results
+ *     and residuals (gcomp_comm_residuals_save blobs: keys, counts, steps, residual bits)
+ *     bit-identical to the host engine's; the same schedule ran;
+ *   - no device allocation after a key's first call (gcomp__comm_device_allocs);
+ *   - a NaN input: the same outcome as on the host (success, nonfinite_calls, residual kept);
+ *   - a checkpoint saved on the device communicator loads into a fresh one and the next step
+ *     equals the host's (residuals copied across devices);
+ *   - gcomp_iallreduce on device buffers (run by the progress thread) equals gcomp_allreduce;
+ *   - wrong combinations are clear errors: host and device buffers mixed, a stream with host
+ *     buffers, a byte stage (+zstd) on device buffers.
+ *
+ * Exits 77 (skipped) without a CUDA device. GCOMP_TEST_QUICK=1 (the compute-sanitizer run)
+ * uses smaller tensors.
+ */
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "comm.h"
+#include "test_util.h"
+#include "transport_loop.h"
+
+#define KEY 42
+#define ONE_RANK_SWITCH "GCOMP_TEST_COMPRESS_ONE_RANK"
+
+#define CU(x)                                                                                            \
+    do {                                                                                                 \
+        cudaError_t e_ = (x);                                                                            \
+        if (e_ != cudaSuccess) fail_msg("%s:%d %s: %s", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+    } while (0)
+
+#define OK(x)                                                                                                  \
+    do {                                                                                                       \
+        gcomp_result r_ = (x);                                                                                 \
+        if (r_ != GCOMP_SUCCESS)                                                                               \
+            fail_msg("%s:%d %s -> %s: %s", __FILE__, __LINE__, #x, gcomp_result_name(r_), gcomp_last_error()); \
+    } while (0)
+
+#define EXPECT(x, want, substr)                                                                                       \
+    do {                                                                                                              \
+        gcomp_result r_ = (x);                                                                                        \
+        if (r_ != (want))                                                                                             \
+            fail_msg("%s:%d %s -> %s, expected %s (%s)", __FILE__, __LINE__, #x, gcomp_result_name(r_),               \
+                     gcomp_result_name(want), gcomp_last_error());                                                    \
+        if ((substr) && !strstr(gcomp_last_error(), (substr)))                                                        \
+            fail_msg("%s:%d message '%s' does not mention '%s'", __FILE__, __LINE__, gcomp_last_error(), (substr)); \
+    } while (0)
+
+static size_t base_count(void)
+{
+    const char *q = getenv("GCOMP_TEST_QUICK");
+    return q && *q == '1' ? 20011 : 100003;
+}
+
+static void *dmalloc(size_t bytes)
+{
+    void *p = NULL;
+    CU(cudaMalloc(&p, bytes ? bytes : 1));
+    return p;
+}
+
+static void h2d(void *d, const void *h, size_t bytes) { CU(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice)); }
+static void d2h(void *h, const void *d, size_t bytes) { CU(cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost)); }
+
+/* count elements of dtype from N(0,1) floats (seeded) */
+static void *inputs(size_t count, gcomp_dtype dtype, uint64_t seed)
+{
+    float *x = tu_gauss_array(count, seed);
+    uint16_t *h;
+    if (dtype == GCOMP_F32) return x;
+    h = malloc(count * 2 + 2);
+    for (size_t i = 0; i < count; i++) h[i] = dtype == GCOMP_F16 ? gcomp_f32_to_f16(x[i]) : gcomp_f32_to_bf16(x[i]);
+    free(x);
+    return h;
+}
+
+/* One rank on a loopback world of its own, the compressed schedules forced on. */
+typedef struct one {
+    gcomp__loop_world *w;
+    gcomp_comm *c;
+} one;
+
+static one make_one(const char *spec)
+{
+    one o;
+    gcomp_config cfg = gcomp_config_default();
+    cfg.codec = spec;
+    cfg.seed = 3;
+    cfg.min_bytes = 4096;
+    setenv(ONE_RANK_SWITCH, "1", 1);
+    OK(gcomp__loop_world_create(1, &o.w));
+    OK(gcomp__comm_create_loop(o.w, 0, &cfg, &o.c));
+    unsetenv(ONE_RANK_SWITCH);
+    return o;
+}
+
+static void free_one(one *o)
+{
+    gcomp_comm_destroy(o->c);
+    gcomp__loop_world_destroy(o->w);
+}
+
+static void first_difference(const char *what, const void *a, const void *b, size_t count, size_t esize)
+{
+    for (size_t i = 0; i < count; i++)
+        if (memcmp((const char *)a + i * esize, (const char *)b + i * esize, esize) != 0)
+            fail_msg("%s: element %zu of %zu differs between the device and the host engine", what, i, count);
+    fail_msg("%s: results differ", what);
+}
+
+/* The residual checkpoints of both communicators must be the same bytes (keys, counts, steps,
+ * residual bits). */
+static void same_residuals(const char *what, gcomp_comm *host, gcomp_comm *dev)
+{
+    size_t hn = 0, dn = 0;
+    uint8_t *hb, *db;
+    OK(gcomp_comm_residuals_save(host, NULL, 0, &hn));
+    OK(gcomp_comm_residuals_save(dev, NULL, 0, &dn));
+    if (hn != dn) fail_msg("%s: residual checkpoints of %zu (host) and %zu (device) bytes", what, hn, dn);
+    hb = malloc(hn);
+    db = malloc(dn);
+    OK(gcomp_comm_residuals_save(host, hb, hn, &hn));
+    OK(gcomp_comm_residuals_save(dev, db, dn, &dn));
+    if (memcmp(hb, db, hn) != 0) {
+        size_t i = 0;
+        while (hb[i] == db[i]) i++;
+        fail_msg("%s: residual checkpoints differ from byte %zu of %zu", what, i, hn);
+    }
+    free(hb);
+    free(db);
+}
+
+/* One call on both with the same input (device: on stream s, in place when asked); results
+ * compared bit for bit, or NaN for NaN when nan_ok. */
+static void same_call(const char *what, gcomp_comm *host, gcomp_comm *dev, size_t count, gcomp_dtype dtype,
+                      gcomp_op op, uint64_t seed, int in_place, int nan_at, cudaStream_t s)
+{
+    size_t esize = gcomp_dtype_size(dtype), bytes = count * esize;
+    void *x = inputs(count, dtype, seed), *hres = malloc(bytes + 1), *dres = malloc(bytes + 1);
+    void *dsend = dmalloc(bytes), *drecv = in_place ? dsend : dmalloc(bytes);
+    if (nan_at >= 0) {
+        if (dtype == GCOMP_F32)
+            ((float *)x)[nan_at] = NAN;
+        else
+            ((uint16_t *)x)[nan_at] = dtype == GCOMP_F16 ? 0x7e00u : 0x7fc0u;
+    }
+    h2d(dsend, x, bytes);
+    if (in_place) {
+        memcpy(hres, x, bytes);
+        OK(gcomp_allreduce(host, hres, hres, count, dtype, op, KEY, NULL));
+    } else {
+        OK(gcomp_allreduce(host, x, hres, count, dtype, op, KEY, NULL));
+    }
+    OK(gcomp_allreduce(dev, dsend, drecv, count, dtype, op, KEY, (struct CUstream_st *)s));
+    /* no synchronisation here: gcomp_allreduce returns with its device work done */
+    d2h(dres, drecv, bytes);
+    if (memcmp(dres, hres, bytes) != 0) {
+        if (nan_at < 0) first_difference(what, dres, hres, count, esize);
+        for (size_t i = 0; i < count; i++) { /* NaN payloads may differ in their bits only */
+            float a, b;
+            if (dtype == GCOMP_F32) {
+                a = ((float *)dres)[i];
+                b = ((float *)hres)[i];
+            } else {
+                uint16_t ha = ((uint16_t *)dres)[i], hb = ((uint16_t *)hres)[i];
+                a = dtype == GCOMP_F16 ? gcomp_f16_to_f32(ha) : gcomp_bf16_to_f32(ha);
+                b = dtype == GCOMP_F16 ? gcomp_f16_to_f32(hb) : gcomp_bf16_to_f32(hb);
+            }
+            if (!(isnan(a) && isnan(b)) && memcmp(&a, &b, sizeof a) != 0)
+                fail_msg("%s: element %zu differs (device %g, host %g)", what, i, (double)a, (double)b);
+        }
+    }
+    CU(cudaFree(dsend));
+    if (!in_place) CU(cudaFree(drecv));
+    free(x);
+    free(hres);
+    free(dres);
+}
+
+static const char *const SPECS[] = {
+    "none",     "fp16", "bf16", "terngrad", "terngrad:bucket=4096", "topk:ratio=0.01", "topk:ratio=0.01,values=fp16",
+};
+#define N_SPECS (sizeof SPECS / sizeof SPECS[0])
+
+typedef struct variant {
+    gcomp_dtype dtype;
+    gcomp_op op;
+    const char *name;
+} variant;
+
+static const variant VARIANTS[] = {
+    { GCOMP_F32, GCOMP_SUM, "f32 sum" },
+    { GCOMP_F32, GCOMP_AVG, "f32 avg" },
+    { GCOMP_F16, GCOMP_AVG, "f16 avg" },
+    { GCOMP_BF16, GCOMP_SUM, "bf16 sum" },
+};
+#define N_VARIANTS (sizeof VARIANTS / sizeof VARIANTS[0])
+
+static void test_codecs_match_host(void **state)
+{
+    cudaStream_t s;
+    (void)state;
+    CU(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    for (size_t k = 0; k < N_SPECS; k++) {
+        for (size_t v = 0; v < N_VARIANTS; v++) {
+            one h = make_one(SPECS[k]), d = make_one(SPECS[k]);
+            gcomp_comm_stats hs, ds;
+            char what[128];
+            size_t count = base_count() + 64 * v;
+            snprintf(what, sizeof what, "%s %s", SPECS[k], VARIANTS[v].name);
+            for (int step = 0; step < 3; step++) {
+                same_call(what, h.c, d.c, count, VARIANTS[v].dtype, VARIANTS[v].op, 100 * k + 10 * v + (uint64_t)step,
+                          step == 2, -1, step == 1 ? (cudaStream_t)0 : s);
+                same_residuals(what, h.c, d.c);
+            }
+            OK(gcomp_comm_stats_get(h.c, &hs));
+            OK(gcomp_comm_stats_get(d.c, &ds));
+            if (ds.compressed_calls != 3 || hs.compressed_calls != 3)
+                fail_msg("%s: compressed calls host %llu device %llu, expected 3 each", what,
+                         (unsigned long long)hs.compressed_calls, (unsigned long long)ds.compressed_calls);
+            assert_int_equal(ds.last_schedule, hs.last_schedule);
+            assert_int_not_equal(ds.last_schedule, GCOMP_SCHED_BYPASS);
+            assert_int_equal(ds.wire_bytes, hs.wire_bytes);
+            assert_int_equal(ds.overflow_count, hs.overflow_count);
+            assert_int_equal(ds.nonfinite_calls, hs.nonfinite_calls);
+            /* a small call bypasses the codec on both */
+            same_call(what, h.c, d.c, 1000, VARIANTS[v].dtype, GCOMP_SUM, 77, 0, -1, s);
+            OK(gcomp_comm_stats_get(d.c, &ds));
+            assert_int_equal(ds.last_schedule, GCOMP_SCHED_BYPASS);
+            printf("  %-30s %-8s 3 steps (%s) + 1 bypassed: results and residuals bit-identical\n", SPECS[k],
+                   VARIANTS[v].name, gcomp_schedule_name(hs.last_schedule));
+            free_one(&h);
+            free_one(&d);
+        }
+    }
+    CU(cudaStreamDestroy(s));
+}
+
+/* After a key's first call, further calls of the same key allocate no device memory (the
+ * workspace, the residual, the codec state and the staging buffers are kept). */
+static void test_no_allocation_per_call(void **state)
+{
+    static const char *const specs[] = { "fp16", "terngrad", "terngrad:bucket=4096", "topk:ratio=0.01" };
+    const size_t count = (size_t)1 << 20;
+    cudaStream_t s;
+    (void)state;
+    CU(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    for (size_t k = 0; k < sizeof specs / sizeof specs[0]; k++) {
+        one d = make_one(specs[k]);
+        float *x = tu_gauss_array(count, k), *dx = dmalloc(count * sizeof(float));
+        uint64_t first;
+        h2d(dx, x, count * sizeof(float));
+        OK(gcomp_allreduce(d.c, dx, dx, count, GCOMP_F32, GCOMP_SUM, KEY, (struct CUstream_st *)s));
+        first = gcomp__comm_device_allocs(d.c);
+        assert_true(first > 0);
+        for (int i = 0; i < 5; i++)
+            OK(gcomp_allreduce(d.c, dx, dx, count, GCOMP_F32, GCOMP_SUM, KEY, (struct CUstream_st *)s));
+        if (gcomp__comm_device_allocs(d.c) != first)
+            fail_msg("%s: %llu device allocations after the first call, %llu after five more", specs[k],
+                     (unsigned long long)first, (unsigned long long)gcomp__comm_device_allocs(d.c));
+        printf("  %-22s %llu allocations at the first call, none in the next 5\n", specs[k],
+               (unsigned long long)first);
+        CU(cudaFree(dx));
+        free(x);
+        free_one(&d);
+    }
+    CU(cudaStreamDestroy(s));
+}
+
+/* NaN in the input: success on both, the call counted non-finite, the residual kept (the
+ * checkpoints stay equal), and the next finite step equal again. */
+static void test_nonfinite(void **state)
+{
+    static const char *const specs[] = { "fp16", "terngrad", "topk:ratio=0.01" };
+    (void)state;
+    for (size_t k = 0; k < sizeof specs / sizeof specs[0]; k++) {
+        one h = make_one(specs[k]), d = make_one(specs[k]);
+        gcomp_comm_stats hs, ds;
+        size_t count = base_count();
+        same_call(specs[k], h.c, d.c, count, GCOMP_F32, GCOMP_SUM, 5, 0, -1, 0);
+        same_call(specs[k], h.c, d.c, count, GCOMP_F32, GCOMP_SUM, 6, 0, 1234, 0);
+        same_residuals(specs[k], h.c, d.c);
+        same_call(specs[k], h.c, d.c, count, GCOMP_F32, GCOMP_SUM, 7, 0, -1, 0);
+        same_residuals(specs[k], h.c, d.c);
+        OK(gcomp_comm_stats_get(h.c, &hs));
+        OK(gcomp_comm_stats_get(d.c, &ds));
+        assert_int_equal(hs.nonfinite_calls, 1);
+        assert_int_equal(ds.nonfinite_calls, 1);
+        free_one(&h);
+        free_one(&d);
+    }
+}
+
+/* A checkpoint of the device communicator loads into a fresh one (residuals through host
+ * memory, back to the device at the next call): the next step equals the host's. */
+static void test_checkpoint_across(void **state)
+{
+    one h = make_one("fp16"), d = make_one("fp16"), d2 = make_one("fp16");
+    size_t count = base_count(), n = 0;
+    uint8_t *blob;
+    (void)state;
+    for (int step = 0; step < 2; step++) same_call("fp16", h.c, d.c, count, GCOMP_F32, GCOMP_SUM, 11 + step, 0, -1, 0);
+    OK(gcomp_comm_residuals_save(d.c, NULL, 0, &n));
+    blob = malloc(n);
+    OK(gcomp_comm_residuals_save(d.c, blob, n, &n));
+    OK(gcomp_comm_residuals_load(d2.c, blob, n));
+    same_residuals("fp16 loaded", h.c, d2.c);
+    same_call("fp16 after load", h.c, d2.c, count, GCOMP_F32, GCOMP_SUM, 13, 0, -1, 0);
+    same_residuals("fp16 after load", h.c, d2.c);
+    free(blob);
+    free_one(&h);
+    free_one(&d);
+    free_one(&d2);
+}
+
+/* gcomp_iallreduce with device buffers runs on the progress thread (made current on the
+ * issuing thread's device): the same results as blocking calls. */
+static void test_nonblocking(void **state)
+{
+    one h = make_one("terngrad"), d = make_one("terngrad");
+    size_t count = base_count();
+    float *x = tu_gauss_array(count, 21), *hres = malloc(count * 4), *dres = malloc(count * 4);
+    float *dx = dmalloc(count * 4), *dy = dmalloc(count * 4);
+    gcomp_request *req = NULL;
+    (void)state;
+    h2d(dx, x, count * 4);
+    for (int step = 0; step < 2; step++) {
+        OK(gcomp_allreduce(h.c, x, hres, count, GCOMP_F32, GCOMP_SUM, KEY, NULL));
+        OK(gcomp_iallreduce(d.c, dx, dy, count, GCOMP_F32, GCOMP_SUM, KEY, NULL, &req));
+        OK(gcomp_wait(&req));
+        d2h(dres, dy, count * 4);
+        if (memcmp(dres, hres, count * 4) != 0) first_difference("terngrad nonblocking", dres, hres, count, 4);
+    }
+    same_residuals("terngrad nonblocking", h.c, d.c);
+    CU(cudaFree(dx));
+    CU(cudaFree(dy));
+    free(x);
+    free(hres);
+    free(dres);
+    free_one(&h);
+    free_one(&d);
+}
+
+static void test_wrong_combinations(void **state)
+{
+    one d = make_one("fp16"), z = make_one("fp16+zstd");
+    size_t count = base_count();
+    float *x = tu_gauss_array(count, 1), *dx = dmalloc(count * 4), *dy = dmalloc(count * 4);
+    cudaStream_t s;
+    (void)state;
+    CU(cudaStreamCreate(&s));
+    h2d(dx, x, count * 4);
+    EXPECT(gcomp_allreduce(d.c, x, dy, count, GCOMP_F32, GCOMP_SUM, KEY, NULL), GCOMP_ERR_INVALID_ARG, "same device");
+    EXPECT(gcomp_allreduce(d.c, dx, x, count, GCOMP_F32, GCOMP_SUM, KEY, NULL), GCOMP_ERR_INVALID_ARG, "same device");
+    EXPECT(gcomp_allreduce(d.c, x, x, count, GCOMP_F32, GCOMP_SUM, KEY, (struct CUstream_st *)s),
+           GCOMP_ERR_INVALID_ARG, "stream");
+    EXPECT(gcomp_allreduce(z.c, dx, dy, count, GCOMP_F32, GCOMP_SUM, KEY, NULL), GCOMP_ERR_UNSUPPORTED, "zstd");
+    /* the communicators still work */
+    OK(gcomp_allreduce(d.c, dx, dy, count, GCOMP_F32, GCOMP_SUM, KEY, (struct CUstream_st *)s));
+    OK(gcomp_allreduce(z.c, x, x, count, GCOMP_F32, GCOMP_SUM, KEY, NULL));
+    CU(cudaStreamDestroy(s));
+    CU(cudaFree(dx));
+    CU(cudaFree(dy));
+    free(x);
+    free_one(&d);
+    free_one(&z);
+}
+
+int main(void)
+{
+    int n = 0;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_codecs_match_host), cmocka_unit_test(test_no_allocation_per_call),
+        cmocka_unit_test(test_nonfinite),         cmocka_unit_test(test_checkpoint_across),
+        cmocka_unit_test(test_nonblocking),       cmocka_unit_test(test_wrong_combinations),
+    };
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+        printf("no CUDA device: skipped\n");
+        return 77;
+    }
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
