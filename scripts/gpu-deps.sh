@@ -51,6 +51,7 @@ fetch_openmpi() { # OUT
   add_openmpi_entry_points "$out"
   check_closure "$out"
   echo "Open MPI $version" >"$out/VERSION"
+  check_relocated_openmpi "$out"
   echo "gpu-deps: Open MPI $version unpacked into $out ($(du -sh "$out" | cut -f1));" \
        "use it through: . scripts/gpu-mpi-env.sh"
 }
@@ -88,6 +89,9 @@ trim_openmpi() { # OUT
   find "$out/usr/share/openmpi" -name '*-wrapper-data.txt' -not -name 'mpicc-wrapper-data.txt' \
     -exec rm -f {} +
   rm -f "$out/usr/share/openmpi/mca-btl-openib-device-params.ini"
+  # mpicc adds -I<includedir>/openmpi, the developer headers' folder, just removed: CMake's
+  # FindMPI refuses an include folder that does not exist
+  sed -i 's|^preprocessor_flags=.*|preprocessor_flags=|' "$out/usr/share/openmpi/mpicc-wrapper-data.txt"
   find "$out/usr/bin" -mindepth 1 -not -name orterun -not -name orted -not -name opal_wrapper \
     -not -name ompi_info -exec rm -f {} +
   # PMIx's own parameter file names its components' absolute folder: gpu-mpi-env.sh sets it
@@ -123,6 +127,75 @@ add_openmpi_entry_points() { # OUT
   cp "$bin/orterun" "$bin/mpirun"
   cp "$bin/orterun" "$bin/mpiexec"
   cp "$bin/opal_wrapper" "$bin/mpicc" # reads share/openmpi/mpicc-wrapper-data.txt
+}
+
+# Uses the copy as the GPU machine will: a clean environment (env -i) with only
+# scripts/gpu-mpi-env.sh, mpicc builds a program that sums 2 Mi integers over 3 ranks and
+# mpirun runs it. As root with unshare(1), this machine's own Open MPI (its folders, programs
+# and libraries) and ssh are first hidden in a private mount namespace, so that nothing of it
+# can stand in for the copy; with strace(1), no file of those folders may even be opened.
+check_relocated_openmpi() { # OUT
+  local out=$1 work
+  work=$(mktemp -d)
+  cat >"$work/allreduce.c" <<'C'
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+int main(int argc, char **argv) {
+  int rank, size;
+  const int n = 2 << 20;
+  MPI_Init(&argc, &argv);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  int *a = malloc(n * sizeof *a), *b = malloc(n * sizeof *b);
+  for (int i = 0; i < n; i++) a[i] = i % 1000 + rank;
+  MPI_Allreduce(a, b, n, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  long wrong = 0;
+  for (int i = 0; i < n; i++) wrong += b[i] != size * (i % 1000) + size * (size - 1) / 2;
+  if (rank == 0) printf("allreduce of %d ints over %d ranks: %ld wrong\n", n, size, wrong);
+  MPI_Finalize();
+  return wrong != 0;
+}
+C
+  cat >"$work/run.sh" <<'SH'
+set -eu
+. "$1/scripts/gpu-mpi-env.sh" "$2"
+cd "$3"
+case $(command -v mpirun) in "$GCOMP_MPI_ROOT"/*) ;; *) echo "mpirun is $(command -v mpirun)"; exit 1 ;; esac
+prefix=$(ompi_info --path prefix | sed 's/^.*: *//')
+[ "$prefix" = "$OPAL_PREFIX" ] || { echo "ompi_info says prefix $prefix"; exit 1; }
+mpicc -O2 allreduce.c -o allreduce
+ldd ./allreduce | grep -q "libmpi.so.40 => $GCOMP_MPI_ROOT/" || { ldd ./allreduce; exit 1; }
+tracer=()
+strace -o /dev/null true 2>/dev/null && tracer=(strace -f -qq -z -e trace=openat,execve -o trace.log)
+timeout 120 "${tracer[@]}" mpirun -np 3 ./allreduce
+if [ ${#tracer[@]} -gt 0 ]; then
+  if grep -E '"(/usr)?/lib/x86_64-linux-gnu/(openmpi/|pmix2/|hwloc/|libmpi|libopen-|libpmix)|"/etc/openmpi/|"/usr/share/openmpi/' trace.log; then
+    echo "files of the machine's Open MPI were opened"; exit 1
+  fi
+  echo "strace: $(grep -c "$GCOMP_MPI_ROOT" trace.log) files opened from the copy, none of the machine's Open MPI"
+fi
+SH
+  cat >"$work/hide.sh" <<'SH'
+for d in /usr/lib/x86_64-linux-gnu/openmpi /usr/lib/x86_64-linux-gnu/pmix2 /etc/openmpi /usr/share/openmpi; do
+  [ -d "$d" ] && mount -t tmpfs none "$d"
+done
+find /usr/bin /usr/lib/x86_64-linux-gnu -maxdepth 1 -type f \( -name 'mpi*' -o -name 'orte*' \
+  -o -name 'opal*' -o -name 'ompi*' -o -name ssh -o -name rsh -o -name 'libmpi*' -o -name 'libopen-*' \
+  -o -name 'libpmix*' -o -name 'libhwloc*' -o -name 'libevent*' -o -name 'libmunge*' \
+  -o -name 'libmca_common*' \) -exec mount --bind /dev/null {} \;
+exec "$@"
+SH
+  local clean=(env -i "HOME=$HOME" PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+               bash "$work/run.sh" "$(pwd)" "$(dirname "$out")" "$work")
+  if [ "$(id -u)" = 0 ] && unshare -m --propagation private true 2>/dev/null; then
+    echo "gpu-deps: checking the copy with this machine's Open MPI and ssh hidden"
+    unshare -m --propagation private bash "$work/hide.sh" "${clean[@]}"
+  else
+    echo "gpu-deps: checking the copy (not root or no unshare: this machine's Open MPI, if any, stays visible)"
+    "${clean[@]}"
+  fi
+  rm -rf "$work"
 }
 
 # Every library an ELF file here needs is here, or is glibc's: fails otherwise, so a package
