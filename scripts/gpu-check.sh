@@ -434,7 +434,10 @@ command -v nvcc >/dev/null || export PATH=/usr/local/cuda/bin:$PATH
 want env && step env do_env
 # deps sets PKG_CONFIG_PATH / LD_LIBRARY_PATH for the later steps: it runs in this shell (a
 # pipeline would run it in a subshell), its output still goes to the terminal and its log.
-if want deps || want build || want test || want mpi || want nccl || want sanitize || want cpu; then
+# perf and torch need it too when the build has the .gpu-deps Open MPI: libgcomp.so then
+# loads libmpi.so.40 and Open MPI's own libraries from there through LD_LIBRARY_PATH.
+if want deps || want build || want test || want mpi || want nccl || want sanitize || want perf ||
+   want torch || want cpu; then
   STEP_NO=$((STEP_NO + 1)); t0=$SECONDS
   deps_log=$(printf '%s/%02d-deps.log' "$LOGS" "$STEP_NO")
   echo; echo "==== [$STEP_NO] deps ===="
