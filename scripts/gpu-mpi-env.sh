@@ -12,6 +12,10 @@
 # GPU) and no ssh (every rank is local: plm isolated).
 # Returns 1, changing nothing, when the folder is missing.
 _gme_deps=${1:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/.gpu-deps}
+# a copy made by a tool that drops modes: the programs get their execute bit back
+if [ -f "$_gme_deps/openmpi/usr/bin/mpirun" ] && [ ! -x "$_gme_deps/openmpi/usr/bin/mpirun" ]; then
+  chmod +x "$_gme_deps"/openmpi/usr/bin/*
+fi
 if [ ! -x "$_gme_deps/openmpi/usr/bin/mpirun" ]; then
   echo "gpu-mpi-env: no Open MPI in $_gme_deps/openmpi (run scripts/gpu-deps.sh where apt works)" >&2
   unset _gme_deps
