@@ -15,7 +15,14 @@
  * Each rank's input is a deterministic function of (rank, element index), so rank 0 can
  * regenerate every rank's input and compute the exact sum without any extra communication.
  *
- * Uses only the public API (gcomp.h, gcomp_mpi.h).
+ * --device cuda (builds with NCCL): the same rows on device buffers of each rank's GPU, with
+ * the caller's stream, over two transports in turn -- NCCL (gcomp_comm_create_nccl over an
+ * NCCL communicator of the benchmark) and MPI (gcomp_comm_create_mpi: device buffers staged
+ * through host memory) -- against ncclAllReduce of the same device buffers in the same run
+ * (without NCCL, e.g. ranks sharing a GPU: device->host copy, MPI_Allreduce, host->device).
+ * Times include a stream synchronisation after the -n calls. The check reads the result back.
+ *
+ * Uses only the public API (gcomp.h, gcomp_mpi.h, gcomp_nccl.h through allreduce_perf_cuda.c).
  */
 #define _GNU_SOURCE /* getopt_long, gethostname */
 #include <errno.h>
@@ -34,6 +41,38 @@
 #include "gcomp.h"
 #include "gcomp_mpi.h"
 
+#ifdef GCOMP_BENCH_CUDA
+#include "allreduce_perf_cuda.h"
+#else
+/* a build without CUDA and NCCL: --device cuda says so and stops */
+static int apc_open(MPI_Comm w, size_t bytes, int want_nccl, char *why, size_t cap)
+{
+    (void)w, (void)bytes, (void)want_nccl;
+    snprintf(why, cap, "this allreduce_perf was built without CUDA and NCCL (GCOMP_WITH_NCCL)");
+    return -1;
+}
+static void apc_close(void) {}
+static int apc_has_nccl(void) { return 0; }
+static const char *apc_device_name(void) { return ""; }
+static int apc_device(void) { return -1; }
+static void *apc_send(void) { return NULL; }
+static void *apc_recv(void) { return NULL; }
+static struct CUstream_st *apc_stream(void) { return NULL; }
+static int apc_h2d(void *d, const void *s, size_t n) { return (void)d, (void)s, (void)n, 1; }
+static int apc_d2h(void *d, const void *s, size_t n) { return (void)d, (void)s, (void)n, 1; }
+static int apc_memset(void *d, size_t n) { return (void)d, (void)n, 1; }
+static int apc_sync(void) { return 0; }
+static gcomp_result apc_comm_nccl(const gcomp_config *cfg, gcomp_comm **out)
+{
+    (void)cfg, (void)out;
+    return GCOMP_ERR_UNSUPPORTED;
+}
+static int apc_nccl_allreduce(size_t count, gcomp_dtype dtype, gcomp_op op)
+{
+    return (void)count, (void)dtype, (void)op, 1;
+}
+#endif
+
 #define MAX_CODECS 32
 #define MAX_ITERS 100000
 #define BENCH_KEY 1                /* one tensor; the communicator keeps its residual */
@@ -51,7 +90,14 @@ struct options {
     gcomp_op op;
     gcomp_dtype dtype;
     const char *json_path;
-    int talk; /* only rank 0 prints usage errors, so they appear once */
+    int talk;       /* only rank 0 prints usage errors, so they appear once */
+    int cuda;       /* --device cuda */
+    int transports; /* --transport: TR_NCCL | TR_MPI (device cuda) */
+};
+
+enum {
+    TR_NCCL = 1,
+    TR_MPI = 2
 };
 
 /* One rank's state for the whole run; buffers are sized for the largest row. */
@@ -66,10 +112,12 @@ struct bench {
     FILE *json;
     double busbw_sum, base_busbw_sum;
     long long rows, nwrong_total;
+    const char *transport; /* of the rows being run: "mpi", or "nccl" (device cuda) */
+    char no_nccl[200];     /* device cuda: why NCCL is not used, "" when it is */
 };
 
 struct row {
-    const char *codec;
+    const char *codec, *transport;
     size_t bytes, count;
     double time_s, base_s;
     double wire_bytes;           /* per rank per call, max over ranks */
@@ -106,6 +154,15 @@ static void usage(FILE *f, const char *prog)
             "      --min-bytes N       gcomp_config.min_bytes (default 0): tensors smaller than N\n"
             "                          bytes bypass compression. 0 compresses every size, so small\n"
             "                          rows show the codec's own overhead instead of a bypass.\n"
+            "      --device host|cuda  host (default): host buffers over MPI. cuda: device buffers\n"
+            "                          of each rank's GPU (node-local rank modulo the GPUs) and the\n"
+            "                          call's stream; the baseline is ncclAllReduce of the same\n"
+            "                          buffers (needs a build with NCCL; without an NCCL\n"
+            "                          communicator, e.g. ranks sharing a GPU: copy to the host,\n"
+            "                          MPI_Allreduce, copy back)\n"
+            "      --transport T       device cuda: nccl, mpi or all (default all): gcomp over NCCL\n"
+            "                          (gcomp_comm_create_nccl) and/or over MPI (gcomp_comm_create_mpi,\n"
+            "                          device buffers staged through host memory), a block each\n"
             "  -J, --json FILE         also write one JSON object per row to FILE (JSON lines)\n"
             "  -v, --verbose           print where gcomp's time goes (encode, comm, decode)\n"
             "  -h, --help              this text\n"
@@ -124,7 +181,8 @@ static void usage(FILE *f, const char *prog)
             "  cr        2(n-1)/n * size (what a plain ring sends per rank) / wire_B\n"
             "  rel_err   ||y - exact|| / ||exact|| of the checked call; max_err its max |y - exact|\n"
             "  base_us   us per MPI_Allreduce of the same buffers (half types: a user-defined\n"
-            "            MPI_Op summing in fp32; avg: sum, then a local division, timed)\n"
+            "            MPI_Op summing in fp32; avg: sum, then a local division, timed);\n"
+            "            device cuda: per ncclAllReduce of the same device buffers\n"
             "  speedup   base_us / time;  sched  the schedule gcomp ran\n"
             "\n"
             "Data: Gaussian-like (Irwin-Hall sum of 4 uniforms, mean 0, sd 1), a fixed function of\n"
@@ -155,7 +213,9 @@ static int parse_dtype(const char *s, gcomp_dtype *out)
 enum {
     OPT_CODEC = 256,
     OPT_EF,
-    OPT_MIN_BYTES
+    OPT_MIN_BYTES,
+    OPT_DEVICE,
+    OPT_TRANSPORT
 };
 
 /* One option; returns 0, or the exit status (2) on a bad value. */
@@ -203,6 +263,21 @@ static int parse_option(struct options *o, int c, const char *arg)
     case 'J':
         o->json_path = arg;
         return 0;
+    case OPT_DEVICE:
+        if (strcmp(arg, "host") != 0 && strcmp(arg, "cpu") != 0 && strcmp(arg, "cuda") != 0)
+            return bad_value(o, "--device", arg, "host or cuda");
+        o->cuda = strcmp(arg, "cuda") == 0;
+        return 0;
+    case OPT_TRANSPORT:
+        if (strcmp(arg, "nccl") == 0)
+            o->transports = TR_NCCL;
+        else if (strcmp(arg, "mpi") == 0)
+            o->transports = TR_MPI;
+        else if (strcmp(arg, "all") == 0)
+            o->transports = TR_NCCL | TR_MPI;
+        else
+            return bad_value(o, "--transport", arg, "nccl, mpi or all");
+        return 0;
     case 'v':
         o->verbose = 1;
         return 0;
@@ -244,6 +319,8 @@ static int parse_args(int argc, char **argv, struct options *o)
         { "codec", required_argument, 0, OPT_CODEC },
         { "ef", required_argument, 0, OPT_EF },
         { "min-bytes", required_argument, 0, OPT_MIN_BYTES },
+        { "device", required_argument, 0, OPT_DEVICE },
+        { "transport", required_argument, 0, OPT_TRANSPORT },
         { "help", no_argument, 0, 'h' },
         { 0, 0, 0, 0 },
     };
@@ -470,6 +547,10 @@ static void die_gcomp(const struct bench *b, const char *what, gcomp_result rc)
     MPI_Abort(MPI_COMM_WORLD, 1); /* a failed collective would leave the others hanging */
 }
 
+/* The buffers of gcomp's calls and of the baseline: host, or this rank's device buffers. */
+static void *call_send(const struct bench *b) { return b->o.cuda ? apc_send() : b->send; }
+static void *call_recv(const struct bench *b) { return b->o.cuda ? apc_recv() : b->recv; }
+
 /* Half types have no MPI datatype: the baseline sums them through a user op, in fp32 per
  * pair as NCCL does, with the same bytes on the wire as gcomp's input. */
 static void sum_f16(void *in, void *inout, int *len, MPI_Datatype *dt)
@@ -500,7 +581,7 @@ static void setup_baseline_op(struct bench *b)
 }
 
 /* MPI has no average: sum, then divide locally (part of the timed call). */
-static void baseline_call(const struct bench *b, size_t count)
+static void host_baseline_call(const struct bench *b, size_t count)
 {
     int err = MPI_Allreduce(b->send, b->recv, (int)count, b->mpi_type, b->mpi_op, MPI_COMM_WORLD);
     if (err != MPI_SUCCESS) MPI_Abort(MPI_COMM_WORLD, 1);
@@ -510,6 +591,24 @@ static void baseline_call(const struct bench *b, size_t count)
         store_value(b->recv, i, (float)load_value(b->recv, i, b->o.dtype) * inv, b->o.dtype);
 }
 
+/* Device cuda: ncclAllReduce of the device buffers; without NCCL, what a program with a
+ * CUDA-unaware MPI does (device to host, MPI_Allreduce, host to device). */
+static void baseline_call(const struct bench *b, size_t count)
+{
+    size_t bytes = count * gcomp_dtype_size(b->o.dtype);
+    if (!b->o.cuda) {
+        host_baseline_call(b, count);
+        return;
+    }
+    if (apc_has_nccl()) {
+        if (apc_nccl_allreduce(count, b->o.dtype, b->o.op)) MPI_Abort(MPI_COMM_WORLD, 1);
+        return;
+    }
+    if (apc_d2h(b->send, apc_send(), bytes)) MPI_Abort(MPI_COMM_WORLD, 1);
+    host_baseline_call(b, count);
+    if (apc_h2d(apc_recv(), b->recv, bytes)) MPI_Abort(MPI_COMM_WORLD, 1);
+}
+
 /* One call of gcomp (comm != NULL) or of the baseline (comm == NULL). */
 static void one_call(const struct bench *b, gcomp_comm *comm, size_t count)
 {
@@ -517,7 +616,8 @@ static void one_call(const struct bench *b, gcomp_comm *comm, size_t count)
         baseline_call(b, count);
         return;
     }
-    gcomp_result rc = gcomp_allreduce(comm, b->send, b->recv, count, b->o.dtype, b->o.op, BENCH_KEY, NULL);
+    gcomp_result rc = gcomp_allreduce(comm, call_send(b), call_recv(b), count, b->o.dtype, b->o.op, BENCH_KEY,
+                                      b->o.cuda ? apc_stream() : NULL);
     if (rc != GCOMP_SUCCESS) die_gcomp(b, "gcomp_allreduce", rc);
 }
 
@@ -526,9 +626,11 @@ static double time_calls(const struct bench *b, gcomp_comm *comm, size_t count)
 {
     for (int i = 0; i < b->o.warmup; i++) one_call(b, comm, count);
     if (comm) gcomp_comm_stats_reset(comm); /* wire bytes and phases of the timed calls */
+    if (b->o.cuda && apc_sync()) MPI_Abort(MPI_COMM_WORLD, 1);
     MPI_Barrier(MPI_COMM_WORLD);
     double t0 = MPI_Wtime();
     for (int i = 0; i < b->o.iters; i++) one_call(b, comm, count);
+    if (b->o.cuda && apc_sync()) MPI_Abort(MPI_COMM_WORLD, 1); /* the calls' work is done */
     double t = (MPI_Wtime() - t0) / b->o.iters, tmax;
     MPI_Allreduce(&t, &tmax, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     return tmax;
@@ -545,8 +647,9 @@ static gcomp_comm *make_comm(const struct bench *b, const char *spec)
     cfg.codec = spec;
     cfg.min_bytes = b->o.gcomp_min_bytes;
     cfg.error_feedback = b->o.ef;
-    gcomp_result rc = gcomp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &comm);
-    if (rc != GCOMP_SUCCESS) die_gcomp(b, "gcomp_comm_create_mpi", rc);
+    int nccl = b->o.cuda && strcmp(b->transport, "nccl") == 0;
+    gcomp_result rc = nccl ? apc_comm_nccl(&cfg, &comm) : gcomp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &comm);
+    if (rc != GCOMP_SUCCESS) die_gcomp(b, nccl ? "gcomp_comm_create_nccl" : "gcomp_comm_create_mpi", rc);
     return comm;
 }
 
@@ -557,7 +660,9 @@ static void first_call_check(const struct bench *b, gcomp_comm *comm, struct row
     double mx = local_max_abs(b->send, row->count, b->o.dtype), max_x;
     MPI_Allreduce(&mx, &max_x, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     memset(b->recv, 0, row->bytes); /* a stale result from another row cannot pass */
+    if (b->o.cuda && apc_memset(apc_recv(), row->bytes)) MPI_Abort(MPI_COMM_WORLD, 1);
     one_call(b, comm, row->count);
+    if (b->o.cuda && (apc_sync() || apc_d2h(b->recv, apc_recv(), row->bytes))) MPI_Abort(MPI_COMM_WORLD, 1);
     int divergent = count_divergent(b, row->bytes);
     if (b->rank == 0) {
         struct bound bd = make_bound(row->codec, b->nranks, b->o.op, b->o.dtype);
@@ -592,6 +697,7 @@ static void run_row(const struct bench *b, const char *spec, size_t count, struc
 {
     memset(row, 0, sizeof *row);
     row->codec = spec;
+    row->transport = b->transport;
     row->count = count;
     row->bytes = count * gcomp_dtype_size(b->o.dtype);
     row->nwrong = -1;
@@ -626,44 +732,63 @@ static double ratio(const struct bench *b, const struct row *r)
 }
 
 struct peer {
-    int pid;
-    char host[64];
+    int pid, device;
+    char host[64], dev[64];
 };
 
 /* nccl-tests names every rank's host and device; here the "device" is host memory. */
 static void print_ranks(const struct bench *b)
 {
-    struct peer me = { (int)getpid(), "" }, *all = NULL;
+    struct peer me = { (int)getpid(), b->o.cuda ? apc_device() : -1, "", "" }, *all = NULL;
     gethostname(me.host, sizeof me.host - 1);
+    snprintf(me.dev, sizeof me.dev, "%s", b->o.cuda ? apc_device_name() : "");
     if (b->rank == 0 && !(all = malloc(sizeof *all * (size_t)b->nranks))) return;
     MPI_Gather(&me, (int)sizeof me, MPI_BYTE, all, (int)sizeof me, MPI_BYTE, 0, MPI_COMM_WORLD);
     if (b->rank != 0) return;
     printf("# Using devices\n");
     for (int r = 0; r < b->nranks; r++)
-        printf("#  Rank %2d Group  0 Pid %6d on %10s device host [host memory, MPI]\n", r, all[r].pid, all[r].host);
+        if (b->o.cuda)
+            printf("#  Rank %2d Group  0 Pid %6d on %10s device %2d [%s]\n", r, all[r].pid, all[r].host, all[r].device,
+                   all[r].dev);
+        else
+            printf("#  Rank %2d Group  0 Pid %6d on %10s device host [host memory, MPI]\n", r, all[r].pid, all[r].host);
     free(all);
 }
 
 static void print_header(const struct bench *b)
 {
     const struct options *o = &b->o;
-    printf("# nThread 1 nGpus 0 minBytes %zu maxBytes %zu step: %zu(factor) warmup iters: %d "
+    printf("# nThread 1 nGpus %d minBytes %zu maxBytes %zu step: %zu(factor) warmup iters: %d "
            "iters: %d agg iters: 1 validation: %d graph: 0\n",
-           o->min_bytes, o->max_bytes, o->factor, o->warmup, o->iters, o->check);
+           o->cuda, o->min_bytes, o->max_bytes, o->factor, o->warmup, o->iters, o->check);
     printf("#\n# gcomp %d.%d.%d allreduce_perf: nranks %d, ef %d, min_bytes %lld, codecs:", GCOMP_VERSION_MAJOR,
            GCOMP_VERSION_MINOR, GCOMP_VERSION_PATCH, b->nranks, o->ef, o->gcomp_min_bytes);
     for (size_t i = 0; i < o->ncodecs; i++) printf(" %s", o->codecs[i]);
-    printf("\n# baseline: MPI_Allreduce on MPI_COMM_WORLD, same buffers, same run\n#\n");
+    if (!o->cuda)
+        printf("\n# baseline: MPI_Allreduce on MPI_COMM_WORLD, same buffers, same run\n#\n");
+    else if (apc_has_nccl())
+        printf("\n# device cuda; baseline: ncclAllReduce of the same device buffers, same stream, same run\n#\n");
+    else
+        printf("\n# device cuda; baseline: device->host copy, MPI_Allreduce, host->device copy (no NCCL: %s)\n#\n",
+               b->no_nccl);
 }
 
 static void print_block_header(const struct bench *b, const char *spec)
 {
     gcomp_codec *codec = NULL;
     gcomp_codec_create(spec, NULL, &codec); /* checked at startup */
-    printf("#\n# codec %s (%s), nranks %d\n", spec, codec ? gcomp_codec_spec(codec) : "?", b->nranks);
+    printf("#\n# codec %s (%s), nranks %d", spec, codec ? gcomp_codec_spec(codec) : "?", b->nranks);
+    if (b->o.cuda)
+        printf(", device buffers, gcomp over %s", strcmp(b->transport, "nccl") == 0
+                                                      ? "NCCL (gcomp_comm_create_nccl)"
+                                                      : "MPI (gcomp_comm_create_mpi, staged through host memory)");
+    printf("\n");
     gcomp_codec_destroy(codec);
     printf("#                                                    gcomp_allreduce, out-of-place"
-           "                                                   MPI_Allreduce\n");
+           "                                                   %s\n",
+           !b->o.cuda       ? "MPI_Allreduce"
+           : apc_has_nccl() ? "ncclAllReduce"
+                            : "host MPI_Allreduce");
     printf("#       size         count      type   redop    root       time    algbw    busbw "
            "#wrong        wire_B       cr    rel_err    max_err      base_us  speedup  sched\n");
     printf("#        (B)    (elements)                                 (us)   (GB/s)   (GB/s) "
@@ -717,6 +842,10 @@ static void json_row(const struct bench *b, const struct row *r)
         fprintf(f, ",\"nwrong\":%lld", r->nwrong);
     fprintf(f, ",\"codec\":\"%s\",\"schedule\":\"%s\",\"nranks\":%d", r->codec, gcomp_schedule_name(r->schedule),
             b->nranks);
+    fprintf(f, ",\"device\":\"%s\",\"transport\":\"%s\",\"baseline\":\"%s\"", b->o.cuda ? "cuda" : "host", r->transport,
+            !b->o.cuda       ? "MPI_Allreduce"
+            : apc_has_nccl() ? "ncclAllReduce"
+                             : "host MPI_Allreduce");
     json_num(f, "wire_bytes", r->wire_bytes);
     json_num(f, "cr", ratio(b, r));
     json_num(f, "rel_err", r->rel_err);
@@ -747,7 +876,11 @@ static void record_row(struct bench *b, const struct row *r)
 static void print_footer(const struct bench *b)
 {
     double n = b->rows ? (double)b->rows : 1.0;
-    printf("#\n# MPI_Allreduce avg bus bandwidth : %g\n", b->base_busbw_sum / n);
+    printf("#\n# %s avg bus bandwidth : %g\n",
+           !b->o.cuda       ? "MPI_Allreduce"
+           : apc_has_nccl() ? "ncclAllReduce"
+                            : "host MPI_Allreduce",
+           b->base_busbw_sum / n);
     printf("# Out of bounds values : %lld %s\n", b->nwrong_total, b->nwrong_total ? "FAILED" : "OK");
     printf("# Avg bus bandwidth    : %g \n#\n", b->busbw_sum / n);
 }
@@ -786,30 +919,56 @@ static int setup(struct bench *b)
     /* smaller rows use a prefix: element i has the same value at every size */
     fill_input(b->send, count, b->rank, b->o.dtype);
     setup_baseline_op(b);
+    if (b->o.cuda) {
+        char why[200];
+        int mine = apc_open(MPI_COMM_WORLD, b->o.max_bytes, (b->o.transports & TR_NCCL) != 0, why, sizeof why) == 0;
+        mine = mine && apc_h2d(apc_send(), b->send, b->o.max_bytes) == 0;
+        MPI_Allreduce(&mine, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+        if (!all_ok) {
+            if (!mine) fprintf(stderr, "allreduce_perf: rank %d: --device cuda: %s\n", b->rank, why);
+            return 2;
+        }
+        snprintf(b->no_nccl, sizeof b->no_nccl, "%s", apc_has_nccl() ? "" : why);
+    }
     return open_json(b);
 }
 
 static void teardown(struct bench *b)
 {
     if (b->own_op) MPI_Op_free(&b->mpi_op);
+    if (b->o.cuda) apc_close();
     if (b->json) fclose(b->json);
     free(b->send);
     free(b->recv);
     free(b->per_rank);
 }
 
-static void run_all(struct bench *b)
+/* The rows of one codec over one transport. */
+static void run_block(struct bench *b, const char *spec)
 {
     size_t esize = gcomp_dtype_size(b->o.dtype);
+    if (b->rank == 0) print_block_header(b, spec);
+    for (size_t bytes = b->o.min_bytes; bytes <= b->o.max_bytes; bytes *= b->o.factor) {
+        struct row row;
+        run_row(b, spec, bytes / esize, &row);
+        record_row(b, &row);
+        if (bytes > b->o.max_bytes / b->o.factor) break; /* the next step would overflow */
+    }
+}
+
+static void run_all(struct bench *b)
+{
     if (b->rank == 0) print_header(b);
     print_ranks(b);
+    if (b->o.cuda && b->rank == 0 && !apc_has_nccl()) printf("# NCCL not used: %s\n", b->no_nccl);
     for (size_t c = 0; c < b->o.ncodecs; c++) {
-        if (b->rank == 0) print_block_header(b, b->o.codecs[c]);
-        for (size_t bytes = b->o.min_bytes; bytes <= b->o.max_bytes; bytes *= b->o.factor) {
-            struct row row;
-            run_row(b, b->o.codecs[c], bytes / esize, &row);
-            record_row(b, &row);
-            if (bytes > b->o.max_bytes / b->o.factor) break; /* the next step would overflow */
+        if (b->o.cuda && (b->o.transports & TR_NCCL) && apc_has_nccl()) {
+            b->transport = "nccl";
+            run_block(b, b->o.codecs[c]);
+        }
+        if (!b->o.cuda || (b->o.transports & TR_MPI)) {
+            b->transport = "mpi";
+            run_block(b, b->o.codecs[c]);
         }
     }
     if (b->rank == 0) print_footer(b);
@@ -831,7 +990,8 @@ int main(int argc, char **argv)
                             .gcomp_min_bytes = 0,
                             .op = GCOMP_SUM,
                             .dtype = GCOMP_F32,
-                            .talk = b.rank == 0 };
+                            .talk = b.rank == 0,
+                            .transports = TR_NCCL | TR_MPI };
     int rc = parse_args(argc, argv, &b.o);
     if (rc < 0) rc = check_codecs(&b.o) ? 2 : -1;
     if (rc >= 0) { /* -h or bad usage: nothing was allocated */

@@ -73,12 +73,10 @@ enum {
     PASS_SMALL,    /* count * element size below min_bytes */
     PASS_REASONS
 };
-static const char *const pass_names[PASS_REASONS] = {
-    "disabled", "group", "capture", "datatype", "op", "communicator", "small"
-};
+static const char *const pass_names[PASS_REASONS] = { "disabled", "group",        "capture", "datatype",
+                                                      "op",       "communicator", "small" };
 
-typedef ncclResult_t allreduce_fn(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
-                                  cudaStream_t);
+typedef ncclResult_t allreduce_fn(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t);
 typedef ncclResult_t group_fn(void);
 typedef ncclResult_t comm_fn(ncclComm_t);
 
@@ -161,9 +159,8 @@ static void summary_line(int rank, char *out, size_t cap)
              ", capture %" PRIu64 ", datatype %" PRIu64 ", op %" PRIu64 ", communicator %" PRIu64 ", small %" PRIu64
              "); %" PRIu64 " bytes sent instead of %" PRIu64 " (%" PRId64 " saved)",
              rank, S.enabled ? S.codec : "(off)", S.compressed, S.no_ef_calls, passed, S.passed[PASS_DISABLED],
-             S.passed[PASS_GROUP], S.passed[PASS_CAPTURE], S.passed[PASS_TYPE], S.passed[PASS_OP],
-             S.passed[PASS_COMM], S.passed[PASS_SMALL], S.wire_bytes, S.baseline_bytes,
-             (int64_t)(S.baseline_bytes - S.wire_bytes));
+             S.passed[PASS_GROUP], S.passed[PASS_CAPTURE], S.passed[PASS_TYPE], S.passed[PASS_OP], S.passed[PASS_COMM],
+             S.passed[PASS_SMALL], S.wire_bytes, S.baseline_bytes, (int64_t)(S.baseline_bytes - S.wire_bytes));
 }
 
 /* s as the inside of a JSON string (the codec spec comes from the environment). */
@@ -227,8 +224,7 @@ static void agree_min_bytes(ip_comm *c, cudaStream_t stream)
              cudaStreamSynchronize(stream) == cudaSuccess;
     if (d) cudaFree(d);
     if (ok && all[0] == -all[1]) return;
-    fprintf(stderr,
-            "gcomp_nccl: rank %d: %s: no compression on this communicator\n", c->rank,
+    fprintf(stderr, "gcomp_nccl: rank %d: %s: no compression on this communicator\n", c->rank,
             ok ? "ranks differ in GCOMP_MIN_BYTES" : "the check of GCOMP_MIN_BYTES across ranks failed");
     inside_gcomp++;
     gcomp_comm_destroy(c->g);
@@ -259,8 +255,7 @@ static ip_comm *comm_state(ncclComm_t comm, cudaStream_t stream)
     inside_gcomp++;
     if (gcomp_comm_create_nccl(comm, &cfg, &c->g) != GCOMP_SUCCESS) {
         /* the creation agrees across ranks: every rank lands here and passes through */
-        fprintf(stderr, "gcomp_nccl: rank %d: no compression on this communicator: %s\n", c->rank,
-                gcomp_last_error());
+        fprintf(stderr, "gcomp_nccl: rank %d: no compression on this communicator: %s\n", c->rank, gcomp_last_error());
         c->g = NULL;
     } else if (gcomp_comm_config_get(c->g, &got) == GCOMP_SUCCESS) {
         c->min_bytes = got.min_bytes;
@@ -282,7 +277,8 @@ static void comm_gone(ncclComm_t comm)
     gcomp_comm_stats st;
     char line[640];
     pthread_mutex_lock(&S.lock);
-    for (at = &S.live; *at && (*at)->comm != comm; at = &(*at)->next) {}
+    for (at = &S.live; *at && (*at)->comm != comm; at = &(*at)->next) {
+    }
     c = *at;
     if (c) *at = c->next;
     pthread_mutex_unlock(&S.lock);
@@ -341,10 +337,17 @@ static uint64_t residual_key(ip_comm *c, const void *buf, size_t n)
 static int gcomp_dtype_of(ncclDataType_t t, gcomp_dtype *out)
 {
     switch (t) {
-    case ncclFloat: *out = GCOMP_F32; return 1;
-    case ncclHalf: *out = GCOMP_F16; return 1;
-    case ncclBfloat16: *out = GCOMP_BF16; return 1;
-    default: return 0;
+    case ncclFloat:
+        *out = GCOMP_F32;
+        return 1;
+    case ncclHalf:
+        *out = GCOMP_F16;
+        return 1;
+    case ncclBfloat16:
+        *out = GCOMP_BF16;
+        return 1;
+    default:
+        return 0;
     }
 }
 

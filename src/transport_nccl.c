@@ -70,8 +70,8 @@ gcomp_result gcomp__nccl_cuda_event_record(struct CUevent_st *ev, struct CUstrea
 int gcomp__nccl_cuda_event_done(struct CUevent_st *ev, gcomp_result *rc);
 int gcomp__nccl_cuda_capturing(struct CUstream_st *s);
 
-#define NO_ZSTD                                                                                                       \
-    "the NCCL transport moves device memory and zstd runs on host memory: use the MPI path for +zstd "                \
+#define NO_ZSTD                                                                                        \
+    "the NCCL transport moves device memory and zstd runs on host memory: use the MPI path for +zstd " \
     "(gcomp_comm_create_mpi; device buffers are staged through host memory there)"
 
 typedef struct nccl_transport {
@@ -80,16 +80,16 @@ typedef struct nccl_transport {
     int device;      /* the CUDA device of comm */
     int dead;        /* aborted after a timeout or an error: every later call fails */
     char dead_why[160];
-    int64_t timeout_ms;                /* the communicator's: waits of calls that get no deadline */
-    double call_deadline;              /* the deadline of the latest call that passed one */
-    struct CUstream_st *agree_stream;  /* the agreements' stream (host values: no order with the caller's) */
-    struct CUevent_st *done;           /* recorded after the work a wait waits for */
-    uint64_t *dsize, *hsize;           /* the size exchange: [0] out, [1] in; device and pinned host */
-    void *dcoll, *hcoll;               /* allreduce_max_u64: device and pinned host scratch */
-    size_t coll_cap;                   /* bytes of each */
-    int in_flight;                     /* an exchange was started and not finished */
-    size_t rbytes;                     /* its receive size */
-    uint64_t allocs;                   /* device and pinned allocations so far (tests: none per call) */
+    int64_t timeout_ms;               /* the communicator's: waits of calls that get no deadline */
+    double call_deadline;             /* the deadline of the latest call that passed one */
+    struct CUstream_st *agree_stream; /* the agreements' stream (host values: no order with the caller's) */
+    struct CUevent_st *done;          /* recorded after the work a wait waits for */
+    uint64_t *dsize, *hsize;          /* the size exchange: [0] out, [1] in; device and pinned host */
+    void *dcoll, *hcoll;              /* allreduce_max_u64: device and pinned host scratch */
+    size_t coll_cap;                  /* bytes of each */
+    int in_flight;                    /* an exchange was started and not finished */
+    size_t rbytes;                    /* its receive size */
+    uint64_t allocs;                  /* device and pinned allocations so far (tests: none per call) */
 } nccl_transport;
 
 /* Tests: how many allocations the transport made (creation's and growth's), to show that
@@ -255,8 +255,8 @@ static gcomp_result exchange_size(nccl_transport *n, int to, size_t sbytes, int 
 }
 
 /* Post the payload exchange; sized: rsize is known, else it is exchanged first (<= rcap). */
-static gcomp_result post(nccl_transport *n, int to, const void *sbuf, size_t sbytes, int from, void *rbuf,
-                         size_t rsize, int sized)
+static gcomp_result post(nccl_transport *n, int to, const void *sbuf, size_t sbytes, int from, void *rbuf, size_t rsize,
+                         int sized)
 {
     struct CUstream_st *s = n->base.stream;
     double deadline = start_deadline(n);
@@ -295,8 +295,8 @@ static gcomp_result nccl_start(gcomp__transport *t, int to, const void *sbuf, si
     return rc;
 }
 
-static gcomp_result nccl_start_sized(gcomp__transport *t, int to, const void *sbuf, size_t sbytes, int from,
-                                     void *rbuf, size_t rbytes)
+static gcomp_result nccl_start_sized(gcomp__transport *t, int to, const void *sbuf, size_t sbytes, int from, void *rbuf,
+                                     size_t rbytes)
 {
     nccl_transport *n = (nccl_transport *)t;
     int prev;

@@ -31,32 +31,32 @@
 
 static int failures;
 
-#define CHECK(cond, ...)                                         \
-    do {                                                         \
-        if (!(cond)) {                                           \
-            fprintf(stderr, "FAIL line %d: ", __LINE__);         \
-            fprintf(stderr, __VA_ARGS__);                        \
-            fprintf(stderr, "\n");                               \
-            failures++;                                          \
-        }                                                        \
+#define CHECK(cond, ...)                                 \
+    do {                                                 \
+        if (!(cond)) {                                   \
+            fprintf(stderr, "FAIL line %d: ", __LINE__); \
+            fprintf(stderr, __VA_ARGS__);                \
+            fprintf(stderr, "\n");                       \
+            failures++;                                  \
+        }                                                \
     } while (0)
 
-#define CU(x)                                                                                          \
-    do {                                                                                               \
-        cudaError_t e_ = (x);                                                                          \
-        if (e_ != cudaSuccess) {                                                                       \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));         \
-            exit(1);                                                                                   \
-        }                                                                                              \
+#define CU(x)                                                                                  \
+    do {                                                                                       \
+        cudaError_t e_ = (x);                                                                  \
+        if (e_ != cudaSuccess) {                                                               \
+            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+            exit(1);                                                                           \
+        }                                                                                      \
     } while (0)
 
-#define NC(x)                                                                                          \
-    do {                                                                                               \
-        ncclResult_t e_ = (x);                                                                         \
-        if (e_ != ncclSuccess) {                                                                       \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, ncclGetErrorString(e_));         \
-            exit(1);                                                                                   \
-        }                                                                                              \
+#define NC(x)                                                                                  \
+    do {                                                                                       \
+        ncclResult_t e_ = (x);                                                                 \
+        if (e_ != ncclSuccess) {                                                               \
+            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, ncclGetErrorString(e_)); \
+            exit(1);                                                                           \
+        }                                                                                      \
     } while (0)
 
 static uint64_t rng = 12345;
@@ -112,7 +112,11 @@ static uint16_t to_half(float f)
     return (uint16_t)(s | ((uint32_t)(e + 14) << 10) | (mant - 1024));
 }
 
-typedef enum { F32, F16, BF16 } kind;
+typedef enum {
+    F32,
+    F16,
+    BF16
+} kind;
 
 static size_t esize(kind k) { return k == F32 ? 4 : 2; }
 static ncclDataType_t nccl_type(kind k) { return k == F32 ? ncclFloat : k == F16 ? ncclHalf : ncclBfloat16; }
@@ -139,8 +143,9 @@ static void *make_input(kind k, size_t n, float *f)
 static void as_floats(kind k, const void *raw, size_t n, float *f)
 {
     for (size_t i = 0; i < n; i++)
-        f[i] = k == F32 ? ((const float *)raw)[i]
-                        : k == F16 ? from_half(((const uint16_t *)raw)[i]) : from_bf16(((const uint16_t *)raw)[i]);
+        f[i] = k == F32   ? ((const float *)raw)[i]
+               : k == F16 ? from_half(((const uint16_t *)raw)[i])
+                          : from_bf16(((const uint16_t *)raw)[i]);
 }
 
 static int cmp_abs_desc(const void *a, const void *b)

@@ -394,8 +394,11 @@ static void test_codecs_match_host(void **state)
             OK(gcomp_comm_stats_get(p.dev, &ds));
             assert_int_equal(ds.last_schedule, GCOMP_SCHED_BYPASS);
             printf("  %-28s %-4s %s: 3 compressed steps (%s) and 1 bypassed, bit-identical to the host engine\n",
-                   SPECS[k], d == 0 ? "f32" : d == 1 ? "f16" : "bf16", op == GCOMP_AVG ? "avg" : "sum",
-                   gcomp_schedule_name(hs.last_schedule));
+                   SPECS[k],
+                   d == 0   ? "f32"
+                   : d == 1 ? "f16"
+                            : "bf16",
+                   op == GCOMP_AVG ? "avg" : "sum", gcomp_schedule_name(hs.last_schedule));
             free_pair(&p);
         }
     }
