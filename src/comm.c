@@ -243,6 +243,14 @@ gcomp_result gcomp__comm_stage_host(gcomp_comm *c)
     return gcomp__transport_staging_wrap(c->tp, &gcomp__device_host, &c->staged[GCOMP__MEM_HOST]);
 }
 
+gcomp_result gcomp__comm_emulate_device(gcomp_comm *c, const char *dense_spec)
+{
+    GCOMP_CHECK(gcomp__comm_stage_host(c));
+    if (!c->dense_codec) GCOMP_CHECK(gcomp_codec_create(dense_spec, NULL, &c->dense_codec));
+    c->emulate_device = 1;
+    return GCOMP_SUCCESS;
+}
+
 int gcomp_comm_rank(const gcomp_comm *c) { return c ? c->tp->rank : -1; }
 int gcomp_comm_size(const gcomp_comm *c) { return c ? c->tp->size : -1; }
 const char *gcomp_comm_codec(const gcomp_comm *c) { return c ? gcomp_codec_spec(c->codec) : ""; }

@@ -73,6 +73,7 @@ struct gcomp_comm {
      * goes through the staging transport (transport_staging.c); [GCOMP__MEM_HOST] only by a
      * test hook (gcomp__comm_stage_host) */
     gcomp__transport *staged[2];
+    int emulate_device; /* test hook (gcomp__comm_emulate_device): host buffers take the device path */
     gcomp_codec *codec;       /* the parsed chain and its residuals */
     gcomp_codec *dense_codec; /* sparse-as-dense: the fp32 ring's codec ("none"), made at first use */
     int broken;               /* set by a timeout or transport failure: refuse further calls */
@@ -130,5 +131,11 @@ void gcomp__comm_inject_fault(gcomp_comm *c, int fault);
 /* Test hook: host buffers of this communicator go through a staging decorator with the host's
  * device ops (bounce buffers of plain memory), so the decorator's logic runs without a GPU. */
 gcomp_result gcomp__comm_stage_host(gcomp_comm *c);
+/* Test hook: host buffers of this communicator take the engine's device path (the device
+ * workspace and residual store, the call's status and tally blocks, the codec's `cuda` ops,
+ * the staging decorator) with the host's device ops, so a codec whose `cuda` table runs on
+ * host memory exercises that path without a GPU (tests/test_staging.c). dense_spec: the
+ * codec of sparse-as-dense's fp32 ring (normally "none"), one with such a table too. */
+gcomp_result gcomp__comm_emulate_device(gcomp_comm *c, const char *dense_spec);
 
 #endif

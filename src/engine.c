@@ -201,6 +201,10 @@ static gcomp_result place_call(gcomp_comm *c, gcomp__call *call, const void *sen
                            "with device buffers)");
     call->stream = stream;
     call->ws = &c->ws[call->dev->kind];
+    if (c->emulate_device && !call->on_device) { /* test hook: the device path on host memory */
+        call->on_device = 1;
+        call->ws = &c->ws[GCOMP__DEVICE_CUDA];
+    }
     call->meta = &c->ws[GCOMP__DEVICE_HOST];
     if (!call->ws->dev) call->ws->dev = call->dev;
     if (!call->meta->dev) call->meta->dev = &gcomp__device_host;

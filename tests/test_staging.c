@@ -1,0 +1,479 @@
+/*
+ * test_staging.c — the engine's device path and the staging decorator, without a GPU.
+ *
+ *  - test_staging_golden: every schedule case of schedule_cases.h at 1-5 loopback ranks with
+ *    the communicator's host transport wrapped in the staging decorator (host device ops:
+ *    every message and the bypass's sum go through its bounce buffers) gives the checked-in
+ *    result hashes of tests/golden/schedules_expected.h, as without it.
+ *  - test_emulated_device: codecs whose `cuda` ops table is the CPU reference run on host
+ *    memory (registered here as emu_*), on communicators whose host buffers take the engine's
+ *    device path (gcomp__comm_emulate_device: device workspace and residual store, residual
+ *    blocks, status and tally read back at the end, commit of the agreed decision, staging):
+ *    results and residual checkpoints bit-identical to the host path of the same codec, at 1
+ *    to 4 ranks, for the dense ring, the integer ring, the sparse gather and sparse-as-dense,
+ *    f32/f16/bf16, SUM and AVG, and a step with a NaN input. This is the device path's logic;
+ *    the kernels' equality with the CPU reference is test_cuda_*'s.
+ *  - test_one_rank_forced: GCOMP_TEST_COMPRESS_ONE_RANK=1 makes one rank run the compressed
+ *    schedules, and their result is then what a codec object's encode and decode give.
+ */
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codecs/common.h"
+#include "codecs/terngrad.h"
+#include "comm.h"
+#include "loop_world.h"
+#include "schedule_cases.h"
+#include "test_util.h"
+#include "golden/schedules_expected.h"
+
+#define ONE_RANK_SWITCH "GCOMP_TEST_COMPRESS_ONE_RANK"
+#define MAX_RANKS 5
+#define STEPS 4
+
+/* ---- codecs whose CUDA ops run on host memory ----------------------------------------------
+ * Each emu_* codec is a built-in's CPU vtable under another name and wire id, with a `cuda`
+ * table whose functions keep the CUDA ops' contract (residual as a gcomp_cuda_residual block
+ * read at run time, status block out, nothing written after an error) by calling the CPU
+ * reference on host memory. */
+
+enum { EMU_NONE, EMU_FP16, EMU_BF16, EMU_TERNGRAD, EMU_TOPK, N_EMU };
+static const char *const emu_base[N_EMU] = { "none", "fp16", "bf16", "terngrad", "topk" };
+static gcomp_codec_vtable emu_vt[N_EMU];
+static const gcomp_codec_vtable *base_vt[N_EMU];
+
+static const float *res_in(const gcomp_cuda_residual *res) { return res ? res->buf[res->cur] : NULL; }
+static float *res_out(const gcomp_cuda_residual *res)
+{
+    if (!res) return NULL;
+    return res->buf[res->cur ^ 1u] ? res->buf[res->cur ^ 1u] : res->buf[res->cur];
+}
+
+static size_t emu_scratch(const void *params, size_t count)
+{
+    (void)params;
+    (void)count;
+    return 0;
+}
+
+static gcomp_result emu_encode(int which, const void *params, const gcomp_encode_ctx *ctx, const float *g,
+                               const gcomp_cuda_residual *res, size_t count, uint8_t *body, size_t cap,
+                               gcomp_cuda_status *st)
+{
+    const gcomp_codec_vtable *vt = base_vt[which];
+    gcomp_encode_ctx c = *ctx;
+    size_t w = 0;
+    uint32_t flags = 0;
+    gcomp_result rc;
+    c.step = res ? res->step : ctx->step; /* as the kernels: the residual's step */
+    c.nonfinite = 0;
+    c.overflow = 0;
+    c.state = vt->state_create ? vt->state_create(params) : NULL;
+    rc = vt->encode(params, &c, g, res_in(res), res_out(res), count, body, cap, &w, &flags);
+    if (vt->state_destroy) vt->state_destroy(c.state);
+    st->body_bytes = w;
+    st->flags = flags;
+    st->nonfinite = c.nonfinite;
+    st->overflow = c.overflow;
+    return rc;
+}
+
+static gcomp_result emu_decode_add(int which, const void *params, const uint8_t *payload, size_t cap, float *acc,
+                                   size_t count, gcomp_cuda_status *st)
+{
+    uint64_t body;
+    if (st->error) return GCOMP_SUCCESS;
+    body = gcomp_le_load_u64(payload + 24);
+    if (cap < GCOMP_HEADER_BYTES || body > cap - GCOMP_HEADER_BYTES ||
+        base_vt[which]->decode_add(params, gcomp_le_load_u32(payload + 8), payload + GCOMP_HEADER_BYTES, body, acc,
+                                   count) != GCOMP_SUCCESS)
+        st->error = GCOMP_ERR_CORRUPT;
+    return GCOMP_SUCCESS;
+}
+
+#define EMU_CAST(W)                                                                                                 \
+    static gcomp_result emu_encode_##W(const void *p, const gcomp_encode_ctx *ctx, const float *g,                 \
+                                       const gcomp_cuda_residual *res, size_t n, uint8_t *body, size_t cap,       \
+                                       void *scratch, gcomp_cuda_status *st, struct CUstream_st *s)               \
+    {                                                                                                               \
+        (void)scratch;                                                                                              \
+        (void)s;                                                                                                    \
+        return emu_encode(W, p, ctx, g, res, n, body, cap, st);                                                     \
+    }                                                                                                               \
+    static gcomp_result emu_decode_add_##W(const void *p, const uint8_t *payload, size_t cap, float *acc, size_t n, \
+                                           gcomp_cuda_status *st, struct CUstream_st *s)                            \
+    {                                                                                                               \
+        (void)s;                                                                                                    \
+        return emu_decode_add(W, p, payload, cap, acc, n, st);                                                      \
+    }
+EMU_CAST(0)
+EMU_CAST(1)
+EMU_CAST(2)
+EMU_CAST(3)
+EMU_CAST(4)
+
+/* ---- TernGrad's integer ring ---- */
+static gcomp_result emu_local_scales(const void *params, const float *g, const gcomp_cuda_residual *res, size_t count,
+                                     float *scales, void *scratch, struct CUstream_st *s)
+{
+    gcomp_encode_ctx ctx;
+    (void)scratch;
+    (void)s;
+    memset(&ctx, 0, sizeof ctx);
+    return base_vt[EMU_TERNGRAD]->local_scales(params, &ctx, g, res_in(res), count, scales);
+}
+
+static gcomp_result emu_ternarise(const void *params, const gcomp_encode_ctx *ctx, const float *g,
+                                  const gcomp_cuda_residual *res, size_t n, const float *scales, int8_t *t,
+                                  gcomp_cuda_status *st, struct CUstream_st *s)
+{
+    const gcomp_terngrad_params *p = params;
+    uint64_t B = p->bucket > 0 ? (uint64_t)p->bucket : 0, lo = ctx->offset;
+    gcomp_encode_ctx c = *ctx;
+    int bad = 0;
+    (void)s;
+    if (!n) return GCOMP_SUCCESS;
+    for (uint64_t j = B ? lo / B : 0; j <= (B ? (lo + n - 1) / B : 0); j++) bad |= !isfinite(scales[j]);
+    st->nonfinite = (uint32_t)bad; /* as k_check_scales: the residual is left alone then */
+    c.step = res ? res->step : ctx->step;
+    return base_vt[EMU_TERNGRAD]->int_ternarise(params, &c, g, res_in(res), bad ? NULL : res_out(res), n, scales, t);
+}
+
+static gcomp_result emu_sums_add_pack(const uint8_t *in, uint32_t m_in, const int8_t *t, size_t n, uint8_t *out,
+                                      gcomp_cuda_status *st, struct CUstream_st *s)
+{
+    (void)s;
+    if (gcomp__tg_sums_add_pack(in, m_in ? gcomp_tg_sum_bytes(n, m_in) : 0, m_in, t, n, out) != GCOMP_SUCCESS)
+        st->error = GCOMP_ERR_CORRUPT;
+    return GCOMP_SUCCESS;
+}
+
+static gcomp_result emu_sums_values(const void *params, const uint8_t *in, size_t lo, size_t n, uint32_t m,
+                                    const float *scales, float divisor, float *out, gcomp_cuda_status *st,
+                                    struct CUstream_st *s)
+{
+    const gcomp_codec_vtable *vt = base_vt[EMU_TERNGRAD];
+    size_t sb = vt->int_scratch_bytes ? vt->int_scratch_bytes(params, n, m) : 0;
+    void *scratch = malloc(sb ? sb : 1);
+    (void)s;
+    if (vt->int_sums_values(params, in, gcomp_tg_sum_bytes(n, m), lo, n, m, scales, divisor, out, scratch) !=
+        GCOMP_SUCCESS)
+        st->error = GCOMP_ERR_CORRUPT;
+    free(scratch);
+    return GCOMP_SUCCESS;
+}
+
+/* ---- top-k's gather: zero, decode-add in rank order, divide (what the kernel computes) ---- */
+static gcomp_result emu_sum_payloads(const void *params, const uint8_t *const *payloads, int n, size_t cap,
+                                     float *result, size_t count, float divisor, void *scratch, gcomp_cuda_status *st,
+                                     struct CUstream_st *s)
+{
+    (void)scratch;
+    (void)s;
+    if (st->error) return GCOMP_SUCCESS;
+    memset(result, 0, count * sizeof(float));
+    for (int j = 0; j < n; j++) emu_decode_add(EMU_TOPK, params, payloads[j], cap, result, count, st);
+    if (divisor != 1.0f) gcomp_divide_f32(result, count, divisor);
+    return GCOMP_SUCCESS;
+}
+
+static gcomp_codec_cuda_ops emu_ops[N_EMU];
+
+static void register_emulated(void)
+{
+    static int done;
+    if (done) return;
+    done = 1;
+    for (int w = 0; w < N_EMU; w++) {
+        static char names[N_EMU][16];
+        base_vt[w] = gcomp_codec_find(emu_base[w]);
+        assert_non_null(base_vt[w]);
+        emu_vt[w] = *base_vt[w];
+        snprintf(names[w], sizeof names[w], "emu_%s", emu_base[w]);
+        emu_vt[w].name = names[w];
+        emu_vt[w].wire_id = (uint16_t)(200 + w);
+        emu_ops[w].scratch_bytes = emu_scratch;
+        emu_vt[w].cuda = &emu_ops[w];
+    }
+    emu_ops[0].encode = emu_encode_0, emu_ops[0].decode_add = emu_decode_add_0;
+    emu_ops[1].encode = emu_encode_1, emu_ops[1].decode_add = emu_decode_add_1;
+    emu_ops[2].encode = emu_encode_2, emu_ops[2].decode_add = emu_decode_add_2;
+    emu_ops[3].encode = emu_encode_3, emu_ops[3].decode_add = emu_decode_add_3;
+    emu_ops[4].encode = emu_encode_4, emu_ops[4].decode_add = emu_decode_add_4;
+    emu_ops[EMU_TERNGRAD].local_scales = emu_local_scales;
+    emu_ops[EMU_TERNGRAD].ternarise = emu_ternarise;
+    emu_ops[EMU_TERNGRAD].sums_add_pack = emu_sums_add_pack;
+    emu_ops[EMU_TERNGRAD].sums_values = emu_sums_values;
+    emu_ops[EMU_TOPK].sum_payloads = emu_sum_payloads;
+    for (int w = 0; w < N_EMU; w++) {
+        gcomp_result rc = gcomp_codec_register(&emu_vt[w]);
+        if (rc != GCOMP_SUCCESS) fail_msg("register %s: %s", emu_vt[w].name, gcomp_last_error());
+    }
+}
+
+/* ---- a run of one case on N loopback ranks ---------------------------------------------- */
+
+enum { MODE_PLAIN, MODE_STAGED, MODE_EMULATED };
+
+typedef struct run_case {
+    const char *spec;
+    size_t count;
+    gcomp_dtype dtype;
+    gcomp_op op;
+    int nan_step; /* the step whose input holds a NaN on rank 0 (-1: none) */
+} run_case;
+
+typedef struct rank_job {
+    loop_rank at; /* first: loop_run_world fills it */
+    const run_case *c;
+    int mode;
+    gcomp_result rc;
+    uint64_t hash[STEPS]; /* each step's result */
+    uint64_t blob;        /* the residual checkpoint after the last step */
+    gcomp_comm_stats st;
+} rank_job;
+
+static void fill(const run_case *c, void *x, int rank, int step)
+{
+    uint64_t s = 1000003ull * (uint64_t)rank + 7919ull * (uint64_t)step + 17;
+    for (size_t i = 0; i < c->count; i++) {
+        float v = tu_gauss(&s) * 1.7f;
+        if (c->dtype == GCOMP_F32)
+            ((float *)x)[i] = v;
+        else
+            ((uint16_t *)x)[i] = c->dtype == GCOMP_F16 ? gcomp_f32_to_f16(v) : gcomp_f32_to_bf16(v);
+    }
+    if (step == c->nan_step && rank == 0) {
+        if (c->dtype == GCOMP_F32)
+            ((float *)x)[c->count / 3] = NAN;
+        else
+            ((uint16_t *)x)[c->count / 3] = 0x7e00u;
+    }
+}
+
+static void *run_rank(void *arg)
+{
+    rank_job *j = arg;
+    const run_case *c = j->c;
+    gcomp_config cfg = gcomp_config_default();
+    gcomp_comm *comm = NULL;
+    size_t bytes = c->count * gcomp_dtype_size(c->dtype), n = 0;
+    void *x = malloc(bytes + 8), *y = malloc(bytes + 8);
+    cfg.codec = c->spec;
+    cfg.min_bytes = 0;
+    cfg.seed = 7;
+    cfg.timeout_ms = 20000;
+    j->rc = gcomp__comm_create_loop(j->at.w, j->at.rank, &cfg, &comm);
+    if (j->rc == GCOMP_SUCCESS && j->mode == MODE_STAGED) j->rc = gcomp__comm_stage_host(comm);
+    if (j->rc == GCOMP_SUCCESS && j->mode == MODE_EMULATED) j->rc = gcomp__comm_emulate_device(comm, "emu_none");
+    for (int t = 0; t < STEPS && j->rc == GCOMP_SUCCESS; t++) {
+        fill(c, x, j->at.rank, t);
+        /* in place at the last step: the schedules must read send before writing recv */
+        j->rc = gcomp_allreduce(comm, x, t == STEPS - 1 ? x : y, c->count, c->dtype, c->op, 42, NULL);
+        j->hash[t] = sc_hash(SC_HASH_INIT, t == STEPS - 1 ? x : y, bytes);
+    }
+    if (j->rc == GCOMP_SUCCESS) j->rc = gcomp_comm_stats_get(comm, &j->st);
+    if (j->rc == GCOMP_SUCCESS) j->rc = gcomp_comm_residuals_save(comm, NULL, 0, &n);
+    if (j->rc == GCOMP_SUCCESS) {
+        uint8_t *b = malloc(n);
+        j->rc = gcomp_comm_residuals_save(comm, b, n, &n);
+        j->blob = sc_hash(SC_HASH_INIT, b, n);
+        free(b);
+    }
+    if (j->rc != GCOMP_SUCCESS) fprintf(stderr, "rank %d (%s): %s\n", j->at.rank, c->spec, gcomp_last_error());
+    gcomp_comm_destroy(comm);
+    free(x);
+    free(y);
+    return NULL;
+}
+
+static void run(const run_case *c, int n, int mode, rank_job *jobs)
+{
+    memset(jobs, 0, sizeof(rank_job) * MAX_RANKS);
+    for (int r = 0; r < n; r++) {
+        jobs[r].c = c;
+        jobs[r].mode = mode;
+    }
+    loop_run_world(n, run_rank, jobs, sizeof jobs[0]);
+    for (int r = 0; r < n; r++)
+        if (jobs[r].rc != GCOMP_SUCCESS)
+            fail_msg("%s at %d ranks, mode %d: rank %d returned %s", c->spec, n, mode, r,
+                     gcomp_result_name(jobs[r].rc));
+}
+
+/* ---- the staging decorator under the golden schedule cases ---- */
+
+typedef struct golden_job {
+    loop_rank at;
+    const schedule_case *c;
+    gcomp_result rc;
+    uint64_t hash;
+} golden_job;
+
+static void *run_golden(void *arg)
+{
+    golden_job *j = arg;
+    const schedule_case *c = j->c;
+    gcomp_config cfg = gcomp_config_default();
+    gcomp_comm *comm = NULL;
+    float *x = malloc(c->count * sizeof(float)), *y = malloc(c->count * sizeof(float));
+    cfg.codec = c->spec;
+    cfg.min_bytes = c->min_bytes;
+    cfg.seed = 7;
+    cfg.timeout_ms = 20000;
+    j->hash = SC_HASH_INIT;
+    j->rc = gcomp__comm_create_loop(j->at.w, j->at.rank, &cfg, &comm);
+    if (j->rc == GCOMP_SUCCESS) j->rc = gcomp__comm_stage_host(comm);
+    for (int t = 0; t < SCHEDULE_STEPS && j->rc == GCOMP_SUCCESS; t++) {
+        sc_fill(c, x, j->at.rank, t);
+        j->rc = gcomp_allreduce(comm, x, y, c->count, GCOMP_F32, c->op, 42, NULL);
+        j->hash = sc_hash(j->hash, y, c->count * sizeof(float));
+    }
+    gcomp_comm_destroy(comm);
+    free(x);
+    free(y);
+    return NULL;
+}
+
+static void test_staging_golden(void **state)
+{
+    (void)state;
+    for (size_t ci = 0; ci < SCHEDULE_N_CASES; ci++) {
+        for (int n = 1; n <= MAX_RANKS; n++) {
+            golden_job jobs[MAX_RANKS];
+            uint64_t want = 0;
+            memset(jobs, 0, sizeof jobs);
+            for (int r = 0; r < n; r++) jobs[r].c = &schedule_cases[ci];
+            loop_run_world(n, run_golden, jobs, sizeof jobs[0]);
+            for (size_t i = 0; i < sizeof schedules_expected / sizeof schedules_expected[0]; i++)
+                if (strcmp(schedules_expected[i].name, schedule_cases[ci].name) == 0 && schedules_expected[i].ranks == n)
+                    want = schedules_expected[i].hash;
+            for (int r = 0; r < n; r++) {
+                assert_int_equal(jobs[r].rc, GCOMP_SUCCESS);
+                if (jobs[r].hash != want)
+                    fail_msg("%s at %d ranks through the staging decorator: rank %d hash 0x%016llx, expected 0x%016llx",
+                             schedule_cases[ci].name, n, r, (unsigned long long)jobs[r].hash, (unsigned long long)want);
+            }
+        }
+    }
+}
+
+/* ---- the device path on host memory against the host path ---- */
+
+static const run_case EMU_CASES[] = {
+    { "emu_none", 10007, GCOMP_F32, GCOMP_AVG, -1 },
+    { "emu_fp16", 10007, GCOMP_F32, GCOMP_SUM, 2 },
+    { "emu_fp16", 5003, GCOMP_F16, GCOMP_AVG, -1 },
+    { "emu_bf16", 5003, GCOMP_BF16, GCOMP_SUM, -1 },
+    { "emu_terngrad", 10007, GCOMP_F32, GCOMP_AVG, 2 },
+    { "emu_terngrad:bucket=512", 5003, GCOMP_F32, GCOMP_SUM, -1 },
+    { "emu_terngrad", 5003, GCOMP_BF16, GCOMP_SUM, -1 },
+    { "emu_topk:ratio=0.01", 10007, GCOMP_F32, GCOMP_SUM, 2 },
+    { "emu_topk:ratio=0.05,values=fp16", 5003, GCOMP_F16, GCOMP_AVG, -1 },
+    { "emu_topk:ratio=1", 3001, GCOMP_F32, GCOMP_SUM, -1 }, /* sparse-as-dense from 2 ranks */
+};
+
+static void test_emulated_device(void **state)
+{
+    (void)state;
+    register_emulated();
+    setenv(ONE_RANK_SWITCH, "1", 1); /* one rank runs the compressed schedules too */
+    for (size_t ci = 0; ci < sizeof EMU_CASES / sizeof EMU_CASES[0]; ci++) {
+        const run_case *c = &EMU_CASES[ci];
+        gcomp_schedule last = GCOMP_SCHED_NONE;
+        for (int n = 1; n <= 4; n++) {
+            rank_job host[MAX_RANKS], dev[MAX_RANKS];
+            run(c, n, MODE_PLAIN, host);
+            run(c, n, MODE_EMULATED, dev);
+            for (int r = 0; r < n; r++) {
+                for (int t = 0; t < STEPS; t++)
+                    if (dev[r].hash[t] != host[r].hash[t] || host[r].hash[t] != host[0].hash[t])
+                        fail_msg("%s (dtype %d op %d) at %d ranks: rank %d step %d result differs (device path "
+                                 "0x%016llx, host path 0x%016llx, host rank 0 0x%016llx)",
+                                 c->spec, (int)c->dtype, (int)c->op, n, r, t, (unsigned long long)dev[r].hash[t],
+                                 (unsigned long long)host[r].hash[t], (unsigned long long)host[0].hash[t]);
+                if (dev[r].blob != host[r].blob)
+                    fail_msg("%s at %d ranks: rank %d residual checkpoint differs between the paths", c->spec, n, r);
+                assert_int_equal(dev[r].st.last_schedule, host[r].st.last_schedule);
+                assert_int_equal(dev[r].st.compressed_calls, STEPS);
+                assert_int_equal(dev[r].st.wire_bytes, host[r].st.wire_bytes);
+                assert_int_equal(dev[r].st.nonfinite_calls, host[r].st.nonfinite_calls);
+                assert_int_equal(dev[r].st.overflow_count, host[r].st.overflow_count);
+            }
+            if (c->nan_step >= 0) assert_int_equal(host[0].st.nonfinite_calls, 1);
+            last = host[0].st.last_schedule;
+        }
+        printf("  %-34s dtype %d op %d: 1-4 ranks (%s at 4): device path = host path\n", c->spec, (int)c->dtype,
+               (int)c->op, gcomp_schedule_name(last));
+    }
+    unsetenv(ONE_RANK_SWITCH);
+}
+
+/* ---- one rank, the compressed schedules forced on: the result is a codec round trip ---- */
+
+static void test_one_rank_forced(void **state)
+{
+    static const char *const specs[] = { "none", "fp16", "bf16", "terngrad", "terngrad:bucket=512",
+                                         "topk:ratio=0.01" };
+    const size_t count = 20011;
+    (void)state;
+    for (size_t k = 0; k < sizeof specs / sizeof specs[0]; k++) {
+        gcomp__loop_world *w = NULL;
+        gcomp_comm *comm = NULL;
+        gcomp_codec *codec = NULL;
+        gcomp_codec_options o = gcomp_codec_options_default();
+        gcomp_config cfg = gcomp_config_default();
+        gcomp_comm_stats st;
+        size_t cap, bytes;
+        uint8_t *payload;
+        float *y = malloc(count * sizeof(float)), *ref = malloc(count * sizeof(float));
+        cfg.codec = specs[k];
+        cfg.min_bytes = 0;
+        cfg.seed = 9;
+        o.seed = 9;
+        setenv(ONE_RANK_SWITCH, "1", 1);
+        assert_int_equal(gcomp__loop_world_create(1, &w), GCOMP_SUCCESS);
+        assert_int_equal(gcomp__comm_create_loop(w, 0, &cfg, &comm), GCOMP_SUCCESS);
+        unsetenv(ONE_RANK_SWITCH);
+        assert_int_equal(gcomp_codec_create(specs[k], &o, &codec), GCOMP_SUCCESS);
+        cap = gcomp_codec_max_encoded_bytes(codec, count);
+        payload = malloc(cap);
+        for (int t = 0; t < 3; t++) {
+            float *x = tu_gauss_array(count, 50 + (uint64_t)t);
+            assert_int_equal(gcomp_allreduce(comm, x, y, count, GCOMP_F32, GCOMP_SUM, 5, NULL), GCOMP_SUCCESS);
+            assert_int_equal(gcomp_codec_encode(codec, 5, x, count, GCOMP_F32, payload, cap, &bytes), GCOMP_SUCCESS);
+            assert_int_equal(gcomp_codec_decode(codec, payload, bytes, ref, count, GCOMP_F32), GCOMP_SUCCESS);
+            if (memcmp(y, ref, count * sizeof(float)) != 0) {
+                size_t i = 0;
+                while (memcmp(&y[i], &ref[i], 4) == 0) i++;
+                fail_msg("%s, one rank, step %d: element %zu is %g, a codec round trip gives %g", specs[k], t, i,
+                         (double)y[i], (double)ref[i]);
+            }
+            free(x);
+        }
+        assert_int_equal(gcomp_comm_stats_get(comm, &st), GCOMP_SUCCESS);
+        assert_int_equal(st.compressed_calls, 3);
+        assert_int_not_equal(st.last_schedule, GCOMP_SCHED_BYPASS);
+        printf("  %-22s one rank, %s: 3 steps equal a codec round trip\n", specs[k],
+               gcomp_schedule_name(st.last_schedule));
+        gcomp_comm_destroy(comm);
+        gcomp__loop_world_destroy(w);
+        gcomp_codec_destroy(codec);
+        free(payload);
+        free(y);
+        free(ref);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_staging_golden),
+        cmocka_unit_test(test_one_rank_forced),
+        cmocka_unit_test(test_emulated_device),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
