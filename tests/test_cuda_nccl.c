@@ -201,7 +201,7 @@ static void self_exchange(gcomp__transport *t, const uint8_t *dsrc, size_t sbyte
     OK(t->finish_sendrecv(t, &got, gcomp__now() + 60));
     assert_int_equal(got, sbytes);
     CU(cudaStreamSynchronize(s));
-    d2h(want, dsrc, sbytes + 1);
+    d2h(want, dsrc, sbytes);
     d2h(back, drecv, sbytes + 1);
     assert_memory_equal(back, want, sbytes);
     if (sbytes < rcap) assert_int_equal(back[sbytes], 0xee); /* nothing past the message */
@@ -418,7 +418,7 @@ static void test_no_allocation_per_call(void **state)
         pair p = make_pair(specs[k]);
         float *x = tu_gauss_array(count, k), *d = dmalloc(count * sizeof(float));
         gcomp__workspace *ws = &p.dev->ws[GCOMP__DEVICE_CUDA];
-        uint64_t allocs;
+        uint64_t allocs, dev_allocs;
         uint8_t *base;
         size_t cap, free0, free1, total;
         h2d(d, x, count * sizeof(float));
@@ -426,6 +426,7 @@ static void test_no_allocation_per_call(void **state)
             OK(gcomp_allreduce(p.dev, d, d, count, GCOMP_F32, GCOMP_SUM, KEY, (struct CUstream_st *)s));
         CU(cudaStreamSynchronize(s));
         allocs = gcomp__nccl_transport_allocs(p.dev->tp);
+        dev_allocs = gcomp__comm_device_allocs(p.dev); /* workspace, residuals */
         base = ws->base;
         cap = ws->cap;
         CU(cudaMemGetInfo(&free0, &total));
@@ -434,13 +435,14 @@ static void test_no_allocation_per_call(void **state)
         CU(cudaStreamSynchronize(s));
         CU(cudaMemGetInfo(&free1, &total));
         assert_int_equal(gcomp__nccl_transport_allocs(p.dev->tp), allocs);
+        assert_int_equal(gcomp__comm_device_allocs(p.dev), dev_allocs);
         assert_ptr_equal(ws->base, base);
         assert_int_equal(ws->cap, cap);
         if (free1 != free0)
             fail_msg("%s: free device memory went from %zu to %zu bytes over 20 calls", specs[k], free0, free1);
-        printf("  %s: 20 calls of %zu floats, no allocation (transport %llu allocations in all, workspace %zu "
-               "bytes, free device memory unchanged)\n",
-               specs[k], count, (unsigned long long)allocs, cap);
+        printf("  %s: 20 calls of %zu floats, no allocation (transport %llu allocations in all, communicator %llu, "
+               "workspace %zu bytes, free device memory unchanged)\n",
+               specs[k], count, (unsigned long long)allocs, (unsigned long long)dev_allocs, cap);
         CU(cudaFree(d));
         free(x);
         free_pair(&p);
