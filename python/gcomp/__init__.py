@@ -342,6 +342,7 @@ class Comm(_Handle):
                  timeout_ms=None, debug=None, backend="mpi", group=None, device=None):
         self._init_handle()
         self._device = None  # the CUDA device of an NCCL communicator
+        self._devices = set()  # the CUDA devices calls have used (see _settled)
         cfg = _config(codec, min_bytes, error_feedback, seed, timeout_ms, debug)
         backend = _choice("backend", backend, {"mpi": "mpi", "nccl": "nccl"})
         if backend == "nccl":
@@ -392,6 +393,7 @@ class Comm(_Handle):
                    "gcomp_comm_create_nccl_rank")
         self._h = h
         self._device = dev
+        self._devices.add(dev)
 
     @property
     def device(self):
@@ -419,25 +421,28 @@ class Comm(_Handle):
         Collective: every rank calls it with the same count, dtype, op and codec. key names
         the tensor for error feedback (an int; None: no error feedback). The GIL is released
         while the library works.
-        MPI Comm: host buffers; blocking, out holds the result on return.
-        NCCL Comm: CUDA tensors on the Comm's device, with the call ordered on `stream`
-        (None: torch.cuda.current_stream() of that device; or a torch.cuda.Stream, or a raw
-        cudaStream_t int): like torch's collectives, the result is ready for work enqueued
-        on that stream after the call (synchronise it before reading out from the host)."""
+        Host buffers (MPI Comm only): blocking, out holds the result on return.
+        CUDA tensors (an NCCL Comm: on its device; an MPI Comm: any one device, staged
+        through host memory by the library): the call is ordered on `stream` (None: torch's
+        current stream of the tensors' device; or a torch.cuda.Stream, or a raw cudaStream_t
+        int): like torch's collectives, the result is ready for work enqueued on that stream
+        after the call (synchronise it before reading the result from the host)."""
         s, r = self._bufs(x, out)
         o, k = _op(op), _key(key)
-        if self._device is None:
+        if s.device is None:
             if stream is not None:
-                raise ValueError("Comm.allreduce: stream is for CUDA tensors on an NCCL Comm; "
-                                 "this Comm is over MPI")
+                raise ValueError("Comm.allreduce: stream goes with CUDA tensors; these buffers "
+                                 "are in host memory")
             with self._use() as h:
                 _check(_lib.allreduce(h, s.ptr, r.ptr, s.count, s.dtype, o, k, None),
                        "gcomp_allreduce")
         else:
-            torch = sys.modules["torch"]  # imported: the Comm's creation needed it
-            with torch.cuda.device(self._device):  # the library uses the current device
-                handle, tstream = _cuda.stream_arg(torch, self._device, stream)
+            torch = sys.modules["torch"]  # imported: x is a torch tensor
+            self._devices.add(s.device)
+            with torch.cuda.device(s.device):  # the library takes the current device's memory
+                handle, tstream = _cuda.stream_arg(torch, s.device, stream)
                 with self._use() as h:
+                    # cudaStream_t 0 is the legacy default stream, torch's default: NULL
                     _check(_lib.allreduce(h, s.ptr, r.ptr, s.count, s.dtype, o, k, handle or None),
                            "gcomp_allreduce")
                 _cuda.record_stream((s, r), tstream, torch)
@@ -458,29 +463,28 @@ class Comm(_Handle):
                 # the schedules read the input after writing parts of the output
                 raise ValueError("Comm.allreduce: out overlaps the input without being it; "
                                  "reduce in place (out=None) or into separate memory")
-        for b, name in ((s, "input"), (r, "out")):
-            if b.device != self._device:
-                raise ValueError("Comm.allreduce: %s is in %s, but this Comm (backend %r) "
-                                 "reduces %s%s" % (
-                                     name, "host memory" if b.device is None else b.device,
-                                     self.backend,
-                                     "host memory" if self._device is None else
-                                     "tensors on %s" % self._device,
-                                     "; create a Comm with backend='nccl' for CUDA tensors"
-                                     if self._device is None else ""))
+        if s.device != r.device:
+            raise ValueError("Comm.allreduce: the input is in %s, out in %s: pass both on the "
+                             "same device" % (_where(s), _where(r)))
+        if self._device is not None and s.device != self._device:
+            raise ValueError("Comm.allreduce: the buffers are in %s, but this NCCL Comm "
+                             "reduces tensors on %s (NCCL moves device memory of its own "
+                             "device only): pass x.to(%r), or use an MPI Comm for host buffers"
+                             % (_where(s), self._device, str(self._device)))
         return s, r
 
     @contextlib.contextmanager
     def _settled(self):
-        """An NCCL Comm's stats and residuals are read and written after the device has
-        finished the calls enqueued so far (they ran on the caller's streams), with the
-        Comm's device current; an MPI Comm's calls are complete when they return."""
-        if self._device is None:
+        """Stats and residuals are read and written after the devices have finished the
+        calls enqueued so far on the caller's streams (host buffers' calls are complete when
+        they return), with the Comm's device (NCCL), or the one its calls used, current."""
+        if not self._devices:
             yield
             return
         torch = sys.modules["torch"]
-        with torch.cuda.device(self._device):
-            torch.cuda.synchronize(self._device)
+        for d in self._devices:
+            torch.cuda.synchronize(d)
+        with torch.cuda.device(self._device or next(iter(self._devices))):
             yield
 
     def stats(self, key=None):
@@ -558,6 +562,10 @@ class Comm(_Handle):
             pass
 
 
+def _where(b):
+    return "host memory" if b.device is None else str(b.device)
+
+
 def _config(codec, min_bytes, error_feedback, seed, timeout_ms, debug):
     """A gcomp_config from the keyword arguments (None: unset), checked against config.c's
     ranges; -1 would be GCOMP_UNSET (the environment) in C. The struct keeps the codec's
@@ -581,7 +589,8 @@ def _config(codec, min_bytes, error_feedback, seed, timeout_ms, debug):
 
 def _write_stats_file(comm):
     """GCOMP_STATS_FILE, as the interposer (docs/INTERPOSE.md) writes it: one JSON file per
-    rank, "%r" in the path replaced by the MPI_COMM_WORLD rank, else ".rank<N>" appended.
+    rank, "%r" in the path replaced by the MPI_COMM_WORLD rank (without MPI: the torch
+    process group's rank, else the Comm's), else ".rank<N>" appended.
     Holds rank, size, codec and this Comm's stats() (counters since the last stats_reset()),
     among them raw_bytes, wire_bytes and baseline_bytes as the interposer's file. Written when
     the Comm closes (close(), or at exit); a later Comm in the same process overwrites it.
@@ -590,11 +599,8 @@ def _write_stats_file(comm):
     if not path:
         return
     import json
-    import sys
     try:
-        from mpi4py import MPI
-        wrank = MPI.COMM_WORLD.Get_rank() if MPI.Is_initialized() and not MPI.Is_finalized() \
-            else comm.rank
+        wrank = _world_rank(comm)
         path = path.replace("%r", str(wrank)) if "%r" in path else "%s.rank%d" % (path, wrank)
         d = dict(rank=wrank, size=comm.size, codec=comm.codec, source="gcomp.Comm")
         d.update(comm.stats())
@@ -603,6 +609,17 @@ def _write_stats_file(comm):
             f.write("\n")
     except Exception as exc:  # noqa: B902 - a stats file must not break the program
         print("gcomp: cannot write GCOMP_STATS_FILE %r: %s" % (path, exc), file=sys.stderr)
+
+
+def _world_rank(comm):
+    # only an MPI someone initialised: importing mpi4py here would initialise MPI
+    MPI = getattr(sys.modules.get("mpi4py"), "MPI", None)
+    if MPI is not None and MPI.Is_initialized() and not MPI.Is_finalized():
+        return MPI.COMM_WORLD.Get_rank()
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    return comm.rank
 
 
 # ---- residual checkpoints ------------------------------------------------------------------

@@ -90,12 +90,12 @@ def share_unique_id(get_id, group=None, mpi_comm=None):
         if rank < 0:
             raise ValueError("this process is not a member of the process group")
         src = 0 if group is None else _global_rank(dist, group, 0)
-        # an NCCL group moves objects through device tensors: say which device
-        dev = _object_device(dist, group)
 
         def bcast(obj):
+            # an NCCL group moves the object through a tensor on the current device (torch
+            # picks it, 1.13 and 2.x alike): the caller has made the Comm's device current
             box = [obj]
-            dist.broadcast_object_list(box, src=src, group=group, device=dev)
+            dist.broadcast_object_list(box, src=src, group=group)
             return box[0]
 
     msg = None
@@ -120,10 +120,3 @@ def _global_rank(dist, group, group_rank):
     if hasattr(dist, "get_global_rank"):  # torch >= 2.0 (1.13 has it too, deprecated later)
         return dist.get_global_rank(group, group_rank)
     return dist.distributed_c10d._get_global_rank(group, group_rank)
-
-
-def _object_device(dist, group):
-    import torch
-    if str(dist.get_backend(group)).lower() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return None

@@ -47,8 +47,12 @@ How it works
   - state_dict()/load_state_dict() (and pickling) carry the counters, the bucket layouts and
     the residuals (through the library's residual checkpoint), so a resumed run continues
     bit for bit.
-  - A bucket on another device than the state's communicator (a CPU bucket with an NCCL
-    state, a CUDA bucket with an MPI one, another GPU) is refused with ValueError naming both.
+  - CUDA buckets with an MPI state (backend "mpi", e.g. DDP over gloo under mpirun) take the
+    same caller-stream path; the library stages them through host memory. One state serves
+    the buckets of one DDP model, all on one device: CPU buckets (worker thread) and CUDA
+    buckets (caller's thread) are not ordered with each other.
+  - A bucket the state's communicator cannot take (a CPU bucket with an NCCL state, a bucket
+    on another GPU than its own, a meta tensor) is refused with ValueError naming both.
 """
 import queue
 import threading
@@ -76,8 +80,9 @@ class GcompHookState:
         default group).
     min_bytes, error_feedback, seed, timeout_ms: as gcomp.Comm (None: GCOMP_* environment,
         then library defaults). min_bytes defaults to 0 here so every bucket is compressed.
-    backend: "mpi" (CPU buckets) or "nccl" (CUDA buckets); None: "nccl" when
-        torch.distributed is initialised with an NCCL process group, else "mpi".
+    backend: "mpi" (CPU buckets; CUDA ones staged through host memory) or "nccl" (CUDA
+        buckets); None: "nccl" when process_group (default: the default group) has NCCL
+        among its backends, else "mpi".
     device: the CUDA device of an NCCL state (None: the current one), as gcomp.Comm.
     """
 
@@ -108,7 +113,7 @@ class GcompHookState:
                             device=None if self.comm.device is None else str(self.comm.device))
         self._ef = self.comm.config()["error_feedback"]
         self._closed = False
-        if self.comm.device is None:  # CPU buckets: the worker thread
+        if self.comm.device is None:  # CPU buckets (MPI): the worker thread
             self._queue = queue.Queue()
             self._thread = threading.Thread(target=self._work, name="gcomp-ddp-hook",
                                             daemon=True)
@@ -261,8 +266,9 @@ class GcompHookState:
 
 
 def _default_backend(process_group):
+    # "nccl", or torch 2's "cpu:gloo,cuda:nccl" of init_process_group() without a backend
     if dist.is_available() and dist.is_initialized() and \
-            str(dist.get_backend(process_group)).lower() == "nccl":
+            "nccl" in str(dist.get_backend(process_group)).lower():
         return "nccl"
     return "mpi"
 
@@ -278,14 +284,16 @@ def hook(state, bucket):
     """DDP communication hook: average the bucket over ranks with gcomp; returns a
     torch.futures.Future holding the averaged bucket tensor."""
     tensor = bucket.buffer()
-    dev = tensor.device if tensor.device.type == "cuda" else None
-    if dev != state.comm.device or tensor.device.type not in ("cpu", "cuda"):
+    cuda = tensor.device.type == "cuda"
+    if not (cuda or tensor.device.type == "cpu") or \
+            (state.comm.device is not None and tensor.device != state.comm.device):
         raise ValueError(
             "gcomp.torch.hook: bucket on %s, but the GcompHookState's communicator (backend "
-            "%r) reduces %s; build the state with backend='nccl' (on the bucket's device) for "
-            "CUDA buckets, backend='mpi' for CPU ones"
+            "%r) reduces %s; build the state with backend='nccl' on the bucket's device for "
+            "CUDA buckets over NCCL, backend='mpi' for CPU ones"
             % (tensor.device, state.comm.backend,
-               "host memory" if state.comm.device is None else state.comm.device))
+               "CPU and CUDA tensors" if state.comm.device is None else
+               "tensors on %s" % state.comm.device))
     compress = state.iter >= state.start_iter
     if bucket.is_last():
         state.iter += 1
@@ -293,7 +301,7 @@ def hook(state, bucket):
     if not compress:
         return _plain_allreduce(state, tensor)
     comm = state.comm
-    if dev is not None:
+    if cuda:
         return _cuda_allreduce(state, tensor, key)
 
     def run():
