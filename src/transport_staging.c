@@ -68,7 +68,10 @@ static gcomp_result staging_start(gcomp__transport *t, int to, const void *sbuf,
                                   size_t rcap)
 {
     staging_transport *s = st_of(t);
-    GCOMP_CHECK(reserve(s, &s->sb, &s->scap, sbytes));
+    /* a message is at most what its receiver accepts, and every rank posts the same capacity
+     * for an exchange: sizing the send buffer by it too means a data-dependent size (top-k)
+     * that grows later allocates nothing */
+    GCOMP_CHECK(reserve(s, &s->sb, &s->scap, sbytes > rcap ? sbytes : rcap));
     GCOMP_CHECK(reserve(s, &s->rb, &s->rcap, rcap));
     GCOMP_CHECK(copy_in(s, s->sb, sbuf, sbytes));
     s->rdst = rbuf;
