@@ -11,11 +11,18 @@ library is found (GCOMP_LIBRARY, next to the package, the checkout's build tree,
     comm.stats()                                 # dict of counters
     comm.close()
 
-Buffers: C-contiguous float32 or float16 numpy arrays in native byte order, or contiguous
-CPU torch tensors of float32, float16 or bfloat16; either at an address aligned to the element
-size (4 or 2 bytes, as C requires of a float * or uint16_t *). Anything else is refused with
-TypeError/ValueError before any C call. Failures inside the library raise GcompError carrying the code name and
-gcomp_last_error(). A closed Comm or Codec raises ValueError, like a closed file.
+    gpu = gcomp.Comm(codec="terngrad", backend="nccl")   # CUDA tensors over NCCL
+    gpu.allreduce(cuda_grad, op="avg", key=0)    # ordered on torch.cuda.current_stream()
+
+Buffers (gcomp._buffers): C-contiguous, dense float32 or float16 numpy arrays in native byte
+order, or contiguous float32, float16 or bfloat16 torch tensors (CPU, or CUDA with a CUDA
+path: an NCCL Comm, or an MPI one that stages them); either at an address aligned to the
+element size (4 or 2 bytes, as C requires of a float * or uint16_t *). Scalars are checked
+against the C ranges (gcomp._args): ctypes would wrap them. Anything else is refused with
+TypeError/ValueError before any C call. Failures inside the library raise GcompError carrying
+the code name and gcomp_last_error(). A closed Comm or Codec raises ValueError, like a closed
+file; close() waits for a call another thread has in progress. python/README.md has the
+whole story, the CUDA path and the DDP hook included.
 """
 import atexit
 import contextlib
