@@ -19,7 +19,8 @@
  *     callback may reduce during MPI_Finalize, before the interposer's callback runs).
  * Everything else goes to PMPI_Allreduce (or Open MPI's own Fortran binding) with the
  * caller's arguments untouched, so its result is exactly MPI's. MPI_Iallreduce and the other
- * collectives are not intercepted at all.
+ * collectives are not intercepted at all, but for MPI_Bcast, which in sequence mode (below) is
+ * observed, never changed: it goes to PMPI_Bcast with the caller's arguments.
  *
  * One gcomp communicator per MPI communicator, created collectively at the first float sum
  * on it (all ranks reach that call together, since the decision above is the same on every
@@ -28,19 +29,37 @@
  * and, at MPI_Finalize, an attribute on MPI_COMM_SELF (deleted first, while MPI still works)
  * destroys whatever is left and writes the summary.
  *
- * Error feedback: the residual key is (communicator, receive buffer address, count). A trainer
- * that reduces each gradient in its own long-lived buffer gets one residual per tensor. A
- * buffer that comes back with a different count is a buffer whose contents change meaning
- * (Horovod's fusion buffer: which tensors share a fused call varies from step to step): its
- * residual would feed one tensor's error into another, so from then on that address is
- * reduced without error feedback (still compressed), and the summary counts those calls. At
- * most MAX_BUFFERS buffers per communicator keep a residual; calls on further ones run
- * without error feedback too.
+ * Error feedback: the residual key names what a buffer holds, chosen by
+ * GCOMP_INTERPOSE_EF_KEY:
+ *   - "buffer" (default): (communicator, receive buffer address, count). A trainer that
+ *     reduces each gradient in its own long-lived buffer gets one residual per tensor. A
+ *     buffer that comes back with a different count is a buffer whose contents change meaning
+ *     (Horovod's fusion buffer: which tensors share a fused call varies from step to step):
+ *     its residual would feed one tensor's error into another, so from then on that address
+ *     is reduced without error feedback (still compressed), and the summary counts those
+ *     calls. The same address and count holding other tensors is not seen.
+ *   - "sequence": (communicator, receive buffer address, count, control context). The control
+ *     context is a hash of the results of the control collectives that led to the call (the
+ *     MPI_Allreduce, any op, and MPI_Bcast calls of predefined integer types on the same
+ *     communicator since the last compressed call) and of the call's place among the
+ *     compressed calls after them. A program that decides what goes into a shared buffer
+ *     through such calls
+ *     (Horovod: each cycle's MPI_BAND of the response-cache bits, and the coordinator's
+ *     MPI_Bcast of the response list when something is not cached; the fused composition is
+ *     a function of those results) gets one residual per composition: no tensor's error is
+ *     fed into another one's, at the price of a residual per composition (delayed error
+ *     feedback) instead of per tensor. A control call of the same kind, datatype, op and
+ *     count as the one that opened the run starts a new run (Horovod's idle cycles each
+ *     reduce one bit vector: only the last one counts). Control results are hashed up to
+ *     CONTROL_HASH_BYTES each.
+ * At most MAX_BUFFERS keys per communicator keep a residual (and in sequence mode at most
+ * MAX_CONTEXTS per buffer address); calls on further ones run without error feedback too.
  *
  * Environment (read once, here): GCOMP_CODEC (opt-in; the rest of gcomp's GCOMP_* variables
- * configure the communicator as usual), GCOMP_DEBUG (any value but "0": one summary line per
- * rank on stderr at MPI_Finalize), GCOMP_STATS_FILE (the same as JSON, one file per rank: %r
- * in the path becomes the MPI_COMM_WORLD rank, else ".rank<N>" is appended).
+ * configure the communicator as usual), GCOMP_INTERPOSE_EF_KEY (above), GCOMP_DEBUG (any value
+ * but "0": one summary line per rank on stderr at MPI_Finalize, and one line per compressed
+ * call with its buffer, count and key), GCOMP_STATS_FILE (the same as JSON, one file per rank:
+ * %r in the path becomes the MPI_COMM_WORLD rank, else ".rank<N>" is appended).
  *
  * Uses gcomp's public API only.
  */
@@ -59,7 +78,15 @@
 #include "gcomp_mpi.h"
 
 #define EXPORT __attribute__((visibility("default")))
-#define MAX_BUFFERS 4096 /* receive buffers with error feedback, per communicator */
+#define MAX_BUFFERS 4096         /* keys with error feedback, per communicator */
+#define MAX_CONTEXTS 256         /* sequence mode: control contexts per buffer address */
+#define CONTROL_HASH_BYTES 65536 /* of each control result, hashed */
+
+/* GCOMP_INTERPOSE_EF_KEY */
+enum {
+    EF_KEY_BUFFER,
+    EF_KEY_SEQUENCE
+};
 
 /* Why a call went to MPI (the summary counts each). */
 enum {
@@ -80,14 +107,22 @@ typedef struct ip_comm {
     MPI_Comm comm;
     gcomp_comm *g; /* NULL when creation failed: every call on comm passes through */
     int64_t min_bytes;
-    /* recv buffers seen with more than one count (fusion buffers): no error feedback */
+    /* the keys given out: buffer mode, one per address (shared: seen with more than one
+     * count, a fusion buffer: no error feedback); sequence mode, one per (address, count,
+     * control context) */
     struct seen {
         const void *buf;
         size_t count;
+        uint64_t context;
         int shared;
     } * seen;
     size_t n_seen, cap_seen;
-    int warned_full;
+    int warned_full, warned_contexts;
+    /* sequence mode: the run of control calls that leads to the next compressed call */
+    uint64_t run_hash;  /* their results, hashed */
+    uint64_t run_sig;   /* call, datatype, op and count of the call that opened the run */
+    uint64_t run_calls; /* control calls in the run (0: none yet on this communicator) */
+    uint64_t since;     /* compressed calls since the run's last control call */
     struct ip_comm *prev, *next;
 } ip_comm;
 
@@ -99,10 +134,12 @@ static struct {
     int ready;            /* keyvals created, finalize hook set */
     int finalizing;
     int enabled, debug;
+    int ef_key; /* EF_KEY_BUFFER or EF_KEY_SEQUENCE */
     const char *stats_file;
     int comm_keyval, self_keyval;
     ip_comm *live;
     uint64_t compressed, passed[PASS_REASONS], no_ef_calls;
+    uint64_t ef_keys;                    /* residual keys given out by communicators already destroyed */
     uint64_t comms_created, comms_freed; /* gcomp communicators; freed: by MPI_Comm_free */
     /* stats of gcomp communicators already destroyed */
     uint64_t raw_bytes, wire_bytes, baseline_bytes;
@@ -141,6 +178,7 @@ static int comm_delete(MPI_Comm comm, int keyval, void *val, void *extra)
         S.live = c->next;
     if (c->next) c->next->prev = c->prev;
     add_stats(c->g);
+    for (size_t i = 0; i < c->n_seen; i++) S.ef_keys += !c->seen[i].shared;
     if (c->g && !S.finalizing) S.comms_freed++;
     pthread_mutex_unlock(&S.lock);
     inside_gcomp++;
@@ -151,6 +189,8 @@ static int comm_delete(MPI_Comm comm, int keyval, void *val, void *extra)
     return MPI_SUCCESS;
 }
 
+static const char *ef_key_name(void) { return S.ef_key == EF_KEY_SEQUENCE ? "sequence" : "buffer"; }
+
 static void summary_line(char *out, size_t cap)
 {
     uint64_t passed = 0;
@@ -159,10 +199,10 @@ static void summary_line(char *out, size_t cap)
              "gcomp_mpi: rank %d: codec %s, MPI_Allreduce calls: %" PRIu64 " compressed (%" PRIu64
              " without error feedback), %" PRIu64 " passed through (disabled %" PRIu64 ", datatype %" PRIu64
              ", op %" PRIu64 ", communicator %" PRIu64 ", small %" PRIu64 ", aliased %" PRIu64 "); %" PRIu64
-             " bytes sent instead of %" PRIu64 " (%" PRId64 " saved)",
+             " bytes sent instead of %" PRIu64 " (%" PRId64 " saved); %" PRIu64 " residual keys (by %s)",
              world_rank(), S.enabled ? S.codec : "(off)", S.compressed, S.no_ef_calls, passed, S.passed[PASS_DISABLED],
              S.passed[PASS_TYPE], S.passed[PASS_OP], S.passed[PASS_COMM], S.passed[PASS_SMALL], S.passed[PASS_ALIASED],
-             S.wire_bytes, S.baseline_bytes, (int64_t)(S.baseline_bytes - S.wire_bytes));
+             S.wire_bytes, S.baseline_bytes, (int64_t)(S.baseline_bytes - S.wire_bytes), S.ef_keys, ef_key_name());
 }
 
 /* s as the inside of a JSON string (the codec spec comes from the environment). */
@@ -206,9 +246,10 @@ static void write_stats_file(void)
     fprintf(f,
             "}, \"raw_bytes\": %" PRIu64 ", \"wire_bytes\": %" PRIu64 ", \"baseline_bytes\": %" PRIu64
             ", \"bytes_saved\": %" PRId64 ", \"communicators\": %" PRIu64
-            ", \"communicators_freed_before_finalize\": %" PRIu64 "}\n",
+            ", \"communicators_freed_before_finalize\": %" PRIu64 ", \"ef_key\": \"%s\", \"residual_keys\": %" PRIu64
+            "}\n",
             S.raw_bytes, S.wire_bytes, S.baseline_bytes, (int64_t)(S.baseline_bytes - S.wire_bytes), S.comms_created,
-            S.comms_freed);
+            S.comms_freed, ef_key_name(), S.ef_keys);
     fclose(f);
 }
 
@@ -216,7 +257,7 @@ static void write_stats_file(void)
  * gcomp communicator left, then report. */
 static int self_delete(MPI_Comm comm, int keyval, void *val, void *extra)
 {
-    char line[512];
+    char line[1024];
     (void)comm, (void)keyval, (void)val, (void)extra;
     S.finalizing = 1;
     while (S.live) {
@@ -236,6 +277,14 @@ static int self_delete(MPI_Comm comm, int keyval, void *val, void *extra)
     return MPI_SUCCESS;
 }
 
+/* GCOMP_INTERPOSE_EF_KEY: "buffer" (or unset, empty) or "sequence"; -1 for anything else. */
+static int ef_key_mode(const char *v)
+{
+    if (!v || !*v || strcmp(v, "buffer") == 0) return EF_KEY_BUFFER;
+    if (strcmp(v, "sequence") == 0) return EF_KEY_SEQUENCE;
+    return -1;
+}
+
 /* Read the environment and hook MPI_Finalize, once MPI is up. */
 static int setup(void)
 {
@@ -249,6 +298,16 @@ static int setup(void)
         snprintf(S.codec, sizeof S.codec, "%s", S.enabled ? codec : "");
         S.debug = debug && *debug && strcmp(debug, "0") != 0;
         S.stats_file = getenv("GCOMP_STATS_FILE");
+        S.ef_key = ef_key_mode(getenv("GCOMP_INTERPOSE_EF_KEY"));
+        if (S.enabled && S.ef_key < 0) {
+            /* as for a bad GCOMP_* value at communicator creation: every rank says why and
+             * compresses nothing (each reads the same environment, so all decide alike) */
+            fprintf(stderr,
+                    "gcomp_mpi: rank %d: GCOMP_INTERPOSE_EF_KEY='%s' is neither 'buffer' nor 'sequence': "
+                    "no compression\n",
+                    world_rank(), getenv("GCOMP_INTERPOSE_EF_KEY"));
+            S.enabled = 0;
+        }
         PMPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, comm_delete, &S.comm_keyval, NULL);
         PMPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, self_delete, &S.self_keyval, NULL);
         PMPI_Comm_set_attr(MPI_COMM_SELF, S.self_keyval, NULL);
@@ -306,44 +365,144 @@ static ip_comm *comm_state(MPI_Comm comm)
     return c;
 }
 
-/* The residual key of a call, or GCOMP_KEY_NONE for a buffer whose count has changed. */
+/* splitmix64's finaliser: keys and contexts from addresses, counts and hashes. */
+static uint64_t mix64(uint64_t x)
+{
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+/* FNV-1a over at most CONTROL_HASH_BYTES of p, continuing h. */
+static uint64_t hash_bytes(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    if (n > CONTROL_HASH_BYTES) n = CONTROL_HASH_BYTES;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
+}
+
+/* The entry for (buf, n, context) in c's table, added if new; NULL when the table is full
+ * (or in sequence mode, when buf already has MAX_CONTEXTS contexts). Buffer mode looks up
+ * the address alone (context is 0): the entry remembers the first count. */
+static struct seen *seen_entry(ip_comm *c, const void *buf, size_t n, uint64_t context)
+{
+    size_t contexts = 0;
+    for (size_t i = 0; i < c->n_seen; i++) {
+        struct seen *e = &c->seen[i];
+        if (e->buf != buf) continue;
+        if (S.ef_key == EF_KEY_BUFFER || (e->count == n && e->context == context)) return e;
+        contexts++;
+    }
+    if (contexts >= MAX_CONTEXTS) {
+        /* a program that reduces with no control calls in between sees a new context at
+         * every call: bound what it costs */
+        if (S.debug && !c->warned_contexts)
+            fprintf(stderr,
+                    "gcomp_mpi: rank %d: buffer %p reduced in more than %d control contexts: new ones get no "
+                    "error feedback (GCOMP_INTERPOSE_EF_KEY=sequence expects control collectives before each "
+                    "round of reductions, as Horovod's)\n",
+                    world_rank(), buf, MAX_CONTEXTS);
+        c->warned_contexts = 1;
+        return NULL;
+    }
+    /* a trainer that reallocates its gradients every step shows new addresses forever:
+     * bound the residuals kept (each is as large as its buffer) */
+    if (c->n_seen == MAX_BUFFERS) {
+        if (S.debug && !c->warned_full)
+            fprintf(stderr,
+                    "gcomp_mpi: rank %d: more than %d residual keys on one communicator: new ones get no error "
+                    "feedback\n",
+                    world_rank(), MAX_BUFFERS);
+        c->warned_full = 1;
+        return NULL;
+    }
+    if (c->n_seen == c->cap_seen) {
+        size_t cap = c->cap_seen ? 2 * c->cap_seen : 16;
+        struct seen *p = realloc(c->seen, cap * sizeof *p);
+        if (!p) return NULL;
+        c->seen = p;
+        c->cap_seen = cap;
+    }
+    c->seen[c->n_seen] = (struct seen){ buf, n, context, 0 };
+    return &c->seen[c->n_seen++];
+}
+
+/* The residual key of a compressed call, or GCOMP_KEY_NONE for no error feedback (a buffer
+ * whose count has changed in buffer mode, a full table). In sequence mode the context is
+ * the control run before the call and the call's place after it (its index among the
+ * compressed calls since the run's last control call: two fused calls of one Horovod cycle
+ * differ by it). */
 static uint64_t residual_key(ip_comm *c, const void *buf, size_t n)
 {
-    struct seen *s = NULL;
-    uint64_t k = (uint64_t)(uintptr_t)buf * 0x9e3779b97f4a7c15ull ^ (uint64_t)n;
-    for (size_t i = 0; i < c->n_seen && !s; i++)
-        if (c->seen[i].buf == buf) s = &c->seen[i];
-    if (!s) {
-        /* a trainer that reallocates its gradients every step shows new addresses forever:
-         * bound the residuals kept (each is as large as its buffer) */
-        if (c->n_seen == MAX_BUFFERS) {
-            if (S.debug && !c->warned_full)
-                fprintf(stderr,
-                        "gcomp_mpi: rank %d: more than %d receive buffers on one communicator: "
-                        "new ones get no error feedback\n",
-                        world_rank(), MAX_BUFFERS);
-            c->warned_full = 1;
-            return GCOMP_KEY_NONE;
-        }
-        if (c->n_seen == c->cap_seen) {
-            size_t cap = c->cap_seen ? 2 * c->cap_seen : 16;
-            struct seen *p = realloc(c->seen, cap * sizeof *p);
-            if (!p) return GCOMP_KEY_NONE;
-            c->seen = p;
-            c->cap_seen = cap;
-        }
-        s = &c->seen[c->n_seen++];
-        *s = (struct seen){ buf, n, 0 };
-    } else if (!s->shared && s->count != n) {
+    uint64_t context = 0, k;
+    struct seen *s;
+    /* no control call seen yet on this communicator: nothing to key by but the buffer */
+    if (S.ef_key == EF_KEY_SEQUENCE && c->run_calls) context = mix64(c->run_hash ^ mix64(c->since + 1));
+    s = seen_entry(c, buf, n, context);
+    if (!s) return GCOMP_KEY_NONE;
+    if (!s->shared && s->count != n) {
         s->shared = 1;
         if (S.debug)
             fprintf(stderr,
                     "gcomp_mpi: rank %d: buffer %p reduced with %zu then %zu floats (a fusion buffer?): "
-                    "no error feedback for it from now on\n",
+                    "no error feedback for it from now on (GCOMP_INTERPOSE_EF_KEY=sequence keys it by "
+                    "control context instead, see docs/INTERPOSE.md)\n",
                     world_rank(), buf, s->count, n);
     }
     if (s->shared) return GCOMP_KEY_NONE;
+    k = mix64((uint64_t)(uintptr_t)buf) ^ mix64(n * 0x9e3779b97f4a7c15ull + context);
     return k == GCOMP_KEY_NONE ? 0 : k;
+}
+
+/* Integer datatypes: what a program's control collectives (flags, bit vectors, counts,
+ * serialised messages) are made of. Float reductions are data, not control. */
+static int is_control_type(MPI_Datatype t)
+{
+    const MPI_Datatype ints[] = { MPI_CHAR,    MPI_SIGNED_CHAR,    MPI_UNSIGNED_CHAR, MPI_BYTE,
+                                  MPI_SHORT,   MPI_UNSIGNED_SHORT, MPI_INT,           MPI_UNSIGNED,
+                                  MPI_LONG,    MPI_UNSIGNED_LONG,  MPI_LONG_LONG,     MPI_UNSIGNED_LONG_LONG,
+                                  MPI_INT8_T,  MPI_INT16_T,        MPI_INT32_T,       MPI_INT64_T,
+                                  MPI_UINT8_T, MPI_UINT16_T,       MPI_UINT32_T,      MPI_UINT64_T,
+                                  MPI_C_BOOL };
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
+        if (t == ints[i]) return 1;
+    return 0;
+}
+
+enum {
+    CONTROL_ALLREDUCE = 1,
+    CONTROL_BCAST = 2
+};
+
+/* Sequence mode: fold the result of a control collective that MPI has just completed on
+ * comm into the communicator's control run. Only communicators that already have a gcomp
+ * communicator are followed (the lookup creates nothing; a program's control calls before
+ * its first compressed call do not matter). A control call after a compressed call, or one
+ * of the same kind, datatype, op and count as the run's first, starts a new run: so a run is
+ * "the calls of one coordination round", and an idle round repeated N times counts once. */
+static void observe_control(MPI_Comm comm, int kind, const void *buf, int n, MPI_Datatype type, MPI_Op op)
+{
+    ip_comm *c = NULL;
+    int flag = 0, size = 0;
+    uint64_t sig;
+    if (inside_gcomp || !S.enabled || S.ef_key != EF_KEY_SEQUENCE || n < 0 || comm == MPI_COMM_NULL ||
+        __atomic_load_n(&S.finalizing, __ATOMIC_ACQUIRE) || !is_control_type(type))
+        return;
+    if (PMPI_Comm_get_attr(comm, S.comm_keyval, &c, &flag) != MPI_SUCCESS || !flag || !c || !c->g) return;
+    if (PMPI_Type_size(type, &size) != MPI_SUCCESS) return;
+    sig = mix64((uint64_t)kind ^ mix64((uint64_t)(uintptr_t)type) ^ mix64((uint64_t)(uintptr_t)op + 1) ^
+                mix64((uint64_t)n + 2));
+    if (c->since > 0 || c->run_calls == 0 || sig == c->run_sig) {
+        c->run_hash = 0xcbf29ce484222325ull; /* FNV offset basis */
+        c->run_sig = sig;
+        c->run_calls = 0;
+    }
+    c->run_hash = hash_bytes(c->run_hash ^ sig, buf, (size_t)n * (size_t)size);
+    c->run_calls++;
+    c->since = 0;
 }
 
 static int is_float(MPI_Datatype type)
@@ -376,6 +535,12 @@ static int compressed_allreduce(ip_comm *c, const void *send, void *recv, int n)
 {
     uint64_t key = residual_key(c, recv, (size_t)n);
     gcomp_result rc;
+    if (S.debug)
+        fprintf(stderr,
+                "gcomp_mpi: rank %d: MPI_Allreduce %p %d floats: key %016" PRIx64 " (control run %016" PRIx64
+                " of %" PRIu64 " calls, #%" PRIu64 " after it)\n",
+                world_rank(), recv, n, key, c->run_hash, c->run_calls, c->since);
+    c->since++;
     if (send == MPI_IN_PLACE) send = recv;
     inside_gcomp++;
     rc = gcomp_allreduce(c->g, send, recv, (size_t)n, GCOMP_F32, GCOMP_SUM, key, NULL);
@@ -397,9 +562,22 @@ EXPORT int MPI_Allreduce(const void *sendbuf, void *recvbuf, int count_, MPI_Dat
 {
     ip_comm *c = NULL;
     int why = classify(count_, type, op, comm, sendbuf == recvbuf && sendbuf != MPI_IN_PLACE, &c);
+    int rc;
     if (why < 0) return compressed_allreduce(c, sendbuf, recvbuf, count_);
     if (!inside_gcomp && S.ready) bump(&S.passed[why]);
-    return PMPI_Allreduce(sendbuf, recvbuf, count_, type, op, comm);
+    rc = PMPI_Allreduce(sendbuf, recvbuf, count_, type, op, comm);
+    if (rc == MPI_SUCCESS && why != PASS_DISABLED && why != PASS_ALIASED)
+        observe_control(comm, CONTROL_ALLREDUCE, recvbuf, count_, type, op);
+    return rc;
+}
+
+/* Passed to MPI untouched; in sequence mode its result is part of the control run. */
+EXPORT int MPI_Bcast(void *buf, int count_, MPI_Datatype type, int root, MPI_Comm comm)
+{
+    int rc = PMPI_Bcast(buf, count_, type, root, comm);
+    if (rc == MPI_SUCCESS && !inside_gcomp && setup())
+        observe_control(comm, CONTROL_BCAST, buf, count_, type, MPI_OP_NULL);
+    return rc;
 }
 
 /* From here on every call passes through: MPI_Finalize deletes attributes first, and a

@@ -16,6 +16,8 @@ trap 'rm -rf "$out"' EXIT
 asan=$(ldd "$lib" | awk '/libasan/ {print $3}')
 env_args=(-x LD_PRELOAD="${asan:+$asan:}$lib" -x GCOMP_STATS_FILE="$out/stats_%r.json" -x GCOMP_DEBUG=INFO)
 [ "$codec" != none ] && env_args+=(-x GCOMP_CODEC="$codec")
+# the residual key mode, when the test sets one (interpose_fusion.c)
+[ -n "${GCOMP_INTERPOSE_EF_KEY+set}" ] && env_args+=(-x GCOMP_INTERPOSE_EF_KEY="$GCOMP_INTERPOSE_EF_KEY")
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 timeout 240 mpirun --oversubscribe -np "$np" "${env_args[@]}" "$@" >"$out/stdout" 2>"$out/stderr" || {
     echo "FAIL: mpirun exited with $?"; cat "$out/stdout" "$out/stderr"; exit 1; }
