@@ -301,9 +301,27 @@ typedef struct gcomp_comm_stats {
 
 /* Collective over the communicator: every rank calls it with the same arguments.
  * Reduce count elements of send (dtype) over all ranks with op and write the result to recv
- * (send == recv is in place). stream must be NULL for host memory (CUDA streams go with the
- * NCCL communicator). key names the tensor for error feedback (e.g. a layer index); calls
- * with the same key must have the same count, or the residual is reset.
+ * (send == recv is in place). key names the tensor for error feedback (e.g. a layer index);
+ * calls with the same key must have the same count, or the residual is reset.
+ * Buffers may be host memory or CUDA device memory (CUDA builds; detected per pointer): send
+ * and recv must both be host memory, or both memory of the calling thread's current device
+ * (else GCOMP_ERR_INVALID_ARG). Host buffers take stream NULL (a stream with host buffers is
+ * GCOMP_ERR_INVALID_ARG). Device buffers run the same schedules on the device, with the key's
+ * residual and the scratch in device memory, over the communicator's transport of device
+ * memory: NCCL (gcomp_nccl.h), or MPI through page-locked host bounce buffers (the MPI
+ * communicator stages them itself; Open MPI needs no CUDA support). Stream semantics: every
+ * piece of device work of the call is enqueued on `stream` (cudaStream_t; NULL: the legacy
+ * default stream), so it starts after the work the caller enqueued there before the call --
+ * that is what orders the call after the kernels that wrote send. The call returns when all
+ * of its own device work is done: it waits for `stream` (polling, within timeout_ms) at
+ * least once, at its end, after which recv holds the result, send may be reused and the
+ * key's residual is committed; over MPI it also waits for the stream before each message
+ * leaves the device. Work on other streams is neither waited for nor ordered: synchronise
+ * those with `stream` first. Calls of a key must be ordered with each other (they are: the
+ * communicator runs its calls one at a time). A codec without CUDA kernels for this schedule
+ * (a user codec, a byte stage such as +zstd) is GCOMP_ERR_UNSUPPORTED on device buffers. The
+ * first call of a key, size or dtype allocates device memory (workspace, residual, and over
+ * MPI the bounce buffers); later ones allocate nothing.
  * Error feedback covers each rank's own encode of its input. On the dense ring
  * (GCOMP_SCHED_DENSE: fp16, bf16) the partial sums are decoded, added in fp32 and
  * re-encoded at every hop; the rounding of those re-encodes is not fed back to any
@@ -328,7 +346,12 @@ typedef struct gcomp_request gcomp_request;
  * issues the same calls in the same order. Calls on one communicator run one after another
  * in the order issued (gcomp_allreduce included: it is iallreduce + wait); several may be in
  * flight. send and recv stay the caller's and must not be touched (recv read, send written)
- * until the request completes. Each call's timeout_ms starts when it starts to run; a
+ * until the request completes. Device buffers: the call may run on the progress thread,
+ * which makes the issuing thread's current device its own for the call; the stream
+ * semantics of gcomp_allreduce hold when the request completes (gcomp_wait/gcomp_test
+ * return after the call's device work is done), and the work the caller enqueues on
+ * `stream` after gcomp_iallreduce returns may run before the call's own, so order what
+ * reads recv after gcomp_wait. Each call's timeout_ms starts when it starts to run; a
  * timeout or transport error of one marks the communicator unusable, so the calls queued
  * behind it complete with GCOMP_ERR_COMM_INVALID.
  * Progress: at the first call the communicator starts a progress thread (joined by
