@@ -21,6 +21,7 @@
 #   GPU_CHECK_PERF_ARGS=..  extra codec_perf arguments (e.g. "-s 256M" for one size)
 #   GPU_CHECK_PYTHON=PATH   the python with torch (default: the first of python3,
 #                           /usr/bin/python3 that imports torch with CUDA)
+#   GPU_CHECK_TEST_EXCLUDE=RE  the test step leaves out the cuda tests matching RE (ctest -E)
 #   GPU_CHECK_JOBS=N        cuda tests run N at a time, in both test steps (default 4: their
 #                           CPU references dominate and the GPU has room for several)
 #   GPU_CHECK_MPI=auto|off  auto (default): MPI on with .gpu-deps/openmpi when it is there
@@ -207,7 +208,9 @@ do_build() {
 do_test() {
   local out=$BUILD/ctest-cuda.out rc
   # the cuda;mpi tests need mpirun: the mpi step runs them
-  (cd "$BUILD" && timeout "$T_TEST" ctest -L cuda -LE '^mpi$' -j "$JOBS" --output-on-failure --timeout "$T_TEST") 2>&1 | tee "$out"
+  # GPU_CHECK_TEST_EXCLUDE=REGEX leaves out tests already run on the same code (ctest -E)
+  (cd "$BUILD" && timeout "$T_TEST" ctest -L cuda -LE '^mpi$' -E "${GPU_CHECK_TEST_EXCLUDE:-^\$}" -j "$JOBS" \
+    --output-on-failure --timeout "$T_TEST") 2>&1 | tee "$out"
   rc=${PIPESTATUS[0]}
   # On a GPU machine a skipped cuda test means the test did not find the device: a failure.
   if grep -q -e '\*\*\*Skipped' -e 'Not Run' "$out"; then
