@@ -1,0 +1,150 @@
+#!/usr/bin/env python3
+"""A plain Horovod PyTorch trainer on Fashion-MNIST: nothing in it knows of gcomp.
+
+    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+    mpirun --oversubscribe -np 4 -x OMP_NUM_THREADS=1 \
+        /usr/bin/python3 examples/horovod_fashion_mnist.py --epochs 1
+
+It is the textbook Horovod recipe (hvd.init, hvd.DistributedOptimizer, broadcast_parameters,
+broadcast_optimizer_state) around the same model and schedule as
+examples/ddp_fashion_mnist.py: an MLP 784-256-128-10 (--hidden), global batch 128 split over
+the ranks, SGD with momentum 0.9, learning rate 0.05 with a cosine decay, data read from
+/usr/share/datasets/fashion-mnist. Horovod must be built with its MPI backend
+(scripts/horovod-deps.sh). To compress its gradient allreduces, run it unchanged under gcomp's
+MPI_Allreduce interposer (LD_PRELOAD=.../libgcomp_mpi.so GCOMP_CODEC=terngrad, see
+docs/INTERPOSE.md and examples/horovod_netem.sh).
+
+Rank 0 prints the test accuracy on the 10,000 test images, the wall time of the training
+loop (between two barriers; evaluation excluded), and whether the parameters are identical
+on every rank (a SHA-256 of every parameter's bytes, allgathered); the same as one JSON line
+starting "RESULT ". The exit status is 1 if the parameters differ.
+"""
+import argparse
+import gzip
+import hashlib
+import json
+import os
+import struct
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+import horovod
+import horovod.torch as hvd
+
+
+def parse():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--epochs", type=float, default=1.0, help="epochs [1]")
+    p.add_argument("--quick", action="store_true",
+                   help="a smoke run: 12,800 training and 2,000 test images")
+    p.add_argument("--batch", type=int, default=128, help="global batch [128]")
+    p.add_argument("--lr", type=float, default=0.05, help="peak learning rate [0.05]")
+    p.add_argument("--hidden", default="256,128", help="hidden layer widths of the MLP [256,128]")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
+    a = p.parse_args()
+    try:
+        a.hidden = [int(w) for w in a.hidden.split(",")]
+        assert a.hidden and min(a.hidden) > 0
+    except (ValueError, AssertionError):
+        p.error("--hidden must be positive integers separated by commas, got %r" % a.hidden)
+    return a
+
+
+def read_idx(path, count):
+    with gzip.open(path, "rb") as f:
+        magic, n = struct.unpack(">II", f.read(8))
+        dims = struct.unpack(">%dI" % ((magic & 0xFF) - 1), f.read(4 * ((magic & 0xFF) - 1)))
+        n = n if count is None else min(n, count)
+        per = int(np.prod(dims)) if dims else 1
+        return np.frombuffer(f.read(n * per), dtype=np.uint8).reshape((n,) + dims)
+
+
+def load(data, split, count):
+    pre = "train" if split == "train" else "t10k"
+    x = read_idx(os.path.join(data, pre + "-images-idx3-ubyte.gz"), count)
+    y = read_idx(os.path.join(data, pre + "-labels-idx1-ubyte.gz"), count)
+    x = (x.reshape(len(x), -1).astype(np.float32) / 255.0 - 0.2860) / 0.3530
+    return torch.from_numpy(x), torch.from_numpy(y.astype(np.int64))
+
+
+def make_model(seed, hidden):
+    torch.manual_seed(seed)
+    layers, width = [], 784
+    for h in hidden:
+        layers += [torch.nn.Linear(width, h), torch.nn.ReLU()]
+        width = h
+    return torch.nn.Sequential(*layers, torch.nn.Linear(width, 10))
+
+
+def param_hash(model):
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().numpy().tobytes())
+    return h.hexdigest()
+
+
+def main():
+    a = parse()
+    hvd.init()
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    rank, size = hvd.rank(), hvd.size()
+    if a.batch % size:
+        sys.exit("--batch %d must be a multiple of the %d ranks" % (a.batch, size))
+    x, y = load(a.data, "train", 12800 if a.quick else None)
+    test = load(a.data, "test", 2000 if a.quick else None)
+
+    # rank 0's initial state is everyone's (the seed makes them equal anyway)
+    model = make_model(a.seed + rank, a.hidden)
+    opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=0.9)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+
+    local = a.batch // size
+    steps_per_epoch = len(x) // a.batch
+    steps = max(1, int(round(a.epochs * steps_per_epoch)))
+    gen = torch.Generator().manual_seed(a.seed)  # the same permutation on every rank
+    perm = None
+    hvd.barrier()
+    t0 = time.perf_counter()
+    for s in range(steps):
+        if s % steps_per_epoch == 0:
+            perm = torch.randperm(len(x), generator=gen)
+        for g in opt.param_groups:
+            g["lr"] = 0.5 * a.lr * (1 + np.cos(np.pi * s / steps))
+        i = (s % steps_per_epoch) * a.batch + rank * local
+        idx = perm[i:i + local]
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x[idx]), y[idx])
+        loss.backward()
+        opt.step()
+    hvd.barrier()
+    wall = time.perf_counter() - t0
+
+    with torch.no_grad():
+        acc = (model(test[0]).argmax(1) == test[1]).float().mean().item() * 100
+    hashes = hvd.allgather_object(param_hash(model))
+    same = len(set(hashes)) == 1
+    if rank == 0:
+        print("Horovod %s (PyTorch %s) on Fashion-MNIST, MLP 784-%s-10, %d ranks, %g epoch(s)%s, "
+              "%d steps, global batch %d" % (horovod.__version__, torch.__version__,
+                                             "-".join(map(str, a.hidden)), size, a.epochs,
+                                             " (quick)" if a.quick else "", steps, a.batch))
+        print("test accuracy %.2f %%, training %.2f s (%.2f ms/step), final loss %.4f" %
+              (acc, wall, 1000 * wall / steps, float(loss)))
+        print("parameters identical on all %d ranks: %s (sha256 %s)" %
+              (size, "yes" if same else "NO", " ".join(sorted(set(h[:12] for h in hashes)))))
+        print("RESULT " + json.dumps(dict(test_acc=round(acc, 4), train_time_s=round(wall, 4),
+                                          steps=steps, loss=round(float(loss), 6),
+                                          identical_params=same, ranks=size, epochs=a.epochs)),
+              flush=True)
+    hvd.shutdown()
+    sys.exit(0 if same else 1)
+
+
+if __name__ == "__main__":
+    main()
