@@ -318,10 +318,12 @@ typedef struct gcomp_comm_stats {
  * key's residual is committed; over MPI it also waits for the stream before each message
  * leaves the device. Work on other streams is neither waited for nor ordered: synchronise
  * those with `stream` first. Calls of a key must be ordered with each other (they are: the
- * communicator runs its calls one at a time). A codec without CUDA kernels for this schedule
- * (a user codec, a byte stage such as +zstd) is GCOMP_ERR_UNSUPPORTED on device buffers. The
- * first call of a key, size or dtype allocates device memory (workspace, residual, and over
- * MPI the bounce buffers); later ones allocate nothing.
+ * communicator runs its calls one at a time). A codec without CUDA kernels for its schedule
+ * (a byte stage such as +zstd, a user codec without them) runs on host copies of the device
+ * buffers over MPI (copied after the stream's earlier work, the result copied back before the
+ * call returns; the key's residual then lives in host memory), and is GCOMP_ERR_UNSUPPORTED
+ * over NCCL. The first call of a key, size or dtype allocates device memory (workspace,
+ * residual, and over MPI the bounce buffers); later ones allocate nothing.
  * Error feedback covers each rank's own encode of its input. On the dense ring
  * (GCOMP_SCHED_DENSE: fp16, bf16) the partial sums are decoded, added in fp32 and
  * re-encoded at every hop; the rounding of those re-encodes is not fed back to any

@@ -22,6 +22,7 @@
  * outcome agreement; then the residual is committed on the device and the stream waited for,
  * so the call returns with all its device work done.
  */
+#include <stdio.h>
 #include <string.h>
 
 #include "comm.h"
@@ -83,6 +84,11 @@ typedef struct plan {
     /* 1 when the result holds a NaN or Inf: device memory for device buffers, else hflag */
     uint32_t *flag;
     uint32_t hflag;
+    /* device buffers whose codec runs on the host only (a byte stage, no CUDA ops), over a
+     * host transport: the call runs on host copies of them (host workspace regions) */
+    int via_host;
+    const gcomp__device_ops *ddev; /* the buffers' own ops, for the copies */
+    void *hsend, *hrecv;
 } plan;
 
 static int needs_copy(gcomp_dtype dtype, float prescale) { return dtype != GCOMP_F32 || prescale != 1.0f; }
@@ -144,6 +150,11 @@ static gcomp_result layout(gcomp_comm *c, gcomp__call *call, plan *p, int sizing
     size_t fbytes = call->count * sizeof(float);
     gcomp__ws_begin(ws, sizing);
     if (call->meta != ws) gcomp__ws_begin(call->meta, sizing);
+    if (p->via_host) {
+        size_t bytes = call->count * gcomp_dtype_size(p->dtype);
+        p->hsend = gcomp__ws_take(ws, bytes, "engine: host copy of send");
+        p->hrecv = gcomp__ws_take(ws, bytes, "engine: host copy of recv");
+    }
     layout_device_blocks(call, p);
     p->x = NULL;
     if (p->sched == GCOMP_SCHED_BYPASS ? p->dtype != GCOMP_F32 : needs_copy(p->dtype, p->prescale))
@@ -213,6 +224,25 @@ static gcomp_result place_call(gcomp_comm *c, gcomp__call *call, const void *sen
     return GCOMP_SUCCESS;
 }
 
+/* Device buffers with a host-only codec: the call becomes a host call on copies of them
+ * (made after the agreement, run_call), its residual in the host store. Keeps the reason
+ * gcomp__codec_device_usable gave when the communicator has no host transport. */
+static gcomp_result run_on_host_copies(gcomp_comm *c, gcomp__call *call, plan *p)
+{
+    gcomp_result why = GCOMP_ERR_UNSUPPORTED;
+    char msg[400];
+    snprintf(msg, sizeof msg, "%s", gcomp_last_error());
+    if (c->tp->mem != GCOMP__MEM_HOST)
+        return gcomp__fail(why, "%s (and this communicator has no host transport to run it on host copies)", msg);
+    gcomp__debug("rank %d: %s: the call runs on host copies of the device buffers", c->tp->rank, msg);
+    p->via_host = 1;
+    p->ddev = call->dev;
+    call->dev = &gcomp__device_host;
+    call->on_device = 0;
+    call->ws = call->meta = &c->ws[GCOMP__DEVICE_HOST];
+    return gcomp__comm_transport_for(c, call->dev, &call->ring.tp);
+}
+
 /* The key's residual for this call, on the buffers' device (a key met on the other one moves). */
 static gcomp_result begin_residual(gcomp_comm *c, gcomp__call *call, plan *p, int in_place)
 {
@@ -239,9 +269,11 @@ static gcomp_result prepare_call(gcomp_comm *c, gcomp__call *call, plan *p, cons
     GCOMP_CHECK(place_call(c, call, send, recv, stream));
     GCOMP_CHECK(gcomp__comm_key(c, key, count, &p->key));
     p->sched = pick_schedule(c, count, count * gcomp_dtype_size(p->dtype));
-    /* device buffers take the codec's CUDA ops: a codec without them (or with byte stages)
-     * is refused here, before the call, on every rank (the agreement carries it) */
-    if (call->on_device && p->sched != GCOMP_SCHED_BYPASS) GCOMP_CHECK(gcomp__codec_device_usable(c->codec));
+    /* device buffers take the codec's CUDA ops; a codec without them (or with a byte stage:
+     * zstd) runs on host copies of the buffers when the communicator has a host transport,
+     * and is refused otherwise (NCCL), before the call, on every rank */
+    if (call->on_device && p->sched != GCOMP_SCHED_BYPASS && gcomp__codec_device_usable(c->codec) != GCOMP_SUCCESS)
+        GCOMP_CHECK(run_on_host_copies(c, call, p));
     p->prescale = (op == GCOMP_AVG && p->sched == GCOMP_SCHED_DENSE) ? 1.0f / (float)c->tp->size : 1.0f;
     GCOMP_CHECK(layout(c, call, p, 1));
     GCOMP_CHECK(fit(call));
@@ -438,6 +470,15 @@ static gcomp_result run_call(gcomp_comm *c, const gcomp__args *a, gcomp__call *c
     GCOMP_CHECK(gcomp__comm_agree_call(c, local, count, dtype, op, call->ring.deadline));
     st.agree_s = gcomp__now() - t_agree;
     if (count == 0) return GCOMP_SUCCESS;
+    if (p->via_host) { /* the device buffers' bytes to host memory, ordered after the stream's work */
+        size_t bytes = count * gcomp_dtype_size(dtype);
+        GCOMP_CHECK(layout(c, call, p, 0)); /* carve the copies' regions (the run carves the same again) */
+        GCOMP_CHECK(check_carved(call));
+        GCOMP_CHECK(p->ddev->copy_async(p->hsend, send, bytes, a->stream));
+        GCOMP_CHECK(gcomp__comm_transport_failed(c, gcomp__call_wait_on(call, p->ddev, a->stream)));
+        send = p->hsend;
+        recv = p->hrecv;
+    }
     st.calls = 1;
     st.raw_bytes = count * gcomp_dtype_size(dtype);
     st.baseline_bytes = (uint64_t)(2.0 * (c->tp->size - 1) / c->tp->size * (double)st.raw_bytes);
@@ -453,6 +494,10 @@ static gcomp_result run_call(gcomp_comm *c, const gcomp__args *a, gcomp__call *c
         st.comm_s = gcomp__now() - t0;
     } else {
         GCOMP_CHECK(run_compressed(c, call, p, send, recv, op));
+    }
+    if (p->via_host) { /* the result back to the device buffer, waited for */
+        GCOMP_CHECK(p->ddev->copy_async(a->recv, p->hrecv, count * gcomp_dtype_size(dtype), a->stream));
+        GCOMP_CHECK(gcomp__comm_transport_failed(c, gcomp__call_wait_on(call, p->ddev, a->stream)));
     }
     st.last_schedule = p->sched;
     gcomp__comm_add_stats(c, p->key, &st);

@@ -69,6 +69,11 @@ gcomp_result gcomp__call_wait(gcomp__call *call)
     return call->dev->wait(call->stream, ms_left(call));
 }
 
+gcomp_result gcomp__call_wait_on(const gcomp__call *call, const gcomp__device_ops *dev, struct CUstream_st *stream)
+{
+    return dev->wait(stream, ms_left(call));
+}
+
 gcomp_result gcomp__call_to_host(gcomp__call *call, void *dst, const void *src, size_t bytes)
 {
     if (!call->on_device) {

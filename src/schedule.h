@@ -93,6 +93,8 @@ gcomp_result gcomp__call_to_host(gcomp__call *call, void *dst, const void *src, 
 gcomp_result gcomp__call_to_device(gcomp__call *call, void *dst, const void *src, size_t bytes);
 /* Wait for the call's device work (within its deadline); host buffers: nothing to wait for. */
 gcomp_result gcomp__call_wait(gcomp__call *call);
+/* The same for work on `stream` of the device ops dev (within the call's deadline). */
+gcomp_result gcomp__call_wait_on(const gcomp__call *call, const gcomp__device_ops *dev, struct CUstream_st *stream);
 
 /* The encode context of a call for elements from `offset` on. */
 static inline gcomp_encode_ctx gcomp__call_ctx(const gcomp__call *call, size_t offset)
