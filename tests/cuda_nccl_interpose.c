@@ -224,6 +224,7 @@ static float *one_call(ncclComm_t comm, cudaStream_t s, kind k, size_t n, ncclRe
     drecv = dsend;
     if (!in_place) CU(cudaMalloc(&drecv, n * esize(k)));
     CU(cudaMemcpy(dsend, raw, n * esize(k), cudaMemcpyHostToDevice));
+    CU(cudaDeviceSynchronize()); /* the call runs on a non-blocking stream */
     NC(ncclAllReduce(dsend, drecv, n, nccl_type(k), op, comm, s));
     CU(cudaStreamSynchronize(s));
     CU(cudaMemcpy(back, drecv, n * esize(k), cudaMemcpyDeviceToHost));
@@ -257,6 +258,8 @@ static void exact_call(ncclComm_t comm, cudaStream_t s, ncclDataType_t type, siz
     CU(cudaMalloc(&r, bytes));
     CU(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
     CU(cudaMemset(r, 0, bytes));
+    /* s is a non-blocking stream: it does not wait for the legacy stream's copy and memset */
+    CU(cudaDeviceSynchronize());
     if (mode == 1) {
         NC(ncclGroupStart());
         NC(ncclAllReduce(d, r, n, type, op, comm, s));

@@ -82,7 +82,13 @@ static void *dmalloc(size_t bytes)
     return p;
 }
 
-static void h2d(void *d, const void *h, size_t bytes) { CU(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice)); }
+/* The calls run on non-blocking streams, which do not wait for the legacy stream: a copy
+ * from pageable memory may still be in flight when cudaMemcpy returns, so wait for it. */
+static void h2d(void *d, const void *h, size_t bytes)
+{
+    CU(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
+    CU(cudaDeviceSynchronize());
+}
 static void d2h(void *h, const void *d, size_t bytes) { CU(cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost)); }
 
 /* The user's communicator: one rank on device 0. */
@@ -177,7 +183,7 @@ static void test_create_rank(void **state)
     cfg.codec = "topk:ratio=0.01";
     OK(gcomp_comm_create_nccl_rank(id, 1, 0, &cfg, &c));
     assert_int_equal(gcomp_comm_size(c), 1);
-    assert_string_equal(gcomp_comm_codec(c), "topk:ratio=0.01");
+    assert_string_equal(gcomp_comm_codec(c), "topk:ratio=0.01,k=0,values=fp32"); /* canonical */
     gcomp_comm_destroy(c);
     /* a fresh id for another communicator, +zstd refused there too */
     OK(gcomp_nccl_get_unique_id(id));
@@ -482,6 +488,7 @@ static void timeout_case(int sendrecv)
     cudaStream_t s;
     CU(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     CU(cudaMemset(d, 0, 4096 * sizeof(float)));
+    CU(cudaDeviceSynchronize()); /* s does not wait for the legacy stream */
     __atomic_store_n(&released, 0, __ATOMIC_RELEASE);
     CU(cudaLaunchHostFunc(s, hold_stream, NULL));
     assert_int_equal(pthread_create(&th, NULL, release_later, &hold_s), 0);
