@@ -75,7 +75,7 @@ static void fill(void *x, size_t count, gcomp_dtype dtype, int rank, int step, i
         if (dtype == GCOMP_F32)
             ((float *)x)[count / 2] = NAN;
         else
-            ((uint16_t *)x)[count / 2] = 0x7e00u;
+            ((uint16_t *)x)[count / 2] = dtype == GCOMP_F16 ? 0x7e00u : 0x7fc0u; /* quiet NaN of each */
     }
 }
 
