@@ -20,6 +20,13 @@ gcomp_result gcomp__ring_start(gcomp__ring *r, const void *sbuf, size_t sbytes, 
     return r->tp->start_sendrecv(r->tp, gcomp__ring_right(r), sbuf, sbytes, gcomp__ring_left(r), rbuf, rcap);
 }
 
+gcomp_result gcomp__ring_start_sized(gcomp__ring *r, const void *sbuf, size_t sbytes, void *rbuf, size_t rbytes)
+{
+    if (!r->tp->start_sendrecv_sized) return gcomp__ring_start(r, sbuf, sbytes, rbuf, rbytes);
+    r->st->wire_bytes += sbytes;
+    return r->tp->start_sendrecv_sized(r->tp, gcomp__ring_right(r), sbuf, sbytes, gcomp__ring_left(r), rbuf, rbytes);
+}
+
 gcomp_result gcomp__ring_finish(gcomp__ring *r, size_t *rbytes)
 {
     double t0 = gcomp__now();

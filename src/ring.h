@@ -47,6 +47,12 @@ gcomp_result gcomp__ring_exchange(gcomp__ring *r, const void *sbuf, size_t sbyte
 /* The same in two halves; sbuf and rbuf must stay untouched until gcomp__ring_finish. */
 gcomp_result gcomp__ring_start(gcomp__ring *r, const void *sbuf, size_t sbytes, void *rbuf, size_t rcap);
 gcomp_result gcomp__ring_finish(gcomp__ring *r, size_t *rbytes);
+/* The same when both ends know every size (device buffers of fixed-size payloads: sbytes is
+ * what the right neighbour expects, rbytes exactly what the left one sends): a transport
+ * with start_sendrecv_sized (NCCL) then skips its size exchange. The message keeps its size
+ * after a local failure (its bytes are discarded by the outcome agreement); without that
+ * entry this is gcomp__ring_start with rbytes as the capacity. */
+gcomp_result gcomp__ring_start_sized(gcomp__ring *r, const void *sbuf, size_t sbytes, void *rbuf, size_t rbytes);
 /* Let the exchange in flight advance (between pieces of computation). */
 void gcomp__ring_progress(gcomp__ring *r);
 /* In-place max of n uint64 over all ranks, counted as 8n wire bytes and comm time. */

@@ -54,6 +54,22 @@ static void chunk_of(const dense_ctx *d, int j, size_t *lo, size_t *hi)
     gcomp__chunk(d->call->count, d->call->ring.size, j, DENSE_ALIGN, lo, hi);
 }
 
+/* A chunk's payload size on the device: the codec's bound (the device encode checks it). */
+static size_t device_bytes(const dense_ctx *d, int j)
+{
+    size_t lo, hi;
+    chunk_of(d, j, &lo, &hi);
+    return gcomp_codec_max_encoded_bytes(d->call->codec, hi - lo);
+}
+
+/* Start a ring step that sends chunk send_j's payload (sbytes of it on the host) and receives
+ * chunk recv_j's. Device buffers: both ends know every size, also after a local failure. */
+static gcomp_result start_step(dense_ctx *d, const uint8_t *sbuf, size_t sbytes, int send_j, uint8_t *rbuf, int recv_j)
+{
+    if (!d->call->on_device) return gcomp__ring_start(&d->call->ring, sbuf, sbytes, rbuf, d->bound);
+    return gcomp__ring_start_sized(&d->call->ring, sbuf, device_bytes(d, send_j), rbuf, device_bytes(d, recv_j));
+}
+
 /* The ring's workspace regions; the same sequence in prepare (sizing) and run (carving). */
 static void layout(gcomp__call *call, dense_ctx *d)
 {
@@ -125,7 +141,7 @@ static gcomp_result reduce_scatter(dense_ctx *d)
     sbytes = d->bytes[r];
     for (int s = 0; s < n - 1; s++) {
         int recv_j = gcomp__ring_rel(ring, -s - 1);
-        GCOMP_CHECK(gcomp__ring_start(ring, out, sbytes, d->rbuf, d->bound));
+        GCOMP_CHECK(start_step(d, out, sbytes, gcomp__ring_rel(ring, -s), d->rbuf, recv_j));
         gcomp__ring_progress(ring);
         GCOMP_STEP(ring, encode_chunk(d, call->x, recv_j, own, slot(d, recv_j), &d->bytes[recv_j]));
         gcomp__ring_progress(ring);
@@ -150,7 +166,7 @@ static gcomp_result allgather(dense_ctx *d)
     int n = ring->size, prev = gcomp__ring_right(ring);
     for (int s = 0; s < n - 1; s++) {
         int send_j = gcomp__ring_rel(ring, 1 - s), recv_j = gcomp__ring_rel(ring, -s);
-        GCOMP_CHECK(gcomp__ring_start(ring, slot(d, send_j), d->bytes[send_j], slot(d, recv_j), d->bound));
+        GCOMP_CHECK(start_step(d, slot(d, send_j), d->bytes[send_j], send_j, slot(d, recv_j), recv_j));
         gcomp__ring_progress(ring);
         GCOMP_STEP(ring, decode_chunk(d, slot(d, prev), d->bytes[prev], prev, d->call->result, 0));
         gcomp__ring_progress(ring);

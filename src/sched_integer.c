@@ -65,6 +65,24 @@ static void chunk_of(const int_ctx *d, int j, size_t *lo, size_t *hi)
 
 static uint8_t *slot(int_ctx *d, int j) { return d->slots + (size_t)j * d->msg_cap; }
 
+/* Chunk j's sums of m ranks on the device (no byte stages): int_sum_bytes, known at both ends. */
+static size_t device_bytes(const int_ctx *d, int j, uint32_t m)
+{
+    size_t lo, hi;
+    chunk_of(d, j, &lo, &hi);
+    return d->call->vt->int_sum_bytes(d->call->params, hi - lo, m);
+}
+
+/* Start a ring step that sends chunk send_j's sums (sbytes of them on the host) and receives
+ * chunk recv_j's, both of m ranks. Device buffers: sizes known at both ends, also after a
+ * local failure. */
+static gcomp_result start_step(int_ctx *d, const uint8_t *sbuf, size_t sbytes, int send_j, uint8_t *rbuf, int recv_j,
+                               uint32_t m)
+{
+    if (!d->call->on_device) return gcomp__ring_start(&d->call->ring, sbuf, sbytes, rbuf, d->msg_cap);
+    return gcomp__ring_start_sized(&d->call->ring, sbuf, device_bytes(d, send_j, m), rbuf, device_bytes(d, recv_j, m));
+}
+
 /* The ring's workspace regions; the same sequence in prepare (sizing) and run (carving). */
 static void layout(gcomp__call *call, int_ctx *d)
 {
@@ -278,7 +296,7 @@ static gcomp_result int_run(gcomp__call *call)
     GCOMP_STEP(ring, hop(&d, r, NULL, 0, 0));
     for (int s = 0; s < n - 1; s++) {
         int send_j = gcomp__ring_rel(ring, -s), recv_j = gcomp__ring_rel(ring, -s - 1);
-        GCOMP_CHECK(gcomp__ring_start(ring, slot(&d, send_j), d.slot_bytes[send_j], d.rbuf, d.msg_cap));
+        GCOMP_CHECK(start_step(&d, slot(&d, send_j), d.slot_bytes[send_j], send_j, d.rbuf, recv_j, (uint32_t)(s + 1)));
         GCOMP_STEP(ring, ternarise_chunk(&d, recv_j)); /* while the message travels */
         GCOMP_CHECK(gcomp__ring_finish(ring, &rbytes));
         GCOMP_STEP(ring, hop(&d, recv_j, d.rbuf, rbytes, (uint32_t)(s + 1)));
@@ -288,7 +306,7 @@ static gcomp_result int_run(gcomp__call *call)
     prev = gcomp__ring_right(ring);
     for (int s = 0; s < n - 1; s++) {
         int send_j = gcomp__ring_rel(ring, 1 - s), recv_j = gcomp__ring_rel(ring, -s);
-        GCOMP_CHECK(gcomp__ring_start(ring, slot(&d, send_j), d.slot_bytes[send_j], slot(&d, recv_j), d.msg_cap));
+        GCOMP_CHECK(start_step(&d, slot(&d, send_j), d.slot_bytes[send_j], send_j, slot(&d, recv_j), recv_j, (uint32_t)n));
         GCOMP_STEP(ring, finish(&d, prev));
         GCOMP_CHECK(gcomp__ring_finish(ring, &d.slot_bytes[recv_j]));
         prev = recv_j;

@@ -35,7 +35,8 @@ typedef struct staging_transport {
     const gcomp__device_ops *dev;
     void *sb, *rb, *cb; /* bounce buffers: send, receive, collective */
     size_t scap, rcap, ccap;
-    void *rdst; /* the receive in flight: where its bytes go on the device */
+    void *rdst;    /* the receive in flight: where its bytes go on the device */
+    size_t expect; /* its exact size (start_sendrecv_sized), or SIZE_MAX: any up to capacity */
     uint64_t allocs;
     int leak; /* an exchange or collective timed out: keep the bounce buffers */
 } staging_transport;
@@ -75,7 +76,18 @@ static gcomp_result staging_start(gcomp__transport *t, int to, const void *sbuf,
     GCOMP_CHECK(reserve(s, &s->rb, &s->rcap, rcap));
     GCOMP_CHECK(copy_in(s, s->sb, sbuf, sbytes));
     s->rdst = rbuf;
+    s->expect = SIZE_MAX;
     return s->inner->start_sendrecv(s->inner, to, s->sb, sbytes, from, s->rb, rcap);
+}
+
+/* Both ends know the sizes (transport.h): the host transport carries them as it does any
+ * message; what arrives must be exactly rbytes, as the entry's contract promises. */
+static gcomp_result staging_start_sized(gcomp__transport *t, int to, const void *sbuf, size_t sbytes, int from,
+                                        void *rbuf, size_t rbytes)
+{
+    GCOMP_CHECK(staging_start(t, to, sbuf, sbytes, from, rbuf, rbytes));
+    st_of(t)->expect = rbytes;
+    return GCOMP_SUCCESS;
 }
 
 static void note_timeout(staging_transport *s, gcomp_result rc)
@@ -89,6 +101,9 @@ static gcomp_result staging_finish(gcomp__transport *t, size_t *rbytes, double d
     gcomp_result rc = s->inner->finish_sendrecv(s->inner, rbytes, deadline);
     note_timeout(s, rc);
     GCOMP_CHECK(rc);
+    if (s->expect != SIZE_MAX && *rbytes != s->expect)
+        return gcomp__fail(GCOMP_ERR_TRANSPORT, "staging transport: a message of %zu bytes where both ends agreed on %zu",
+                           *rbytes, s->expect);
     if (!*rbytes) return GCOMP_SUCCESS;
     return s->dev->copy_async(s->rdst, s->rb, *rbytes, s->base.stream);
 }
@@ -141,6 +156,7 @@ gcomp_result gcomp__transport_staging_wrap(gcomp__transport *inner, const gcomp_
     s->base.mem = dev->kind == GCOMP__DEVICE_CUDA ? GCOMP__MEM_CUDA : GCOMP__MEM_HOST;
     s->base.releases_buffers_on_timeout = 1; /* the caller's buffers never reach inner */
     s->base.start_sendrecv = staging_start;
+    s->base.start_sendrecv_sized = staging_start_sized;
     s->base.finish_sendrecv = staging_finish;
     s->base.progress = staging_progress;
     s->base.allreduce_max_u64 = staging_max_u64;
