@@ -250,7 +250,7 @@ static void fill(const run_case *c, void *x, int rank, int step)
         if (c->dtype == GCOMP_F32)
             ((float *)x)[c->count / 3] = NAN;
         else
-            ((uint16_t *)x)[c->count / 3] = 0x7e00u;
+            ((uint16_t *)x)[c->count / 3] = c->dtype == GCOMP_F16 ? 0x7e00u : 0x7fc0u; /* quiet NaN of each */
     }
 }
 
@@ -367,7 +367,7 @@ static const run_case EMU_CASES[] = {
     { "emu_none", 10007, GCOMP_F32, GCOMP_AVG, -1 },
     { "emu_fp16", 10007, GCOMP_F32, GCOMP_SUM, 2 },
     { "emu_fp16", 5003, GCOMP_F16, GCOMP_AVG, -1 },
-    { "emu_bf16", 5003, GCOMP_BF16, GCOMP_SUM, -1 },
+    { "emu_bf16", 5003, GCOMP_BF16, GCOMP_SUM, 1 },
     { "emu_terngrad", 10007, GCOMP_F32, GCOMP_AVG, 2 },
     { "emu_terngrad:bucket=512", 5003, GCOMP_F32, GCOMP_SUM, -1 },
     { "emu_terngrad", 5003, GCOMP_BF16, GCOMP_SUM, -1 },
