@@ -267,7 +267,10 @@ GCOMP_API const char *gcomp_schedule_name(gcomp_schedule s);
  * an unset field is filled from the environment variable named beside it, read once at
  * communicator creation, else the default. */
 typedef struct gcomp_config {
-    const char *codec;  /* GCOMP_CODEC; default "terngrad". Copied at creation. */
+    const char *codec;  /* GCOMP_CODEC; default "terngrad". Copied at creation. NULL is
+                            * unset; an empty string "" is not: it is GCOMP_ERR_INVALID_SPEC,
+                            * as in gcomp_codec_create. An empty GCOMP_CODEC variable counts
+                            * as unset (like every GCOMP_* variable). */
     int64_t min_bytes;  /* GCOMP_MIN_BYTES; default 65536: smaller tensors bypass */
     int error_feedback; /* GCOMP_EF (0/1); default 1 */
     int64_t seed;       /* GCOMP_SEED; default 0 */

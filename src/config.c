@@ -83,6 +83,14 @@ gcomp_result gcomp__config_resolve(const gcomp_config *cfg, gcomp__config *out)
 {
     const char *codec = cfg && cfg->codec ? cfg->codec : getenv("GCOMP_CODEC");
     memset(out, 0, sizeof *out);
+    /* An empty spec in the struct is a mistake (a typo or an empty string passed through),
+     * not a request for the default: gcomp_codec_create refuses it too, and NULL is how the
+     * caller asks for the default. An empty GCOMP_CODEC stays "unset", as with every other
+     * variable here (from_env), so `GCOMP_CODEC= prog` is the same as not setting it. */
+    if (cfg && cfg->codec && !*cfg->codec)
+        return gcomp__fail(GCOMP_ERR_INVALID_SPEC,
+                           "gcomp_config.codec is an empty spec: leave it NULL for the default (GCOMP_CODEC, "
+                           "else terngrad)");
     if (!codec || !*codec) codec = "terngrad";
     if (strlen(codec) >= sizeof out->codec)
         return gcomp__fail(GCOMP_ERR_INVALID_SPEC, "the codec spec of %s is longer than %zu characters",
