@@ -14,9 +14,12 @@
  *                     double, compared and rounded as on the host; scale -> body, nonfinite
  *   4. k_pack         one thread per code byte of the planar tiles: elements j, j+q, j+2q, j+3q
  *                     of its tile (coalesced across the warp), residual fused, written only when
- *                     every scale is finite (read from the status block, on the device);
- *                     with one scale for the tensor (bucket=0, the default), k_pack1 instead:
- *                     4 code bytes per thread with 16-byte loads and stores
+ *                     every scale is finite (read from the status block, on the device)
+ * With one scale for the tensor (bucket=0, the default) the passes are three kernels with
+ * 16-byte accesses (section "one scale" below): k_block_sums4 (pass 1, four rms blocks per
+ * warp step), k_group_scale1 (passes 2 and 3 in one launch: the CTA that finishes last adds
+ * the group sums and writes the scale) and k_pack1 (pass 4, 4 code bytes per thread, the
+ * chunks walked from the tensor's end, which pass 1 read last).
  * With buckets small enough (bucket <= FUSE_MAX), k_fused does 1-4 for one bucket per thread
  * block, the bucket held in shared memory, so g and r are read once. It writes a double-
  * buffered residual (buf[cur ^ 1]: harmless before the other buckets' scales are known, the
@@ -84,13 +87,14 @@ static tg_geom make_geom(const gcomp_terngrad_params *p, uint64_t n)
 typedef struct tg_scratch {
     double *bsum, *gsum;
     uint32_t *bmax, *gmax;
+    uint32_t *done; /* k_group_scale1: its CTAs that have finished (zeroed by k_block_sums4) */
 } tg_scratch;
 
 static size_t align16(size_t v) { return (v + 15) & ~(size_t)15; }
 
 static size_t scratch_need(const tg_geom *G)
 {
-    return align16(8 * G->nblk) + align16(8 * G->ngrp) + align16(4 * G->nblk) + align16(4 * G->ngrp);
+    return align16(8 * G->nblk) + align16(8 * G->ngrp) + align16(4 * G->nblk) + align16(4 * G->ngrp) + 4;
 }
 
 static tg_scratch carve(const tg_geom *G, void *scratch)
@@ -104,6 +108,8 @@ static tg_scratch carve(const tg_geom *G, void *scratch)
     s.bmax = (uint32_t *)p;
     p += align16(4 * G->nblk);
     s.gmax = (uint32_t *)p;
+    p += align16(4 * G->ngrp);
+    s.done = (uint32_t *)p;
     return s;
 }
 
@@ -363,13 +369,177 @@ static __global__ void k_pack(tg_geom G, const float *g, const gcomp_cuda_residu
     }
 }
 
-/* ---- pass 4 for one scale (bucket=0): 4 code bytes per thread, 16-byte accesses ---------- */
+/* ---- one scale for the whole tensor (bucket=0): passes 1-4 with 16-byte accesses --------- */
 
-/* A chunk of PACK1_CHUNK elements per CTA (2048 code bytes, 4 per thread), chunks dealt to
- * CTAs in order; PACK1_PER_SM CTAs per SM at most. On an H100 (h6-explore, 5d9485d, 256 MiB,
- * one chunk per CTA) this pass took 0.270 ms against k_pack's 0.306 ms; fewer CTAs that loop
- * over chunks were slower (0.275 ms at 16 per SM, 0.284 ms at 2), and the evict-first hint on
- * the loads and stores cost about 0.01 ms. */
+/* On an H100 (h6-explore2 a4dd388, 256 MiB, a CUDA event after every launch, medians of 30)
+ * these three kernels took 0.492 ms (k_block_sums4 0.198, k_group_scale1 0.020, k_pack1
+ * 0.267) against 0.545 ms for k_block_sums + k_group_sums + k_scales + k_pack; two rms
+ * blocks per warp step did as well as four, one did not (0.202 ms for pass 1), and capping
+ * pass 1 at 4-16 CTAs per SM was slower. Each pass's sums are those of passes 1-3 above, in
+ * the same order, so the bytes are the same (checked against the CPU there). */
+
+#define S4_BLOCKS 4 /* rms blocks per warp step of k_block_sums4: all their loads issued first */
+
+/* x[u] = element base + 4 lane + u and x[4 + u] = element base + 128 + 4 lane + u of one rms
+ * block of len elements (zero past len): two 16-byte loads of g (and of r) per lane. */
+static __device__ __forceinline__ void load_block4(const float *g, const float *r, uint64_t base, uint32_t len,
+                                                   bool vec, float x[8])
+{
+    const uint32_t e = 4u * (threadIdx.x & 31u);
+    if (vec && len == RMS_BLOCK) {
+        /* explicit global loads (r comes through the residual struct: a plain load of it would
+         * be a generic one); neither array is written by pass 1 */
+        float4 a = __ldg((const float4 *)(g + base + e)), b = __ldg((const float4 *)(g + base + 128 + e));
+        if (r) {
+            const float4 ra = __ldg((const float4 *)(r + base + e)), rb = __ldg((const float4 *)(r + base + 128 + e));
+            a.x = __fadd_rn(a.x, ra.x), a.y = __fadd_rn(a.y, ra.y), a.z = __fadd_rn(a.z, ra.z),
+            a.w = __fadd_rn(a.w, ra.w);
+            b.x = __fadd_rn(b.x, rb.x), b.y = __fadd_rn(b.y, rb.y), b.z = __fadd_rn(b.z, rb.z),
+            b.w = __fadd_rn(b.w, rb.w);
+        }
+        x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+        return;
+    }
+#pragma unroll
+    for (uint32_t u = 0; u < 4; u++) {
+        x[u] = e + u < len ? load_x(g, r, base + e + u) : 0.0f;
+        x[4 + u] = 128 + e + u < len ? load_x(g, r, base + 128 + e + u) : 0.0f;
+    }
+}
+
+/* The rms-block tree of terngrad.c (block_tree's sums) over load_block4's layout:
+ * t[k] = x[k]^2 + x[k+128]^2 in the lane (k = 4 lane + u), t[k] += t[k+w] for w = 64 .. 4
+ * across lanes 16 .. 1 apart, then w = 2, 1 inside lane 0. The sum lands in lane 0. */
+static __device__ __forceinline__ double block_tree4(const float x[8])
+{
+    double t[4];
+#pragma unroll
+    for (int u = 0; u < 4; u++)
+        t[u] = __dadd_rn(__dmul_rn((double)x[u], (double)x[u]), __dmul_rn((double)x[u + 4], (double)x[u + 4]));
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+        for (int u = 0; u < 4; u++) t[u] = __dadd_rn(t[u], __shfl_down_sync(0xffffffffu, t[u], o));
+    t[0] = __dadd_rn(t[0], t[2]); /* w = 2 */
+    t[1] = __dadd_rn(t[1], t[3]);
+    return __dadd_rn(t[0], t[1]); /* w = 1 */
+}
+
+/* Sum of v[0..cnt) in order (the specification's), from shared memory or, GLOBAL, from global
+ * memory through L2 (written by other CTAs of the launch); 8 loads in flight per step. */
+template <bool GLOBAL> static __device__ __forceinline__ double chain_sum(const double *v, uint64_t cnt)
+{
+    double s = 0;
+    uint64_t e = 0;
+    for (; e + 8 <= cnt; e += 8) {
+        double t[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) t[u] = GLOBAL ? __ldcg(v + e + u) : v[e + u];
+#pragma unroll
+        for (int u = 0; u < 8; u++) s = __dadd_rn(s, t[u]);
+    }
+    for (; e < cnt; e++) s = __dadd_rn(s, GLOBAL ? __ldcg(v + e) : v[e]);
+    return s;
+}
+
+/* Pass 1 for one scale: each warp reduces S4_BLOCKS consecutive rms blocks per step (block b
+ * starts at element 256 b: one bucket), all their loads issued before any use. S.done, the
+ * counter of k_group_scale1 (next on the stream), is zeroed here: scratch holds anything. */
+template <bool CLIP>
+static __global__ void __launch_bounds__(THREADS)
+    k_block_sums4(tg_geom G, const float *g, const gcomp_cuda_residual *res, tg_scratch S)
+{
+    const float *r = res_in(res);
+    const bool vec = (((uintptr_t)g | (uintptr_t)r) & 15u) == 0;
+    const unsigned lane = threadIdx.x & 31u;
+    const uint64_t nwarps = ((uint64_t)gridDim.x * blockDim.x) >> 5, tasks = (G.nblk + S4_BLOCKS - 1) / S4_BLOCKS;
+    if (blockIdx.x == 0 && threadIdx.x == 0) *S.done = 0;
+    for (uint64_t t = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; t < tasks; t += nwarps) {
+        float x[S4_BLOCKS][8];
+#pragma unroll
+        for (int k = 0; k < S4_BLOCKS; k++) {
+            const uint64_t b = t * S4_BLOCKS + k, left = b < G.nblk ? G.n - b * RMS_BLOCK : 0;
+            load_block4(g, r, b * RMS_BLOCK, left < RMS_BLOCK ? (uint32_t)left : RMS_BLOCK, vec, x[k]);
+        }
+#pragma unroll
+        for (int k = 0; k < S4_BLOCKS; k++) {
+            const uint64_t b = t * S4_BLOCKS + k;
+            if (b < G.nblk) { /* warp-uniform */
+                const uint32_t m = block_max(x[k]);
+                const double s = CLIP ? block_tree4(x[k]) : 0.0;
+                if (lane == 0) {
+                    S.bmax[b] = m;
+                    if (CLIP) S.bsum[b] = s;
+                }
+            }
+        }
+    }
+}
+
+/* Passes 2 and 3 for one scale in one launch: k_group_sums' work (a warp per group of 1024
+ * rms blocks, their sums in order), then the CTA that finishes last (S.done counts them) adds
+ * the group sums in order, as k_scales does, and writes the scale and status->nonfinite. */
+template <bool CLIP>
+static __global__ void k_group_scale1(tg_geom G, tg_scratch S, gcomp_cuda_status *st, uint64_t body_bytes,
+                                      uint8_t *body)
+{
+    __shared__ double sh[GROUP_WARPS][RMS_GROUP];
+    __shared__ uint32_t wm[GROUP_WARPS];
+    __shared__ uint32_t last;
+    const unsigned lane = threadIdx.x & 31u, w = threadIdx.x >> 5;
+    const uint64_t nwarps = ((uint64_t)gridDim.x * blockDim.x) >> 5;
+    if (blockIdx.x == 0 && threadIdx.x == 0) { /* nonfinite: written by the last CTA */
+        st->body_bytes = body_bytes;
+        st->overflow = 0;
+        st->flags = 0;
+    }
+    for (uint64_t h = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; h < G.ngrp; h += nwarps) {
+        const uint64_t blocks = G.nblk - h * RMS_GROUP;
+        const uint32_t cnt = blocks < RMS_GROUP ? (uint32_t)blocks : RMS_GROUP;
+        const uint64_t first = h * RMS_GROUP;
+        uint32_t m = 0;
+        for (uint32_t e = lane; e < cnt; e += 32) {
+            uint32_t v = S.bmax[first + e];
+            m = v > m ? v : m;
+            if (CLIP) sh[w][e] = S.bsum[first + e];
+        }
+        m = warp_max_u32(m);
+        __syncwarp();
+        if (lane == 0) {
+            if (CLIP) S.gsum[h] = chain_sum<false>(sh[w], cnt);
+            S.gmax[h] = m;
+        }
+        __syncwarp();
+    }
+    if (lane == 0) __threadfence(); /* this warp's group results before the counter */
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(S.done, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return; /* CTA-uniform */
+    __threadfence();
+    uint32_t mb = 0;
+    for (uint64_t e = threadIdx.x; e < G.ngrp; e += blockDim.x) {
+        uint32_t v = __ldcg(S.gmax + e);
+        mb = v > mb ? v : mb;
+    }
+    mb = warp_max_u32(mb);
+    if (lane == 0) wm[w] = mb;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (unsigned i = 0; i < blockDim.x / 32; i++) mb = wm[i] > mb ? wm[i] : mb;
+        const double ss = CLIP ? chain_sum<true>(S.gsum, G.ngrp) : 0.0;
+        const float s = bucket_scale(CLIP ? G.clip : 0.0, mb, ss, G.n);
+        gcomp_le_store_u32(body, gcomp_f32_bits(s));
+        st->nonfinite = finite_f32(s) ? 0u : 1u;
+    }
+}
+
+/* Pass 4: a chunk of PACK1_CHUNK elements per CTA (2048 code bytes, 4 per thread), up to
+ * PACK1_PER_SM CTAs per SM (then they loop). At 256 MiB on the H100 one chunk per CTA took
+ * 0.270 ms against k_pack's 0.306 ms, fewer CTAs that loop were slower (0.275 ms at 16 per
+ * SM, 0.284 ms at 2), the evict-first hint on the loads and stores cost about 0.01 ms, and
+ * starting on the tensor's end (CTA b takes chunk nchunks - 1 - b: pass 1 read those last,
+ * some are still in L2) saved about 0.003 ms. */
 #define PACK1_THREADS 512
 #define PACK1_CHUNK (16u * PACK1_THREADS) /* elements: 4 code bytes per thread */
 #define PACK1_PER_SM 64
@@ -400,7 +570,8 @@ static __device__ __forceinline__ void pack_byte1(const tg_geom &G, const float 
  * 16-byte aligned arrays that is four float4 loads of g and of r (all issued first), four
  * float4 stores of the residual and one 4-byte store of the codes. Each thread reads and
  * writes only its own elements, so an in-place residual is safe. The partial last tile and
- * unaligned arrays take pack_byte1 (k_pack's arithmetic, byte by byte). */
+ * unaligned arrays take pack_byte1 (k_pack's arithmetic, byte by byte). The chunks are taken
+ * from the tensor's end: pass 1 read the end last. */
 static __global__ void __launch_bounds__(PACK1_THREADS, 2) /* 64 registers, as measured */
     k_pack1(tg_geom G, const float *g, const gcomp_cuda_residual *res, uint64_t seed, uint64_t step, uint64_t offset,
             uint32_t rank, uint8_t *body, const gcomp_cuda_status *st)
@@ -414,7 +585,8 @@ static __global__ void __launch_bounds__(PACK1_THREADS, 2) /* 64 registers, as m
     uint8_t *codes = body + 4;
     const bool vec = (((uintptr_t)g | (uintptr_t)r | (uintptr_t)ro) & 15u) == 0;
     const bool word = ((uintptr_t)codes & 3u) == 0;
-    for (uint64_t c = blockIdx.x; c < nchunks; c += gridDim.x) {
+    for (uint64_t cf = blockIdx.x; cf < nchunks; cf += gridDim.x) {
+        const uint64_t c = nchunks - 1 - cf; /* from the end */
         const uint64_t c0 = c * (PACK1_CHUNK / 4) + 4u * threadIdx.x, t0 = c0 / (TILE / 4);
         if (c0 >= nbytes) continue;
         if (!vec || t0 >= whole) {
@@ -883,6 +1055,29 @@ static gcomp_result scale_passes(const tg_geom *G, const float *g, const gcomp_c
     return GCOMP_SUCCESS;
 }
 
+/* The encode of one scale for the tensor (G->nb == 1): k_block_sums4, k_group_scale1, k_pack1. */
+static gcomp_result encode_one_scale(const tg_geom *G, const gcomp_encode_ctx *ctx, const float *g,
+                                     const gcomp_cuda_residual *res, tg_scratch S, uint8_t *body, gcomp_cuda_status *st,
+                                     uint64_t body_bytes, cudaStream_t s)
+{
+    const bool clip = G->clip > 0;
+    const unsigned gb = grid_for(ceil_div(G->nblk, S4_BLOCKS), THREADS / 32), gg = grid_for(G->ngrp, GROUP_WARPS);
+    if (clip)
+        k_block_sums4<true><<<gb, THREADS, 0, s>>>(*G, g, res, S);
+    else
+        k_block_sums4<false><<<gb, THREADS, 0, s>>>(*G, g, res, S);
+    LAUNCHED("k_block_sums4");
+    if (clip)
+        k_group_scale1<true><<<gg, 32 * GROUP_WARPS, 0, s>>>(*G, S, st, body_bytes, body);
+    else
+        k_group_scale1<false><<<gg, 32 * GROUP_WARPS, 0, s>>>(*G, S, st, body_bytes, body);
+    LAUNCHED("k_group_scale1");
+    k_pack1<<<grid_pack1(G->n), PACK1_THREADS, 0, s>>>(*G, g, res, ctx->seed, ctx->step, ctx->offset, ctx->rank, body,
+                                                       st);
+    LAUNCHED("k_pack1");
+    return GCOMP_SUCCESS;
+}
+
 static gcomp_result tg_cuda_encode(const void *params, const gcomp_encode_ctx *ctx, const float *g,
                                    const gcomp_cuda_residual *res, size_t count, uint8_t *body, size_t cap,
                                    void *scratch, gcomp_cuda_status *status, struct CUstream_st *stream)
@@ -914,13 +1109,8 @@ static gcomp_result tg_cuda_encode(const void *params, const gcomp_encode_ctx *c
         LAUNCHED("k_resid");
         return GCOMP_SUCCESS;
     }
+    if (G.nb == 1) return encode_one_scale(&G, ctx, g, res, S, body, status, need, s);
     TG_CHECK(scale_passes(&G, g, res, S, nullptr, body, status, need, s));
-    if (G.nb == 1) {
-        k_pack1<<<grid_pack1(G.n), PACK1_THREADS, 0, s>>>(G, g, res, ctx->seed, ctx->step, ctx->offset, ctx->rank,
-                                                          body, status);
-        LAUNCHED("k_pack1");
-        return GCOMP_SUCCESS;
-    }
     k_pack<<<grid_for((count + 3) / 4, THREADS), THREADS, 0, s>>>(G, g, res, ctx->seed, ctx->step, ctx->offset,
                                                                   ctx->rank, body, status);
     LAUNCHED("k_pack");
