@@ -15,10 +15,13 @@
  *              1 and 2 are histogrammed from that list, not from x, unless it overflowed
  *              (n/16 + 1024 entries: heavy ties), when they read x. The result is a rule:
  *              keep key > T, and of the keys == T the `tie_need` with the lowest indices;
- *   compact    per-tile counts of keys > T and == T (from the list's tiles, or from x), an
- *              exclusive scan over the tiles, and a scatter of the kept indices in index
- *              order (ballots within a warp, a scan across the warps of a tile): stable, no
- *              atomics that could reorder;
+ *   compact    per-tile counts of keys > T and == T (those above the threshold's top bin
+ *              counted by the collect pass, those in it from the list's tiles, or from x),
+ *              an exclusive scan over the tiles in two levels in one launch (a block per
+ *              1024 tiles, then the block that finishes last scans the groups' totals), and
+ *              a scatter of the kept indices in index order, one block per tile (ballots
+ *              within a warp, a scan across the warps of a tile): stable, no atomics that
+ *              could reorder;
  *   body       one warp per block of 128 pairs: gaps, the value fields, the Rice parameter
  *              (one candidate b per lane, the minimum of (bits, b) as topk.h's
  *              gcomp_topk_rice_param takes it), then a scan of the block sizes gives every
@@ -27,15 +30,20 @@
  *              and copies it out. The kept elements' residuals (x - decoded value) are
  *              written there too.
  *   The selection state lives in scratch, so the host enqueues the same launches whatever the
- *   data; a kernel whose digit is not needed returns at once.
+ *   data; a kernel whose digit is not needed returns at once. Scratch holds anything on entry:
+ *   one memset clears the digit-0 histogram, and every other counter is cleared by a kernel
+ *   that runs before its first use (tk_select_digit for digit 0, tk_collect per tile).
  *
  * Cost (H100, 64 Mi floats, ratio 0.01, test_cuda_topk's test_timing, commit cf7baf3): encode
  * 0.91 ms against 0.18 ms for a device-to-device copy of the floats, i.e. 0.30 of the copy's
  * rate with effective bytes counted as codec_perf does (g, r read, r written, body). Under
  * ncu, pass 1 ran at the copy's bandwidth (0.28 ms) and the per-tile collect and scatter
- * (0.20 and 0.23 ms) and the one-block tile scan (0.07 ms) took most of the rest; they were
- * then rebuilt (tiles looped over with the next tile's loads in flight, a two-level scan),
- * which no GPU has timed yet.
+ * (0.20 and 0.23 ms) and the one-block tile scan (0.07 ms) took most of the rest. On an H100
+ * (h6-explore2 a4dd388, 256 MiB, a CUDA event after every launch) collect and scatter kernels
+ * that loop over the tiles with the next tile's loads in flight were slower (0.21 and 0.29
+ * ms), a two-level scan took 0.010 ms against 0.067 ms: so the scan has two levels, the
+ * collect and scatter take one block per tile, the per-tile count pass is folded into the
+ * count of the undecided list, and one memset of two is left.
  *
  * Decode: a body's block starts are only known after parsing the blocks before it (the Rice
  * codes have no fixed width), so one payload's chain is parsed by one thread, at about 0.3 us
@@ -85,7 +93,7 @@ struct tk_select {
     uint32_t thr;
     unsigned long long list_n; /* entries the undecided list was offered */
     uint32_t overflow;         /* it could not hold them: the later digits read x again */
-    uint32_t reserved;
+    uint32_t scan_done;        /* tk_scan_tiles: its blocks that have finished */
 };
 
 /* The undecided list: keys whose top digit is the threshold's bin, with their tile (for the
@@ -96,14 +104,16 @@ struct tk_und {
 
 /* Where everything of an encode lives in scratch (offsets in bytes, 256-aligned). */
 struct tk_layout {
-    size_t state, hist, tile_gt, tile_eq, off_gt, off_eq, gt1, und_gt, und_eq, list, idx, blk_info, blk_bytes, blk_off,
-        total;
+    size_t state, hist, off_gt, off_eq, groups, gt1, und_gt, und_eq, list, idx, blk_info, blk_bytes, blk_off, total;
     size_t list_cap;
 };
 
 static size_t tk_align(size_t v) { return (v + 255) & ~(size_t)255; }
 
 static size_t tk_tiles(size_t n) { return (n + TK_TILE - 1) / TK_TILE; }
+
+/* Groups of TK_SCAN_THREADS tiles: the first level of the tile scan. */
+static size_t tk_groups(size_t tiles) { return (tiles + TK_SCAN_THREADS - 1) / TK_SCAN_THREADS; }
 
 static tk_layout tk_encode_layout(size_t n, uint64_t k)
 {
@@ -113,13 +123,12 @@ static tk_layout tk_encode_layout(size_t n, uint64_t k)
     size_t at = 0;
     l.state = at, at += tk_align(sizeof(tk_select));
     l.hist = at, at += tk_align(3 * TK_NBINS * sizeof(unsigned long long));
-    l.tile_gt = at, at += tk_align(tiles * 8);
-    l.tile_eq = at, at += tk_align(tiles * 8);
     l.off_gt = at, at += tk_align(tiles * 8);
     l.off_eq = at, at += tk_align(tiles * 8);
+    l.groups = at, at += tk_align(2 * tk_groups(tiles) * 8); /* gt, then eq */
     l.gt1 = at, at += tk_align(tiles * 8);
     l.und_gt = at, at += tk_align(tiles * 8);
-    l.und_eq = at, at += tk_align(tiles * 8); /* right after und_gt: one memset clears both */
+    l.und_eq = at, at += tk_align(tiles * 8);
     l.list_cap = n / 16 + 1024;
     l.list = at, at += tk_align(l.list_cap * sizeof(tk_und));
     l.idx = at, at += tk_align((size_t)k * 8 + 8);
@@ -196,8 +205,9 @@ static __device__ unsigned long long tk_block_scan(unsigned long long v, unsigne
     return wsum + incl - v;
 }
 
-/* out[i] = sum of in[0..i) in one block (len up to a few million: each thread scans a slice).
- * The slice's loads are unrolled so that several are in flight at once. */
+/* out[i] = sum of in[0..i) in one block (len up to a few million: each thread scans a slice);
+ * out may be in. The slice's loads are unrolled so that several are in flight at once, and go
+ * through L2 (__ldcg): in may have been written by other blocks of the same launch. */
 static __device__ unsigned long long tk_scan_array(const unsigned long long *in, unsigned long long *out, size_t len,
                                                    unsigned long long *sh)
 {
@@ -205,11 +215,11 @@ static __device__ unsigned long long tk_scan_array(const unsigned long long *in,
     const size_t hi = lo + per < len ? lo + per : len;
     unsigned long long sum = 0, base, total;
 #pragma unroll 8
-    for (size_t i = lo; i < hi; i++) sum += in[i];
+    for (size_t i = lo; i < hi; i++) sum += __ldcg(in + i);
     base = tk_block_scan(sum, sh, &total);
 #pragma unroll 8
     for (size_t i = lo; i < hi; i++) {
-        const unsigned long long v = in[i];
+        const unsigned long long v = __ldcg(in + i);
         out[i] = base;
         base += v;
     }
@@ -308,9 +318,11 @@ static __global__ void tk_digit_hist(const float *g, const gcomp_cuda_residual *
 
 /* After digit 0, one block per tile: per tile, the keys whose top digit is above the
  * threshold's bin B (all kept: gt1); the keys in bin B go into the undecided list when it has
- * room for all of them (then the later digits and counts read the list, not x). */
+ * room for all of them (then the later digits and counts read the list, not x). The tile's
+ * counters of undecided keys (tk_und_count adds to them) start at 0 here. */
 static __global__ void tk_collect(const float *g, const gcomp_cuda_residual *res, size_t n, tk_select *st,
-                                  size_t list_cap, tk_und *list, unsigned long long *gt1)
+                                  size_t list_cap, tk_und *list, unsigned long long *gt1, unsigned long long *und_gt,
+                                  unsigned long long *und_eq)
 {
     __shared__ unsigned long long scan_sh[33];
     __shared__ unsigned long long base_sh;
@@ -346,6 +358,8 @@ static __global__ void tk_collect(const float *g, const gcomp_cuda_residual *res
         unsigned long long sg = 0;
         for (unsigned w = 0; w < TK_TILE_THREADS / 32; w++) sg += wg[w];
         gt1[blockIdx.x] = sg;
+        und_gt[blockIdx.x] = 0;
+        und_eq[blockIdx.x] = 0;
         if (base_sh + total > list_cap) st->overflow = 1;
     }
     slot += base_sh;
@@ -359,39 +373,81 @@ static __global__ void tk_collect(const float *g, const gcomp_cuda_residual *res
     }
 }
 
-/* With the final rule known: per tile, the undecided keys above it and equal to it. */
-static __global__ void tk_und_count(const tk_select *st, const tk_und *list, unsigned long long *und_gt,
+/* With the final rule known: per tile, the undecided keys (top digit = the threshold's)
+ * above it and equal to it, from the list (added to tk_collect's zeros), or from x when the
+ * list overflowed (a block per tile at a time). With gt1, the tile's counts of every key
+ * > thr and == thr: the keys above the top bin are all > thr, those below it all < thr. */
+static __global__ void tk_und_count(const float *g, const gcomp_cuda_residual *res, size_t n, size_t tiles,
+                                    const tk_select *st, const tk_und *list, unsigned long long *und_gt,
                                     unsigned long long *und_eq)
 {
-    if (st->overflow) return;
-    const size_t len = (size_t)st->list_n, stride = (size_t)gridDim.x * blockDim.x;
+    __shared__ unsigned wg[TK_HIST_THREADS / 32], we[TK_HIST_THREADS / 32];
     const uint32_t thr = st->thr;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < len; i += stride) {
-        const tk_und e = list[i];
-        if (e.key > thr)
-            atomicAdd(&und_gt[e.tile], 1ull);
-        else if (e.key == thr)
-            atomicAdd(&und_eq[e.tile], 1ull);
+    if (!st->overflow) {
+        const size_t len = (size_t)st->list_n, stride = (size_t)gridDim.x * blockDim.x;
+        for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < len; i += stride) {
+            const tk_und e = list[i];
+            if (e.key > thr)
+                atomicAdd(&und_gt[e.tile], 1ull);
+            else if (e.key == thr)
+                atomicAdd(&und_eq[e.tile], 1ull);
+        }
+        return;
+    }
+    const uint32_t *x = (const uint32_t *)tk_x(g, res);
+    const unsigned top_shift = TK_KEY_BITS - TK_D0, warp = threadIdx.x >> 5, lane = threadIdx.x & 31u;
+    const uint32_t bin = thr >> top_shift;
+    for (size_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+        uint32_t keys[TK_TILE / TK_HIST_THREADS];
+        unsigned gt = 0, eq = 0;
+#pragma unroll
+        for (unsigned j = 0; j < TK_TILE / TK_HIST_THREADS; j++) { /* every load first */
+            const size_t i = t * TK_TILE + (size_t)j * TK_HIST_THREADS + threadIdx.x;
+            keys[j] = i < n ? tk_key(x[i]) : 0;
+        }
+#pragma unroll
+        for (unsigned j = 0; j < TK_TILE / TK_HIST_THREADS; j++) {
+            const int valid = t * TK_TILE + (size_t)j * TK_HIST_THREADS + threadIdx.x < n;
+            const int und = valid && keys[j] >> top_shift == bin;
+            gt += und && keys[j] > thr;
+            eq += und && keys[j] == thr;
+        }
+        for (unsigned o = 16; o; o >>= 1) {
+            gt += __shfl_down_sync(TK_FULL, gt, o);
+            eq += __shfl_down_sync(TK_FULL, eq, o);
+        }
+        if (lane == 0) wg[warp] = gt, we[warp] = eq;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            unsigned long long sg = 0, se = 0;
+            for (unsigned w = 0; w < TK_HIST_THREADS / 32; w++) sg += wg[w], se += we[w];
+            und_gt[t] = sg;
+            und_eq[t] = se;
+        }
+        __syncthreads(); /* wg and we are rewritten for the next tile */
     }
 }
 
 /* One digit of the select (one block of 1024 threads): the bin b holding the need-th largest
- * undecided key, i.e. the one with (count of higher bins) < need <= (that + hist[b]), as
- * topk.c's find_bin takes it; then narrows the state. Digit 0 also starts the state and the
- * status (non-finite: a key in the Inf/NaN bins). */
-static __global__ void tk_select_digit(const unsigned long long *hist, unsigned digit, unsigned d, uint64_t k,
+ * undecided key in the digit's histogram (hists + digit * TK_NBINS), i.e. the one with (count
+ * of higher bins) < need <= (that + hist[b]), as topk.c's find_bin takes it; then narrows the
+ * state. Digit 0 also starts the state and the status (non-finite: a key in the Inf/NaN
+ * bins) and clears the histograms of digits 1 and 2. */
+static __global__ void tk_select_digit(unsigned long long *hists, unsigned digit, unsigned d, uint64_t k,
                                        uint32_t flags, tk_select *st, gcomp_cuda_status *status)
 {
     __shared__ unsigned long long sh[33];
     __shared__ unsigned long long above_sh, count_sh;
     __shared__ int bin_sh;
+    const unsigned long long *hist = hists + (size_t)digit * TK_NBINS;
     const unsigned nbins = 1u << d, per = (nbins + blockDim.x - 1) / blockDim.x;
     unsigned long long need, mine = 0, excl, total;
     if (digit == 0) {
+        for (unsigned b = threadIdx.x; b < 2 * TK_NBINS; b += blockDim.x) hists[TK_NBINS + b] = 0;
         if (threadIdx.x == 0) {
             st->need = k, st->undecided = 0, st->tie_need = 0;
             st->prefix = 0, st->shift = TK_KEY_BITS, st->done = 0, st->thr = 0;
-            st->list_n = 0, st->overflow = 0;
+            st->list_n = 0, st->overflow = 0, st->scan_done = 0;
             status->flags = flags;
             status->overflow = 0;
             status->body_bytes = 0;
@@ -446,65 +502,46 @@ static __global__ void tk_select_digit(const unsigned long long *hist, unsigned 
 
 /* ---- compaction -------------------------------------------------------------------------- */
 
-/* Per tile: how many keys are > thr and how many == thr (from x only when the undecided list
- * overflowed). */
-static __global__ void tk_count(const float *g, const gcomp_cuda_residual *res, size_t n, const tk_select *st,
-                                const unsigned long long *gt1, const unsigned long long *und_gt,
-                                const unsigned long long *und_eq, unsigned long long *tile_gt,
-                                unsigned long long *tile_eq)
-{
-    __shared__ unsigned wg[TK_TILE_THREADS / 32], we[TK_TILE_THREADS / 32];
-    if (!st->overflow) { /* digit 1 and the undecided list counted the tile already */
-        if (threadIdx.x == 0) {
-            tile_gt[blockIdx.x] = gt1[blockIdx.x] + und_gt[blockIdx.x];
-            tile_eq[blockIdx.x] = und_eq[blockIdx.x];
-        }
-        return;
-    }
-    const uint32_t *x = (const uint32_t *)tk_x(g, res);
-    const uint32_t thr = st->thr;
-    const unsigned warp = threadIdx.x >> 5, lane = threadIdx.x & 31u;
-    const size_t base = (size_t)blockIdx.x * TK_TILE + (size_t)warp * TK_WARP_ITEMS;
-    unsigned gt = 0, eq = 0;
-#pragma unroll
-    for (unsigned j = 0; j < TK_WARP_ITEMS / 32; j++) {
-        int valid;
-        const uint32_t key = tk_item(x, n, base, j, &valid);
-        gt += valid && key > thr;
-        eq += valid && key == thr;
-    }
-    for (unsigned o = 16; o; o >>= 1) {
-        gt += __shfl_down_sync(TK_FULL, gt, o);
-        eq += __shfl_down_sync(TK_FULL, eq, o);
-    }
-    if (lane == 0) wg[warp] = gt, we[warp] = eq;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        unsigned long long sg = 0, se = 0;
-        for (unsigned w = 0; w < TK_TILE_THREADS / 32; w++) sg += wg[w], se += we[w];
-        tile_gt[blockIdx.x] = sg;
-        tile_eq[blockIdx.x] = se;
-    }
-}
-
-/* Exclusive scans of the tile counts; checks that the rule keeps exactly k. */
-static __global__ void tk_scan_tiles(const unsigned long long *tile_gt, const unsigned long long *tile_eq,
-                                     unsigned long long *off_gt, unsigned long long *off_eq, size_t tiles,
-                                     const tk_select *st, uint64_t k, gcomp_cuda_status *status)
+/* Exclusive scans of the tile counts (gt = gt1 + und_gt, eq = und_eq) in two levels, one
+ * launch: each block scans a group of TK_SCAN_THREADS tiles, writes the offsets inside the
+ * group and the group's totals; the block that finishes last (st->scan_done counts them,
+ * tk_select_digit zeroed it) turns the totals into the groups' offsets, in place, and checks
+ * that the rule keeps exactly k. tk_scatter adds the two levels. */
+static __global__ void tk_scan_tiles(const unsigned long long *gt1, const unsigned long long *und_gt,
+                                     const unsigned long long *und_eq, size_t tiles, unsigned long long *off_gt,
+                                     unsigned long long *off_eq, unsigned long long *group_gt,
+                                     unsigned long long *group_eq, tk_select *st, uint64_t k, gcomp_cuda_status *status)
 {
     __shared__ unsigned long long sh[33];
-    const unsigned long long gt = tk_scan_array(tile_gt, off_gt, tiles, sh);
-    const unsigned long long eq = tk_scan_array(tile_eq, off_eq, tiles, sh);
+    __shared__ int last;
+    const size_t i = (size_t)blockIdx.x * TK_SCAN_THREADS + threadIdx.x;
+    const unsigned long long vg = i < tiles ? gt1[i] + und_gt[i] : 0, ve = i < tiles ? und_eq[i] : 0;
+    unsigned long long tg, te;
+    const unsigned long long eg = tk_block_scan(vg, sh, &tg);
+    const unsigned long long ee = tk_block_scan(ve, sh, &te);
+    if (i < tiles) off_gt[i] = eg, off_eq[i] = ee;
+    if (threadIdx.x == 0) {
+        group_gt[blockIdx.x] = tg, group_eq[blockIdx.x] = te;
+        __threadfence(); /* the totals before the count */
+        last = atomicAdd(&st->scan_done, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!last) return; /* block-uniform */
+    __threadfence();
+    const unsigned long long gt = tk_scan_array(group_gt, group_gt, gridDim.x, sh);
+    const unsigned long long eq = tk_scan_array(group_eq, group_eq, gridDim.x, sh);
     if (threadIdx.x == 0) {
         const unsigned long long ties = eq < st->tie_need ? eq : st->tie_need;
         if (gt + ties != k) tk_set_error(status, GCOMP_ERR_INTERNAL);
     }
 }
 
-/* The kept indices of a tile, in index order, at their place in idx[0..k). */
+/* The kept indices of a tile, in index order, at their place in idx[0..k) (the tile's offset
+ * is its group's plus its own inside the group). */
 static __global__ void __launch_bounds__(TK_TILE_THREADS, 4)
     tk_scatter(const float *g, const gcomp_cuda_residual *res, size_t n, const tk_select *st,
-               const unsigned long long *off_gt, const unsigned long long *off_eq, unsigned long long *idx, uint64_t k)
+               const unsigned long long *off_gt, const unsigned long long *off_eq, const unsigned long long *group_gt,
+               const unsigned long long *group_eq, unsigned long long *idx, uint64_t k)
 {
     __shared__ unsigned wg[TK_TILE_THREADS / 32], we[TK_TILE_THREADS / 32];
     const uint32_t *x = (const uint32_t *)tk_x(g, res);
@@ -532,7 +569,8 @@ static __global__ void __launch_bounds__(TK_TILE_THREADS, 4)
     }
     if (lane == 0) wg[warp] = gt, we[warp] = eq;
     __syncthreads();
-    gt_before = off_gt[blockIdx.x], eq_before = off_eq[blockIdx.x];
+    gt_before = off_gt[blockIdx.x] + group_gt[blockIdx.x / TK_SCAN_THREADS];
+    eq_before = off_eq[blockIdx.x] + group_eq[blockIdx.x / TK_SCAN_THREADS];
     for (unsigned w = 0; w < warp; w++) gt_before += wg[w], eq_before += we[w];
 #pragma unroll
     for (unsigned j = 0; j < TK_WARP_ITEMS / 32; j++) {
@@ -789,9 +827,9 @@ static gcomp_result tk_encode(const void *params, const gcomp_encode_ctx *ctx, c
     uint8_t *s = (uint8_t *)scratch;
     tk_select *st = (tk_select *)(s + l.state);
     unsigned long long *hist = (unsigned long long *)(s + l.hist);
-    unsigned long long *tile_gt = (unsigned long long *)(s + l.tile_gt),
-                       *tile_eq = (unsigned long long *)(s + l.tile_eq);
     unsigned long long *off_gt = (unsigned long long *)(s + l.off_gt), *off_eq = (unsigned long long *)(s + l.off_eq);
+    const size_t groups = tk_groups(tiles);
+    unsigned long long *group_gt = (unsigned long long *)(s + l.groups), *group_eq = group_gt + groups;
     unsigned long long *gt1 = (unsigned long long *)(s + l.gt1), *und_gt = (unsigned long long *)(s + l.und_gt);
     unsigned long long *und_eq = (unsigned long long *)(s + l.und_eq);
     tk_und *list = (tk_und *)(s + l.list);
@@ -813,33 +851,32 @@ static gcomp_result tk_encode(const void *params, const gcomp_encode_ctx *ctx, c
         TK_LAUNCHED("tk_empty");
         return GCOMP_SUCCESS;
     }
-    if (cudaMemsetAsync(hist, 0, 3 * TK_NBINS * sizeof *hist, stream) != cudaSuccess ||
-        cudaMemsetAsync(und_gt, 0, l.und_eq - l.und_gt + tiles * 8, stream) != cudaSuccess)
-        return tk_launched("memset");
+    /* the digit-0 histogram: pass 1 adds to it from every block, so it is cleared before */
+    if (cudaMemsetAsync(hist, 0, TK_NBINS * sizeof *hist, stream) != cudaSuccess) return tk_launched("memset");
 
     grid = tk_stream_grid(n, TK_HIST_THREADS);
     tk_pass1<<<grid, TK_HIST_THREADS, 0, stream>>>(g, res, n, hist);
     TK_LAUNCHED("tk_pass1");
     tk_select_digit<<<1, TK_SCAN_THREADS, 0, stream>>>(hist, 0, TK_D0, k, flags, st, status);
     TK_LAUNCHED("tk_select_digit");
-    tk_collect<<<(unsigned)tiles, TK_TILE_THREADS, 0, stream>>>(g, res, n, st, l.list_cap, list, gt1);
+    tk_collect<<<(unsigned)tiles, TK_TILE_THREADS, 0, stream>>>(g, res, n, st, l.list_cap, list, gt1, und_gt, und_eq);
     TK_LAUNCHED("tk_collect");
     tk_digit_hist<<<grid, TK_HIST_THREADS, 0, stream>>>(g, res, n, st, TK_D1, list, hist + TK_NBINS);
     TK_LAUNCHED("tk_digit_hist");
-    tk_select_digit<<<1, TK_SCAN_THREADS, 0, stream>>>(hist + TK_NBINS, 1, TK_D1, k, flags, st, status);
+    tk_select_digit<<<1, TK_SCAN_THREADS, 0, stream>>>(hist, 1, TK_D1, k, flags, st, status);
     TK_LAUNCHED("tk_select_digit");
     tk_digit_hist<<<grid, TK_HIST_THREADS, 0, stream>>>(g, res, n, st, TK_D2, list, hist + 2 * TK_NBINS);
     TK_LAUNCHED("tk_digit_hist");
-    tk_select_digit<<<1, TK_SCAN_THREADS, 0, stream>>>(hist + 2 * TK_NBINS, 2, TK_D2, k, flags, st, status);
+    tk_select_digit<<<1, TK_SCAN_THREADS, 0, stream>>>(hist, 2, TK_D2, k, flags, st, status);
     TK_LAUNCHED("tk_select_digit");
 
-    tk_und_count<<<grid, TK_HIST_THREADS, 0, stream>>>(st, list, und_gt, und_eq);
+    tk_und_count<<<grid, TK_HIST_THREADS, 0, stream>>>(g, res, n, tiles, st, list, und_gt, und_eq);
     TK_LAUNCHED("tk_und_count");
-    tk_count<<<(unsigned)tiles, TK_TILE_THREADS, 0, stream>>>(g, res, n, st, gt1, und_gt, und_eq, tile_gt, tile_eq);
-    TK_LAUNCHED("tk_count");
-    tk_scan_tiles<<<1, TK_SCAN_THREADS, 0, stream>>>(tile_gt, tile_eq, off_gt, off_eq, tiles, st, k, status);
+    tk_scan_tiles<<<(unsigned)groups, TK_SCAN_THREADS, 0, stream>>>(gt1, und_gt, und_eq, tiles, off_gt, off_eq,
+                                                                    group_gt, group_eq, st, k, status);
     TK_LAUNCHED("tk_scan_tiles");
-    tk_scatter<<<(unsigned)tiles, TK_TILE_THREADS, 0, stream>>>(g, res, n, st, off_gt, off_eq, idx, k);
+    tk_scatter<<<(unsigned)tiles, TK_TILE_THREADS, 0, stream>>>(g, res, n, st, off_gt, off_eq, group_gt, group_eq, idx,
+                                                                k);
     TK_LAUNCHED("tk_scatter");
 
     tk_block_prep<<<body_grid, TK_WARPS_PER_BLOCK * 32, 0, stream>>>(g, res, idx, k, fp16, blk_info, blk_bytes, status);
