@@ -10,6 +10,14 @@
  *  - Handles are opaque. Destroy functions accept NULL and do nothing.
  *  - The caller owns every buffer it passes in; the library never keeps a pointer to a
  *    caller buffer after a call returns.
+ *  - Buffers: a buffer of elements (a tensor of gcomp_dtype values: encode's src, decode's
+ *    dst, gcomp_allreduce's send and recv; a float accumulator: decode_add's acc) must be
+ *    aligned to its element size, 4 bytes for f32 and 2 for f16/bf16, on the host and on a
+ *    device alike: the library reads it through typed pointers (in C and in CUDA kernels).
+ *    An encoded payload is bytes and may sit at any address. An output buffer must not
+ *    overlap an input buffer of the same call, except where a function says so
+ *    (gcomp_allreduce's send == recv: in place). A misaligned or overlapping buffer is
+ *    GCOMP_ERR_INVALID_ARG (with count 0 nothing is read, and any address passes).
  *  - The library never prints to stdout and never calls exit/abort. With GCOMP_DEBUG=1 (or
  *    INFO) in the environment it logs failures to stderr; a communicator logs its creation
  *    and each call when its gcomp_config.debug is 1 (unset: GCOMP_DEBUG).
@@ -149,7 +157,8 @@ GCOMP_API size_t gcomp_codec_kept(const gcomp_codec *codec, size_t count);
  * size_t (count > GCOMP_MAX_COUNT, or a user codec's bound that large). */
 GCOMP_API size_t gcomp_codec_max_encoded_bytes(const gcomp_codec *codec, size_t count);
 
-/* Encode count elements of src (dtype) into dst (capacity dst_cap bytes). *written receives
+/* Encode count elements of src (dtype, element-aligned) into dst (capacity dst_cap bytes,
+ * any alignment, overlapping no byte of src). *written receives
  * the payload size. With error feedback on and key != GCOMP_KEY_NONE, the residual of the
  * key is added before encoding and replaced by what the codec dropped (the residual is
  * created zero at the first call of a key and reset when the key's count changes). Each call
@@ -160,21 +169,25 @@ GCOMP_API size_t gcomp_codec_max_encoded_bytes(const gcomp_codec *codec, size_t 
  * error feedback on for codecs that update the residual in place, terngrad); a smaller
  * dst is encoded into scratch first. A failing call writes nothing to dst.
  * Errors: GCOMP_ERR_INVALID_ARG (NULL pointers with count > 0, bad dtype,
- * count > GCOMP_MAX_COUNT), GCOMP_ERR_BUFFER_TOO_SMALL, GCOMP_ERR_NOMEM.
+ * count > GCOMP_MAX_COUNT, src misaligned, dst overlapping src), GCOMP_ERR_BUFFER_TOO_SMALL,
+ * GCOMP_ERR_NOMEM.
  * Not thread-safe on the same codec object. */
 GCOMP_API gcomp_result gcomp_codec_encode(gcomp_codec *codec, uint64_t key, const void *src, size_t count,
                                           gcomp_dtype dtype, void *dst, size_t dst_cap, size_t *written);
 
 /* Decode a payload made by a codec of the same spec and ADD it to acc[0..count) in fp32.
- * The payload is untrusted: every length, index and declared size is checked.
- * Errors: GCOMP_ERR_INVALID_ARG (NULL pointers), GCOMP_ERR_CORRUPT (malformed payload,
- * other codec, or a count other than the caller's). On error acc may be partly updated. */
+ * The payload is untrusted: every length, index and declared size is checked. acc is
+ * 4-byte aligned and overlaps no byte of payload[0..bytes); the payload may sit at any
+ * address. Errors: GCOMP_ERR_INVALID_ARG (NULL pointers, acc misaligned or overlapping the
+ * payload), GCOMP_ERR_CORRUPT (malformed payload, other codec, or a count other than the
+ * caller's). On error acc may be partly updated. */
 GCOMP_API gcomp_result gcomp_codec_decode_add(gcomp_codec *codec, const void *payload, size_t bytes, float *acc,
                                               size_t count);
 
-/* Decode a payload into dst (count elements of dtype), overwriting it. Same checks as
- * gcomp_codec_decode_add; for f16/bf16 dst the fp32 result is rounded to nearest even.
- * Uses a scratch buffer owned by the codec object when dtype is not f32. */
+/* Decode a payload into dst (count elements of dtype, element-aligned, overlapping no byte
+ * of the payload), overwriting it. Same checks as gcomp_codec_decode_add; for f16/bf16 dst
+ * the fp32 result is rounded to nearest even. Uses a scratch buffer owned by the codec
+ * object when dtype is not f32. */
 GCOMP_API gcomp_result gcomp_codec_decode(gcomp_codec *codec, const void *payload, size_t bytes, void *dst,
                                           size_t count, gcomp_dtype dtype);
 
@@ -304,8 +317,10 @@ typedef struct gcomp_comm_stats {
 
 /* Collective over the communicator: every rank calls it with the same arguments.
  * Reduce count elements of send (dtype) over all ranks with op and write the result to recv
- * (send == recv is in place). key names the tensor for error feedback (e.g. a layer index);
- * calls with the same key must have the same count, or the residual is reset.
+ * (send == recv is in place; send and recv that partly overlap are invalid, and both are
+ * aligned to the dtype's element size: see "Buffers" at the top). key names the tensor for
+ * error feedback (e.g. a layer index); calls with the same key must have the same count, or
+ * the residual is reset.
  * Buffers may be host memory or CUDA device memory (CUDA builds; detected per pointer): send
  * and recv must both be host memory, or both memory of the calling thread's current device
  * (else GCOMP_ERR_INVALID_ARG). Host buffers take stream NULL (a stream with host buffers is
@@ -334,8 +349,9 @@ typedef struct gcomp_comm_stats {
  * re-encodes nothing.)
  * Every rank gets a bitwise-identical result. Blocking; returns when recv holds the result.
  * Errors (on every rank): GCOMP_ERR_INVALID_ARG (NULL buffer with count > 0, bad dtype/op,
- * on any rank), GCOMP_ERR_MISMATCH (ranks disagree on count, dtype, op, codec, min_bytes or
- * library version; the message names which), GCOMP_ERR_TIMEOUT (a peer did not answer within timeout_ms; the communicator is
+ * a misaligned buffer, send and recv partly overlapping; on any rank), GCOMP_ERR_MISMATCH
+ * (ranks disagree on count, dtype, op, codec, min_bytes or library version; the message
+ * names which), GCOMP_ERR_TIMEOUT (a peer did not answer within timeout_ms; the communicator is
  * then unusable), GCOMP_ERR_COMM_INVALID (after an earlier timeout or transport error),
  * GCOMP_ERR_TRANSPORT, GCOMP_ERR_CORRUPT (a payload failed its checks), GCOMP_ERR_NOMEM.
  * Not thread-safe on the same communicator. */

@@ -5,6 +5,7 @@
  * Encode: [f16/bf16 -> f32 widen] -> element codec (residual fused) -> byte stages.
  * Decode: byte stages peeled from the outside in -> element decode_add.
  */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -148,6 +149,40 @@ static gcomp_result check_buffers(const char *fn, const void *a, const void *b, 
     return GCOMP_SUCCESS;
 }
 
+/* 1 when [a, a + an) and [b, b + bn) share a byte (no sum that could wrap). */
+static int ranges_overlap(const void *a, size_t an, const void *b, size_t bn)
+{
+    uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+    if (!an || !bn) return 0;
+    return x >= y ? x - y < bn : y - x < an;
+}
+
+/* The buffer rules of gcomp.h (codec objects, "Buffers"), checked before any path -- host or
+ * device -- touches them: an element buffer (src, dst, acc) is read and written through typed
+ * pointers (float, uint16_t; float4 in the kernels), so it must be aligned to its element
+ * size; a payload is bytes (any alignment). The output must not overlap the input: decode
+ * zeroes dst before it reads the payload, encode writes the header before it reads src.
+ * A bad dtype (align 0) is left to the checks after this. */
+static gcomp_result check_layout(const char *fn, const char *in_name, const void *in, size_t in_elems, size_t in_align,
+                                 const char *out_name, const void *out, size_t out_elems, size_t out_align)
+{
+    size_t in_bytes, out_bytes;
+    if (!in_align || !out_align) return GCOMP_SUCCESS;
+    /* a count too large for any buffer is refused later; here it only must not wrap */
+    in_bytes = in_elems > SIZE_MAX / in_align ? SIZE_MAX : in_elems * in_align;
+    out_bytes = out_elems > SIZE_MAX / out_align ? SIZE_MAX : out_elems * out_align;
+    if (in_elems && ((uintptr_t)in & (in_align - 1)))
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "%s: %s (%p) is not aligned to its %zu-byte elements", fn, in_name,
+                           in, in_align);
+    if (out_elems && ((uintptr_t)out & (out_align - 1)))
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "%s: %s (%p) is not aligned to its %zu-byte elements", fn, out_name,
+                           out, out_align);
+    if (in && out && ranges_overlap(in, in_bytes, out, out_bytes))
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "%s: %s (%p, %zu bytes) overlaps %s (%p, %zu bytes)", fn, out_name,
+                           out, out_bytes, in_name, in, in_bytes);
+    return GCOMP_SUCCESS;
+}
+
 /* Element stage: header + body straight into out. */
 static gcomp_result encode_element(gcomp_codec *c, gcomp_encode_ctx *ctx, const float *x, const float *r_in,
                                    float *r_out, size_t count, gcomp_dtype dtype, uint8_t *out, size_t cap,
@@ -251,6 +286,7 @@ gcomp_result gcomp_codec_encode(gcomp_codec *c, uint64_t key, const void *src, s
 
     if (!c || !written) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_codec_encode: NULL codec or written");
     *written = 0;
+    GCOMP_CHECK(check_layout("gcomp_codec_encode", "src", src, count, esize, "dst", dst, dst_cap, 1));
     if (gcomp__codec_device_wanted(src, dst))
         return gcomp__codec_device_encode(DEVICE_PARTS(c), key, src, count, dtype, dst, dst_cap, written, NULL, 1);
     if (!esize) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_codec_encode: invalid dtype %d", (int)dtype);
@@ -333,6 +369,7 @@ gcomp_result gcomp_codec_decode_add(gcomp_codec *c, const void *payload, size_t 
     size_t body_bytes;
     uint32_t flags;
     if (!c || !payload) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_codec_decode_add: NULL codec or payload");
+    GCOMP_CHECK(check_layout("gcomp_codec_decode_add", "payload", payload, bytes, 1, "acc", acc, count, sizeof(float)));
     if (gcomp__codec_device_wanted(payload, acc))
         return gcomp__codec_device_decode_add(DEVICE_PARTS(c), payload, bytes, acc, count, NULL, 1);
     GCOMP_CHECK(check_buffers("gcomp_codec_decode_add", payload, acc, count));
@@ -348,6 +385,8 @@ gcomp_result gcomp_codec_decode(gcomp_codec *c, const void *payload, size_t byte
 {
     float *acc = (float *)dst;
     if (!c) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_codec_decode: codec is NULL");
+    GCOMP_CHECK(
+        check_layout("gcomp_codec_decode", "payload", payload, bytes, 1, "dst", dst, count, gcomp_dtype_size(dtype)));
     if (gcomp__codec_device_wanted(payload, dst))
         return gcomp__codec_device_decode(DEVICE_PARTS(c), payload, bytes, dst, count, dtype, NULL, 1);
     if (!gcomp_dtype_size(dtype))
@@ -401,6 +440,8 @@ gcomp_result gcomp_codec_residual_reset(gcomp_codec *c, uint64_t key)
 gcomp_result gcomp_codec_encode_async(gcomp_codec *c, uint64_t key, const void *src, size_t count, gcomp_dtype dtype,
                                       void *dst, size_t dst_cap, size_t *written, struct CUstream_st *stream)
 {
+    GCOMP_CHECK(
+        check_layout("gcomp_codec_encode_async", "src", src, count, gcomp_dtype_size(dtype), "dst", dst, dst_cap, 1));
     if (c && written && gcomp__codec_device_wanted(src, dst))
         return gcomp__codec_device_encode(DEVICE_PARTS(c), key, src, count, dtype, dst, dst_cap, written, stream, 0);
     return gcomp_codec_encode(c, key, src, count, dtype, dst, dst_cap, written);
@@ -409,6 +450,8 @@ gcomp_result gcomp_codec_encode_async(gcomp_codec *c, uint64_t key, const void *
 gcomp_result gcomp_codec_decode_add_async(gcomp_codec *c, const void *payload, size_t bytes, float *acc, size_t count,
                                           struct CUstream_st *stream)
 {
+    GCOMP_CHECK(
+        check_layout("gcomp_codec_decode_add_async", "payload", payload, bytes, 1, "acc", acc, count, sizeof(float)));
     if (c && gcomp__codec_device_wanted(payload, acc))
         return gcomp__codec_device_decode_add(DEVICE_PARTS(c), payload, bytes, acc, count, stream, 0);
     return gcomp_codec_decode_add(c, payload, bytes, acc, count);
@@ -417,6 +460,8 @@ gcomp_result gcomp_codec_decode_add_async(gcomp_codec *c, const void *payload, s
 gcomp_result gcomp_codec_decode_async(gcomp_codec *c, const void *payload, size_t bytes, void *dst, size_t count,
                                       gcomp_dtype dtype, struct CUstream_st *stream)
 {
+    GCOMP_CHECK(check_layout("gcomp_codec_decode_async", "payload", payload, bytes, 1, "dst", dst, count,
+                             gcomp_dtype_size(dtype)));
     if (c && gcomp__codec_device_wanted(payload, dst))
         return gcomp__codec_device_decode(DEVICE_PARTS(c), payload, bytes, dst, count, dtype, stream, 0);
     return gcomp_codec_decode(c, payload, bytes, dst, count, dtype);
