@@ -40,10 +40,12 @@ const char *gcomp_last_error(void) { return last_error; }
 
 void gcomp__error_clear(void) { last_error[0] = '\0'; }
 
+static void log_line(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
 static gcomp_result vfail(gcomp_result rc, const char *fmt, va_list ap)
 {
     vsnprintf(last_error, sizeof last_error, fmt, ap);
-    if (gcomp__debug_enabled()) fprintf(stderr, "gcomp: %s: %s\n", gcomp_result_name(rc), last_error);
+    if (gcomp__debug_enabled()) log_line("%s: %s", gcomp_result_name(rc), last_error);
     return rc;
 }
 
@@ -106,11 +108,36 @@ int gcomp__debug_enabled(void)
     return debug_level;
 }
 
+/* One line on stderr, "gcomp: " first, written by one stdio call: ranks that are threads of
+ * one process (the loopback transport, the progress thread) and processes sharing a pipe
+ * under mpirun log at the same time, and a prefix, message and newline written by three
+ * calls interleaved into "gcomp: gcomp: <one line><another line>". A line longer than the
+ * buffer (gcomp's lines are far shorter) is cut with "...". */
 static void vlog(const char *fmt, va_list ap)
 {
-    fputs("gcomp: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    static const char prefix[] = "gcomp: ";
+    char line[1024];
+    size_t n = sizeof prefix - 1, room = sizeof line - 2; /* characters before the newline and NUL */
+    int m;
+    memcpy(line, prefix, n);
+    m = vsnprintf(line + n, room - n + 1, fmt, ap);
+    if (m < 0) m = 0;
+    if ((size_t)m > room - n) { /* cut: vsnprintf kept room - n characters */
+        memcpy(line + room - 3, "...", 3);
+        m = (int)(room - n);
+    }
+    n += (size_t)m;
+    line[n++] = '\n';
+    line[n] = '\0';
+    fputs(line, stderr);
+}
+
+static void log_line(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vlog(fmt, ap);
+    va_end(ap);
 }
 
 void gcomp__debug(const char *fmt, ...)

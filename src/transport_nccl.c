@@ -264,7 +264,7 @@ static gcomp_result post(nccl_transport *n, int to, const void *sbuf, size_t sby
     if (n->in_flight) return gcomp__fail(GCOMP_ERR_INTERNAL, "NCCL transport: an exchange is already in flight");
     if (to < 0 || to >= n->base.size || from < 0 || from >= n->base.size)
         return gcomp__fail(GCOMP_ERR_INTERNAL, "NCCL transport: peer %d/%d out of range", to, from);
-    GCOMP_CHECK(not_capturing(s, "gcomp NCCL send/recv"));
+    GCOMP_CHECK(not_capturing(s, "NCCL transport: send/recv"));
     if (!sized) {
         GCOMP_CHECK(exchange_size(n, to, sbytes, from, &rsize, deadline));
         if (rsize > rcap) {
@@ -384,7 +384,7 @@ static gcomp_result sum_f32(nccl_transport *n, float *vals, size_t count, double
 {
     struct CUstream_st *s = n->base.stream;
     if (!count) return GCOMP_SUCCESS;
-    GCOMP_CHECK(not_capturing(s, "gcomp NCCL allreduce"));
+    GCOMP_CHECK(not_capturing(s, "NCCL transport: allreduce"));
     GCOMP_CHECK(settle(n, ncclAllReduce(vals, vals, count, ncclFloat, ncclSum, n->comm, s), deadline,
                        "ncclAllReduce (uncompressed path)"));
     GCOMP_CHECK(failed(n, gcomp__nccl_cuda_event_record(n->done, s)));
