@@ -15,6 +15,10 @@
  * refused at creation with GCOMP_ERR_UNSUPPORTED -- use gcomp_comm_create_mpi, whose device
  * buffers go through host memory; and calls during CUDA graph capture (gcomp waits on the
  * host between steps), refused with GCOMP_ERR_UNSUPPORTED.
+ *
+ * NCCL: built against NCCL 2.18 or later (nccl.h; older headers stop the build), and the
+ * library loaded at run time must be 2.18 or later too (checked at creation with
+ * ncclGetVersion: GCOMP_ERR_UNSUPPORTED naming both versions).
  */
 #ifndef GCOMP_NCCL_H
 #define GCOMP_NCCL_H
@@ -32,9 +36,14 @@ extern "C" {
  * resource sharing, non-blocking so that every wait has a deadline: NCCL >= 2.18) on comm's
  * CUDA device, and a gcomp communicator over it. comm stays the caller's and must outlive
  * nothing of gcomp's: it may be destroyed before or after *out. cfg may be NULL (every
- * field from the GCOMP_* environment, as gcomp_comm_create_mpi). Blocking, up to the
- * configuration's timeout_ms.
- * Errors: GCOMP_ERR_INVALID_ARG (NULL comm or out), GCOMP_ERR_UNSUPPORTED (a "+zstd" spec),
+ * field from the GCOMP_* environment, as gcomp_comm_create_mpi). Blocking. The
+ * configuration's timeout_ms bounds the wait when comm is non-blocking (ncclConfig_t.blocking
+ * = 0); on a blocking comm (NCCL's default) ncclCommSplit itself waits for every rank with
+ * no deadline of gcomp's, so a rank that never calls this blocks the others inside NCCL
+ * (until NCCL gives up, or the program aborts comm). Everything after the split has
+ * timeout_ms.
+ * Errors: GCOMP_ERR_INVALID_ARG (NULL comm or out), GCOMP_ERR_UNSUPPORTED (a "+zstd" spec,
+ * or an NCCL older than 2.18 loaded at run time),
  * GCOMP_ERR_TRANSPORT (NCCL or CUDA failed; NCCL's message in gcomp_last_error()),
  * GCOMP_ERR_TIMEOUT (a rank did not join), GCOMP_ERR_MISMATCH (ranks gave different codecs),
  * and gcomp_comm_create's errors. Free *out with gcomp_comm_destroy (which frees gcomp's
@@ -52,6 +61,18 @@ GCOMP_API gcomp_result gcomp_nccl_get_unique_id(void *id128);
  * GCOMP_ERR_INVALID_ARG for a NULL id128, nranks < 1, a rank out of range or no CUDA device. */
 GCOMP_API gcomp_result gcomp_comm_create_nccl_rank(const void *id128, int nranks, int rank, const gcomp_config *cfg,
                                                    gcomp_comm **out);
+
+/* For a program that aborts its NCCL communicator (a watchdog thread calling ncclCommAbort
+ * on a hang): stop comm's NCCL work from any thread, also while another thread is inside a
+ * call on comm. Only sets a flag, at once: the call in flight sees it at its next poll (within
+ * microseconds when it waits on NCCL), aborts gcomp's own NCCL communicator and returns
+ * GCOMP_ERR_TRANSPORT; later calls return GCOMP_ERR_COMM_INVALID; gcomp_comm_destroy then
+ * aborts gcomp's NCCL communicator instead of finalising it (no wait for peers that may be
+ * gone). The user's NCCL communicator is not touched. comm must still be destroyed with
+ * gcomp_comm_destroy, after the call in flight has returned (never concurrently with it or
+ * after it). Errors: GCOMP_ERR_INVALID_ARG (NULL, or a communicator not made by the two
+ * functions above). */
+GCOMP_API gcomp_result gcomp_nccl_abort(gcomp_comm *comm);
 
 #ifdef __cplusplus
 }

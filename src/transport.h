@@ -29,6 +29,10 @@ typedef struct gcomp__transport gcomp__transport;
 struct gcomp__transport {
     int rank, size;
     gcomp__mem_kind mem; /* the memory every buffer passed below must be in */
+    /* GCOMP__MEM_CUDA: the CUDA device whose memory the buffers must be (NCCL: its
+     * communicator's; staging: the device current when it was made); buffers of another
+     * device are refused before the call's agreement. Unused for host. */
+    int device;
     /* GCOMP__MEM_CUDA: the CUDA stream (cudaStream_t) of the call in progress; the engine
      * sets it before each call (calls of a communicator never overlap). Unused for host. */
     struct CUstream_st *stream;

@@ -32,6 +32,10 @@
  * Threads: each entry makes the communicator's device current for its duration (the engine
  * may call from its progress thread, which starts on device 0) and restores the caller's.
  * One thread at a time uses a transport (the communicator's request queue guarantees it).
+ * gcomp_nccl_abort, the one entry for any thread, only sets a flag: every poll above checks
+ * it, so the thread in a call aborts gcomp's communicator itself (ncclCommAbort, from the
+ * thread that polls it, never under another's poll) and returns GCOMP_ERR_TRANSPORT at once,
+ * and the destroy that follows aborts instead of finalising (no wait for peers that are gone).
  *
  * Scratch (the size words, the agreements' buffers, one event, one stream) is allocated at
  * creation and grown only when an agreement is longer than any before: nothing per call.
@@ -46,12 +50,16 @@
 
 #include <nccl.h>
 
+#include "comm.h"
 #include "config.h"
 #include "device.h"
 #include "gcomp_nccl.h"
 #include "transport.h"
 
-#if NCCL_VERSION_CODE < NCCL_VERSION(2, 18, 0)
+/* ncclCommSplit and ncclConfig_t.splitShare came with 2.18; ncclConfig_t.commName (only a
+ * name in NCCL's logs) with 2.27.3, so it is set only when the headers have it. */
+#define GCOMP_NCCL_MIN_VERSION NCCL_VERSION(2, 18, 0)
+#if NCCL_VERSION_CODE < GCOMP_NCCL_MIN_VERSION
 #error "gcomp's NCCL transport needs NCCL 2.18 or later (ncclCommSplit, non-blocking communicators)"
 #endif
 
@@ -79,6 +87,7 @@ typedef struct nccl_transport {
     ncclComm_t comm; /* gcomp's own (split from the user's, or made from a unique id); NULL once aborted */
     int device;      /* the CUDA device of comm */
     int dead;        /* aborted after a timeout or an error: every later call fails */
+    int abort_asked; /* gcomp_nccl_abort (any thread, atomically): the thread in a call aborts comm */
     char dead_why[160];
     int64_t timeout_ms;               /* the communicator's: waits of calls that get no deadline */
     double call_deadline;             /* the deadline of the latest call that passed one */
@@ -128,6 +137,20 @@ static gcomp_result timed_out(nccl_transport *n, const char *what)
     return rc;
 }
 
+/* The program asked for an abort (gcomp_nccl_abort, from any thread): the thread in the call
+ * aborts gcomp's communicator itself, so no other thread frees it under a poll. */
+static int abort_asked(const nccl_transport *n) { return __atomic_load_n(&n->abort_asked, __ATOMIC_ACQUIRE); }
+
+static gcomp_result aborted(nccl_transport *n, const char *what)
+{
+    gcomp_result rc = gcomp__fail(GCOMP_ERR_TRANSPORT,
+                                  "%s: stopped: the program aborted this communicator (gcomp_nccl_abort; "
+                                  "libgcomp_nccl.so calls it from ncclCommAbort)",
+                                  what);
+    kill_comm(n, "the program aborted it (gcomp_nccl_abort)");
+    return rc;
+}
+
 /* Any other failure of a step (CUDA): the communicator is in an unknown state too. */
 static gcomp_result failed(nccl_transport *n, gcomp_result rc)
 {
@@ -151,15 +174,20 @@ static void nap(long *spins)
 }
 
 /* A call on a non-blocking communicator returned r: wait until it has taken effect
- * (ncclCommGetAsyncError no longer says ncclInProgress) or the deadline passes. Does not
- * abort: creation uses it on a communicator that is not yet a transport's. */
-static ncclResult_t settle_comm(ncclComm_t comm, ncclResult_t r, double deadline, int *late)
+ * (ncclCommGetAsyncError no longer says ncclInProgress), the deadline passes (*late = 1) or
+ * *stop is set (*late = 2; stop may be NULL). Does not abort: creation uses it on a
+ * communicator that is not yet a transport's. */
+static ncclResult_t settle_comm(ncclComm_t comm, ncclResult_t r, double deadline, const int *stop, int *late)
 {
     long spins = 0;
     *late = 0;
     while (r == ncclInProgress) {
         if (ncclCommGetAsyncError(comm, &r) != ncclSuccess) return ncclInternalError;
         if (r != ncclInProgress) break;
+        if (stop && __atomic_load_n(stop, __ATOMIC_ACQUIRE)) {
+            *late = 2;
+            return r;
+        }
         if (gcomp__now() > deadline) {
             *late = 1;
             return r;
@@ -172,7 +200,8 @@ static ncclResult_t settle_comm(ncclComm_t comm, ncclResult_t r, double deadline
 static gcomp_result settle(nccl_transport *n, ncclResult_t r, double deadline, const char *what)
 {
     int late;
-    r = settle_comm(n->comm, r, deadline, &late);
+    r = settle_comm(n->comm, r, deadline, &n->abort_asked, &late);
+    if (late == 2) return aborted(n, what);
     if (late) return timed_out(n, what);
     if (r != ncclSuccess) return nccl_fail(n, r, what);
     return GCOMP_SUCCESS;
@@ -190,6 +219,7 @@ static gcomp_result wait_done(nccl_transport *n, double deadline, const char *wh
         if (done < 0) return failed(n, rc);
         if (ncclCommGetAsyncError(n->comm, &async) == ncclSuccess && async != ncclSuccess && async != ncclInProgress)
             return nccl_fail(n, async, what);
+        if (abort_asked(n)) return aborted(n, what);
         if (gcomp__now() > deadline) return timed_out(n, what);
         nap(&spins);
     }
@@ -197,14 +227,19 @@ static gcomp_result wait_done(nccl_transport *n, double deadline, const char *wh
 
 /* ---- entry and exit of every operation ---- */
 
+static void leave(nccl_transport *n, int prev) { gcomp__nccl_cuda_leave(n->device, prev); }
+
 static gcomp_result enter(nccl_transport *n, int *prev)
 {
     *prev = -1;
     if (n->dead) return gcomp__fail(GCOMP_ERR_COMM_INVALID, "NCCL transport: %s", n->dead_why);
-    return gcomp__nccl_cuda_enter(n->device, prev);
+    GCOMP_CHECK(gcomp__nccl_cuda_enter(n->device, prev));
+    if (abort_asked(n)) {
+        leave(n, *prev);
+        return aborted(n, "NCCL transport");
+    }
+    return GCOMP_SUCCESS;
 }
-
-static void leave(nccl_transport *n, int prev) { gcomp__nccl_cuda_leave(n->device, prev); }
 
 /* The deadline of waits inside start_sendrecv (which gets none): the current call's, known
  * from the agreement every call of the engine begins with, else timeout_ms from now. */
@@ -335,12 +370,14 @@ static void nccl_progress(gcomp__transport *t) { (void)t; }
 static gcomp_result coll_reserve(nccl_transport *n, size_t bytes)
 {
     void *d = NULL, *h = NULL;
+    gcomp_result rc;
     if (bytes <= n->coll_cap) return GCOMP_SUCCESS;
     if (bytes < 2 * n->coll_cap) bytes = 2 * n->coll_cap;
     GCOMP_CHECK(gcomp__device_cuda.alloc(bytes, &d));
-    if (gcomp__nccl_cuda_host_alloc(bytes, &h) != GCOMP_SUCCESS) {
+    rc = gcomp__nccl_cuda_host_alloc(bytes, &h); /* its message and code (NOMEM, or CUDA's failure) */
+    if (rc != GCOMP_SUCCESS) {
         gcomp__device_cuda.free(d);
-        return GCOMP_ERR_NOMEM;
+        return rc;
     }
     gcomp__device_cuda.free(n->dcoll);
     gcomp__nccl_cuda_host_free(n->hcoll);
@@ -413,14 +450,19 @@ static int nccl_threads_ok(char *why, size_t cap)
 /* ---- lifetime ---- */
 
 /* A communicator that never failed is finalised (its operations flushed, within timeout_ms)
- * and destroyed; one that did, or that does not finalise in time, is aborted. */
+ * and destroyed; one that did, or that does not finalise in time, is aborted, and so is one
+ * the program aborted (gcomp_nccl_abort: no wait for peers that may be gone). */
 static void close_comm(nccl_transport *n)
 {
     ncclResult_t r;
     int late = 0;
     if (!n->comm) return;
+    if (abort_asked(n)) {
+        kill_comm(n, "the program aborted it (gcomp_nccl_abort)");
+        return;
+    }
     r = ncclCommFinalize(n->comm);
-    r = settle_comm(n->comm, r, gcomp__now() + 1e-3 * (double)n->timeout_ms, &late);
+    r = settle_comm(n->comm, r, gcomp__now() + 1e-3 * (double)n->timeout_ms, &n->abort_asked, &late);
     if (late || r != ncclSuccess || ncclCommDestroy(n->comm) != ncclSuccess) (void)ncclCommAbort(n->comm);
     n->comm = NULL;
 }
@@ -462,6 +504,7 @@ static gcomp_result transport_new(ncclComm_t comm, int64_t timeout_ms, nccl_tran
         goto fail;
     }
     n->base.mem = GCOMP__MEM_CUDA;
+    n->base.device = n->device;
     n->base.releases_buffers_on_timeout = 1; /* ncclCommAbort stops the kernels that use them */
     n->base.start_sendrecv = nccl_start;
     n->base.start_sendrecv_sized = nccl_start_sized;
@@ -494,12 +537,40 @@ static int64_t timeout_of(const gcomp_config *cfg)
     return resolved.timeout_ms;
 }
 
+/* NCCL's version code as major.minor.patch (codes below 10000 are NCCL 2.8 and older). */
+static void version_parts(int v, int *major, int *minor, int *patch)
+{
+    int wide = v >= 10000;
+    *major = wide ? v / 10000 : v / 1000;
+    *minor = wide ? v / 100 % 100 : v / 100 % 10;
+    *patch = v % 100;
+}
+
+/* The NCCL loaded at run time may be older than the headers gcomp was built with (another
+ * libnccl.so.2 first on the library path): refuse it before calling what it may lack. */
+static gcomp_result check_nccl_version(const char *who)
+{
+    int v = 0, a, b, c, x, y, z;
+    ncclResult_t r = ncclGetVersion(&v);
+    if (r != ncclSuccess) return gcomp__fail(GCOMP_ERR_TRANSPORT, "%s: ncclGetVersion: %s", who, ncclGetErrorString(r));
+    if (v >= GCOMP_NCCL_MIN_VERSION) return GCOMP_SUCCESS;
+    version_parts(v, &a, &b, &c);
+    version_parts(NCCL_VERSION_CODE, &x, &y, &z);
+    return gcomp__fail(GCOMP_ERR_UNSUPPORTED,
+                       "%s: the NCCL library loaded at run time is %d.%d.%d; gcomp needs NCCL 2.18 or later "
+                       "(it was built with the headers of %d.%d.%d): put a newer libnccl.so.2 first on the "
+                       "library path",
+                       who, a, b, c, x, y, z);
+}
+
 static ncclConfig_t own_config(void)
 {
     ncclConfig_t conf = NCCL_CONFIG_INITIALIZER;
     conf.blocking = 0;   /* every wait polls against a deadline */
     conf.splitShare = 0; /* resources of its own: aborting it leaves the user's communicator alone */
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 3)
     conf.commName = "gcomp";
+#endif
     return conf;
 }
 
@@ -508,7 +579,7 @@ static ncclConfig_t own_config(void)
 static gcomp_result creation_done(ncclComm_t comm, ncclResult_t r, double deadline, const char *what)
 {
     int late = 0;
-    if (comm) r = settle_comm(comm, r, deadline, &late);
+    if (comm) r = settle_comm(comm, r, deadline, NULL, &late);
     if (!late && r == ncclSuccess && comm) return GCOMP_SUCCESS;
     if (late)
         gcomp__fail(GCOMP_ERR_TIMEOUT, "%s: not every rank joined before the deadline (GCOMP_TIMEOUT_MS)", what);
@@ -550,6 +621,7 @@ gcomp_result gcomp_comm_create_nccl(ncclComm_t comm, const gcomp_config *cfg, gc
     /* the same on every rank, or the program is erroneous: nothing to join */
     if (!comm) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_create_nccl: comm is NULL");
     if (!out) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_create_nccl: out is NULL");
+    GCOMP_CHECK(check_nccl_version("gcomp_comm_create_nccl"));
     if ((r = ncclCommUserRank(comm, &rank)) != ncclSuccess || (r = ncclCommCuDevice(comm, &dev)) != ncclSuccess)
         return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_create_nccl: not a usable NCCL communicator: %s",
                            ncclGetErrorString(r));
@@ -590,9 +662,24 @@ gcomp_result gcomp_comm_create_nccl_rank(const void *id128, int nranks, int rank
                            id128, (void *)out, nranks, rank);
     if (dev < 0)
         return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_create_nccl_rank: no CUDA device on this machine");
+    GCOMP_CHECK(check_nccl_version("gcomp_comm_create_nccl_rank"));
     memcpy(&id, id128, sizeof id);
     r = ncclCommInitRankConfig(&own, nranks, id, rank, &conf);
     GCOMP_CHECK(creation_done(own, r, gcomp__now() + 1e-3 * (double)timeout_ms,
                               "gcomp_comm_create_nccl_rank: ncclCommInitRankConfig"));
     return create_over(own, cfg, timeout_ms, out);
+}
+
+gcomp_result gcomp_nccl_abort(gcomp_comm *comm)
+{
+    nccl_transport *n;
+    if (!comm) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_nccl_abort: comm is NULL");
+    if (!comm->tp || comm->tp->destroy != nccl_destroy)
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG,
+                           "gcomp_nccl_abort: not a communicator over NCCL (gcomp_comm_create_nccl, "
+                           "gcomp_comm_create_nccl_rank)");
+    n = (nccl_transport *)comm->tp;
+    /* only a flag: the thread in a call (or gcomp_comm_destroy) sees it and aborts */
+    __atomic_store_n(&n->abort_asked, 1, __ATOMIC_RELEASE);
+    return GCOMP_SUCCESS;
 }
