@@ -94,11 +94,13 @@ gcomp_result gcomp__transport_fault_wrap(gcomp__transport *inner, gcomp__transpo
     }
     f = calloc(1, sizeof *f);
     if (!f) return gcomp__fail(GCOMP_ERR_NOMEM, "fault transport: out of memory");
-    /* every field set here, none copied blindly: a copied entry would be called with this
-     * wrapper as its `t` (an optional entry such as start_sendrecv_sized crashed so) */
+    /* every field of transport.h set here, none copied blindly: a copied entry would be called
+     * with this wrapper as its `t` (an optional entry such as start_sendrecv_sized crashed so);
+     * a field added to gcomp__transport must be added here too */
     f->base.rank = inner->rank;
     f->base.size = inner->size;
     f->base.mem = inner->mem;
+    f->base.device = inner->device;
     f->base.stream = inner->stream;
     f->base.releases_buffers_on_timeout = inner->releases_buffers_on_timeout;
     f->base.threads_ok = inner->threads_ok; /* takes no transport (transport.h) */

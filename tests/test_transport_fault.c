@@ -8,7 +8,8 @@
  *  - test_sized_forwarded: the decorator offers start_sendrecv_sized and forwards it to the
  *    inner transport as the inner one (it used to copy the inner's entry, which then ran with
  *    the decorator as its transport: a crash); 2 and 3 ranks exchange exact sizes around a
- *    ring, and the stream the engine sets on the decorator reaches the inner transport.
+ *    ring, the stream the engine sets on the decorator reaches the inner transport, and the
+ *    decorator shows the inner's data fields (rank, size, memory, device, ...).
  *  - test_sized_truncated: the armed fault cuts the next sized message by one byte; its
  *    receiver, which was promised the exact size, fails the exchange (GCOMP_ERR_TRANSPORT),
  *    the other ranks' exchanges are whole, and the fault fires once.
@@ -36,7 +37,7 @@ typedef struct job {
     int data_ok[2];
     int stream_seen;
     int stacked; /* 1: staging under the fault decorator; 0: the loopback transport alone */
-    int setup_ok, sized_entry;
+    int setup_ok, sized_entry, fields_ok;
 } job;
 
 static uint8_t pattern(int from, int round, size_t i) { return (uint8_t)(from * 31 + round * 7 + (int)i); }
@@ -70,15 +71,20 @@ static void *run_rank(void *arg)
     /* no cmocka assert off the main thread: what the main thread checks is recorded */
     if (gcomp__transport_loop_create(j->at.w, j->at.rank, &loop) != GCOMP_SUCCESS) return NULL;
     if (j->stacked) {
-        if (gcomp__transport_staging_wrap(loop, &gcomp__device_host, &staged) != GCOMP_SUCCESS ||
-            gcomp__transport_fault_wrap(staged, &t) != GCOMP_SUCCESS) /* t owns staged */
-            return NULL;
+        if (gcomp__transport_staging_wrap(loop, &gcomp__device_host, &staged) != GCOMP_SUCCESS) return NULL;
+        staged->device = 3; /* data fields the decorator must show as the inner's */
+        staged->no_byte_stages = "test: no byte stages";
+        if (gcomp__transport_fault_wrap(staged, &t) != GCOMP_SUCCESS) return NULL; /* t owns staged */
         j->sized_entry = t->start_sendrecv_sized != NULL;
+        j->fields_ok = t->rank == staged->rank && t->size == staged->size && t->mem == staged->mem && t->device == 3 &&
+                       t->releases_buffers_on_timeout == staged->releases_buffers_on_timeout &&
+                       t->threads_ok == staged->threads_ok && t->no_byte_stages == staged->no_byte_stages;
         /* the engine sets the call's stream on the transport it holds (host ops ignore it) */
         t->stream = sentinel;
     } else {
         if (gcomp__transport_fault_wrap(loop, &t) != GCOMP_SUCCESS) return NULL; /* t owns loop */
         j->sized_entry = t->start_sendrecv_sized != NULL;
+        j->fields_ok = t->rank == j->at.rank && t->size == j->at.size && t->mem == GCOMP__MEM_HOST;
     }
     j->setup_ok = 1;
     if (j->at.rank == j->truncating_rank) gcomp__transport_fault_truncate_next(t);
@@ -101,6 +107,7 @@ static void run(int n, int stacked, int truncating_rank, job *jobs)
     for (int r = 0; r < n; r++) {
         assert_true(jobs[r].setup_ok);
         assert_int_equal(jobs[r].sized_entry, stacked); /* offered exactly when the inner has it */
+        assert_true(jobs[r].fields_ok);
     }
 }
 
