@@ -15,9 +15,9 @@
  *     must be enqueued with the group's other calls at ncclGroupEnd; gcomp cannot join that);
  *   - its stream is not being captured into a CUDA graph (gcomp waits on the host between
  *     steps, which a capture cannot hold);
- *   - the communicator has more than one rank (or GCOMP_TEST_COMPRESS_ONE_RANK=1, the
- *     test-only switch that makes one rank run the compressed schedules) and its gcomp
- *     communicator could be created;
+ *   - the communicator has more than one rank (or GCOMP_TEST_COMPRESS_ONE_RANK set to any
+ *     value but "" or "0", as gcomp's config.c reads it: the test-only switch that makes one
+ *     rank run the compressed schedules) and its gcomp communicator could be created;
  *   - count * element size >= the communicator's min_bytes (GCOMP_MIN_BYTES, default 65536).
  * Everything else, and every call gcomp itself makes to NCCL, goes to NCCL unchanged.
  *
@@ -25,6 +25,19 @@
  * it (gcomp_comm_create_nccl: collective, and every rank reaches that call together since
  * they decide alike), destroyed when the program calls ncclCommDestroy or ncclCommAbort on
  * it. gcomp works on an NCCL communicator of its own, split from the program's.
+ *
+ * Threads. ncclCommDestroy/ncclCommAbort of a communicator wait until no compressed call on
+ * it is in flight (a count per communicator and a condition): PyTorch's watchdog aborts
+ * from its own thread while the main thread is inside ncclAllReduce. ncclCommAbort first
+ * asks gcomp to abort its own NCCL communicator (gcomp_nccl_abort: the call in flight
+ * returns at its next poll with an error), so the wait is short, and gcomp's communicator is
+ * then aborted, not finalised (no wait for peers that are gone); then NCCL's ncclCommAbort.
+ * A communicator aborted while its gcomp communicator is being created gets NCCL's abort at
+ * once (which ends an ncclCommSplit stuck on a dead peer), then the creation is waited for.
+ *
+ * Devices. gcomp runs a call on the current CUDA device, NCCL on the communicator's: when
+ * they differ, the communicator's device is made current for the compressed call and the
+ * caller's restored after it.
  *
  * Stream semantics: the call is made with the caller's stream, like ncclAllReduce: gcomp's
  * work is ordered after what the stream holds. (gcomp also waits on the host until the
@@ -86,6 +99,9 @@ typedef struct ip_comm {
     gcomp_comm *g; /* NULL when creation failed: every call on comm passes through */
     int rank;
     int64_t min_bytes;
+    int users;    /* compressed calls in flight, and the creation (under S.lock) */
+    int creating; /* its gcomp communicator is being made (under S.lock) */
+    int aborting; /* ncclCommAbort came while it was in use: abort g as soon as it exists */
     struct seen {
         const void *buf;
         size_t count;
@@ -99,6 +115,7 @@ typedef struct ip_comm {
  * communicator). */
 static struct {
     pthread_mutex_t lock;
+    pthread_cond_t idle; /* an ip_comm's users or creating went down */
     int ready, enabled, debug, one_rank;
     const char *stats_file;
     char codec[256];
@@ -109,7 +126,7 @@ static struct {
     uint64_t compressed, passed[PASS_REASONS], no_ef_calls;
     uint64_t comms_created, comms_destroyed;
     uint64_t raw_bytes, wire_bytes, baseline_bytes; /* of gcomp communicators already destroyed */
-} S = { .lock = PTHREAD_MUTEX_INITIALIZER };
+} S = { .lock = PTHREAD_MUTEX_INITIALIZER, .idle = PTHREAD_COND_INITIALIZER };
 
 /* NCCL calls that gcomp itself makes pass straight through; the group depth is per thread,
  * as NCCL's own. */
@@ -135,7 +152,7 @@ static void setup(void)
         S.enabled = codec && *codec;
         snprintf(S.codec, sizeof S.codec, "%s", S.enabled ? codec : "");
         S.debug = debug && *debug && strcmp(debug, "0") != 0;
-        S.one_rank = one && strcmp(one, "1") == 0;
+        S.one_rank = one && *one && strcmp(one, "0") != 0; /* as gcomp's config.c reads it */
         S.stats_file = getenv("GCOMP_STATS_FILE");
         S.allreduce = (allreduce_fn *)real("ncclAllReduce");
         S.group_start = (group_fn *)real("ncclGroupStart");
@@ -211,27 +228,32 @@ static void write_stats_file(int rank)
 /* ---- communicators ---- */
 
 /* Ranks with different GCOMP_MIN_BYTES would take different branches for the same call (one
- * compressing, one in NCCL) and hang: check once, at creation, with NCCL's own allreduce on
- * the user's communicator, and compress nothing on it if they differ. */
-static void agree_min_bytes(ip_comm *c, cudaStream_t stream)
+ * compressing, one in NCCL) and hang. gcomp's agreement at the start of every call compares
+ * min_bytes (src/comm.c, gcomp__comm_agree_call, field F_MIN_BYTES), but only among ranks
+ * that enter gcomp, and this library decides before that. So once, at creation, a call of
+ * count 0 runs that agreement alone, over gcomp's own NCCL communicator (with its deadline;
+ * nothing on the user's communicator, stream or memory): when the ranks differ every rank
+ * gets GCOMP_ERR_MISMATCH, and no rank compresses on this communicator. */
+static void agree_min_bytes(ip_comm *c)
 {
-    int64_t mine[2] = { c->min_bytes, -c->min_bytes }, all[2] = { 0, 0 };
-    int64_t *d = NULL;
-    int ok = cudaMalloc((void **)&d, sizeof mine) == cudaSuccess &&
-             cudaMemcpyAsync(d, mine, sizeof mine, cudaMemcpyHostToDevice, stream) == cudaSuccess &&
-             S.allreduce(d, d, 2, ncclInt64, ncclMax, c->comm, stream) == ncclSuccess &&
-             cudaMemcpyAsync(all, d, sizeof all, cudaMemcpyDeviceToHost, stream) == cudaSuccess &&
-             cudaStreamSynchronize(stream) == cudaSuccess;
-    if (d) cudaFree(d);
-    if (ok && all[0] == -all[1]) return;
-    fprintf(stderr, "gcomp_nccl: rank %d: %s: no compression on this communicator\n", c->rank,
-            ok ? "ranks differ in GCOMP_MIN_BYTES" : "the check of GCOMP_MIN_BYTES across ranks failed");
+    gcomp_comm *g;
+    gcomp_result rc;
     inside_gcomp++;
-    gcomp_comm_destroy(c->g);
+    rc = gcomp_allreduce(c->g, NULL, NULL, 0, GCOMP_F32, GCOMP_SUM, GCOMP_KEY_NONE, NULL);
     inside_gcomp--;
+    if (rc == GCOMP_SUCCESS) return;
+    fprintf(stderr, "gcomp_nccl: rank %d: no compression on this communicator: %s%s\n", c->rank,
+            rc == GCOMP_ERR_MISMATCH ? "ranks differ in GCOMP_MIN_BYTES: " : "", gcomp_last_error());
+    pthread_mutex_lock(&S.lock);
+    g = c->g;
     c->g = NULL;
+    pthread_mutex_unlock(&S.lock);
+    inside_gcomp++;
+    gcomp_comm_destroy(g);
+    inside_gcomp--;
 }
 
+/* Called with S.lock held. */
 static ip_comm *find(ncclComm_t comm)
 {
     for (ip_comm *c = S.live; c; c = c->next)
@@ -239,51 +261,107 @@ static ip_comm *find(ncclComm_t comm)
     return NULL;
 }
 
-/* The gcomp communicator of comm, created at its first compressible call (collective). */
-static ip_comm *comm_state(ncclComm_t comm, cudaStream_t stream)
+/* Called with S.lock held: one user fewer (a compressed call or the creation left). */
+static void unuse_locked(ip_comm *c)
 {
-    ip_comm *c;
-    gcomp_config cfg = gcomp_config_default(), got;
+    c->users--;
+    pthread_cond_broadcast(&S.idle);
+}
+
+static void release(ip_comm *c)
+{
     pthread_mutex_lock(&S.lock);
-    c = find(comm);
+    unuse_locked(c);
     pthread_mutex_unlock(&S.lock);
-    if (c) return c;
-    if (!(c = calloc(1, sizeof *c))) return NULL;
-    c->comm = comm;
-    ncclCommUserRank(comm, &c->rank);
+}
+
+/* Make comm's gcomp communicator (collective: every rank reaches its first compressible call
+ * together, since they decide alike). c is listed and in use, so a destroy waits for this. */
+static void create_gcomp(ip_comm *c)
+{
+    gcomp_config cfg = gcomp_config_default(), got;
+    gcomp_comm *g = NULL;
+    ncclCommUserRank(c->comm, &c->rank);
     cfg.debug = S.debug; /* ours is any value but "0"; gcomp's own takes 0, 1, NONE, INFO */
     inside_gcomp++;
-    if (gcomp_comm_create_nccl(comm, &cfg, &c->g) != GCOMP_SUCCESS) {
+    if (gcomp_comm_create_nccl(c->comm, &cfg, &g) != GCOMP_SUCCESS) {
         /* the creation agrees across ranks: every rank lands here and passes through */
         fprintf(stderr, "gcomp_nccl: rank %d: no compression on this communicator: %s\n", c->rank, gcomp_last_error());
-        c->g = NULL;
-    } else if (gcomp_comm_config_get(c->g, &got) == GCOMP_SUCCESS) {
+        g = NULL;
+    } else if (gcomp_comm_config_get(g, &got) == GCOMP_SUCCESS) {
         c->min_bytes = got.min_bytes;
     }
     inside_gcomp--;
-    if (c->g) agree_min_bytes(c, stream);
     pthread_mutex_lock(&S.lock);
+    c->g = g; /* published under the lock: an abort from now on reaches it */
+    if (g && c->aborting) (void)gcomp_nccl_abort(g);
+    pthread_mutex_unlock(&S.lock);
+    if (c->g) agree_min_bytes(c);
+}
+
+/* comm's state with one more user (release() it), its gcomp communicator created at comm's
+ * first compressible call; NULL without memory. */
+static ip_comm *acquire(ncclComm_t comm)
+{
+    ip_comm *c;
+    pthread_mutex_lock(&S.lock);
+    c = find(comm);
+    while (c && c->creating) { /* another thread of the program is creating it (erroneous in NCCL, but no crash) */
+        pthread_cond_wait(&S.idle, &S.lock);
+        c = find(comm);
+    }
+    if (c) {
+        c->users++;
+        pthread_mutex_unlock(&S.lock);
+        return c;
+    }
+    if ((c = calloc(1, sizeof *c))) {
+        c->comm = comm;
+        c->users = 1;
+        c->creating = 1;
+        c->next = S.live;
+        S.live = c;
+    }
+    pthread_mutex_unlock(&S.lock);
+    if (!c) return NULL;
+    create_gcomp(c);
+    pthread_mutex_lock(&S.lock);
+    c->creating = 0;
     if (c->g) S.comms_created++;
-    c->next = S.live;
-    S.live = c;
+    pthread_cond_broadcast(&S.idle);
     pthread_mutex_unlock(&S.lock);
     return c;
 }
 
-/* comm is going (ncclCommDestroy/Abort): its gcomp communicator goes first, then the summary. */
-static void comm_gone(ncclComm_t comm)
+/* comm is going (ncclCommDestroy/Abort, NCCL's own in `real`): its gcomp communicator goes
+ * first, once no call uses it, then the summary, then NCCL's. An abort stops gcomp's call in
+ * flight (gcomp_nccl_abort) instead of waiting for it to end by itself; a creation in flight
+ * gets NCCL's abort first, which ends an ncclCommSplit stuck on a dead peer. */
+static ncclResult_t comm_gone(ncclComm_t comm, comm_fn *real, int is_abort)
 {
     ip_comm *c, **at;
     gcomp_comm_stats st;
     char line[640];
+    ncclResult_t r = ncclSuccess;
+    int real_done = 0;
     pthread_mutex_lock(&S.lock);
     for (at = &S.live; *at && (*at)->comm != comm; at = &(*at)->next) {
     }
     c = *at;
     if (c) *at = c->next;
+    if (c && is_abort) {
+        c->aborting = 1;
+        if (c->g) (void)gcomp_nccl_abort(c->g);
+        if (c->creating) {
+            pthread_mutex_unlock(&S.lock);
+            r = real(comm);
+            real_done = 1;
+            pthread_mutex_lock(&S.lock);
+        }
+    }
+    while (c && (c->users > 0 || c->creating)) pthread_cond_wait(&S.idle, &S.lock);
     pthread_mutex_unlock(&S.lock);
-    if (!c) return;
-    if (c->g) {
+    if (c && c->g) {
         if (gcomp_comm_stats_get(c->g, &st) == GCOMP_SUCCESS) {
             __atomic_fetch_add(&S.raw_bytes, st.raw_bytes, __ATOMIC_RELAXED);
             __atomic_fetch_add(&S.wire_bytes, st.wire_bytes, __ATOMIC_RELAXED);
@@ -299,8 +377,11 @@ static void comm_gone(ncclComm_t comm)
         }
         if (S.stats_file && *S.stats_file) write_stats_file(c->rank);
     }
-    free(c->seen);
-    free(c);
+    if (c) {
+        free(c->seen);
+        free(c);
+    }
+    return real_done ? r : real(comm);
 }
 
 /* The residual key of a call, or GCOMP_KEY_NONE for a buffer whose count has changed. */
@@ -351,13 +432,14 @@ static int gcomp_dtype_of(ncclDataType_t t, gcomp_dtype *out)
     }
 }
 
-/* Which reason sends this call to NCCL, or -1 to compress it (*out set). */
+/* Which reason sends this call to NCCL, or -1 to compress it (*out set, in use). */
 static int classify(size_t count, ncclDataType_t type, ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream,
                     ip_comm **out)
 {
     enum cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
     gcomp_dtype dt;
-    int size = 0;
+    ip_comm *c;
+    int size = 0, why;
     if (!S.enabled) return PASS_DISABLED;
     if (group_depth > 0) return PASS_GROUP;
     if (cudaStreamIsCapturing(stream, &cap) != cudaSuccess) {
@@ -369,10 +451,36 @@ static int classify(size_t count, ncclDataType_t type, ncclRedOp_t op, ncclComm_
     if (op != ncclSum && op != ncclAvg) return PASS_OP;
     if (ncclCommCount(comm, &size) != ncclSuccess || (size < 2 && !S.one_rank)) return PASS_COMM;
     if (count == 0) return PASS_SMALL;
-    *out = comm_state(comm, stream);
-    if (!*out || !(*out)->g) return PASS_COMM;
-    if ((int64_t)(count * gcomp_dtype_size(dt)) < (*out)->min_bytes) return PASS_SMALL;
-    return -1;
+    if (!(c = acquire(comm))) return PASS_COMM;
+    why = !c->g ? PASS_COMM : (int64_t)(count * gcomp_dtype_size(dt)) < c->min_bytes ? PASS_SMALL : -1;
+    if (why >= 0)
+        release(c);
+    else
+        *out = c; /* in use until compressed_allreduce releases it */
+    return why;
+}
+
+/* NCCL takes buffers of the communicator's device whatever device is current; gcomp runs on
+ * the current one: make the communicator's current for the call (*prev: the caller's, to
+ * restore; -1 when nothing changed). A failure leaves it: gcomp then refuses the buffers on
+ * this rank, and its agreement tells every rank. */
+static void use_comm_device(ncclComm_t comm, int *prev)
+{
+    int dev = -1, cur = -1;
+    *prev = -1;
+    if (ncclCommCuDevice(comm, &dev) != ncclSuccess || cudaGetDevice(&cur) != cudaSuccess || cur == dev) {
+        (void)cudaGetLastError();
+        return;
+    }
+    if (cudaSetDevice(dev) == cudaSuccess)
+        *prev = cur;
+    else
+        (void)cudaGetLastError();
+}
+
+static void restore_device(int prev)
+{
+    if (prev >= 0 && cudaSetDevice(prev) != cudaSuccess) (void)cudaGetLastError();
 }
 
 static ncclResult_t compressed_allreduce(ip_comm *c, const void *send, void *recv, size_t count, ncclDataType_t type,
@@ -381,11 +489,15 @@ static ncclResult_t compressed_allreduce(ip_comm *c, const void *send, void *rec
     uint64_t key = residual_key(c, recv, count);
     gcomp_dtype dt = GCOMP_F32;
     gcomp_result rc;
+    int prev;
     gcomp_dtype_of(type, &dt);
+    use_comm_device(c->comm, &prev);
     inside_gcomp++;
     rc = gcomp_allreduce(c->g, send, recv, count, dt, op == ncclAvg ? GCOMP_AVG : GCOMP_SUM, key,
                          (struct CUstream_st *)stream);
     inside_gcomp--;
+    restore_device(prev);
+    release(c);
     if (rc == GCOMP_SUCCESS) {
         bump(&S.compressed);
         if (key == GCOMP_KEY_NONE) bump(&S.no_ef_calls);
@@ -436,14 +548,14 @@ EXPORT ncclResult_t ncclCommDestroy(ncclComm_t comm)
 {
     setup();
     if (!S.destroy) return ncclSystemError;
-    if (!inside_gcomp) comm_gone(comm);
-    return S.destroy(comm);
+    if (inside_gcomp) return S.destroy(comm);
+    return comm_gone(comm, S.destroy, 0);
 }
 
 EXPORT ncclResult_t ncclCommAbort(ncclComm_t comm)
 {
     setup();
     if (!S.abort) return ncclSystemError;
-    if (!inside_gcomp) comm_gone(comm);
-    return S.abort(comm);
+    if (inside_gcomp) return S.abort(comm);
+    return comm_gone(comm, S.abort, 1);
 }

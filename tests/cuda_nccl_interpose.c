@@ -13,16 +13,24 @@
  * were compressed). Calls it must pass through are bit-exact (the input, at one rank): int32,
  * ncclMax, a small buffer, a call inside ncclGroupStart/End, a call captured in a CUDA graph.
  * After ncclCommDestroy, the interposer's GCOMP_STATS_FILE must count exactly those calls.
+ * Then, on communicators of their own: ncclCommAbort from another thread while a call is in
+ * flight (held behind a host function on its stream, as PyTorch's watchdog aborts a hung
+ * call) returns within seconds and the call returns (the sanitizer build checks for a use
+ * after free); and with two GPUs, a call made while another device is current succeeds and
+ * leaves that device current.
  * --codec off: run without GCOMP_CODEC (or without the interposer): every call is exact.
  *
  * Exits 77 without a CUDA device, 1 with a message on the first failed check.
  */
 #include <cuda_runtime_api.h>
 #include <math.h>
+#include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <nccl.h>
 
@@ -333,6 +341,104 @@ static void check_stats(int compressed)
           json_count(json, "raw_bytes"), (long long)(2 * N * 4 + 2 * N * 2));
 }
 
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void sleep_ms(long ms)
+{
+    struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
+    nanosleep(&ts, NULL);
+}
+
+/* A host function on the stream: what the stream holds after it waits (a hung peer's stand-in). */
+static void CUDART_CB hold_stream(void *ms) { sleep_ms((long)(intptr_t)ms); }
+
+typedef struct abort_job {
+    ncclComm_t comm;
+    cudaStream_t s;
+    float *d;
+    ncclResult_t r;
+    int started;
+} abort_job;
+
+static void *call_in_flight(void *arg)
+{
+    abort_job *j = arg;
+    __atomic_store_n(&j->started, 1, __ATOMIC_RELEASE);
+    j->r = ncclAllReduce(j->d, j->d, N, ncclFloat, ncclSum, j->comm, j->s);
+    return NULL;
+}
+
+/* ncclCommAbort on this thread while another is inside ncclAllReduce on the communicator. */
+static void abort_in_flight(cudaStream_t s)
+{
+    ncclUniqueId id;
+    abort_job j = { 0 };
+    pthread_t th;
+    ncclResult_t r;
+    double t0, took;
+    NC(ncclGetUniqueId(&id));
+    NC(ncclCommInitRank(&j.comm, 1, id, 0));
+    CU(cudaMalloc((void **)&j.d, N * 4));
+    CU(cudaMemset(j.d, 0, N * 4));
+    CU(cudaDeviceSynchronize());
+    j.s = s;
+    NC(ncclAllReduce(j.d, j.d, N, ncclFloat, ncclSum, j.comm, s)); /* the interposer's state exists */
+    CU(cudaStreamSynchronize(s));
+    CU(cudaLaunchHostFunc(s, hold_stream, (void *)(intptr_t)1500));
+    CHECK(pthread_create(&th, NULL, call_in_flight, &j) == 0, "pthread_create");
+    while (!__atomic_load_n(&j.started, __ATOMIC_ACQUIRE)) sched_yield();
+    sleep_ms(200); /* inside the call, which waits behind the held stream */
+    t0 = now_s();
+    r = ncclCommAbort(j.comm);
+    took = now_s() - t0;
+    pthread_join(th, NULL);
+    printf("ncclCommAbort with a call in flight: %.3f s (%s); the call returned %s\n", took, ncclGetErrorString(r),
+           ncclGetErrorString(j.r));
+    CHECK(r == ncclSuccess, "ncclCommAbort: %s", ncclGetErrorString(r));
+    CHECK(took < 10.0, "ncclCommAbort took %.1f s with a call in flight", took);
+    CU(cudaStreamSynchronize(s));
+    CU(cudaFree(j.d));
+}
+
+/* With two GPUs: the communicator on device 0, device 1 current when the program calls
+ * ncclAllReduce (NCCL accepts that): the call succeeds and device 1 is still current. */
+static void other_device_current(void)
+{
+    ncclUniqueId id;
+    ncclComm_t comm;
+    cudaStream_t s;
+    float *d;
+    int devices = 0, cur = -1;
+    ncclResult_t r;
+    CU(cudaGetDeviceCount(&devices));
+    if (devices < 2) {
+        printf("one GPU: the other-device-current case is skipped\n");
+        return;
+    }
+    CU(cudaSetDevice(0));
+    CU(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    NC(ncclGetUniqueId(&id));
+    NC(ncclCommInitRank(&comm, 1, id, 0));
+    CU(cudaMalloc((void **)&d, N * 4));
+    CU(cudaMemset(d, 0, N * 4));
+    CU(cudaDeviceSynchronize());
+    CU(cudaSetDevice(1));
+    r = ncclAllReduce(d, d, N, ncclFloat, ncclSum, comm, s);
+    CU(cudaGetDevice(&cur));
+    CHECK(r == ncclSuccess, "ncclAllReduce with device 1 current, communicator on device 0: %s", ncclGetErrorString(r));
+    CHECK(cur == 1, "the current device after the call is %d, not the caller's 1", cur);
+    CU(cudaSetDevice(0));
+    CU(cudaStreamSynchronize(s));
+    NC(ncclCommDestroy(comm));
+    CU(cudaFree(d));
+    CU(cudaStreamDestroy(s));
+}
+
 int main(int argc, char **argv)
 {
     const char *codec = argc > 2 && !strcmp(argv[1], "--codec") ? argv[2] : NULL;
@@ -382,6 +488,8 @@ int main(int argc, char **argv)
 
     NC(ncclCommDestroy(comm));
     if (!off) check_stats(4);
+    abort_in_flight(s);
+    other_device_current();
     CU(cudaStreamDestroy(s));
     if (failures) {
         fprintf(stderr, "cuda_nccl_interpose --codec %s: %d check(s) failed\n", codec, failures);
