@@ -57,9 +57,9 @@ def key_arg(key, name="key"):
 
 
 def spec_arg(name, spec):
-    """A codec spec as the bytes C gets. An empty spec is refused: gcomp_codec_create refuses
-    it, and gcomp_config.codec = "" would silently mean "terngrad" (config.c), so a typo
-    would become the default codec; the default is spelled None."""
+    """A codec spec as the bytes C gets. An empty spec is refused here, with a message that
+    names the argument, as C refuses it (gcomp_codec_create, and gcomp_config.codec = "");
+    the default is spelled None."""
     if not isinstance(spec, str):
         raise TypeError("%s must be a codec spec string, got %s" % (name, type(spec).__name__))
     if not spec:
