@@ -300,6 +300,15 @@ static gcomp_result cu_wait(struct CUstream_st *stream, int64_t timeout_ms)
 
 /* ---- the codec object's steps ------------------------------------------------------------ */
 
+static gcomp_result cu_capturing(struct CUstream_st *stream, int *yes)
+{
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    *yes = 0;
+    CUDA_TRY(cudaStreamIsCapturing(stream, &st), "cudaStreamIsCapturing");
+    *yes = st != cudaStreamCaptureStatusNone;
+    return GCOMP_SUCCESS;
+}
+
 static __device__ void tally_error(gcomp__device_tally *t, uint32_t error, uint32_t where)
 {
     /* first error wins; `where` is written by the winner only */
@@ -410,6 +419,7 @@ static gcomp__device_ops make_ops()
     o.alloc_pinned = cu_alloc_pinned;
     o.free_pinned = cu_free_pinned;
     o.wait = cu_wait;
+    o.capturing = cu_capturing;
     o.header_write = cu_header_write;
     o.header_check = cu_header_check;
     o.residual_commit = cu_residual_commit;

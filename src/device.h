@@ -83,6 +83,10 @@ typedef struct gcomp__device_ops {
      * running at the deadline is GCOMP_ERR_TIMEOUT (the stream is then left running); an
      * error of the device or of a kernel is GCOMP_ERR_TRANSPORT with the runtime's message. */
     gcomp_result (*wait)(struct CUstream_st *stream, int64_t timeout_ms);
+    /* *yes = 1 when stream is being captured into a CUDA graph, where a host wait (a call's
+     * steps over the network) would break the capture; the host's: 0. A stream the runtime
+     * cannot query is GCOMP_ERR_TRANSPORT. */
+    gcomp_result (*capturing)(struct CUstream_st *stream, int *yes);
 
     /* ---- the codec object's steps between the codec's own kernels ---- */
     /* Write the 32-byte header at payload: dtype, wire_id and count from h, flags and

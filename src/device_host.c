@@ -114,6 +114,13 @@ static gcomp_result host_wait(struct CUstream_st *stream, int64_t timeout_ms)
     return GCOMP_SUCCESS;
 }
 
+static gcomp_result host_capturing(struct CUstream_st *stream, int *yes)
+{
+    (void)stream;
+    *yes = 0;
+    return GCOMP_SUCCESS;
+}
+
 static void tally_error(gcomp__device_tally *t, uint32_t error, uint32_t where)
 {
     if (t->error == 0 && error != 0) {
@@ -188,6 +195,7 @@ const gcomp__device_ops gcomp__device_host = {
     .alloc_pinned = host_alloc,
     .free_pinned = host_free,
     .wait = host_wait,
+    .capturing = host_capturing,
     .header_write = host_header_write,
     .header_check = host_header_check,
     .residual_commit = host_residual_commit,

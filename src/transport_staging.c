@@ -14,7 +14,13 @@
  * A bounce buffer is reused only after a wait on the stream that follows the copy out of it
  * (the next start waits for its own copy in, which the stream orders after the previous copy
  * out), so no copy of one exchange overlaps the next. The buffers grow to the largest message
- * and are kept: steady state allocates nothing. The decorator does not own the host
+ * and are kept: steady state allocates nothing. Growing one frees the old buffer only after a
+ * wait on the stream (the previous finish's copy out of it may still be queued there).
+ *
+ * Waits on the stream take the deadline of the call in progress: the decorator learns it
+ * from every entry that gets one (the engine's agreement at the start of each call is the
+ * first), and a wait that passes it is GCOMP_ERR_TIMEOUT (the user's stream may hold work
+ * that never ends: a kernel waiting on something else). The decorator does not own the host
  * transport (the communicator owns both). After a timed-out exchange the host transport may
  * still use the bounce buffers (MPI cannot cancel a send): they are then left allocated
  * rather than freed under it. Device buffers are never handed to the host transport, so the
@@ -38,16 +44,32 @@ typedef struct staging_transport {
     void *rdst;    /* the receive in flight: where its bytes go on the device */
     size_t expect; /* its exact size (start_sendrecv_sized), or SIZE_MAX: any up to capacity */
     uint64_t allocs;
-    int leak; /* an exchange or collective timed out: keep the bounce buffers */
+    int leak;             /* an exchange or collective timed out: keep the bounce buffers */
+    double call_deadline; /* the deadline of the latest entry that got one; 0: none yet */
 } staging_transport;
 
 static staging_transport *st_of(gcomp__transport *t) { return (staging_transport *)t; }
 
-/* Grow a bounce buffer to at least bytes (the old contents are not kept: callers refill it). */
+/* Wait for the stream within the call's deadline (none known yet: no limit). */
+static gcomp_result wait_stream(staging_transport *s)
+{
+    double left_ms = 1e3 * (s->call_deadline - gcomp__now());
+    int64_t timeout_ms = s->call_deadline <= 0 ? -1 : left_ms > 0 ? (int64_t)left_ms : 0;
+    gcomp_result rc = s->dev->wait(s->base.stream, timeout_ms);
+    if (rc == GCOMP_ERR_TIMEOUT)
+        return gcomp__fail(rc, "staging transport: the stream's work before the exchange was not done before the "
+                               "call's deadline (GCOMP_TIMEOUT_MS): %s",
+                           gcomp_last_error());
+    return rc;
+}
+
+/* Grow a bounce buffer to at least bytes (the old contents are not kept: callers refill it).
+ * A copy out of the old buffer may still be queued on the stream: wait for it first. */
 static gcomp_result reserve(staging_transport *s, void **buf, size_t *cap, size_t bytes)
 {
     void *p = NULL;
     if (bytes <= *cap && *buf) return GCOMP_SUCCESS;
+    if (*buf) GCOMP_CHECK(wait_stream(s));
     GCOMP_CHECK(s->dev->alloc_pinned(bytes, &p));
     s->allocs++;
     s->dev->free_pinned(*buf);
@@ -56,13 +78,12 @@ static gcomp_result reserve(staging_transport *s, void **buf, size_t *cap, size_
     return GCOMP_SUCCESS;
 }
 
-/* Device work enqueued before start must be done before the host transport reads; no deadline
- * applies to our own stream (it holds no peer's work), so wait without one. */
+/* Device work enqueued before start must be done before the host transport reads. */
 static gcomp_result copy_in(staging_transport *s, void *host, const void *device, size_t bytes)
 {
     if (!bytes) return GCOMP_SUCCESS;
     GCOMP_CHECK(s->dev->copy_async(host, device, bytes, s->base.stream));
-    return s->dev->wait(s->base.stream, -1);
+    return wait_stream(s);
 }
 
 static gcomp_result staging_start(gcomp__transport *t, int to, const void *sbuf, size_t sbytes, int from, void *rbuf,
@@ -98,7 +119,9 @@ static void note_timeout(staging_transport *s, gcomp_result rc)
 static gcomp_result staging_finish(gcomp__transport *t, size_t *rbytes, double deadline)
 {
     staging_transport *s = st_of(t);
-    gcomp_result rc = s->inner->finish_sendrecv(s->inner, rbytes, deadline);
+    gcomp_result rc;
+    s->call_deadline = deadline;
+    rc = s->inner->finish_sendrecv(s->inner, rbytes, deadline);
     note_timeout(s, rc);
     GCOMP_CHECK(rc);
     if (s->expect != SIZE_MAX && *rbytes != s->expect)
@@ -113,6 +136,7 @@ static void staging_progress(gcomp__transport *t) { st_of(t)->inner->progress(st
 static gcomp_result staging_max_u64(gcomp__transport *t, uint64_t *vals, size_t n, double deadline)
 {
     staging_transport *s = st_of(t);
+    s->call_deadline = deadline; /* the call's: its agreement comes first */
     return s->inner->allreduce_max_u64(s->inner, vals, n, deadline);
 }
 
@@ -121,6 +145,7 @@ static gcomp_result staging_sum_f32(gcomp__transport *t, float *vals, size_t n, 
     staging_transport *s = st_of(t);
     size_t bytes = n * sizeof(float);
     gcomp_result rc;
+    s->call_deadline = deadline;
     GCOMP_CHECK(reserve(s, &s->cb, &s->ccap, bytes));
     GCOMP_CHECK(copy_in(s, s->cb, vals, bytes));
     rc = s->inner->allreduce_sum_f32(s->inner, (float *)s->cb, n, deadline);
@@ -154,6 +179,9 @@ gcomp_result gcomp__transport_staging_wrap(gcomp__transport *inner, const gcomp_
     s->base.rank = inner->rank;
     s->base.size = inner->size;
     s->base.mem = dev->kind == GCOMP__DEVICE_CUDA ? GCOMP__MEM_CUDA : GCOMP__MEM_HOST;
+    /* the device of the buffers that made it (the engine makes it at their first call, with
+     * their device current); the engine refuses buffers of another */
+    s->base.device = dev->kind == GCOMP__DEVICE_CUDA ? gcomp__device_current() : -1;
     s->base.releases_buffers_on_timeout = 1; /* the caller's buffers never reach inner */
     s->base.start_sendrecv = staging_start;
     s->base.start_sendrecv_sized = staging_start_sized;

@@ -15,6 +15,11 @@
  *    the kernels' equality with the CPU reference is test_cuda_*'s.
  *  - test_one_rank_forced: GCOMP_TEST_COMPRESS_ONE_RANK=1 makes one rank run the compressed
  *    schedules, and their result is then what a codec object's encode and decode give.
+ *  - test_bounce_growth_waits, test_copy_in_deadline: the decorator over device ops whose
+ *    stream is asynchronous (lazy_ops below: copies run at the next wait, as a GPU's would
+ *    some time later): growing a bounce buffer never frees one a queued copy still reads, and
+ *    the wait before the host exchange has the call's deadline (GCOMP_ERR_TIMEOUT on a stream
+ *    that never finishes), never an unbounded one.
  */
 #include <math.h>
 #include <pthread.h>
@@ -471,12 +476,164 @@ static void test_one_rank_forced(void **state)
     }
 }
 
+#include "transport_staging.h" /* the decorator itself, for the two tests below */
+
+/* ---- device ops with an asynchronous stream: the host's, except that copies wait in a queue
+ * until wait() runs them (a stuck stream never runs them) and free_pinned checks that no
+ * queued copy touches the buffer it frees ---- */
+
+#define LAZY_MAX 16
+static struct {
+    struct {
+        void *dst;
+        const void *src;
+        size_t bytes;
+    } q[LAZY_MAX];
+    int n, stuck, unbounded_waits;
+    struct {
+        void *p;
+        size_t bytes;
+    } pinned[LAZY_MAX];
+} lazy;
+static gcomp__device_ops lazy_ops;
+
+static gcomp_result lazy_copy(void *dst, const void *src, size_t bytes, struct CUstream_st *stream)
+{
+    (void)stream;
+    assert_true(lazy.n < LAZY_MAX);
+    lazy.q[lazy.n].dst = dst;
+    lazy.q[lazy.n].src = src;
+    lazy.q[lazy.n].bytes = bytes;
+    lazy.n++;
+    return GCOMP_SUCCESS;
+}
+
+static gcomp_result lazy_wait(struct CUstream_st *stream, int64_t timeout_ms)
+{
+    (void)stream;
+    if (lazy.stuck) {
+        if (timeout_ms < 0) { /* would hang forever on a GPU */
+            lazy.unbounded_waits++;
+            return gcomp__fail(GCOMP_ERR_INTERNAL, "lazy stream: a wait without a deadline on a stuck stream");
+        }
+        return gcomp__fail(GCOMP_ERR_TIMEOUT, "lazy stream: still running after %lld ms", (long long)timeout_ms);
+    }
+    for (int i = 0; i < lazy.n; i++) memmove(lazy.q[i].dst, lazy.q[i].src, lazy.q[i].bytes);
+    lazy.n = 0;
+    return GCOMP_SUCCESS;
+}
+
+static gcomp_result lazy_alloc_pinned(size_t bytes, void **out)
+{
+    GCOMP_CHECK(gcomp__device_host.alloc_pinned(bytes, out));
+    for (int i = 0; i < LAZY_MAX; i++)
+        if (!lazy.pinned[i].p) {
+            lazy.pinned[i].p = *out;
+            lazy.pinned[i].bytes = bytes;
+            return GCOMP_SUCCESS;
+        }
+    fail_msg("lazy stream: too many pinned buffers");
+    return GCOMP_ERR_INTERNAL;
+}
+
+static int inside(const void *x, const void *p, size_t bytes)
+{
+    return (const char *)x >= (const char *)p && (const char *)x < (const char *)p + bytes;
+}
+
+static void lazy_free_pinned(void *p)
+{
+    if (!p) return;
+    for (int i = 0; i < LAZY_MAX; i++) {
+        if (lazy.pinned[i].p != p) continue;
+        for (int c = 0; c < lazy.n; c++)
+            if (inside(lazy.q[c].src, p, lazy.pinned[i].bytes) || inside(lazy.q[c].dst, p, lazy.pinned[i].bytes))
+                fail_msg("a bounce buffer was freed while a queued copy still uses it");
+        lazy.pinned[i].p = NULL;
+    }
+    gcomp__device_host.free_pinned(p);
+}
+
+/* The decorator over a one-rank loopback transport (messages to itself) with lazy_ops. */
+static void lazy_staging(gcomp__loop_world **w, gcomp__transport **inner, gcomp__transport **t)
+{
+    memset(&lazy, 0, sizeof lazy);
+    lazy_ops = gcomp__device_host;
+    lazy_ops.copy_async = lazy_copy;
+    lazy_ops.wait = lazy_wait;
+    lazy_ops.alloc_pinned = lazy_alloc_pinned;
+    lazy_ops.free_pinned = lazy_free_pinned;
+    assert_int_equal(gcomp__loop_world_create(1, w), GCOMP_SUCCESS);
+    assert_int_equal(gcomp__transport_loop_create(*w, 0, inner), GCOMP_SUCCESS);
+    assert_int_equal(gcomp__transport_staging_wrap(*inner, &lazy_ops, t), GCOMP_SUCCESS);
+    (*t)->stream = NULL;
+}
+
+static void lazy_staging_free(gcomp__loop_world *w, gcomp__transport *inner, gcomp__transport *t)
+{
+    t->destroy(t);
+    inner->destroy(inner);
+    gcomp__loop_world_destroy(w);
+}
+
+/* An exchange of 64 bytes, then one of 256: the first finish leaves its copy out of the
+ * receive bounce buffer queued, and the second start grows that buffer. */
+static void test_bounce_growth_waits(void **state)
+{
+    gcomp__loop_world *w;
+    gcomp__transport *inner, *t;
+    uint8_t src[256], dst[256];
+    uint64_t v = 1;
+    size_t got = 0;
+    double deadline = gcomp__now() + 20.0;
+    (void)state;
+    lazy_staging(&w, &inner, &t);
+    for (int i = 0; i < 256; i++) src[i] = (uint8_t)(i * 7 + 1);
+    memset(dst, 0, sizeof dst);
+    assert_int_equal(t->allreduce_max_u64(t, &v, 1, deadline), GCOMP_SUCCESS); /* a call's agreement */
+    assert_int_equal(t->start_sendrecv(t, 0, src, 64, 0, dst, 64), GCOMP_SUCCESS);
+    assert_int_equal(t->finish_sendrecv(t, &got, deadline), GCOMP_SUCCESS);
+    assert_int_equal(got, 64);
+    assert_int_equal(lazy.n, 1); /* the copy into dst is still queued */
+    assert_int_equal(t->start_sendrecv(t, 0, src, 256, 0, dst, 256), GCOMP_SUCCESS);
+    assert_int_equal(t->finish_sendrecv(t, &got, deadline), GCOMP_SUCCESS);
+    assert_int_equal(lazy_ops.wait(NULL, -1), GCOMP_SUCCESS);
+    assert_memory_equal(dst, src, 256);
+    lazy_staging_free(w, inner, t);
+}
+
+/* A stream that never finishes: the start of an exchange and the uncompressed sum return
+ * GCOMP_ERR_TIMEOUT at the call's deadline instead of waiting forever. */
+static void test_copy_in_deadline(void **state)
+{
+    gcomp__loop_world *w;
+    gcomp__transport *inner, *t;
+    uint8_t src[64] = { 1 }, dst[64];
+    float f[16] = { 0 };
+    uint64_t v = 1;
+    double t0;
+    (void)state;
+    lazy_staging(&w, &inner, &t);
+    assert_int_equal(t->allreduce_max_u64(t, &v, 1, gcomp__now() + 0.05), GCOMP_SUCCESS);
+    lazy.stuck = 1;
+    t0 = gcomp__now();
+    assert_int_equal(t->start_sendrecv(t, 0, src, sizeof src, 0, dst, sizeof dst), GCOMP_ERR_TIMEOUT);
+    assert_int_equal(t->allreduce_sum_f32(t, f, 16, gcomp__now() + 0.05), GCOMP_ERR_TIMEOUT);
+    assert_int_equal(lazy.unbounded_waits, 0);
+    assert_true(gcomp__now() - t0 < 5.0);
+    lazy.stuck = 0;
+    lazy.n = 0; /* the stuck copies never ran */
+    lazy_staging_free(w, inner, t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_staging_golden),
         cmocka_unit_test(test_one_rank_forced),
         cmocka_unit_test(test_emulated_device),
+        cmocka_unit_test(test_bounce_growth_waits),
+        cmocka_unit_test(test_copy_in_deadline),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
