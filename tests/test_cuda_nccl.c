@@ -19,7 +19,9 @@
  *     communicator's device workspace, and cudaMemGetInfo);
  *   - `--timeout` (a separate ctest, cuda_nccl_timeout): a stream held by a host function
  *     past timeout_ms turns into GCOMP_ERR_TIMEOUT, gcomp's NCCL communicator is aborted and
- *     further calls are refused, the user's communicator keeps working.
+ *     further calls are refused, the user's communicator keeps working; and gcomp_nccl_abort
+ *     from another thread while a call waits behind a held stream (deadline far away) ends
+ *     that call at once with GCOMP_ERR_TRANSPORT, and the destroy that follows is prompt.
  *
  * Exits 77 (skipped) without a CUDA device. GCOMP_CUDA_TEST_FILTER=name runs matching tests.
  */
@@ -518,11 +520,60 @@ static void timeout_case(int sendrecv)
     CU(cudaFree(d));
 }
 
+static void *abort_later(void *arg)
+{
+    usleep(300000);
+    OK(gcomp_nccl_abort(arg));
+    return NULL;
+}
+
+/* gcomp_nccl_abort from another thread while this one waits in the uncompressed sum behind a
+ * held stream with a deadline 60 s away: the call ends within seconds, not at the deadline. */
+static void abort_case(void)
+{
+    ncclComm_t user = user_comm();
+    gcomp_comm *c = nccl_comm(user, "none", 60000);
+    gcomp__transport *t = c->tp;
+    unsigned hold_s = 8;
+    float *d = dmalloc(4096 * sizeof(float));
+    uint64_t v = 1;
+    double t0, took;
+    pthread_t th, ab;
+    cudaStream_t s;
+    EXPECT(gcomp_nccl_abort(NULL), GCOMP_ERR_INVALID_ARG, "NULL");
+    CU(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    CU(cudaMemset(d, 0, 4096 * sizeof(float)));
+    CU(cudaDeviceSynchronize());
+    __atomic_store_n(&released, 0, __ATOMIC_RELEASE);
+    CU(cudaLaunchHostFunc(s, hold_stream, NULL));
+    assert_int_equal(pthread_create(&th, NULL, release_later, &hold_s), 0);
+    assert_int_equal(pthread_create(&ab, NULL, abort_later, c), 0);
+    t->stream = (struct CUstream_st *)s;
+    t0 = gcomp__now();
+    EXPECT(t->allreduce_sum_f32(t, d, 4096, gcomp__now() + 60), GCOMP_ERR_TRANSPORT, "gcomp_nccl_abort");
+    took = gcomp__now() - t0;
+    printf("  gcomp_nccl_abort: the call in flight returned after %.2f s (stream held %u s)\n", took, hold_s);
+    assert_true(took < 5.0);
+    pthread_join(ab, NULL);
+    EXPECT(t->allreduce_max_u64(t, &v, 1, gcomp__now() + 1), GCOMP_ERR_COMM_INVALID, "gcomp_nccl_abort");
+    t->stream = NULL;
+    t0 = gcomp__now();
+    gcomp_comm_destroy(c);
+    assert_true(gcomp__now() - t0 < 5.0);
+    pthread_join(th, NULL);
+    CU(cudaStreamSynchronize(s));
+    user_comm_works(user);
+    NC(ncclCommDestroy(user));
+    CU(cudaStreamDestroy(s));
+    CU(cudaFree(d));
+}
+
 static void test_timeout(void **state)
 {
     (void)state;
     timeout_case(0);
     timeout_case(1);
+    abort_case();
 }
 
 int main(int argc, char **argv)
