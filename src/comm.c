@@ -35,6 +35,9 @@ static uint64_t spec_hash(const gcomp_codec *codec)
  *   V_FAIL      0, or (error code << 32 | rank) of a failed rank: the max names the worst
  *               error and the highest rank that had it
  *   V_NONFINITE 1 if this rank's encode saw NaN/Inf or its result holds one
+ *   V_DEVICE    1 if this rank's call runs on device buffers (start of a call): then every
+ *               rank decides the call's outcome by the end-of-call agreement, not by the
+ *               ring's trailers (engine.c), so ranks never run different protocols
  *   fields      (v, ~v) pairs: after the max, a rank whose v or ~v changed knows that some
  *               rank had another value, and which field it was
  * The call's fields are everything that changes what a rank sends or how: the codec spec,
@@ -45,6 +48,7 @@ static uint64_t spec_hash(const gcomp_codec *codec)
 enum {
     V_FAIL,
     V_NONFINITE,
+    V_DEVICE,
     V_FIELDS
 };
 enum {
@@ -285,7 +289,7 @@ gcomp_result gcomp__comm_transport_failed(gcomp_comm *c, gcomp_result rc)
 }
 
 gcomp_result gcomp__comm_agree_call(gcomp_comm *c, gcomp_result local, size_t count, gcomp_dtype dtype, gcomp_op op,
-                                    double deadline)
+                                    int on_device, int *any_device, double deadline)
 {
     uint64_t fields[N_FIELDS], got[AGREE_N];
     char diff[128];
@@ -297,7 +301,9 @@ gcomp_result gcomp__comm_agree_call(gcomp_comm *c, gcomp_result local, size_t co
     fields[F_MIN_BYTES] = (uint64_t)c->cfg.min_bytes;
     fields[F_VERSION] = GCOMP_VERSION;
     vote_init(&mine, c->tp->rank, local, 0, fields);
+    mine.v[V_DEVICE] = on_device != 0;
     GCOMP_CHECK(gcomp__comm_transport_failed(c, vote_share(c->tp, &mine, got, deadline)));
+    *any_device = got[V_DEVICE] != 0;
     if (got[V_FAIL]) return vote_failure(&mine, got, "before the call started (its arguments or buffers)");
     vote_differences(&mine, got, diff, sizeof diff);
     if (diff[0])

@@ -79,6 +79,7 @@ struct gcomp_comm {
     int broken;               /* set by a timeout or transport failure: refuse further calls */
     gcomp__key *keys;
     uint64_t nokey_step; /* the step of GCOMP_KEY_NONE calls without error feedback */
+    uint32_t call_seq;   /* compressed calls so far: each call's ring trailers carry it (ring.h) */
     gcomp_comm_stats stats;
     gcomp__workspace ws[2]; /* scratch per device kind (gcomp__device_kind) */
     int threads_ok;         /* the transport allows a progress thread (checked at creation) */
@@ -111,11 +112,21 @@ uint64_t gcomp__comm_device_allocs(const gcomp_comm *c);
 
 /* Before a call: the ranks agree on the call (codec spec, count, dtype, op, min_bytes,
  * library version) and on whether every rank's preparation (local) succeeded. A difference
- * is GCOMP_ERR_MISMATCH on every rank, a local failure anywhere that rank's error. */
+ * is GCOMP_ERR_MISMATCH on every rank, a local failure anywhere that rank's error.
+ * *any_device: some rank's call runs on device buffers (on_device), so every rank ends the
+ * call with gcomp__comm_agree_outcome instead of the ring's outcome trailers.
+ *
+ * This agreement stays on every call: whether a call is bypassed or compressed, and the size
+ * of every receive a rank posts, follow from (count, dtype, codec, min_bytes), arguments that
+ * may change from call to call on any one rank; a rank that differed without this agreement
+ * would post receives too small for what its neighbour sends (truncation) or wait in another
+ * operation until the timeout, instead of returning GCOMP_ERR_MISMATCH at once. */
 gcomp_result gcomp__comm_agree_call(gcomp_comm *c, gcomp_result local, size_t count, gcomp_dtype dtype, gcomp_op op,
-                                    double deadline);
-/* After a compressed schedule: whether any rank failed locally (the error, on every rank)
- * and whether any saw a non-finite value (*nonfinite, the same on every rank). */
+                                    int on_device, int *any_device, double deadline);
+/* After a compressed schedule on device buffers (host buffers carry the outcome in the ring's
+ * trailers, ring.h; device buffers' flags live in device memory and are read back at the end):
+ * whether any rank failed locally (the error, on every rank) and whether any saw a non-finite
+ * value (*nonfinite, the same on every rank). */
 gcomp_result gcomp__comm_agree_outcome(gcomp_comm *c, gcomp_result local, int local_nonfinite, int *nonfinite,
                                        double deadline);
 

@@ -8,10 +8,12 @@
  *           dense ring on the decoded input), the device of the buffers, the key's residual,
  *           and every workspace region the run will carve (sized now, so a failed
  *           allocation is an error on every rank instead of a hang)
- *   agree   the ranks agree on the call (comm.c)
+ *   agree   the ranks agree on the call (comm.c): the one collective of a compressed call on
+ *           host buffers besides its ring (and TernGrad's scale allreduce, the codec's own)
  *   run     the schedule from the table below, which sees a gcomp__call, never the comm
- *   finish  result (/ N for AVG) into recv; the ranks agree on the outcome; the residual is
- *           committed unless some rank saw a non-finite value; stats
+ *   finish  result (/ N for AVG) into recv; the outcome every rank learnt from the ring's
+ *           trailers (host buffers, ring.h) or from one more agreement (device buffers); the
+ *           residual is committed unless some rank saw a non-finite value; stats
  *
  * Device buffers run the same steps on the device: the schedules through sched_codec.c (the
  * codec's CUDA ops), the engine's own element work through the device layer (widen, pre-scale,
@@ -19,7 +21,8 @@
  * key's residual live in device memory, and the transport is the communicator's one for
  * device memory (NCCL, or MPI through the staging decorator). What kernels find (a corrupt
  * payload, a non-finite encode or result) is read back once, at the end of the call, for the
- * outcome agreement; then the residual is committed on the device and the stream waited for,
+ * outcome agreement (device buffers keep it: their flags live in device memory, and their
+ * ring messages carry no trailer); then the residual is committed on the device and the stream waited for,
  * so the call returns with all its device work done.
  */
 #include <stdio.h>
@@ -358,15 +361,13 @@ static gcomp_result run_sparse_as_dense(gcomp_comm *c, gcomp__call *call, const 
     GCOMP_STEP(&call->ring, gcomp__call_res_blocks(call, 1, &zero, p->own_res_tmp, p->own_res));
     GCOMP_STEP(&call->ring, gcomp__call_encode(call, &ctx, call->x, 0, call->count, 1, p->own_res, p->own_scratch,
                                                p->own, p->own_cap, &bytes));
-    call->nonfinite = (int)ctx.nonfinite;
+    call->ring.nonfinite = (int)ctx.nonfinite; /* known before the ring's first message */
     call->ring.st->overflow_count += ctx.overflow;
     call->ring.st->encode_s += gcomp__now() - t0;
     GCOMP_STEP(&call->ring, gcomp__call_decode_add(call, p->own, bytes, p->spx, call->count));
-    d = dense_half(c, call, p);
-    d.ring.error = call->ring.error;
+    d = dense_half(c, call, p); /* its ring is this call's (failure, news, trailer) */
     rc = gcomp__sched_dense.run(&d);
-    call->ring.error = d.ring.error;
-    call->nonfinite |= d.nonfinite;
+    call->ring = d.ring;
     call->divided = d.divided;
     return rc;
 }
@@ -391,6 +392,34 @@ static void abandon_residual(gcomp_comm *c, gcomp__call *call, plan *p)
     if (!p->def.active) return;
     if (gcomp__codec_dev_ef_end(c->codec, &p->def, 1, call->stream) == GCOMP_SUCCESS)
         (void)call->dev->wait(call->stream, 1000);
+}
+
+/* Host buffers: the outcome the ring's trailers carried (ring.h) -- a failure anywhere, a
+ * non-finite encode anywhere -- with no collective of its own; the result's non-finite flag
+ * is the same on every rank (every rank decoded the same bytes). A failure found too late for
+ * the trailers to reach every rank (a payload corrupted in transit in the last hops; MPI
+ * guarantees integrity) leaves the ranks disagreeing on this call: this rank returns its
+ * error and the communicator is broken, as after a timeout, so the disagreement cannot go on
+ * silently (its next call is GCOMP_ERR_COMM_INVALID here, a timeout on the others). */
+static gcomp_result outcome_from_ring(gcomp_comm *c, const gcomp__call *call, int result_nonfinite, int *nonfinite)
+{
+    const gcomp__ring *ring = &call->ring;
+    gcomp__ring_outcome o = gcomp__ring_outcome_get(ring);
+    gcomp_result rc = (gcomp_result)(o.fail >> 32);
+    *nonfinite = o.nonfinite || result_nonfinite;
+    if (o.late) {
+        char msg[400];
+        snprintf(msg, sizeof msg, "%s", ring->error ? gcomp_last_error() : "a non-finite encode");
+        c->broken = 1;
+        return gcomp__fail(ring->error ? ring->error : GCOMP_ERR_INTERNAL,
+                           "%s; found too late in the ring for the other ranks to hear of it, so they may have "
+                           "succeeded: this communicator is now unusable",
+                           msg);
+    }
+    if (!o.fail) return GCOMP_SUCCESS;
+    if (ring->error && !ring->heard) return ring->error; /* this rank's own failure, its message kept */
+    return gcomp__fail(rc, "rank %u failed during the allreduce: %s (%s); see that rank's gcomp_last_error()",
+                       (unsigned)(uint32_t)o.fail, gcomp_result_name(rc), gcomp_strerror(rc));
 }
 
 static gcomp_result run_compressed(gcomp_comm *c, gcomp__call *call, plan *p, const void *send, void *recv, gcomp_op op)
@@ -425,10 +454,14 @@ static gcomp_result run_compressed(gcomp_comm *c, gcomp__call *call, plan *p, co
     GCOMP_CHECK(collect(c, call, p, &tally, &flag));
     if (!call->ring.error && tally.error) call->ring.error = gcomp__codec_dev_tally_error(call->codec, &tally);
     call->ring.st->overflow_count += tally.overflow;
-    if (!call->ring.error) local_nonfinite = call->nonfinite || tally.nonfinite_calls > 0 || flag;
-    t0 = gcomp__now();
-    GCOMP_CHECK(gcomp__comm_agree_outcome(c, call->ring.error, local_nonfinite, &nonfinite, call->ring.deadline));
-    call->ring.st->agree_s += gcomp__now() - t0;
+    if (call->ring.trailer) {
+        GCOMP_CHECK(outcome_from_ring(c, call, !call->ring.error && flag, &nonfinite));
+    } else { /* device buffers: what the kernels found is read back above; one agreement */
+        if (!call->ring.error) local_nonfinite = call->ring.nonfinite || tally.nonfinite_calls > 0 || flag;
+        t0 = gcomp__now();
+        GCOMP_CHECK(gcomp__comm_agree_outcome(c, call->ring.error, local_nonfinite, &nonfinite, call->ring.deadline));
+        call->ring.st->agree_s += gcomp__now() - t0;
+    }
     if (nonfinite) call->ring.st->nonfinite_calls++;
     GCOMP_CHECK(end_residual(c, call, p, nonfinite));
     call->ring.st->compressed_calls++;
@@ -450,6 +483,7 @@ static gcomp_result run_call(gcomp_comm *c, const gcomp__args *a, gcomp__call *c
     gcomp__call *call = callp;
     plan *p = pp;
     gcomp_result local;
+    int any_device = 0;
     double t0 = gcomp__now(), t_agree;
     if (c->broken)
         return gcomp__fail(GCOMP_ERR_COMM_INVALID,
@@ -467,9 +501,12 @@ static gcomp_result run_call(gcomp_comm *c, const gcomp__args *a, gcomp__call *c
     local = check_args(send, recv, count, dtype, op, a->stream);
     if (local == GCOMP_SUCCESS && count > 0) local = prepare_call(c, call, p, send, recv, a->stream, key, op);
     t_agree = gcomp__now();
-    GCOMP_CHECK(gcomp__comm_agree_call(c, local, count, dtype, op, call->ring.deadline));
+    GCOMP_CHECK(gcomp__comm_agree_call(c, local, count, dtype, op, call->on_device, &any_device, call->ring.deadline));
     st.agree_s = gcomp__now() - t_agree;
     if (count == 0) return GCOMP_SUCCESS;
+    /* the outcome rides in the ring's messages when every rank's buffers are host memory
+     * (ring.h); a rank with device buffers makes every rank use the end-of-call agreement */
+    if (p->sched != GCOMP_SCHED_BYPASS) gcomp__ring_begin(&call->ring, !any_device && !call->on_device, c->call_seq++);
     if (p->via_host) { /* the device buffers' bytes to host memory, ordered after the stream's work */
         size_t bytes = count * gcomp_dtype_size(dtype);
         GCOMP_CHECK(layout(c, call, p, 0)); /* carve the copies' regions (the run carves the same again) */

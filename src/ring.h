@@ -6,22 +6,66 @@
  *
  * The local-failure convention: a rank whose call failed after the ranks agreed to run it
  * (a corrupt payload) keeps stepping the ring, sending empty messages, so nobody waits for
- * it. An empty message fails the receiver's checks in turn (or carries nothing, for an
- * empty chunk); either way the engine's end-of-call agreement reports the failure on every
- * rank. Transport failures (timeout, a broken peer) return at once instead.
+ * it. Without the trailer (device buffers) an empty message fails the receiver's checks in
+ * turn (or carries nothing, for an empty chunk) and the engine's end-of-call agreement
+ * reports the failure on every rank. Transport failures (timeout, a broken peer) return at
+ * once instead.
+ *
+ * The outcome trailer (calls on host buffers, r->trailer): every message of the call ends
+ * with GCOMP__RING_TRAILER bytes that say what the sender knows of the call's outcome --
+ * the worst failure it has seen or heard of, and whether some encode saw a non-finite
+ * value -- so the ranks decide the outcome (error, non-finite, commit) without a collective
+ * of their own. Each rank ORs (max for the failure) what arrives into what it sends next:
+ * news travels one hop per step, so what a rank knows when it sends message m reaches every
+ * rank iff the call sends at least m + N - 1 messages. The schedules arrange that every
+ * outcome that matters is known in time (sched_*.c say how); gcomp__ring_outcome tells the
+ * engine when this rank's own news went out too late (only a payload corrupted in transit
+ * late in the call: MPI guarantees integrity). A rank that hears of a failure stops its
+ * work (as after its own) and sends empty payloads. Device buffers keep the end-of-call
+ * agreement (engine.c): what their kernels find lives in device memory.
+ *
+ * Trailer layout (little-endian, 16 bytes): u16 magic 0x6f47 ("Go"), u8 version 1, u8 flags
+ * (bit 0: some rank's encode saw a non-finite value), u32 the call's sequence number on the
+ * communicator (a message of another call is recognised), u64 failure: 0, or (error code <<
+ * 32 | rank) of the worst failure known, the max over ranks as in the agreements (comm.c).
+ * Every buffer a schedule passes to gcomp__ring_start* holds GCOMP__RING_TRAILER bytes after
+ * its capacity (the trailer is written after the payload and read from a message's end);
+ * the sizes the schedules see are the payloads' only.
  */
 #ifndef GCOMP_RING_H
 #define GCOMP_RING_H
 
 #include "transport.h"
 
+#define GCOMP__RING_TRAILER 16   /* bytes of the outcome trailer, room every ring buffer keeps */
+#define GCOMP__RING_NONFINITE 1u /* trailer flag: some rank's encode saw a non-finite value */
+
 typedef struct gcomp__ring {
     gcomp__transport *tp;
     int rank, size;
     double deadline;      /* absolute, gcomp__now() seconds */
     gcomp_comm_stats *st; /* this call's numbers: wire_bytes and comm_s are counted here */
-    gcomp_result error;   /* the first local failure of the call (GCOMP_STEP) */
+    gcomp_result error;   /* the first failure of the call on this rank (GCOMP_STEP), or one
+                           * heard of in a trailer: later steps skip their work */
+    int nonfinite;        /* this rank's encode saw a non-finite value (or a shared scale is one) */
+    /* the outcome trailer (trailer = 1: host buffers; the engine sets trailer and seq) */
+    int trailer;
+    uint32_t seq;          /* the call's sequence number on the communicator */
+    uint64_t fail;         /* 0 or (code << 32 | rank): the worst failure known here */
+    uint32_t flags;        /* GCOMP__RING_NONFINITE: this rank's or heard of */
+    int heard;             /* error was heard of, not found here */
+    uint64_t msgs;         /* messages sent so far in this call */
+    uint64_t fail_at;      /* index of the first message that carried this rank's own failure */
+    uint64_t nonfinite_at; /* the same for this rank's own non-finite flag */
+    uint8_t *rbuf;         /* the receive in flight (its trailer is read at finish) */
 } gcomp__ring;
+
+/* What the trailers decided, at the end of a call (gcomp__ring_outcome_get). */
+typedef struct gcomp__ring_outcome {
+    uint64_t fail; /* 0, or (code << 32 | rank) of the worst failure any rank had */
+    int nonfinite; /* some rank's encode saw a non-finite value */
+    int late;      /* this rank's own news went out too late to reach every rank */
+} gcomp__ring_outcome;
 
 static inline int gcomp__ring_right(const gcomp__ring *r) { return (r->rank + 1) % r->size; }
 static inline int gcomp__ring_left(const gcomp__ring *r) { return (r->rank + r->size - 1) % r->size; }
@@ -40,19 +84,35 @@ void gcomp__chunk(size_t count, int n_chunks, int c, size_t align, size_t *lo, s
         }                                                            \
     } while (0)
 
+/* Prepare a ring for one call: no failure, no news, no message yet; trailer and seq as given. */
+void gcomp__ring_begin(gcomp__ring *r, int trailer, uint32_t seq);
+
 /* One ring step: send sbytes to the right neighbour, receive at most rcap bytes from the
- * left one (0 bytes sent after a local failure). Counts wire bytes and time. */
-gcomp_result gcomp__ring_exchange(gcomp__ring *r, const void *sbuf, size_t sbytes, void *rbuf, size_t rcap,
-                                  size_t *rbytes);
-/* The same in two halves; sbuf and rbuf must stay untouched until gcomp__ring_finish. */
-gcomp_result gcomp__ring_start(gcomp__ring *r, const void *sbuf, size_t sbytes, void *rbuf, size_t rcap);
+ * left one (0 bytes sent after a local failure). Counts wire bytes and time. With the
+ * trailer, sbuf and rbuf hold GCOMP__RING_TRAILER bytes more than sbytes and rcap; the
+ * trailer counts as wire bytes, *rbytes is the payload's size, and a message without a valid
+ * trailer is a local failure (GCOMP_ERR_CORRUPT) of the receiver, not an error returned. */
+gcomp_result gcomp__ring_exchange(gcomp__ring *r, void *sbuf, size_t sbytes, void *rbuf, size_t rcap, size_t *rbytes);
+/* The same in two halves; sbuf and rbuf must stay untouched until gcomp__ring_finish (the
+ * payload of sbuf may be read meanwhile). */
+gcomp_result gcomp__ring_start(gcomp__ring *r, void *sbuf, size_t sbytes, void *rbuf, size_t rcap);
 gcomp_result gcomp__ring_finish(gcomp__ring *r, size_t *rbytes);
 /* The same when both ends know every size (device buffers of fixed-size payloads: sbytes is
  * what the right neighbour expects, rbytes exactly what the left one sends): a transport
  * with start_sendrecv_sized (NCCL) then skips its size exchange. The message keeps its size
  * after a local failure (its bytes are discarded by the outcome agreement); without that
  * entry this is gcomp__ring_start with rbytes as the capacity. */
-gcomp_result gcomp__ring_start_sized(gcomp__ring *r, const void *sbuf, size_t sbytes, void *rbuf, size_t rbytes);
+gcomp_result gcomp__ring_start_sized(gcomp__ring *r, void *sbuf, size_t sbytes, void *rbuf, size_t rbytes);
+/* One more step that carries only the trailer (a schedule whose last hops could otherwise
+ * find news that never gets out: the sparse gather). buf: 2 * GCOMP__RING_TRAILER bytes of
+ * workspace (a timed-out MPI exchange may still use it). Nothing without the trailer. */
+gcomp_result gcomp__ring_outcome_hop(gcomp__ring *r, uint8_t *buf);
+/* At the end of a call with the trailer: what every rank knows of the outcome. */
+gcomp__ring_outcome gcomp__ring_outcome_get(const gcomp__ring *r);
+/* The trailer bytes one rank sends in a call of schedule `sched` over n ranks (host buffers):
+ * one trailer per message, 2(n-1) messages on the rings, n on the sparse gather (its outcome
+ * hop included), 0 at one rank or for a bypassed call. */
+uint64_t gcomp__ring_trailer_bytes(gcomp_schedule sched, int n);
 /* Let the exchange in flight advance (between pieces of computation). */
 void gcomp__ring_progress(gcomp__ring *r);
 /* In-place max of n uint64 over all ranks, counted as 8n wire bytes and comm time. */

@@ -23,8 +23,19 @@
  * Device buffers: the same steps through sched_codec.c (the codec's kernels on the caller's
  * stream); each own chunk's residual slice is a block in device memory, written once per call.
  *
+ * Host buffers: every message ends with the ring's outcome trailer (ring.h). What this rank
+ * must tell the others is known in time for it to reach all of them: a failure or a
+ * non-finite value of its own encodes -- the last one runs during reduce-scatter step N-2,
+ * so its news rides at the latest in the first allgather message, message N-1 of 2(N-1) --
+ * and a payload that fails its checks in the reduce-scatter. The result is decoded from the
+ * same final payloads on every rank, so its non-finite check (after narrowing to f16/bf16
+ * too) gives the same answer everywhere without being sent. Only a final payload found
+ * corrupt in the allgather (corrupted in transit: MPI guarantees integrity) is found too late
+ * to reach every rank; the engine then breaks the communicator on the rank that found it.
+ *
  * Wire bytes per rank: the sum over 2(N-1) steps of one chunk's payload (header included),
- * about 2(N-1)/N * count * (bytes per element of the codec) + 2(N-1) * 32.
+ * about 2(N-1)/N * count * (bytes per element of the codec) + 2(N-1) * 32; host buffers:
+ * 2(N-1) trailers of 16 bytes more.
  */
 #include <string.h>
 
@@ -35,6 +46,7 @@
 typedef struct dense_ctx {
     gcomp__call *call;
     size_t bound;   /* payload capacity of one chunk */
+    size_t stride;  /* bytes per slot: bound and the ring's trailer room */
     uint8_t *slots; /* N payloads of `bound` bytes: own chunks, later final chunks */
     size_t *bytes;  /* their sizes (host) */
     float *acc;     /* fp32 running sums, count elements */
@@ -47,7 +59,7 @@ typedef struct dense_ctx {
     size_t *lo;                   /* each chunk's first element (host) */
 } dense_ctx;
 
-static uint8_t *slot(dense_ctx *d, int j) { return d->slots + (size_t)j * d->bound; }
+static uint8_t *slot(dense_ctx *d, int j) { return d->slots + (size_t)j * d->stride; }
 
 static void chunk_of(const dense_ctx *d, int j, size_t *lo, size_t *hi)
 {
@@ -64,7 +76,7 @@ static size_t device_bytes(const dense_ctx *d, int j)
 
 /* Start a ring step that sends chunk send_j's payload (sbytes of it on the host) and receives
  * chunk recv_j's. Device buffers: both ends know every size, also after a local failure. */
-static gcomp_result start_step(dense_ctx *d, const uint8_t *sbuf, size_t sbytes, int send_j, uint8_t *rbuf, int recv_j)
+static gcomp_result start_step(dense_ctx *d, uint8_t *sbuf, size_t sbytes, int send_j, uint8_t *rbuf, int recv_j)
 {
     if (!d->call->on_device) return gcomp__ring_start(&d->call->ring, sbuf, sbytes, rbuf, d->bound);
     return gcomp__ring_start_sized(&d->call->ring, sbuf, device_bytes(d, send_j), rbuf, device_bytes(d, recv_j));
@@ -78,11 +90,12 @@ static void layout(gcomp__call *call, dense_ctx *d)
     d->call = call;
     d->bound = gcomp_codec_max_encoded_bytes(call->codec, max_chunk < call->count ? max_chunk : call->count);
     d->bound = (d->bound + 7) & ~(size_t)7; /* every slot 8-byte aligned */
-    d->slots = gcomp__ws_take(call->ws, (size_t)n * d->bound, "dense: chunk payloads");
+    d->stride = d->bound + GCOMP__RING_TRAILER;
+    d->slots = gcomp__ws_take(call->ws, (size_t)n * d->stride, "dense: chunk payloads");
     d->bytes = gcomp__ws_take(call->meta, (size_t)n * sizeof(size_t), "dense: payload sizes");
     d->acc = gcomp__ws_take(call->ws, call->count * sizeof(float), "dense: partial sums");
-    d->sbuf = gcomp__ws_take(call->ws, d->bound, "dense: outgoing partial sum");
-    d->rbuf = gcomp__ws_take(call->ws, d->bound, "dense: incoming partial sum");
+    d->sbuf = gcomp__ws_take(call->ws, d->stride, "dense: outgoing partial sum");
+    d->rbuf = gcomp__ws_take(call->ws, d->stride, "dense: incoming partial sum");
     d->scratch = d->res = d->res_tmp = NULL;
     d->lo = NULL;
     if (!call->on_device) return;
@@ -110,7 +123,7 @@ static gcomp_result encode_chunk(dense_ctx *d, const float *src, int j, int own,
     ctx = gcomp__call_ctx(call, lo);
     GCOMP_CHECK(gcomp__call_encode(call, &ctx, src, lo, hi - lo, own, d->res ? &d->res[j] : NULL, d->scratch, out,
                                    d->bound, bytes));
-    call->nonfinite |= own ? (int)ctx.nonfinite : 0;
+    call->ring.nonfinite |= own ? (int)ctx.nonfinite : 0;
     call->ring.st->overflow_count += ctx.overflow;
     call->ring.st->encode_s += gcomp__now() - t0;
     return GCOMP_SUCCESS;
@@ -136,7 +149,7 @@ static gcomp_result reduce_scatter(dense_ctx *d)
     gcomp__ring *ring = &call->ring;
     int n = ring->size, r = ring->rank, own = !call->reencoded;
     size_t sbytes, rbytes = 0;
-    const uint8_t *out = slot(d, r);
+    uint8_t *out = slot(d, r);
     GCOMP_STEP(ring, encode_chunk(d, call->x, r, own, slot(d, r), &d->bytes[r]));
     sbytes = d->bytes[r];
     for (int s = 0; s < n - 1; s++) {

@@ -19,7 +19,13 @@
  * multiples of the codec's int_align (TernGrad: the bucket size), so each chunk's buckets are
  * whole. Wire bytes per rank: sum_{m=1}^{N-1} int_sum_bytes(L, m) + (N-1) * int_sum_bytes(L, N)
  * for chunks of L elements (plus 32-byte stage headers with zstd), plus 8 * nb bytes for the
- * scale allreduce.
+ * scale allreduce; host buffers: 2(N-1) outcome trailers of 16 bytes more (ring.h).
+ *
+ * Host buffers carry the outcome in the ring's trailers: the non-finite decision follows from
+ * the shared scales (the same on every rank), and a failure of a hop (sums that fail their
+ * checks) in the reduce-scatter reaches every rank by the end of the allgather. Final sums
+ * found corrupt in the allgather (corrupted in transit: MPI guarantees integrity) are found
+ * too late to reach every rank; the engine then breaks the communicator on that rank.
  *
  * Device buffers: the codec's CUDA ops (local_scales, ternarise, sums_add_pack, sums_values)
  * on the caller's stream. The scales come back to the host once per call (nb floats: the
@@ -63,7 +69,7 @@ static void chunk_of(const int_ctx *d, int j, size_t *lo, size_t *hi)
     gcomp__chunk(d->call->count, d->call->ring.size, j, d->align, lo, hi);
 }
 
-static uint8_t *slot(int_ctx *d, int j) { return d->slots + (size_t)j * d->msg_cap; }
+static uint8_t *slot(int_ctx *d, int j) { return d->slots + (size_t)j * (d->msg_cap + GCOMP__RING_TRAILER); }
 
 /* Chunk j's sums of m ranks on the device (no byte stages): int_sum_bytes, known at both ends. */
 static size_t device_bytes(const int_ctx *d, int j, uint32_t m)
@@ -76,7 +82,7 @@ static size_t device_bytes(const int_ctx *d, int j, uint32_t m)
 /* Start a ring step that sends chunk send_j's sums (sbytes of them on the host) and receives
  * chunk recv_j's, both of m ranks. Device buffers: sizes known at both ends, also after a
  * local failure. */
-static gcomp_result start_step(int_ctx *d, const uint8_t *sbuf, size_t sbytes, int send_j, uint8_t *rbuf, int recv_j,
+static gcomp_result start_step(int_ctx *d, uint8_t *sbuf, size_t sbytes, int send_j, uint8_t *rbuf, int recv_j,
                                uint32_t m)
 {
     if (!d->call->on_device) return gcomp__ring_start(&d->call->ring, sbuf, sbytes, rbuf, d->msg_cap);
@@ -112,8 +118,8 @@ static void layout(gcomp__call *call, int_ctx *d)
     d->t = gcomp__ws_take(ws, max_chunk * sizeof(int8_t), "integer: codes");
     d->raw = gcomp__ws_take(ws, d->staged ? d->msg_cap : 0, "integer: unstaged sums in");
     d->raw_out = gcomp__ws_take(ws, d->staged ? d->msg_cap : 0, "integer: unstaged sums out");
-    d->rbuf = gcomp__ws_take(ws, d->msg_cap, "integer: incoming message");
-    d->slots = gcomp__ws_take(ws, (size_t)n * d->msg_cap, "integer: message slots");
+    d->rbuf = gcomp__ws_take(ws, d->msg_cap + GCOMP__RING_TRAILER, "integer: incoming message");
+    d->slots = gcomp__ws_take(ws, (size_t)n * (d->msg_cap + GCOMP__RING_TRAILER), "integer: message slots");
     d->slot_bytes = gcomp__ws_take(call->meta, (size_t)n * sizeof(size_t), "integer: message sizes");
     d->hscales = d->scales;
     if (!call->on_device) return;
@@ -160,7 +166,7 @@ static gcomp_result shared_scales(int_ctx *d)
          * in-place residual was written: treat it as non-finite too */
         if (!isfinite(d->hscales[j] * (float)call->ring.size)) d->write_residual = 0;
     }
-    call->nonfinite = !d->write_residual;
+    call->ring.nonfinite = !d->write_residual;
     return gcomp__call_to_device(call, d->scales, d->hscales, d->nb * sizeof(float));
 }
 

@@ -14,8 +14,17 @@
  * without it, decode-add in rank order). The encoded size depends on the data: it is read
  * back once per call (one wait on the stream), before the gather starts.
  *
+ * Host buffers: every message ends with the ring's outcome trailer (ring.h); the encode (the
+ * only step that can fail or see a non-finite value without a corrupted payload) runs before
+ * the first message, so its news reaches every rank in the N-1 steps; one more step carries
+ * the trailer alone so that a failure found in the first message (a payload corrupted on
+ * its first hop) also reaches that payload's sender. A payload corrupted on a later hop --
+ * impossible over MPI, which guarantees integrity -- is found too late to reach every rank:
+ * the engine then breaks the communicator on the rank that found it (engine.c).
+ *
  * Wire bytes per rank: the sum of the N-1 payloads it forwards, each 32 + 8 + k * (value
- * bytes) + about k * log2(count / k) / 8 bytes of index gaps.
+ * bytes) + about k * log2(count / k) / 8 bytes of index gaps; host buffers: N trailers of 16
+ * bytes more.
  */
 #include <string.h>
 
@@ -26,7 +35,9 @@ typedef struct sparse_ctx {
     int pairs;              /* the pair-list path (else decode-add in rank order) */
     size_t k;               /* pairs per payload (pair path) */
     size_t bound;           /* capacity of one payload slot */
+    size_t stride;          /* bytes per slot: bound and the ring's trailer room */
     uint8_t *slots;         /* n payloads */
+    uint8_t *hop;           /* the outcome hop's two trailers */
     size_t *bytes;          /* their sizes */
     gcomp_pair_list *lists; /* pair path: n list heads */
     uint64_t *idx;          /* n x k indices */
@@ -59,7 +70,9 @@ static void layout(gcomp__call *call, sparse_ctx *d)
     d->call = call;
     d->pairs = pairs_path(call);
     d->bound = (gcomp_codec_max_encoded_bytes(call->codec, call->count) + 7) & ~(size_t)7;
-    d->slots = gcomp__ws_take(ws, (size_t)n * d->bound, "sparse: payloads");
+    d->stride = d->bound + GCOMP__RING_TRAILER;
+    d->slots = gcomp__ws_take(ws, (size_t)n * d->stride, "sparse: payloads");
+    d->hop = gcomp__ws_take(ws, 2 * GCOMP__RING_TRAILER, "sparse: outcome hop");
     d->bytes = gcomp__ws_take(call->meta, (size_t)n * sizeof(size_t), "sparse: payload sizes");
     if (call->on_device) {
         size_t enc = gcomp__call_scratch_bytes(call, call->count, 1);
@@ -85,7 +98,7 @@ static gcomp_result sparse_prepare(gcomp__call *call)
     return GCOMP_SUCCESS;
 }
 
-static uint8_t *slot(sparse_ctx *d, int j) { return d->slots + (size_t)j * d->bound; }
+static uint8_t *slot(sparse_ctx *d, int j) { return d->slots + (size_t)j * d->stride; }
 
 static gcomp_result encode_own(sparse_ctx *d)
 {
@@ -96,7 +109,7 @@ static gcomp_result encode_own(sparse_ctx *d)
     GCOMP_CHECK(gcomp__call_res_blocks(call, 1, &zero, d->res_tmp, d->res));
     GCOMP_CHECK(gcomp__call_encode(call, &ctx, call->x, 0, call->count, 1, d->res, d->scratch,
                                    slot(d, call->ring.rank), d->bound, &d->bytes[call->ring.rank]));
-    call->nonfinite = (int)ctx.nonfinite;
+    call->ring.nonfinite = (int)ctx.nonfinite;
     call->ring.st->overflow_count += ctx.overflow;
     call->ring.st->encode_s += gcomp__now() - t0;
     return GCOMP_SUCCESS;
@@ -188,8 +201,12 @@ static gcomp_result sparse_run(gcomp__call *call)
         if (d.pairs && s > 0) GCOMP_STEP(ring, unpack_pairs(&d, send_j));
         GCOMP_CHECK(gcomp__ring_finish(ring, &d.bytes[recv_j]));
     }
+    if (d.pairs) GCOMP_STEP(ring, unpack_pairs(&d, last));
+    /* host buffers: one more hop of the outcome trailer alone. A rank's own payload never
+     * comes back to it, so without this hop a failure found in the gather's first message
+     * (N-1 hops from its sender) would not reach that sender within the N-1 steps */
+    GCOMP_CHECK(gcomp__ring_outcome_hop(ring, d.hop));
     if (d.pairs) {
-        GCOMP_STEP(ring, unpack_pairs(&d, last));
         sum_pairs(&d);
     } else if (device_sum(call)) {
         GCOMP_STEP(ring, sum_on_device(&d));

@@ -3,7 +3,8 @@
  * ranks as threads of this process, no mpirun. Each case of schedule_cases.h runs a few steps
  * with error feedback; every rank's results must be bit-identical, and equal to the
  * checked-in hashes that test_mpi_allreduce also checks under mpirun. Then the agreement and
- * failure paths: a mismatch, a local failure after agreement, a stopped peer.
+ * failure paths: a mismatch, a local failure after agreement, a stopped peer, a message
+ * truncated on the wire (the outcome trailer carries the failure to every rank).
  *
  * GCOMP_LOOP_PRINT=1 prints the hash table instead of checking it (to regenerate
  * tests/golden/schedules_expected.h after an intended change of a schedule's arithmetic).
@@ -19,6 +20,7 @@
 #include <cmocka.h>
 
 #include "comm.h"
+#include "ring.h"
 #include "loop_world.h"
 #include "schedule_cases.h"
 #include "golden/schedules_expected.h"
@@ -172,6 +174,78 @@ static void test_stopped_peer_times_out(void **state)
     run_fault_variant(VARIANT_STOPPED_PEER, 3, GCOMP_ERR_TIMEOUT);
 }
 
+/* The outcome trailer (src/ring.h): rank 0's first ring message of a call loses its last
+ * byte (the fault decorator). Its receiver finds the trailer broken and the news rides the
+ * ring's later messages -- on the sparse gather its outcome hop brings it back to rank 0 --
+ * so every rank returns GCOMP_ERR_CORRUPT with no collective after the ring, and the next
+ * call works everywhere (a failure heard too late would have broken a communicator). */
+typedef struct trunc_job {
+    loop_rank at;
+    const char *spec;
+    gcomp_result rc[2]; /* the truncated call, the call after it */
+    gcomp_schedule sched;
+    uint64_t wire; /* of the call after it */
+} trunc_job;
+
+static void *run_truncated(void *arg)
+{
+    trunc_job *j = arg;
+    gcomp_config cfg = gcomp_config_default();
+    gcomp_comm *comm = NULL;
+    gcomp_comm_stats st;
+    size_t n = 20011;
+    float *x = malloc(n * sizeof(float)), *y = malloc(n * sizeof(float));
+    uint64_t s = 5 + (uint64_t)j->at.rank;
+    for (size_t i = 0; i < n; i++) x[i] = (float)((double)(sc_splitmix(&s) >> 11) * 0x1p-53 - 0.5);
+    cfg.codec = j->spec;
+    cfg.min_bytes = 0;
+    cfg.timeout_ms = 20000;
+    j->rc[0] = j->rc[1] = gcomp__comm_create_loop(j->at.w, j->at.rank, &cfg, &comm);
+    if (j->rc[0] == GCOMP_SUCCESS) {
+        if (j->at.rank == 0) gcomp__comm_inject_fault(comm, GCOMP__FAULT_TRUNCATE_WIRE);
+        j->rc[0] = gcomp_allreduce(comm, x, y, n, GCOMP_F32, GCOMP_SUM, 3, NULL);
+        (void)gcomp_comm_stats_reset(comm);
+        j->rc[1] = gcomp_allreduce(comm, x, y, n, GCOMP_F32, GCOMP_SUM, 3, NULL);
+        if (gcomp_comm_stats_get(comm, &st) == GCOMP_SUCCESS) {
+            j->sched = st.last_schedule;
+            j->wire = st.wire_bytes;
+        }
+    }
+    gcomp_comm_destroy(comm);
+    free(x);
+    free(y);
+    return NULL;
+}
+
+static void test_truncated_message(void **state)
+{
+    static const struct {
+        const char *spec;
+        gcomp_schedule sched; /* from 2 ranks */
+    } cases[] = {
+        { "fp16", GCOMP_SCHED_DENSE },
+        { "terngrad", GCOMP_SCHED_INTEGER },
+        { "topk:ratio=0.01", GCOMP_SCHED_SPARSE },
+        { "topk:ratio=1", GCOMP_SCHED_SPARSE_AS_DENSE },
+    };
+    (void)state;
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
+        for (int n = 2; n <= 5; n++) {
+            trunc_job jobs[MAX_RANKS];
+            memset(jobs, 0, sizeof jobs);
+            for (int r = 0; r < n; r++) jobs[r].spec = cases[k].spec;
+            loop_run_world(n, run_truncated, jobs, sizeof jobs[0]);
+            for (int r = 0; r < n; r++) {
+                if (jobs[r].rc[0] != GCOMP_ERR_CORRUPT || jobs[r].rc[1] != GCOMP_SUCCESS)
+                    fail_msg("%s at %d ranks: rank %d returned %s, then %s (want CORRUPT, then SUCCESS)", cases[k].spec,
+                             n, r, gcomp_result_name(jobs[r].rc[0]), gcomp_result_name(jobs[r].rc[1]));
+                assert_int_equal(jobs[r].sched, cases[k].sched);
+                assert_true(jobs[r].wire >= gcomp__ring_trailer_bytes(cases[k].sched, n)); /* counted */
+            }
+            print_message("    %-16s %d ranks: CORRUPT on every rank, then success\n", cases[k].spec, n);
+        }
+}
+
 /* GCOMP_KEY_NONE keeps no residual even with error feedback on (gcomp.h): the same input
  * twice gives the same fp16 result (with a residual, the second call would add the first's
  * rounding error). */
@@ -220,6 +294,7 @@ int main(void)
         cmocka_unit_test(test_mismatch),
         cmocka_unit_test(test_local_failure_after_agreement),
         cmocka_unit_test(test_stopped_peer_times_out),
+        cmocka_unit_test(test_truncated_message),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
