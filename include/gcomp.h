@@ -345,16 +345,23 @@ typedef struct gcomp_comm_stats {
  * buffers over MPI (copied after the stream's earlier work, the result copied back before the
  * call returns; the key's residual then lives in host memory), and is GCOMP_ERR_UNSUPPORTED
  * over NCCL. The first call of a key, size or dtype allocates device memory (workspace,
- * residual, and over MPI the bounce buffers); later ones allocate nothing.
+ * residual, and over MPI the bounce buffers); later ones allocate nothing. A communicator
+ * works on one device: its first call with device buffers (or its NCCL communicator) fixes
+ * it, and buffers of another device are GCOMP_ERR_INVALID_ARG. A stream being captured into a
+ * CUDA graph is GCOMP_ERR_UNSUPPORTED (the call waits on the host between its steps), before
+ * anything is enqueued, on every rank. The calling thread's current device is the same when
+ * the call returns.
  * Error feedback covers each rank's own encode of its input. On the dense ring
  * (GCOMP_SCHED_DENSE: fp16, bf16) the partial sums are decoded, added in fp32 and
  * re-encoded at every hop; the rounding of those re-encodes is not fed back to any
  * residual. (top-k's dense fallback, GCOMP_SCHED_SPARSE_AS_DENSE, sums in fp32 and
  * re-encodes nothing.)
  * Every rank gets a bitwise-identical result. Blocking; returns when recv holds the result.
- * Errors (on every rank): GCOMP_ERR_INVALID_ARG (NULL buffer with count > 0, bad dtype/op,
+ * Errors (on every rank): GCOMP_ERR_UNSUPPORTED (a stream under CUDA graph capture; a codec
+ * without CUDA kernels over NCCL), GCOMP_ERR_INVALID_ARG (NULL buffer with count > 0, bad dtype/op,
  * a misaligned buffer, send and recv partly overlapping; on any rank), GCOMP_ERR_MISMATCH
- * (ranks disagree on count, dtype, op, codec, min_bytes or library version; the message
+ * (ranks disagree on count, dtype, op, codec, min_bytes, host or device buffers, or library
+ * version; the message
  * names which), GCOMP_ERR_TIMEOUT (a peer did not answer within timeout_ms; the communicator is
  * then unusable), GCOMP_ERR_COMM_INVALID (after an earlier timeout or transport error),
  * GCOMP_ERR_TRANSPORT, GCOMP_ERR_CORRUPT (a payload failed its checks), GCOMP_ERR_NOMEM.
@@ -376,7 +383,9 @@ typedef struct gcomp_request gcomp_request;
  * semantics of gcomp_allreduce hold when the request completes (gcomp_wait/gcomp_test
  * return after the call's device work is done), and the work the caller enqueues on
  * `stream` after gcomp_iallreduce returns may run before the call's own, so order what
- * reads recv after gcomp_wait. Each call's timeout_ms starts when it starts to run; a
+ * reads recv after gcomp_wait. cudaStreamPerThread is not supported here (on the progress
+ * thread that handle names the progress thread's own stream): pass a created stream, or the
+ * legacy default stream (NULL). Each call's timeout_ms starts when it starts to run; a
  * timeout or transport error of one marks the communicator unusable, so the calls queued
  * behind it complete with GCOMP_ERR_COMM_INVALID.
  * Progress: at the first call the communicator starts a progress thread (joined by

@@ -42,7 +42,9 @@ static uint64_t spec_hash(const gcomp_codec *codec)
  *               rank had another value, and which field it was
  * The call's fields are everything that changes what a rank sends or how: the codec spec,
  * count, dtype, op and min_bytes (which decides bypass or compression, so ranks that
- * disagree on it would run different protocols), and the library version. error_feedback
+ * disagree on it would run different protocols), the memory of the buffers (host buffers
+ * over MPI and device buffers through the staging decorator exchange differently), and the
+ * library version. error_feedback
  * changes only this rank's residual and seed only the values of the codes, never sizes or
  * the protocol, so ranks may differ in them (timeout_ms and debug are local too). */
 enum {
@@ -58,11 +60,12 @@ enum {
     F_OP,
     F_MIN_BYTES,
     F_VERSION,
+    F_MEM,
     N_FIELDS
 };
 #define AGREE_N (V_FIELDS + 2 * N_FIELDS)
 static const char *const field_names[N_FIELDS] = {
-    "codec spec", "count", "dtype", "op", "min_bytes", "library version"
+    "codec spec", "count", "dtype", "op", "min_bytes", "library version", "memory (host or device buffers)"
 };
 
 typedef struct vote {
@@ -300,6 +303,7 @@ gcomp_result gcomp__comm_agree_call(gcomp_comm *c, gcomp_result local, size_t co
     fields[F_OP] = (uint64_t)op;
     fields[F_MIN_BYTES] = (uint64_t)c->cfg.min_bytes;
     fields[F_VERSION] = GCOMP_VERSION;
+    fields[F_MEM] = on_device != 0; /* host and device ranks would run different exchanges */
     vote_init(&mine, c->tp->rank, local, 0, fields);
     mine.v[V_DEVICE] = on_device != 0;
     GCOMP_CHECK(gcomp__comm_transport_failed(c, vote_share(c->tp, &mine, got, deadline)));

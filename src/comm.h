@@ -111,7 +111,7 @@ gcomp_result gcomp__comm_transport_for(gcomp_comm *c, const gcomp__device_ops *d
 uint64_t gcomp__comm_device_allocs(const gcomp_comm *c);
 
 /* Before a call: the ranks agree on the call (codec spec, count, dtype, op, min_bytes,
- * library version) and on whether every rank's preparation (local) succeeded. A difference
+ * memory kind (on_device), library version) and on whether every rank's preparation (local) succeeded. A difference
  * is GCOMP_ERR_MISMATCH on every rank, a local failure anywhere that rank's error.
  * *any_device: some rank's call runs on device buffers (on_device), so every rank ends the
  * call with gcomp__comm_agree_outcome instead of the ring's outcome trailers.

@@ -147,15 +147,17 @@ static gcomp_result finish(gcomp_request **req)
     return rc;
 }
 
-/* The CUDA device of device buffers, which is current on the issuing thread (the call may
- * run on the progress thread, whose current device is its own); -1 for host buffers. A
- * pointer the device layer refuses is reported when the call runs. */
+/* The CUDA device current on the issuing thread, for device buffers (the call may run on the
+ * progress thread, whose current device is its own; a buffer of another device, which the
+ * device layer refuses, is then refused there the same way); -1 for host buffers (no device
+ * is made current for them). */
 static int issuing_device(const void *send)
 {
     const gcomp__device_ops *ops;
     int dev = -1;
-    if (!send || gcomp__device_for(send, &ops, &dev) != GCOMP_SUCCESS) return -1;
-    return dev;
+    if (!send) return -1;
+    if (gcomp__device_for(send, &ops, &dev) != GCOMP_SUCCESS || dev >= 0) return gcomp__device_current();
+    return -1;
 }
 
 gcomp_result gcomp_iallreduce(gcomp_comm *c, const void *send, void *recv, size_t count, gcomp_dtype dtype, gcomp_op op,
