@@ -51,6 +51,26 @@ const char *gcomp_schedule_name(gcomp_schedule s)
     return "unknown";
 }
 
+/* The buffer rules of gcomp.h: element-aligned (the schedules read them through float and
+ * uint16_t pointers), and send and recv either the same (in place) or apart (the schedules
+ * read send after writing recv). */
+static gcomp_result check_buffers(const void *send, const void *recv, size_t count, size_t esize)
+{
+    uintptr_t s = (uintptr_t)send, r = (uintptr_t)recv;
+    size_t bytes = count * esize;
+    if (count == 0) return GCOMP_SUCCESS;
+    if ((s | r) & (esize - 1))
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG,
+                           "gcomp_allreduce: send %p or recv %p is not aligned to its %zu-byte elements", send, recv,
+                           esize);
+    if (send != recv && (s < r ? r - s < bytes : s - r < bytes))
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG,
+                           "gcomp_allreduce: send and recv partly overlap (%zu bytes each); pass the same pointer "
+                           "for in place",
+                           bytes);
+    return GCOMP_SUCCESS;
+}
+
 /* Local checks; the result is shared with the other ranks before anyone acts on it. */
 static gcomp_result check_args(const void *send, void *recv, size_t count, gcomp_dtype dtype, gcomp_op op,
                                struct CUstream_st *stream)
@@ -64,7 +84,7 @@ static gcomp_result check_args(const void *send, void *recv, size_t count, gcomp
     (void)stream; /* checked with the buffers' memory (prepare_call) */
     if (count > (size_t)1 << 40)
         return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_allreduce: count %zu is too large", count);
-    return GCOMP_SUCCESS;
+    return check_buffers(send, recv, count, gcomp_dtype_size(dtype));
 }
 
 /* Everything the run needs, decided (and allocated) before the ranks agree to run it. */
@@ -202,7 +222,8 @@ static gcomp_result place_call(gcomp_comm *c, gcomp__call *call, const void *sen
                                struct CUstream_st *stream)
 {
     const gcomp__device_ops *rdev;
-    GCOMP_CHECK(gcomp__device_for(send, &call->dev, NULL));
+    int device = -1, capturing = 0;
+    GCOMP_CHECK(gcomp__device_for(send, &call->dev, &device));
     GCOMP_CHECK(gcomp__device_for(recv, &rdev, NULL));
     if (rdev->kind != call->dev->kind)
         return gcomp__fail(GCOMP_ERR_INVALID_ARG,
@@ -223,6 +244,20 @@ static gcomp_result place_call(gcomp_comm *c, gcomp__call *call, const void *sen
     if (!call->ws->dev) call->ws->dev = call->dev;
     if (!call->meta->dev) call->meta->dev = &gcomp__device_host;
     GCOMP_CHECK(gcomp__comm_transport_for(c, call->dev, &call->ring.tp));
+    /* one device per communicator: its transport (NCCL's communicator, the staging
+     * decorator made at the first device call) and its device workspace belong to it */
+    if (call->ring.tp->mem == GCOMP__MEM_CUDA && device >= 0 && device != call->ring.tp->device)
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG,
+                           "gcomp_allreduce: the buffers are memory of CUDA device %d, but this communicator "
+                           "works on device %d: one device per communicator",
+                           device, call->ring.tp->device);
+    /* a call waits on the host between its steps, which a CUDA graph capture cannot hold:
+     * refused here, before the agreement, so every rank returns the error */
+    GCOMP_CHECK(call->dev->capturing(stream, &capturing));
+    if (capturing)
+        return gcomp__fail(GCOMP_ERR_UNSUPPORTED,
+                           "gcomp_allreduce: the stream is being captured into a CUDA graph; a gcomp call "
+                           "waits on the host between its steps and cannot be captured");
     call->ring.tp->stream = stream;
     return GCOMP_SUCCESS;
 }
@@ -509,9 +544,11 @@ static gcomp_result run_call(gcomp_comm *c, const gcomp__args *a, gcomp__call *c
     if (p->sched != GCOMP_SCHED_BYPASS) gcomp__ring_begin(&call->ring, !any_device && !call->on_device, c->call_seq++);
     if (p->via_host) { /* the device buffers' bytes to host memory, ordered after the stream's work */
         size_t bytes = count * gcomp_dtype_size(dtype);
-        GCOMP_CHECK(layout(c, call, p, 0)); /* carve the copies' regions (the run carves the same again) */
-        GCOMP_CHECK(check_carved(call));
-        GCOMP_CHECK(p->ddev->copy_async(p->hsend, send, bytes, a->stream));
+        /* a local failure here is this rank's error in the run's outcome agreement (GCOMP_STEP),
+         * not a return that leaves the other ranks waiting */
+        GCOMP_STEP(&call->ring, layout(c, call, p, 0)); /* carve the copies' regions (the run carves the same again) */
+        GCOMP_STEP(&call->ring, check_carved(call));
+        GCOMP_STEP(&call->ring, p->ddev->copy_async(p->hsend, send, bytes, a->stream));
         GCOMP_CHECK(gcomp__comm_transport_failed(c, gcomp__call_wait_on(call, p->ddev, a->stream)));
         send = p->hsend;
         recv = p->hrecv;
@@ -550,6 +587,7 @@ gcomp_result gcomp__engine_run(gcomp_comm *c, const gcomp__args *a)
     gcomp__call call;
     plan p;
     gcomp_result rc;
+    int prev = gcomp__device_current(); /* the thread's own, restored at the end */
     memset(&call, 0, sizeof call);
     memset(&p, 0, sizeof p);
     /* a call issued on another thread (gcomp_iallreduce) runs on the device that was current there */
@@ -558,5 +596,8 @@ gcomp_result gcomp__engine_run(gcomp_comm *c, const gcomp__args *a)
     /* a call that ends early still ends its residual: kept as it was, its step advanced (as a
      * host residual's, which advances at the start) */
     abandon_residual(c, &call, &p);
+    /* a user's thread runs calls too (gcomp_allreduce, gcomp_wait, destroy's drain): it
+     * comes back on its own device */
+    if (prev >= 0) (void)gcomp__device_use(prev);
     return rc;
 }

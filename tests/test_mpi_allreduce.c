@@ -303,6 +303,13 @@ static void test_mismatch(void)
           "the message does not say count and dtype differ: %s", gcomp_last_error());
     rc = gcomp_allreduce(c, x, y, 300, rank == 0 ? (gcomp_dtype)77 : GCOMP_F32, GCOMP_SUM, 1, NULL);
     CHECK(all_ranks(rc == GCOMP_ERR_INVALID_ARG), "bad dtype on rank 0 -> %s", gcomp_result_name(rc));
+    /* the buffer rules of gcomp.h, broken on one rank: an error on every rank */
+    rc = gcomp_allreduce(c, x, rank == 1 ? (float *)((char *)y + 2) : y, 200, GCOMP_F32, GCOMP_SUM, 1, NULL);
+    CHECK(all_ranks(rc == GCOMP_ERR_INVALID_ARG), "misaligned recv on rank 1 -> %s", gcomp_result_name(rc));
+    rc = gcomp_allreduce(c, x, rank == 0 ? x + 1 : y, 200, GCOMP_F32, GCOMP_SUM, 1, NULL);
+    CHECK(all_ranks(rc == GCOMP_ERR_INVALID_ARG), "send and recv overlapping on rank 0 -> %s",
+          gcomp_result_name(rc));
+    CHECK(rank != 0 || strstr(gcomp_last_error(), "overlap") != NULL, "overlap message: %s", gcomp_last_error());
     rc = gcomp_allreduce(c, x, y, 300, GCOMP_F32, GCOMP_SUM, 1, NULL);
     CHECK(all_ranks(rc == GCOMP_SUCCESS), "the communicator still works after mismatches");
     cfg.codec = rank == 0 ? "fp16" : "bf16";
