@@ -292,8 +292,14 @@ do_sanitize() {
   # JOBS at a time, each to its own log; the logs are printed whole, in order, afterwards
   for t in "${tests[@]}"; do
     name=$(basename "$t")
-    echo "+ GCOMP_TEST_QUICK=1 compute-sanitizer --tool memcheck --error-exitcode=1 ${t#"$ROOT"/}"
-    ( GCOMP_TEST_QUICK=1 timeout "$T_SANITIZE" compute-sanitizer --tool memcheck \
+    # NCCL probes its own kernels at communicator creation (cudaFuncGetAttributes on kernels
+    # its build has no image for on this GPU: error 209 each, 480 on the H100 at 930d7cc);
+    # memcheck would count those API errors as the test's. The tests check every return code
+    # of their own, so for the NCCL test memcheck reports memory errors only.
+    local api=()
+    case $name in *nccl*) api=(--report-api-errors no) ;; esac
+    echo "+ GCOMP_TEST_QUICK=1 compute-sanitizer --tool memcheck ${api[*]} --error-exitcode=1 ${t#"$ROOT"/}"
+    ( GCOMP_TEST_QUICK=1 timeout "$T_SANITIZE" compute-sanitizer --tool memcheck "${api[@]}" \
         --error-exitcode=1 --leak-check no "$t" >"$BUILD/sanitize/$name.log" 2>&1
       echo $? >"$BUILD/sanitize/$name.rc" ) &
     running=$((running + 1))

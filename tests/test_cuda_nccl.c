@@ -528,7 +528,11 @@ static void *abort_later(void *arg)
 }
 
 /* gcomp_nccl_abort from another thread while this one waits in the uncompressed sum behind a
- * held stream with a deadline 60 s away: the call ends within seconds, not at the deadline. */
+ * held stream with a deadline 60 s away: the call ends with GCOMP_ERR_TRANSPORT long before
+ * the deadline. Not at once: on the H100 (930d7cc) it returned when the stream was released
+ * (8.01 s with the stream held 8 s), as the timeout cases above return at the release (4.01 s
+ * for a 0.5 s deadline): ncclCommAbort waits for the work NCCL has already enqueued behind the
+ * caller's stream. So the bound is the hold plus a margin, far from the deadline. */
 static void abort_case(void)
 {
     ncclComm_t user = user_comm();
@@ -553,7 +557,7 @@ static void abort_case(void)
     EXPECT(t->allreduce_sum_f32(t, d, 4096, gcomp__now() + 60), GCOMP_ERR_TRANSPORT, "gcomp_nccl_abort");
     took = gcomp__now() - t0;
     printf("  gcomp_nccl_abort: the call in flight returned after %.2f s (stream held %u s)\n", took, hold_s);
-    assert_true(took < 5.0);
+    assert_true(took < hold_s + 3.0 && took < 30.0);
     pthread_join(ab, NULL);
     EXPECT(t->allreduce_max_u64(t, &v, 1, gcomp__now() + 1), GCOMP_ERR_COMM_INVALID, "gcomp_nccl_abort");
     t->stream = NULL;
