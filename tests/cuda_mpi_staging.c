@@ -9,8 +9,9 @@
  * must show in the stats. (No allocation per call is test_cuda_engine's check: it needs the
  * library's internals.)
  *
- * Public API only (gcomp.h, gcomp_mpi.h) and the CUDA runtime. Every rank exits 77 (skipped)
- * when one has no CUDA device; 0 when every check passed on every rank, 1 otherwise.
+ * Public API only (gcomp.h, gcomp_mpi.h; cuda_test_util.h uses nothing else) and the CUDA
+ * runtime. Every rank exits 77 (skipped) when one has no CUDA device; 0 when every check
+ * passed on every rank, 1 otherwise.
  * Usage: mpirun -np N cuda_mpi_staging [--count N]
  */
 #include <cuda_runtime_api.h>
@@ -22,32 +23,33 @@
 
 #include "gcomp.h"
 #include "gcomp_mpi.h"
+#include "cuda_test_util.h"
 
 static int g_rank, g_failed;
 
-#define CHECK(cond, ...)                                                \
-    do {                                                                \
-        if (!(cond)) {                                                  \
+#define CHECK(cond, ...)                                                     \
+    do {                                                                     \
+        if (!(cond)) {                                                       \
             fprintf(stderr, "rank %d: %s:%d: ", g_rank, __FILE__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                               \
-            fprintf(stderr, "\n");                                      \
-            g_failed = 1;                                               \
-        }                                                               \
+            fprintf(stderr, __VA_ARGS__);                                    \
+            fprintf(stderr, "\n");                                           \
+            g_failed = 1;                                                    \
+        }                                                                    \
     } while (0)
 
-#define OK(x)                                                                                                   \
-    do {                                                                                                        \
-        gcomp_result r_ = (x);                                                                                  \
-        CHECK(r_ == GCOMP_SUCCESS, "%s -> %s: %s", #x, gcomp_result_name(r_), gcomp_last_error());              \
+#define OK(x)                                                                                      \
+    do {                                                                                           \
+        gcomp_result r_ = (x);                                                                     \
+        CHECK(r_ == GCOMP_SUCCESS, "%s -> %s: %s", #x, gcomp_result_name(r_), gcomp_last_error()); \
     } while (0)
 
-#define CU(x)                                                                             \
-    do {                                                                                  \
-        cudaError_t e_ = (x);                                                             \
-        if (e_ != cudaSuccess) {                                                          \
-            fprintf(stderr, "rank %d: %s: %s\n", g_rank, #x, cudaGetErrorString(e_));     \
-            MPI_Abort(MPI_COMM_WORLD, 2);                                                 \
-        }                                                                                 \
+#define CU(x)                                                                         \
+    do {                                                                              \
+        cudaError_t e_ = (x);                                                         \
+        if (e_ != cudaSuccess) {                                                      \
+            fprintf(stderr, "rank %d: %s: %s\n", g_rank, #x, cudaGetErrorString(e_)); \
+            MPI_Abort(MPI_COMM_WORLD, 2);                                             \
+        }                                                                             \
     } while (0)
 
 static uint64_t splitmix(uint64_t *s)
@@ -101,21 +103,9 @@ static void compare(const char *what, const void *dev, const void *host, size_t 
 
 static void same_residuals(const char *what, gcomp_comm *host, gcomp_comm *dev)
 {
-    size_t hn = 0, dn = 0;
-    uint8_t *hb, *db;
-    OK(gcomp_comm_residuals_save(host, NULL, 0, &hn));
-    OK(gcomp_comm_residuals_save(dev, NULL, 0, &dn));
-    if (hn != dn) {
-        CHECK(0, "%s: residual checkpoints of %zu (host) and %zu (device) bytes", what, hn, dn);
-        return;
-    }
-    hb = malloc(hn);
-    db = malloc(dn);
-    OK(gcomp_comm_residuals_save(host, hb, hn, &hn));
-    OK(gcomp_comm_residuals_save(dev, db, dn, &dn));
-    CHECK(memcmp(hb, db, hn) == 0, "%s: residual checkpoints differ", what);
-    free(hb);
-    free(db);
+    char why[160];
+    int differ = residual_checkpoints_differ(host, dev, why, sizeof why);
+    CHECK(!differ, "%s: %s", what, why);
 }
 
 static const char *const SPECS[] = {
@@ -126,8 +116,8 @@ static const char *const SPECS[] = {
     "terngrad:bucket=4096",
     "topk:ratio=0.01",
     "topk:ratio=0.01,values=fp16",
-    "topk:ratio=1",  /* sparse-as-dense */
-    "fp16+zstd",     /* a byte stage: the call runs on host copies of the device buffers */
+    "topk:ratio=1", /* sparse-as-dense */
+    "fp16+zstd",    /* a byte stage: the call runs on host copies of the device buffers */
 };
 
 typedef struct variant {
@@ -198,8 +188,8 @@ static void run_case(const char *spec, const variant *v, size_t count, cudaStrea
               "%s %s: wire bytes %llu (host) vs %llu (device) + %llu (trailers)", spec, v->name,
               (unsigned long long)hs.wire_bytes, (unsigned long long)ds.wire_bytes, (unsigned long long)trailers);
     }
-    CHECK(hs.nonfinite_calls == 1 && ds.nonfinite_calls == 1, "%s %s: non-finite calls %llu / %llu, expected 1",
-          spec, v->name, (unsigned long long)hs.nonfinite_calls, (unsigned long long)ds.nonfinite_calls);
+    CHECK(hs.nonfinite_calls == 1 && ds.nonfinite_calls == 1, "%s %s: non-finite calls %llu / %llu, expected 1", spec,
+          v->name, (unsigned long long)hs.nonfinite_calls, (unsigned long long)ds.nonfinite_calls);
     if (g_rank == 0)
         printf("  %-30s %-8s %d ranks, %d steps (%s): device = host, bit for bit\n", spec, v->name, size, STEPS,
                gcomp_schedule_name(ds.last_schedule));

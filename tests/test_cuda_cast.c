@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "test_util.h"
+#include "cuda_test_util.h"
 
 #define KEY 42
 static const char *const SPECS[] = { "none", "fp16", "bf16" };
@@ -28,50 +29,12 @@ static size_t max_count(void)
     return q && *q == '1' ? (size_t)4 << 20 : SIZE_MAX;
 }
 
-#define CU(x)                                                                                            \
-    do {                                                                                                 \
-        cudaError_t e_ = (x);                                                                            \
-        if (e_ != cudaSuccess) fail_msg("%s:%d %s: %s", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-    } while (0)
-
-#define OK(x)                                                                                                  \
-    do {                                                                                                       \
-        gcomp_result r_ = (x);                                                                                 \
-        if (r_ != GCOMP_SUCCESS)                                                                               \
-            fail_msg("%s:%d %s -> %s: %s", __FILE__, __LINE__, #x, gcomp_result_name(r_), gcomp_last_error()); \
-    } while (0)
-
-#define EXPECT(x, want, substr)                                                                         \
-    do {                                                                                                \
-        gcomp_result r_ = (x);                                                                          \
-        if (r_ != (want))                                                                               \
-            fail_msg("%s:%d %s -> %s, expected %s (%s)", __FILE__, __LINE__, #x, gcomp_result_name(r_), \
-                     gcomp_result_name(want), gcomp_last_error());                                      \
-        mentions(__LINE__, (substr));                                                                   \
-    } while (0)
-
-static void mentions(int line, const char *substr)
-{
-    if (substr && !strstr(gcomp_last_error(), substr))
-        fail_msg("line %d: message '%s' does not mention '%s'", line, gcomp_last_error(), substr);
-}
-
-static void *dmalloc(size_t bytes)
-{
-    void *p = NULL;
-    CU(cudaMalloc(&p, bytes ? bytes : 1));
-    return p;
-}
-
 static void *hmalloc(size_t bytes)
 {
     void *p = malloc(bytes ? bytes : 1);
     assert_non_null(p);
     return p;
 }
-
-static void h2d(void *d, const void *h, size_t bytes) { CU(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice)); }
-static void d2h(void *h, const void *d, size_t bytes) { CU(cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost)); }
 
 static gcomp_codec *codec(const char *spec)
 {
@@ -563,7 +526,6 @@ static void test_edges(void **state)
 
 int main(void)
 {
-    int n = 0;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bit_identical_f32),
         cmocka_unit_test(test_bit_identical_half_inputs),
@@ -575,10 +537,7 @@ int main(void)
         cmocka_unit_test(test_residual_get_set),
         cmocka_unit_test(test_edges),
     };
-    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-        printf("no CUDA device: skipped\n");
-        return 77;
-    }
+    if (cuda_test_no_device("test_cuda_cast")) return 77;
     if (getenv("GCOMP_CUDA_TEST_FILTER")) cmocka_set_test_filter(getenv("GCOMP_CUDA_TEST_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

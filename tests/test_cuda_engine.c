@@ -27,49 +27,17 @@
 
 #include "comm.h"
 #include "test_util.h"
+#include "cuda_test_util.h"
 #include "transport_loop.h"
 
 #define KEY 42
 #define ONE_RANK_SWITCH "GCOMP_TEST_COMPRESS_ONE_RANK"
-
-#define CU(x)                                                                                            \
-    do {                                                                                                 \
-        cudaError_t e_ = (x);                                                                            \
-        if (e_ != cudaSuccess) fail_msg("%s:%d %s: %s", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-    } while (0)
-
-#define OK(x)                                                                                                  \
-    do {                                                                                                       \
-        gcomp_result r_ = (x);                                                                                 \
-        if (r_ != GCOMP_SUCCESS)                                                                               \
-            fail_msg("%s:%d %s -> %s: %s", __FILE__, __LINE__, #x, gcomp_result_name(r_), gcomp_last_error()); \
-    } while (0)
-
-#define EXPECT(x, want, substr)                                                                                       \
-    do {                                                                                                              \
-        gcomp_result r_ = (x);                                                                                        \
-        if (r_ != (want))                                                                                             \
-            fail_msg("%s:%d %s -> %s, expected %s (%s)", __FILE__, __LINE__, #x, gcomp_result_name(r_),               \
-                     gcomp_result_name(want), gcomp_last_error());                                                    \
-        if ((substr) && !strstr(gcomp_last_error(), (substr)))                                                        \
-            fail_msg("%s:%d message '%s' does not mention '%s'", __FILE__, __LINE__, gcomp_last_error(), (substr)); \
-    } while (0)
 
 static size_t base_count(void)
 {
     const char *q = getenv("GCOMP_TEST_QUICK");
     return q && *q == '1' ? 20011 : 100003;
 }
-
-static void *dmalloc(size_t bytes)
-{
-    void *p = NULL;
-    CU(cudaMalloc(&p, bytes ? bytes : 1));
-    return p;
-}
-
-static void h2d(void *d, const void *h, size_t bytes) { CU(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice)); }
-static void d2h(void *h, const void *d, size_t bytes) { CU(cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost)); }
 
 /* count elements of dtype from N(0,1) floats (seeded) */
 static void *inputs(size_t count, gcomp_dtype dtype, uint64_t seed)
@@ -121,28 +89,14 @@ static void first_difference(const char *what, const void *a, const void *b, siz
  * residual bits). */
 static void same_residuals(const char *what, gcomp_comm *host, gcomp_comm *dev)
 {
-    size_t hn = 0, dn = 0;
-    uint8_t *hb, *db;
-    OK(gcomp_comm_residuals_save(host, NULL, 0, &hn));
-    OK(gcomp_comm_residuals_save(dev, NULL, 0, &dn));
-    if (hn != dn) fail_msg("%s: residual checkpoints of %zu (host) and %zu (device) bytes", what, hn, dn);
-    hb = malloc(hn);
-    db = malloc(dn);
-    OK(gcomp_comm_residuals_save(host, hb, hn, &hn));
-    OK(gcomp_comm_residuals_save(dev, db, dn, &dn));
-    if (memcmp(hb, db, hn) != 0) {
-        size_t i = 0;
-        while (hb[i] == db[i]) i++;
-        fail_msg("%s: residual checkpoints differ from byte %zu of %zu", what, i, hn);
-    }
-    free(hb);
-    free(db);
+    char why[160];
+    if (residual_checkpoints_differ(host, dev, why, sizeof why)) fail_msg("%s: %s", what, why);
 }
 
 /* One call on both with the same input (device: on stream s, in place when asked); results
  * compared bit for bit, or NaN for NaN when nan_ok. */
-static void same_call(const char *what, gcomp_comm *host, gcomp_comm *dev, size_t count, gcomp_dtype dtype,
-                      gcomp_op op, uint64_t seed, int in_place, int nan_at, cudaStream_t s)
+static void same_call(const char *what, gcomp_comm *host, gcomp_comm *dev, size_t count, gcomp_dtype dtype, gcomp_op op,
+                      uint64_t seed, int in_place, int nan_at, cudaStream_t s)
 {
     size_t esize = gcomp_dtype_size(dtype), bytes = count * esize;
     void *x = inputs(count, dtype, seed), *hres = malloc(bytes + 1), *dres = malloc(bytes + 1);
@@ -187,7 +141,7 @@ static void same_call(const char *what, gcomp_comm *host, gcomp_comm *dev, size_
 }
 
 static const char *const SPECS[] = {
-    "none",     "fp16", "bf16", "terngrad", "terngrad:bucket=4096", "topk:ratio=0.01", "topk:ratio=0.01,values=fp16",
+    "none", "fp16", "bf16", "terngrad", "terngrad:bucket=4096", "topk:ratio=0.01", "topk:ratio=0.01,values=fp16",
 };
 #define N_SPECS (sizeof SPECS / sizeof SPECS[0])
 
@@ -267,8 +221,7 @@ static void test_no_allocation_per_call(void **state)
         if (gcomp__comm_device_allocs(d.c) != first)
             fail_msg("%s: %llu device allocations after the first call, %llu after five more", specs[k],
                      (unsigned long long)first, (unsigned long long)gcomp__comm_device_allocs(d.c));
-        printf("  %-22s %llu allocations at the first call, none in the next 5\n", specs[k],
-               (unsigned long long)first);
+        printf("  %-22s %llu allocations at the first call, none in the next 5\n", specs[k], (unsigned long long)first);
         CU(cudaFree(dx));
         free(x);
         free_one(&d);
@@ -361,8 +314,8 @@ static void test_wrong_combinations(void **state)
     h2d(dx, x, count * 4);
     EXPECT(gcomp_allreduce(d.c, x, dy, count, GCOMP_F32, GCOMP_SUM, KEY, NULL), GCOMP_ERR_INVALID_ARG, "same device");
     EXPECT(gcomp_allreduce(d.c, dx, x, count, GCOMP_F32, GCOMP_SUM, KEY, NULL), GCOMP_ERR_INVALID_ARG, "same device");
-    EXPECT(gcomp_allreduce(d.c, x, x, count, GCOMP_F32, GCOMP_SUM, KEY, (struct CUstream_st *)s),
-           GCOMP_ERR_INVALID_ARG, "stream");
+    EXPECT(gcomp_allreduce(d.c, x, x, count, GCOMP_F32, GCOMP_SUM, KEY, (struct CUstream_st *)s), GCOMP_ERR_INVALID_ARG,
+           "stream");
     /* the communicator still works */
     OK(gcomp_allreduce(d.c, dx, dy, count, GCOMP_F32, GCOMP_SUM, KEY, (struct CUstream_st *)s));
     CU(cudaStreamDestroy(s));
@@ -392,16 +345,15 @@ static void test_byte_stage_on_host_copies(void **state)
 
 int main(void)
 {
-    int n = 0;
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_codecs_match_host), cmocka_unit_test(test_no_allocation_per_call),
-        cmocka_unit_test(test_nonfinite),         cmocka_unit_test(test_checkpoint_across),
-        cmocka_unit_test(test_nonblocking),       cmocka_unit_test(test_wrong_combinations),
+        cmocka_unit_test(test_codecs_match_host),
+        cmocka_unit_test(test_no_allocation_per_call),
+        cmocka_unit_test(test_nonfinite),
+        cmocka_unit_test(test_checkpoint_across),
+        cmocka_unit_test(test_nonblocking),
+        cmocka_unit_test(test_wrong_combinations),
         cmocka_unit_test(test_byte_stage_on_host_copies),
     };
-    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-        printf("no CUDA device: skipped\n");
-        return 77;
-    }
+    if (cuda_test_no_device("test_cuda_engine")) return 77;
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -33,6 +33,7 @@
 #include <unistd.h>
 
 #include "test_util.h"
+#include "cuda_test_util.h"
 #include "comm.h"
 #include "gcomp_nccl.h"
 #include "transport_loop.h"
@@ -43,55 +44,11 @@
 /* src/transport_nccl.c: allocations the transport has made (creation and growth) */
 uint64_t gcomp__nccl_transport_allocs(const gcomp__transport *t);
 
-#define CU(x)                                                                                            \
-    do {                                                                                                 \
-        cudaError_t e_ = (x);                                                                            \
-        if (e_ != cudaSuccess) fail_msg("%s:%d %s: %s", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-    } while (0)
-
 #define NC(x)                                                                                            \
     do {                                                                                                 \
         ncclResult_t e_ = (x);                                                                           \
         if (e_ != ncclSuccess) fail_msg("%s:%d %s: %s", __FILE__, __LINE__, #x, ncclGetErrorString(e_)); \
     } while (0)
-
-#define OK(x)                                                                                                  \
-    do {                                                                                                       \
-        gcomp_result r_ = (x);                                                                                 \
-        if (r_ != GCOMP_SUCCESS)                                                                               \
-            fail_msg("%s:%d %s -> %s: %s", __FILE__, __LINE__, #x, gcomp_result_name(r_), gcomp_last_error()); \
-    } while (0)
-
-#define EXPECT(x, want, substr)                                                                         \
-    do {                                                                                                \
-        gcomp_result r_ = (x);                                                                          \
-        if (r_ != (want))                                                                               \
-            fail_msg("%s:%d %s -> %s, expected %s (%s)", __FILE__, __LINE__, #x, gcomp_result_name(r_), \
-                     gcomp_result_name(want), gcomp_last_error());                                      \
-        mentions(__LINE__, (substr));                                                                   \
-    } while (0)
-
-static void mentions(int line, const char *substr)
-{
-    if (substr && !strstr(gcomp_last_error(), substr))
-        fail_msg("line %d: message '%s' does not mention '%s'", line, gcomp_last_error(), substr);
-}
-
-static void *dmalloc(size_t bytes)
-{
-    void *p = NULL;
-    CU(cudaMalloc(&p, bytes ? bytes : 1));
-    return p;
-}
-
-/* The calls run on non-blocking streams, which do not wait for the legacy stream: a copy
- * from pageable memory may still be in flight when cudaMemcpy returns, so wait for it. */
-static void h2d(void *d, const void *h, size_t bytes)
-{
-    CU(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
-    CU(cudaDeviceSynchronize());
-}
-static void d2h(void *h, const void *d, size_t bytes) { CU(cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost)); }
 
 /* The user's communicator: one rank on device 0. */
 static ncclComm_t user_comm(void)
@@ -118,7 +75,7 @@ static void user_comm_works(ncclComm_t user)
 {
     float h[4] = { 1, 2, 3, 4 }, back[4];
     float *d = dmalloc(sizeof h);
-    h2d(d, h, sizeof h);
+    h2d_wait(d, h, sizeof h);
     NC(ncclAllReduce(d, d, 4, ncclFloat, ncclSum, user, NULL));
     CU(cudaStreamSynchronize(NULL));
     d2h(back, d, sizeof back);
@@ -230,7 +187,7 @@ static void test_transport(void **state)
     (void)state;
     CU(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     for (size_t i = 0; i <= cap; i++) hsrc[i] = (uint8_t)tu_next(&seed);
-    h2d(dsrc, hsrc, cap + 1);
+    h2d_wait(dsrc, hsrc, cap + 1);
     t->stream = (struct CUstream_st *)s;
     assert_non_null(t->start_sendrecv_sized);
     assert_int_equal(t->threads_ok(NULL, 0), 1);
@@ -258,7 +215,7 @@ static void test_transport(void **state)
     {
         float *h = tu_gauss_array(100003, 9), *back = malloc(100003 * sizeof(float));
         float *d = dmalloc(100003 * sizeof(float));
-        h2d(d, h, 100003 * sizeof(float));
+        h2d_wait(d, h, 100003 * sizeof(float));
         OK(t->allreduce_sum_f32(t, d, 100003, gcomp__now() + 60));
         CU(cudaStreamSynchronize(s));
         d2h(back, d, 100003 * sizeof(float));
@@ -356,7 +313,7 @@ static void same_call(const char *spec, pair *p, size_t count, gcomp_dtype dtype
     size_t esize = gcomp_dtype_size(dtype), bytes = count * esize;
     void *x = inputs(count, dtype, seed), *hres = malloc(bytes + 1), *dres = malloc(bytes + 1);
     void *dsend = dmalloc(bytes), *drecv = in_place ? dsend : dmalloc(bytes);
-    h2d(dsend, x, bytes);
+    h2d_wait(dsend, x, bytes);
     if (in_place) {
         memcpy(hres, x, bytes);
         OK(gcomp_allreduce(p->host, hres, hres, count, dtype, op, KEY, NULL));
@@ -429,7 +386,7 @@ static void test_no_allocation_per_call(void **state)
         uint64_t allocs, dev_allocs;
         uint8_t *base;
         size_t cap, free0, free1, total;
-        h2d(d, x, count * sizeof(float));
+        h2d_wait(d, x, count * sizeof(float));
         for (int i = 0; i < 2; i++) /* the first calls allocate: residual, workspace */
             OK(gcomp_allreduce(p.dev, d, d, count, GCOMP_F32, GCOMP_SUM, KEY, (struct CUstream_st *)s));
         CU(cudaStreamSynchronize(s));
@@ -582,7 +539,6 @@ static void test_timeout(void **state)
 
 int main(int argc, char **argv)
 {
-    int n = 0;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_create),
         cmocka_unit_test(test_create_rank),
@@ -591,10 +547,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_no_allocation_per_call),
     };
     const struct CMUnitTest timeout_tests[] = { cmocka_unit_test(test_timeout) };
-    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-        printf("no CUDA device: skipped\n");
-        return 77;
-    }
+    if (cuda_test_no_device("test_cuda_nccl")) return 77;
     if (getenv("GCOMP_CUDA_TEST_FILTER")) cmocka_set_test_filter(getenv("GCOMP_CUDA_TEST_FILTER"));
     /* the timeout aborts an NCCL communicator behind a held stream: run apart (its own ctest) */
     if (argc > 1 && strcmp(argv[1], "--timeout") == 0) return cmocka_run_group_tests(timeout_tests, NULL, NULL);

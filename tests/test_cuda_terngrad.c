@@ -14,32 +14,21 @@
 
 #include "codecs/terngrad.h"
 #include "test_util.h"
-
-#define CK(x)                                                                  \
-    do {                                                                       \
-        cudaError_t e_ = (x);                                                  \
-        if (e_ != cudaSuccess) fail_msg("%s: %s", #x, cudaGetErrorString(e_)); \
-    } while (0)
+#include "cuda_test_util.h"
 
 static const gcomp_codec_vtable *vt = &gcomp__codec_terngrad;
 static size_t max_n = SIZE_MAX; /* sizes above are left out (environment, see above) */
 
-static void *dalloc(size_t bytes)
-{
-    void *p = NULL;
-    CK(cudaMalloc(&p, bytes ? bytes : 1));
-    return p;
-}
 static void *dup_to_dev(const void *h, size_t bytes)
 {
-    void *d = dalloc(bytes);
-    if (bytes) CK(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
+    void *d = dmalloc(bytes);
+    if (bytes) CU(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
     return d;
 }
 static void to_host(void *h, const void *d, size_t bytes)
 {
-    CK(cudaDeviceSynchronize());
-    if (bytes) CK(cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost));
+    CU(cudaDeviceSynchronize());
+    if (bytes) CU(cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost));
 }
 
 /* Fails with the first differing byte (and its element, for float arrays). */
@@ -105,15 +94,15 @@ static void run_encode(const enc_case *c)
     float *base = tu_gauss_array(n, 1234 + n), *g = malloc(n * 4 + 4), *r = malloc(n * 4 + 4), *rg = malloc(n * 4 + 4);
     uint8_t *body = malloc(cap + 1), *gbody = malloc(cap + 1);
     const size_t sh = (size_t)c->shift;
-    float *dg0 = dalloc((n + sh) * 4),
-          *dr0[2] = { dalloc((n + sh) * 4), c->mode == RES_DOUBLE ? dalloc((n + sh) * 4) : NULL };
+    float *dg0 = dmalloc((n + sh) * 4),
+          *dr0[2] = { dmalloc((n + sh) * 4), c->mode == RES_DOUBLE ? dmalloc((n + sh) * 4) : NULL };
     float *dg = dg0 + sh, *dr[2] = { dr0[0] + sh, dr0[1] ? dr0[1] + sh : NULL };
-    uint8_t *dbody = dalloc(cap);
-    void *dscratch = dalloc(scratch_bytes);
-    gcomp_cuda_residual hres = { { NULL, NULL }, 0, 0, 0 }, *dres = dalloc(sizeof hres);
-    gcomp_cuda_status st, *dst = dalloc(sizeof st);
+    uint8_t *dbody = dmalloc(cap);
+    void *dscratch = dmalloc(scratch_bytes);
+    gcomp_cuda_residual hres = { { NULL, NULL }, 0, 0, 0 }, *dres = dmalloc(sizeof hres);
+    gcomp_cuda_status st, *dst = dmalloc(sizeof st);
     for (size_t i = 0; i < n; i++) r[i] = 0.1f * base[(i * 31 + 7) % n]; /* a residual from step 0 */
-    CK(cudaMemcpy(dr[0], r, n * 4, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(dr[0], r, n * 4, cudaMemcpyHostToDevice));
     for (int s = 0; s < c->steps; s++) {
         gcomp_encode_ctx cc = { 0 }, gc = { 0 };
         size_t written = 0;
@@ -130,14 +119,14 @@ static void run_encode(const enc_case *c)
         cc.offset = gc.offset = c->offset;
         assert_int_equal(vt->encode(&p, &cc, g, c->mode ? r : NULL, c->mode ? r : NULL, n, body, cap, &written, &flags),
                          GCOMP_SUCCESS);
-        CK(cudaMemcpy(dg, g, n * 4, cudaMemcpyHostToDevice));
+        CU(cudaMemcpy(dg, g, n * 4, cudaMemcpyHostToDevice));
         hres.buf[hres.cur] = dr[0];
         hres.buf[hres.cur ^ 1] = dr[1];
         hres.step = (uint64_t)s;
-        CK(cudaMemcpy(dres, &hres, sizeof hres, cudaMemcpyHostToDevice));
-        CK(cudaMemset(dst, 0xff, sizeof st)); /* encode must fill every field it owns */
-        CK(cudaMemset(&dst->error, 0, 4));
-        CK(cudaMemset(dbody, 0xa5, cap));
+        CU(cudaMemcpy(dres, &hres, sizeof hres, cudaMemcpyHostToDevice));
+        CU(cudaMemset(dst, 0xff, sizeof st)); /* encode must fill every field it owns */
+        CU(cudaMemset(&dst->error, 0, 4));
+        CU(cudaMemset(dbody, 0xa5, cap));
         assert_int_equal(ops->encode(&p, &gc, dg, c->mode ? dres : NULL, n, dbody, cap, dscratch, dst, NULL),
                          GCOMP_SUCCESS);
         to_host(gbody, dbody, cap);
@@ -161,13 +150,13 @@ static void run_encode(const enc_case *c)
         to_host(rg, dr[0], n * 4);
         same_floats(r, rg, n, st.nonfinite ? "residual (must be untouched)" : "residual", name);
     }
-    CK(cudaFree(dg0));
-    CK(cudaFree(dr0[0]));
-    if (dr0[1]) CK(cudaFree(dr0[1]));
-    CK(cudaFree(dbody));
-    CK(cudaFree(dscratch));
-    CK(cudaFree(dres));
-    CK(cudaFree(dst));
+    CU(cudaFree(dg0));
+    CU(cudaFree(dr0[0]));
+    if (dr0[1]) CU(cudaFree(dr0[1]));
+    CU(cudaFree(dbody));
+    CU(cudaFree(dscratch));
+    CU(cudaFree(dres));
+    CU(cudaFree(dst));
     free(base), free(g), free(r), free(rg), free(body), free(gbody);
 }
 
@@ -264,9 +253,9 @@ static uint32_t gpu_decode(const gcomp_terngrad_params *p, const uint8_t *payloa
     assert_int_equal(vt->cuda->decode_add(p, dp, cap, dacc, n, dst, NULL), GCOMP_SUCCESS);
     to_host(acc_out, dacc, n * 4);
     to_host(&st, dst, sizeof st);
-    CK(cudaFree(dp));
-    CK(cudaFree(dacc));
-    CK(cudaFree(dst));
+    CU(cudaFree(dp));
+    CU(cudaFree(dacc));
+    CU(cudaFree(dst));
     return st.error;
 }
 
@@ -367,9 +356,9 @@ static void test_local_scales_ternarise(void **state)
             gcomp_encode_ctx ctx = { 0 };
             snprintf(name, sizeof name, "bucket=%lld clip=%g n=%zu", (long long)p.bucket, p.clip, n);
             for (size_t i = 0; i < n; i++) r[i] *= 0.05f;
-            float *dg = dup_to_dev(g, n * 4), *dr = dup_to_dev(r, n * 4), *dsc = dalloc(nb * 4);
-            int8_t *dt = dalloc(n);
-            void *dscr = dalloc(vt->cuda->scratch_bytes(&p, n));
+            float *dg = dup_to_dev(g, n * 4), *dr = dup_to_dev(r, n * 4), *dsc = dmalloc(nb * 4);
+            int8_t *dt = dmalloc(n);
+            void *dscr = dmalloc(vt->cuda->scratch_bytes(&p, n));
             gcomp_cuda_residual hres = { { dr, NULL }, 0, 0, 0 }, *dres = dup_to_dev(&hres, sizeof hres);
             gcomp_cuda_status st = { 0 }, *dst = dup_to_dev(&st, sizeof st);
             assert_int_equal(vt->local_scales(&p, &ctx, g, r, n, sc), GCOMP_SUCCESS);
@@ -387,7 +376,7 @@ static void test_local_scales_ternarise(void **state)
                 ctx.rank = 1;
                 ctx.offset = lo[c];
                 hres.step = 4;
-                CK(cudaMemcpy(dres, &hres, sizeof hres, cudaMemcpyHostToDevice));
+                CU(cudaMemcpy(dres, &hres, sizeof hres, cudaMemcpyHostToDevice));
                 assert_int_equal(gcomp__tg_ternarise(&p, &ctx, g + lo[c], r + lo[c], r + lo[c], m,
                                                      sc + (p.bucket ? lo[c] / B : 0), t + lo[c]),
                                  GCOMP_SUCCESS);
@@ -402,20 +391,20 @@ static void test_local_scales_ternarise(void **state)
             same_floats(r, r_gpu, n, "ternarise residual", name);
             /* a non-finite scale: codes still written, the residual untouched, nonfinite set */
             gsc[0] = NAN;
-            CK(cudaMemcpy(dsc, gsc, 4, cudaMemcpyHostToDevice));
+            CU(cudaMemcpy(dsc, gsc, 4, cudaMemcpyHostToDevice));
             ctx.offset = 0;
             assert_int_equal(vt->cuda->ternarise(&p, &ctx, dg, dres, n < B ? n : B, dsc, dt, dst, NULL), GCOMP_SUCCESS);
             to_host(r_gpu, dr, n * 4);
             to_host(&st, dst, sizeof st);
             assert_int_equal(st.nonfinite, 1);
             same_floats(r, r_gpu, n, "residual under a NaN scale", name);
-            CK(cudaFree(dg));
-            CK(cudaFree(dr));
-            CK(cudaFree(dsc));
-            CK(cudaFree(dt));
-            CK(cudaFree(dscr));
-            CK(cudaFree(dres));
-            CK(cudaFree(dst));
+            CU(cudaFree(dg));
+            CU(cudaFree(dr));
+            CU(cudaFree(dsc));
+            CU(cudaFree(dt));
+            CU(cudaFree(dscr));
+            CU(cudaFree(dres));
+            CU(cudaFree(dst));
             free(g), free(r), free(sc), free(gsc), free(r_gpu), free(t), free(gt);
         }
     }
@@ -438,8 +427,8 @@ static void test_sums(void **state)
             uint8_t *in = calloc(maxb, 1), *out = calloc(maxb, 1), *gout = calloc(maxb, 1);
             int8_t *t = malloc(n);
             uint64_t seed = 77 + n * 13 + M;
-            uint8_t *din = dalloc(maxb), *dout = dalloc(maxb);
-            int8_t *dt = dalloc(n);
+            uint8_t *din = dmalloc(maxb), *dout = dmalloc(maxb);
+            int8_t *dt = dmalloc(n);
             gcomp_cuda_status st = { 0 }, *dst = dup_to_dev(&st, sizeof st);
             for (uint32_t m_in = 0; m_in < M; m_in++) {
                 /* rank m_in's codes: a bias so that sums reach +-m (the extreme digits) */
@@ -451,9 +440,9 @@ static void test_sums(void **state)
                        ob = (size_t)gcomp_tg_sum_bytes(n, m_in + 1);
                 snprintf(name, sizeof name, "n=%zu m_in=%u", n, m_in);
                 assert_int_equal(gcomp__tg_sums_add_pack(in, in_bytes, m_in, t, n, out), GCOMP_SUCCESS);
-                if (in_bytes) CK(cudaMemcpy(din, in, in_bytes, cudaMemcpyHostToDevice));
-                CK(cudaMemcpy(dt, t, n, cudaMemcpyHostToDevice));
-                CK(cudaMemset(dout, 0xcc, maxb));
+                if (in_bytes) CU(cudaMemcpy(din, in, in_bytes, cudaMemcpyHostToDevice));
+                CU(cudaMemcpy(dt, t, n, cudaMemcpyHostToDevice));
+                CU(cudaMemset(dout, 0xcc, maxb));
                 assert_int_equal(vt->cuda->sums_add_pack(din, m_in, dt, n, dout, dst, NULL), GCOMP_SUCCESS);
                 to_host(gout, dout, ob);
                 to_host(&st, dst, sizeof st);
@@ -465,9 +454,9 @@ static void test_sums(void **state)
             size_t fb = (size_t)gcomp_tg_sum_bytes(n, M);
             int16_t *sums = malloc(n * 2);
             float *want = malloc(n * 4), *got = malloc(n * 4), sc[4] = { 0.37f, 1.5e-3f, 3.0f, 7.25f };
-            float *dsc = dup_to_dev(sc, sizeof sc), *dv = dalloc(n * 4);
+            float *dsc = dup_to_dev(sc, sizeof sc), *dv = dmalloc(n * 4);
             assert_int_equal(gcomp__tg_sums_unpack(in, fb, n, M, sums), GCOMP_SUCCESS);
-            CK(cudaMemcpy(din, in, fb, cudaMemcpyHostToDevice));
+            CU(cudaMemcpy(din, in, fb, cudaMemcpyHostToDevice));
             for (int bucketed = 0; bucketed < 2; bucketed++) {
                 gcomp_terngrad_params p = { bucketed ? (int64_t)(n + 16 + 3) / 4 / 4 * 4 + 4 : 0, 2.5 };
                 size_t lo = bucketed ? 16 : 0;
@@ -495,39 +484,38 @@ static void test_sums(void **state)
                 in[0] |= (uint8_t)((1u << (w < 8 ? w : 8)) - 1);
                 if (n >= gcomp_tg_sum_group(M) && (1ull << w) > gcomp_tg_sum_pow(M, gcomp_tg_sum_group(M)) && w <= 8) {
                     assert_int_equal(gcomp__tg_sums_unpack(in, fb, n, M, tmp), GCOMP_ERR_CORRUPT);
-                    CK(cudaMemcpy(din, in, fb, cudaMemcpyHostToDevice));
+                    CU(cudaMemcpy(din, in, fb, cudaMemcpyHostToDevice));
                     gcomp_terngrad_params p0 = { 0, 2.5 };
                     assert_int_equal(vt->cuda->sums_values(&p0, din, 0, n, M, dsc, 1.0f, dv, dst, NULL), GCOMP_SUCCESS);
                     to_host(&st, dst, sizeof st);
                     if (st.error != GCOMP_ERR_CORRUPT)
                         fail_msg("sums_values n=%zu m=%u: corrupt code not refused", n, M);
                     st.error = 0;
-                    CK(cudaMemcpy(dst, &st, sizeof st, cudaMemcpyHostToDevice));
+                    CU(cudaMemcpy(dst, &st, sizeof st, cudaMemcpyHostToDevice));
                     assert_int_equal(vt->cuda->sums_add_pack(din, M, dt, n, dout, dst, NULL), GCOMP_SUCCESS);
                     to_host(&st, dst, sizeof st);
                     if (st.error != GCOMP_ERR_CORRUPT)
                         fail_msg("sums_add_pack n=%zu m=%u: corrupt code not refused", n, M);
                     st.error = 0;
-                    CK(cudaMemcpy(dst, &st, sizeof st, cudaMemcpyHostToDevice));
+                    CU(cudaMemcpy(dst, &st, sizeof st, cudaMemcpyHostToDevice));
                 }
                 in[0] = save;
                 free(tmp);
             }
-            CK(cudaFree(din));
-            CK(cudaFree(dout));
-            CK(cudaFree(dt));
-            CK(cudaFree(dst));
-            CK(cudaFree(dsc));
-            CK(cudaFree(dv));
+            CU(cudaFree(din));
+            CU(cudaFree(dout));
+            CU(cudaFree(dt));
+            CU(cudaFree(dst));
+            CU(cudaFree(dsc));
+            CU(cudaFree(dv));
             free(in), free(out), free(gout), free(t), free(sums), free(want), free(got);
         }
 }
 
 int main(void)
 {
-    int devices = 0;
     const char *q = getenv("GCOMP_TEST_QUICK"), *mc = getenv("GCOMP_CUDA_TEST_MAX_COUNT");
-    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) return 77;
+    if (cuda_test_no_device("test_cuda_terngrad")) return 77;
     if (q && *q && strcmp(q, "0") != 0) max_n = (size_t)4 << 20;
     if (mc && *mc) max_n = (size_t)strtoull(mc, NULL, 10);
     assert_non_null(vt->cuda);

@@ -19,15 +19,10 @@
 #include <string.h>
 
 #include "test_util.h"
+#include "cuda_test_util.h"
 #include "codecs/common.h"
 #include "codecs/topk.h"
 #include "gcomp_codec.h"
-
-#define CK(call)                                                                                             \
-    do {                                                                                                     \
-        cudaError_t e_ = (call);                                                                             \
-        if (e_ != cudaSuccess) fail_msg("%s:%d: %s: %s", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-    } while (0)
 
 #define SIZE_64MI ((size_t)64 << 20)
 
@@ -118,39 +113,39 @@ static dev dev_alloc(const gcomp_topk_params *p, size_t n)
     d.n = n;
     d.cap = vt->max_body_bytes(p, n);
     d.scratch_bytes = ops->scratch_bytes(p, n);
-    CK(cudaMalloc((void **)&d.g, m * 4));
-    CK(cudaMalloc((void **)&d.r[0], m * 4));
-    CK(cudaMalloc((void **)&d.r[1], m * 4));
-    CK(cudaMalloc((void **)&d.acc, m * 4));
-    CK(cudaMalloc((void **)&d.res, sizeof *d.res));
-    CK(cudaMalloc((void **)&d.status, sizeof *d.status));
-    CK(cudaMalloc((void **)&d.body, d.cap));
-    CK(cudaMalloc((void **)&d.payload, d.cap + GCOMP_HEADER_BYTES));
-    CK(cudaMalloc(&d.scratch, d.scratch_bytes ? d.scratch_bytes : 1));
+    CU(cudaMalloc((void **)&d.g, m * 4));
+    CU(cudaMalloc((void **)&d.r[0], m * 4));
+    CU(cudaMalloc((void **)&d.r[1], m * 4));
+    CU(cudaMalloc((void **)&d.acc, m * 4));
+    CU(cudaMalloc((void **)&d.res, sizeof *d.res));
+    CU(cudaMalloc((void **)&d.status, sizeof *d.status));
+    CU(cudaMalloc((void **)&d.body, d.cap));
+    CU(cudaMalloc((void **)&d.payload, d.cap + GCOMP_HEADER_BYTES));
+    CU(cudaMalloc(&d.scratch, d.scratch_bytes ? d.scratch_bytes : 1));
     return d;
 }
 
 static void dev_free(dev *d)
 {
-    CK(cudaFree(d->g));
-    CK(cudaFree(d->r[0]));
-    CK(cudaFree(d->r[1]));
-    CK(cudaFree(d->acc));
-    CK(cudaFree(d->res));
-    CK(cudaFree(d->status));
-    CK(cudaFree(d->body));
-    CK(cudaFree(d->payload));
-    CK(cudaFree(d->scratch));
+    CU(cudaFree(d->g));
+    CU(cudaFree(d->r[0]));
+    CU(cudaFree(d->r[1]));
+    CU(cudaFree(d->acc));
+    CU(cudaFree(d->res));
+    CU(cudaFree(d->status));
+    CU(cudaFree(d->body));
+    CU(cudaFree(d->payload));
+    CU(cudaFree(d->scratch));
 }
 
 static gcomp_cuda_status status_get(const dev *d)
 {
     gcomp_cuda_status st;
-    CK(cudaMemcpy(&st, d->status, sizeof st, cudaMemcpyDeviceToHost));
+    CU(cudaMemcpy(&st, d->status, sizeof st, cudaMemcpyDeviceToHost));
     return st;
 }
 
-static void status_zero(const dev *d) { CK(cudaMemset(d->status, 0, sizeof(gcomp_cuda_status))); }
+static void status_zero(const dev *d) { CU(cudaMemset(d->status, 0, sizeof(gcomp_cuda_status))); }
 
 /* header + body as the library sends it */
 static void make_payload(uint8_t *out, const uint8_t *body, size_t bytes, size_t count, uint32_t flags)
@@ -167,13 +162,13 @@ static uint32_t gpu_decode_add(dev *d, const gcomp_topk_params *p, const uint8_t
                                uint32_t preset_error)
 {
     gcomp_cuda_status st;
-    CK(cudaMemcpy(d->payload, payload, bytes, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(d->acc, acc, d->n * 4, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(d->payload, payload, bytes, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(d->acc, acc, d->n * 4, cudaMemcpyHostToDevice));
     status_zero(d);
-    if (preset_error) CK(cudaMemcpy(&d->status->error, &preset_error, 4, cudaMemcpyHostToDevice));
+    if (preset_error) CU(cudaMemcpy(&d->status->error, &preset_error, 4, cudaMemcpyHostToDevice));
     assert_int_equal(ops->decode_add(p, d->payload, bytes, d->acc, d->n, d->status, NULL), GCOMP_SUCCESS);
-    CK(cudaDeviceSynchronize());
-    CK(cudaMemcpy(acc, d->acc, d->n * 4, cudaMemcpyDeviceToHost));
+    CU(cudaDeviceSynchronize());
+    CU(cudaMemcpy(acc, d->acc, d->n * 4, cudaMemcpyDeviceToHost));
     st = status_get(d);
     return st.error;
 }
@@ -202,8 +197,8 @@ static void run_encode_case(const enc_case *ec, size_t n, uint64_t seed)
     gcomp_cuda_residual rh = { { d.r[0], d.r[1] }, 0, 0, 0 };
     char what[200];
 
-    CK(cudaMemset(d.r[0], 0, m * 4));
-    CK(cudaMemset(d.r[1], 0x7f, m * 4)); /* garbage the encode must overwrite */
+    CU(cudaMemset(d.r[0], 0, m * 4));
+    CU(cudaMemset(d.r[1], 0x7f, m * 4)); /* garbage the encode must overwrite */
     for (int step = 0; step < ec->steps; step++) {
         gcomp_encode_ctx ctx = { 0, (uint64_t)step, 0, 0, 0, 0, state };
         gcomp_cuda_status st;
@@ -212,21 +207,21 @@ static void run_encode_case(const enc_case *ec, size_t n, uint64_t seed)
         gcomp_result rc;
         snprintf(what, sizeof what, "%s n=%zu step %d", ec->name, n, step);
         generate(g, n, ec->gen, seed + (uint64_t)step, 1.0f + 0.25f * (float)step);
-        CK(cudaMemcpy(d.g, g, n * 4, cudaMemcpyHostToDevice));
+        CU(cudaMemcpy(d.g, g, n * 4, cudaMemcpyHostToDevice));
 
         rc = vt->encode(&p, &ctx, g, ec->residual ? r_in : NULL, ec->residual ? r_out : NULL, n, body_cpu, d.cap,
                         &written, &flags);
         if (rc != GCOMP_SUCCESS) fail_msg("%s: CPU encode: %s", what, gcomp_last_error());
 
         rh.step = (uint64_t)step;
-        CK(cudaMemcpy(d.res, &rh, sizeof rh, cudaMemcpyHostToDevice));
+        CU(cudaMemcpy(d.res, &rh, sizeof rh, cudaMemcpyHostToDevice));
         status_zero(&d);
         {
             gcomp_encode_ctx gctx = { 0, (uint64_t)step, 0, 0, 0, 0, NULL };
             rc = ops->encode(&p, &gctx, d.g, ec->residual ? d.res : NULL, n, d.body, d.cap, d.scratch, d.status, NULL);
         }
         if (rc != GCOMP_SUCCESS) fail_msg("%s: GPU encode: %s", what, gcomp_last_error());
-        CK(cudaDeviceSynchronize());
+        CU(cudaDeviceSynchronize());
         st = status_get(&d);
         if (st.error) fail_msg("%s: GPU encode set status error %u", what, st.error);
         if (st.body_bytes != written)
@@ -238,17 +233,17 @@ static void run_encode_case(const enc_case *ec, size_t n, uint64_t seed)
         if (st.overflow != ctx.overflow)
             fail_msg("%s: overflow %llu on the GPU, %llu on the CPU", what, (unsigned long long)st.overflow,
                      (unsigned long long)ctx.overflow);
-        CK(cudaMemcpy(body_gpu, d.body, written, cudaMemcpyDeviceToHost));
+        CU(cudaMemcpy(body_gpu, d.body, written, cudaMemcpyDeviceToHost));
         check_bytes(what, body_cpu, body_gpu, written);
 
         if (ec->residual) {
             if (!ctx.nonfinite) { /* committed: both sides move to the new residual */
-                CK(cudaMemcpy(r_gpu, d.r[rh.cur ^ 1], n * 4, cudaMemcpyDeviceToHost));
+                CU(cudaMemcpy(r_gpu, d.r[rh.cur ^ 1], n * 4, cudaMemcpyDeviceToHost));
                 check_floats(what, r_out, r_gpu, n);
                 memcpy(r_in, r_out, n * 4);
                 rh.cur ^= 1;
             } else { /* discarded: the residual in use must be the one from before */
-                CK(cudaMemcpy(r_gpu, d.r[rh.cur], n * 4, cudaMemcpyDeviceToHost));
+                CU(cudaMemcpy(r_gpu, d.r[rh.cur], n * 4, cudaMemcpyDeviceToHost));
                 check_floats(what, r_in, r_gpu, n);
             }
         }
@@ -461,11 +456,11 @@ static void sum_case(size_t n, int ranks, float divisor, int fp16, int corrupt_r
 
     snprintf(what, sizeof what, "sum n=%zu ranks=%d divisor=%g fp16=%d corrupt=%d", n, ranks, (double)divisor, fp16,
              corrupt_rank);
-    CK(cudaMalloc((void **)&dpay, cap * (size_t)ranks));
-    CK(cudaMalloc((void **)&dptr, sizeof(uint8_t *) * (size_t)ranks));
-    CK(cudaMalloc((void **)&scratch, per * (size_t)ranks));
-    CK(cudaMalloc((void **)&dres, n * 4));
-    CK(cudaMalloc((void **)&dst, sizeof *dst));
+    CU(cudaMalloc((void **)&dpay, cap * (size_t)ranks));
+    CU(cudaMalloc((void **)&dptr, sizeof(uint8_t *) * (size_t)ranks));
+    CU(cudaMalloc((void **)&scratch, per * (size_t)ranks));
+    CU(cudaMalloc((void **)&dres, n * 4));
+    CU(cudaMalloc((void **)&dst, sizeof *dst));
     for (int j = 0; j < ranks; j++) {
         gcomp_encode_ctx ctx = { 0, 0, 0, (uint32_t)j, 0, 0, NULL };
         uint8_t *body = malloc(cap);
@@ -485,18 +480,18 @@ static void sum_case(size_t n, int ranks, float divisor, int fp16, int corrupt_r
         free(body);
     }
     gcomp__topk_sum_pairs(lists, ranks, want, n, divisor);
-    CK(cudaMemcpy(dpay, payloads, cap * (size_t)ranks, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(dptr, dptr_h, sizeof(uint8_t *) * (size_t)ranks, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(dpay, payloads, cap * (size_t)ranks, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(dptr, dptr_h, sizeof(uint8_t *) * (size_t)ranks, cudaMemcpyHostToDevice));
     generate(got, n, GEN_GAUSS, 77, 1.0f); /* what must stay when a payload is corrupt */
-    CK(cudaMemcpy(dres, got, n * 4, cudaMemcpyHostToDevice));
-    CK(cudaMemset(dst, 0, sizeof *dst));
+    CU(cudaMemcpy(dres, got, n * 4, cudaMemcpyHostToDevice));
+    CU(cudaMemset(dst, 0, sizeof *dst));
     assert_int_equal(ops->sum_payloads(&p, dptr, ranks, cap, dres, n, divisor, scratch, dst, NULL), GCOMP_SUCCESS);
-    CK(cudaDeviceSynchronize());
-    CK(cudaMemcpy(&st, dst, sizeof st, cudaMemcpyDeviceToHost));
+    CU(cudaDeviceSynchronize());
+    CU(cudaMemcpy(&st, dst, sizeof st, cudaMemcpyDeviceToHost));
     if (corrupt_rank >= 0) {
         float *before = malloc(n * 4);
         memcpy(before, got, n * 4);
-        CK(cudaMemcpy(got, dres, n * 4, cudaMemcpyDeviceToHost));
+        CU(cudaMemcpy(got, dres, n * 4, cudaMemcpyDeviceToHost));
         /* a flipped byte may still decode (a different value); if so, the sum is simply different */
         if (st.error) {
             if (st.error != GCOMP_ERR_CORRUPT) fail_msg("%s: status error %u", what, st.error);
@@ -505,14 +500,14 @@ static void sum_case(size_t n, int ranks, float divisor, int fp16, int corrupt_r
         free(before);
     } else {
         if (st.error) fail_msg("%s: status error %u", what, st.error);
-        CK(cudaMemcpy(got, dres, n * 4, cudaMemcpyDeviceToHost));
+        CU(cudaMemcpy(got, dres, n * 4, cudaMemcpyDeviceToHost));
         check_floats(what, want, got, n);
     }
-    CK(cudaFree(dpay));
-    CK(cudaFree(dptr));
-    CK(cudaFree(scratch));
-    CK(cudaFree(dres));
-    CK(cudaFree(dst));
+    CU(cudaFree(dpay));
+    CU(cudaFree(dptr));
+    CU(cudaFree(scratch));
+    CU(cudaFree(dres));
+    CU(cudaFree(dst));
     free(payloads), free(dptr_h), free(lists), free(idx), free(val), free(g), free(want), free(got);
 }
 
@@ -541,23 +536,23 @@ static void test_sum_payloads(void **state)
         generate(g, n, GEN_GAUSS, 3, 1.0f);
         assert_int_equal(vt->encode(&q, &ctx, g, NULL, NULL, n, body, cap, &written, &flags), GCOMP_SUCCESS);
         make_payload(payload, body, written, n, flags);
-        CK(cudaMalloc((void **)&dpay, cap));
-        CK(cudaMalloc((void **)&dptr, sizeof *dptr));
-        CK(cudaMalloc((void **)&scratch, ops->scratch_bytes(&p, n)));
-        CK(cudaMalloc((void **)&dres, n * 4));
-        CK(cudaMalloc((void **)&dst, sizeof *dst));
-        CK(cudaMemcpy(dpay, payload, cap, cudaMemcpyHostToDevice));
-        CK(cudaMemcpy(dptr, &dpay, sizeof dpay, cudaMemcpyHostToDevice));
-        CK(cudaMemset(dst, 0, sizeof *dst));
+        CU(cudaMalloc((void **)&dpay, cap));
+        CU(cudaMalloc((void **)&dptr, sizeof *dptr));
+        CU(cudaMalloc((void **)&scratch, ops->scratch_bytes(&p, n)));
+        CU(cudaMalloc((void **)&dres, n * 4));
+        CU(cudaMalloc((void **)&dst, sizeof *dst));
+        CU(cudaMemcpy(dpay, payload, cap, cudaMemcpyHostToDevice));
+        CU(cudaMemcpy(dptr, &dpay, sizeof dpay, cudaMemcpyHostToDevice));
+        CU(cudaMemset(dst, 0, sizeof *dst));
         assert_int_equal(ops->sum_payloads(&p, dptr, 1, cap, dres, n, 1.0f, scratch, dst, NULL), GCOMP_SUCCESS);
-        CK(cudaDeviceSynchronize());
-        CK(cudaMemcpy(&st, dst, sizeof st, cudaMemcpyDeviceToHost));
+        CU(cudaDeviceSynchronize());
+        CU(cudaMemcpy(&st, dst, sizeof st, cudaMemcpyDeviceToHost));
         assert_int_equal(st.error, GCOMP_ERR_CORRUPT);
-        CK(cudaFree(dpay));
-        CK(cudaFree(dptr));
-        CK(cudaFree(scratch));
-        CK(cudaFree(dres));
-        CK(cudaFree(dst));
+        CU(cudaFree(dpay));
+        CU(cudaFree(dptr));
+        CU(cudaFree(scratch));
+        CU(cudaFree(dres));
+        CU(cudaFree(dst));
         free(payload), free(body), free(g);
     }
 }
@@ -581,39 +576,39 @@ static void test_timing(void **state)
     gcomp_cuda_status st;
     const int reps = 10;
     generate(g, n, GEN_GAUSS, 8, 1.0f);
-    CK(cudaMemcpy(d.g, g, n * 4, cudaMemcpyHostToDevice));
-    CK(cudaMemset(d.r[0], 0, n * 4));
-    CK(cudaMemcpy(d.res, &rh, sizeof rh, cudaMemcpyHostToDevice));
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
+    CU(cudaMemcpy(d.g, g, n * 4, cudaMemcpyHostToDevice));
+    CU(cudaMemset(d.r[0], 0, n * 4));
+    CU(cudaMemcpy(d.res, &rh, sizeof rh, cudaMemcpyHostToDevice));
+    CU(cudaEventCreate(&e0));
+    CU(cudaEventCreate(&e1));
     for (int w = 0; w < 2; w++) /* warm-up */
         assert_int_equal(ops->encode(&p, &ctx, d.g, d.res, n, d.body, d.cap, d.scratch, d.status, NULL), GCOMP_SUCCESS);
-    CK(cudaEventRecord(e0, NULL));
+    CU(cudaEventRecord(e0, NULL));
     for (int i = 0; i < reps; i++)
         assert_int_equal(ops->encode(&p, &ctx, d.g, d.res, n, d.body, d.cap, d.scratch, d.status, NULL), GCOMP_SUCCESS);
-    CK(cudaEventRecord(e1, NULL));
-    CK(cudaEventSynchronize(e1));
-    CK(cudaEventElapsedTime(&ms_enc, e0, e1));
-    CK(cudaEventRecord(e0, NULL));
-    for (int i = 0; i < reps; i++) CK(cudaMemcpyAsync(d.r[1], d.g, n * 4, cudaMemcpyDeviceToDevice, NULL));
-    CK(cudaEventRecord(e1, NULL));
-    CK(cudaEventSynchronize(e1));
-    CK(cudaEventElapsedTime(&ms_copy, e0, e1));
+    CU(cudaEventRecord(e1, NULL));
+    CU(cudaEventSynchronize(e1));
+    CU(cudaEventElapsedTime(&ms_enc, e0, e1));
+    CU(cudaEventRecord(e0, NULL));
+    for (int i = 0; i < reps; i++) CU(cudaMemcpyAsync(d.r[1], d.g, n * 4, cudaMemcpyDeviceToDevice, NULL));
+    CU(cudaEventRecord(e1, NULL));
+    CU(cudaEventSynchronize(e1));
+    CU(cudaEventElapsedTime(&ms_copy, e0, e1));
     st = status_get(&d);
     assert_int_equal(st.error, 0);
     {
         uint8_t *payload = malloc(st.body_bytes + GCOMP_HEADER_BYTES), *body = malloc(st.body_bytes);
-        CK(cudaMemcpy(body, d.body, st.body_bytes, cudaMemcpyDeviceToHost));
+        CU(cudaMemcpy(body, d.body, st.body_bytes, cudaMemcpyDeviceToHost));
         make_payload(payload, body, st.body_bytes, n, st.flags);
-        CK(cudaMemcpy(d.payload, payload, st.body_bytes + GCOMP_HEADER_BYTES, cudaMemcpyHostToDevice));
-        CK(cudaMemset(d.acc, 0, n * 4));
+        CU(cudaMemcpy(d.payload, payload, st.body_bytes + GCOMP_HEADER_BYTES, cudaMemcpyHostToDevice));
+        CU(cudaMemset(d.acc, 0, n * 4));
         status_zero(&d);
-        CK(cudaEventRecord(e0, NULL));
+        CU(cudaEventRecord(e0, NULL));
         assert_int_equal(ops->decode_add(&p, d.payload, st.body_bytes + GCOMP_HEADER_BYTES, d.acc, n, d.status, NULL),
                          GCOMP_SUCCESS);
-        CK(cudaEventRecord(e1, NULL));
-        CK(cudaEventSynchronize(e1));
-        CK(cudaEventElapsedTime(&ms_dec, e0, e1));
+        CU(cudaEventRecord(e1, NULL));
+        CU(cudaEventSynchronize(e1));
+        CU(cudaEventElapsedTime(&ms_dec, e0, e1));
         free(payload), free(body);
     }
     /* effective bytes as codec_perf counts them: encode reads g and r, writes r and the body;
@@ -626,20 +621,16 @@ static void test_timing(void **state)
                       "ratio %.2f; decode_add %.3f ms (serial block chain)\n",
                       n, enc, enc_gbs, copy, copy_gbs, enc_gbs / copy_gbs, (double)ms_dec);
     }
-    CK(cudaEventDestroy(e0));
-    CK(cudaEventDestroy(e1));
+    CU(cudaEventDestroy(e0));
+    CU(cudaEventDestroy(e1));
     free(g);
     dev_free(&d);
 }
 
 int main(void)
 {
-    int devices = 0;
     const char *q = getenv("GCOMP_TEST_QUICK");
-    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-        printf("test_cuda_topk: no CUDA device, skipped\n");
-        return 77;
-    }
+    if (cuda_test_no_device("test_cuda_topk")) return 77;
     quick = q && *q && strcmp(q, "0") != 0;
     vt = gcomp_codec_find("topk");
     if (!vt || !vt->cuda) {
