@@ -120,19 +120,6 @@ static const char *const SPECS[] = {
     "fp16+zstd",    /* a byte stage: the call runs on host copies of the device buffers */
 };
 
-typedef struct variant {
-    gcomp_dtype dtype;
-    gcomp_op op;
-    const char *name;
-} variant;
-
-static const variant VARIANTS[] = {
-    { GCOMP_F32, GCOMP_SUM, "f32 sum" },
-    { GCOMP_F32, GCOMP_AVG, "f32 avg" },
-    { GCOMP_F16, GCOMP_AVG, "f16 avg" },
-    { GCOMP_BF16, GCOMP_SUM, "bf16 sum" },
-};
-
 #define STEPS 4
 
 static void run_case(const char *spec, const variant *v, size_t count, cudaStream_t s)
@@ -221,7 +208,7 @@ int main(int argc, char **argv)
     CU(cudaSetDevice(g_rank % ndev));
     CU(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     for (size_t k = 0; k < sizeof SPECS / sizeof SPECS[0]; k++)
-        for (size_t v = 0; v < sizeof VARIANTS / sizeof VARIANTS[0]; v++) run_case(SPECS[k], &VARIANTS[v], count, s);
+        for (size_t v = 0; v < N_VARIANTS; v++) run_case(SPECS[k], &VARIANTS[v], count, s);
     CU(cudaStreamDestroy(s));
     MPI_Allreduce(&g_failed, &failed_any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
     if (g_rank == 0) printf("cuda_mpi_staging: %s\n", failed_any ? "FAILED" : "all checks passed");

@@ -3,12 +3,13 @@
  * tests/cuda_mpi_staging.c).
  *
  * For every program: cuda_test_no_device(), the skip check (exit 77 without a CUDA device),
- * and residual_checkpoints_differ(), the comparison of two communicators' residual
- * checkpoints (public API only, so the MPI program can use it too).
+ * VARIANTS (dtype and op pairs to compare device with host results on) and
+ * residual_checkpoints_differ(), the comparison of two communicators' residual checkpoints
+ * (public API only, so the MPI program can use it too).
  *
  * For the cmocka programs only (those that include test_util.h, hence cmocka.h, first):
- * CU/OK/EXPECT, which fail the running test with the file, line and message, and device
- * allocation and copies (dmalloc, h2d, h2d_wait, d2h).
+ * CU/OK/EXPECT, which fail the running test with the file, line and message, device
+ * allocation and copies (dmalloc, h2d, h2d_wait, d2h) and gauss_inputs().
  */
 #ifndef GCOMP_TEST_CUDA_TEST_UTIL_H
 #define GCOMP_TEST_CUDA_TEST_UTIL_H
@@ -20,6 +21,21 @@
 #include <string.h>
 
 #include "gcomp.h"
+
+/* The element types and operations on which device results are compared with host ones. */
+typedef struct variant {
+    gcomp_dtype dtype;
+    gcomp_op op;
+    const char *name;
+} variant;
+
+static const variant VARIANTS[] = {
+    { GCOMP_F32, GCOMP_SUM, "f32 sum" },
+    { GCOMP_F32, GCOMP_AVG, "f32 avg" },
+    { GCOMP_F16, GCOMP_AVG, "f16 avg" },
+    { GCOMP_BF16, GCOMP_SUM, "bf16 sum" },
+};
+#define N_VARIANTS (sizeof VARIANTS / sizeof VARIANTS[0])
 
 /* 1 (after printing "<name>: no CUDA device: skipped") when there is no usable CUDA device:
  * the caller then exits 77, which ctest counts as skipped (SKIP_RETURN_CODE 77). */
@@ -112,6 +128,18 @@ static inline void h2d_wait(void *d, const void *h, size_t bytes)
 {
     h2d(d, h, bytes);
     CU(cudaDeviceSynchronize());
+}
+
+/* count elements of dtype from N(0,1) floats (seeded); the caller frees */
+static inline void *gauss_inputs(size_t count, gcomp_dtype dtype, uint64_t seed)
+{
+    float *x = tu_gauss_array(count, seed);
+    uint16_t *h;
+    if (dtype == GCOMP_F32) return x;
+    h = malloc(count * 2 + 2);
+    for (size_t i = 0; i < count; i++) h[i] = dtype == GCOMP_F16 ? gcomp_f32_to_f16(x[i]) : gcomp_f32_to_bf16(x[i]);
+    free(x);
+    return h;
 }
 
 static inline void d2h(void *h, const void *d, size_t bytes) { CU(cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost)); }

@@ -39,18 +39,6 @@ static size_t base_count(void)
     return q && *q == '1' ? 20011 : 100003;
 }
 
-/* count elements of dtype from N(0,1) floats (seeded) */
-static void *inputs(size_t count, gcomp_dtype dtype, uint64_t seed)
-{
-    float *x = tu_gauss_array(count, seed);
-    uint16_t *h;
-    if (dtype == GCOMP_F32) return x;
-    h = malloc(count * 2 + 2);
-    for (size_t i = 0; i < count; i++) h[i] = dtype == GCOMP_F16 ? gcomp_f32_to_f16(x[i]) : gcomp_f32_to_bf16(x[i]);
-    free(x);
-    return h;
-}
-
 /* One rank on a loopback world of its own, the compressed schedules forced on. */
 typedef struct one {
     gcomp__loop_world *w;
@@ -99,7 +87,7 @@ static void same_call(const char *what, gcomp_comm *host, gcomp_comm *dev, size_
                       uint64_t seed, int in_place, int nan_at, cudaStream_t s)
 {
     size_t esize = gcomp_dtype_size(dtype), bytes = count * esize;
-    void *x = inputs(count, dtype, seed), *hres = malloc(bytes + 1), *dres = malloc(bytes + 1);
+    void *x = gauss_inputs(count, dtype, seed), *hres = malloc(bytes + 1), *dres = malloc(bytes + 1);
     void *dsend = dmalloc(bytes), *drecv = in_place ? dsend : dmalloc(bytes);
     if (nan_at >= 0) {
         if (dtype == GCOMP_F32)
@@ -144,20 +132,6 @@ static const char *const SPECS[] = {
     "none", "fp16", "bf16", "terngrad", "terngrad:bucket=4096", "topk:ratio=0.01", "topk:ratio=0.01,values=fp16",
 };
 #define N_SPECS (sizeof SPECS / sizeof SPECS[0])
-
-typedef struct variant {
-    gcomp_dtype dtype;
-    gcomp_op op;
-    const char *name;
-} variant;
-
-static const variant VARIANTS[] = {
-    { GCOMP_F32, GCOMP_SUM, "f32 sum" },
-    { GCOMP_F32, GCOMP_AVG, "f32 avg" },
-    { GCOMP_F16, GCOMP_AVG, "f16 avg" },
-    { GCOMP_BF16, GCOMP_SUM, "bf16 sum" },
-};
-#define N_VARIANTS (sizeof VARIANTS / sizeof VARIANTS[0])
 
 static void test_codecs_match_host(void **state)
 {

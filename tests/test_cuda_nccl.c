@@ -256,18 +256,6 @@ static const char *const SPECS[] = {
 };
 #define N_SPECS (sizeof SPECS / sizeof SPECS[0])
 
-/* count elements of dtype from N(0,1) floats (seeded by step) */
-static void *inputs(size_t count, gcomp_dtype dtype, uint64_t seed)
-{
-    float *x = tu_gauss_array(count, seed);
-    uint16_t *h;
-    if (dtype == GCOMP_F32) return x;
-    h = malloc(count * 2 + 2);
-    for (size_t i = 0; i < count; i++) h[i] = dtype == GCOMP_F16 ? gcomp_f32_to_f16(x[i]) : gcomp_f32_to_bf16(x[i]);
-    free(x);
-    return h;
-}
-
 typedef struct pair {
     gcomp__loop_world *w;
     gcomp_comm *host, *dev;
@@ -311,7 +299,7 @@ static void same_call(const char *spec, pair *p, size_t count, gcomp_dtype dtype
                       int in_place, cudaStream_t s)
 {
     size_t esize = gcomp_dtype_size(dtype), bytes = count * esize;
-    void *x = inputs(count, dtype, seed), *hres = malloc(bytes + 1), *dres = malloc(bytes + 1);
+    void *x = gauss_inputs(count, dtype, seed), *hres = malloc(bytes + 1), *dres = malloc(bytes + 1);
     void *dsend = dmalloc(bytes), *drecv = in_place ? dsend : dmalloc(bytes);
     h2d_wait(dsend, x, bytes);
     if (in_place) {
