@@ -74,6 +74,7 @@
 
 #include <mpi.h>
 
+#include "common.h"
 #include "gcomp.h"
 #include "gcomp_mpi.h"
 
@@ -149,8 +150,6 @@ static struct {
 /* Calls that gcomp itself makes to MPI pass straight through. */
 static _Thread_local int inside_gcomp;
 
-static void bump(uint64_t *c) { __atomic_fetch_add(c, 1, __ATOMIC_RELAXED); }
-
 static int world_rank(void)
 {
     int r = 0;
@@ -205,39 +204,16 @@ static void summary_line(char *out, size_t cap)
              S.wire_bytes, S.baseline_bytes, (int64_t)(S.baseline_bytes - S.wire_bytes), S.ef_keys, ef_key_name());
 }
 
-/* s as the inside of a JSON string (the codec spec comes from the environment). */
-static void json_string(FILE *f, const char *s)
-{
-    for (; *s; s++) {
-        unsigned char ch = (unsigned char)*s;
-        if (ch == '"' || ch == '\\')
-            fprintf(f, "\\%c", ch);
-        else if (ch < 0x20)
-            fprintf(f, "\\u%04x", ch);
-        else
-            fputc(ch, f);
-    }
-}
-
 static void write_stats_file(void)
 {
-    char path[4096];
-    const char *r = strstr(S.stats_file, "%r");
     int rank = world_rank(), size = 0;
     uint64_t passed = 0;
     FILE *f;
     PMPI_Comm_size(MPI_COMM_WORLD, &size);
-    if (r)
-        snprintf(path, sizeof path, "%.*s%d%s", (int)(r - S.stats_file), S.stats_file, rank, r + 2);
-    else
-        snprintf(path, sizeof path, "%s.rank%d", S.stats_file, rank);
-    if (!(f = fopen(path, "w"))) {
-        fprintf(stderr, "gcomp_mpi: cannot write GCOMP_STATS_FILE '%s'\n", path);
-        return;
-    }
+    if (!(f = ip_open_stats_file("gcomp_mpi", S.stats_file, rank))) return;
     for (int i = 0; i < PASS_REASONS; i++) passed += S.passed[i];
     fprintf(f, "{\"rank\": %d, \"size\": %d, \"codec\": \"", rank, size);
-    json_string(f, S.enabled ? S.codec : "");
+    ip_json_string(f, S.enabled ? S.codec : "");
     fprintf(f,
             "\", \"calls_compressed\": %" PRIu64 ", \"calls_compressed_without_ef\": %" PRIu64
             ", \"calls_passed_through\": %" PRIu64 ", \"passed_through\": {",
@@ -293,10 +269,8 @@ static int setup(void)
     if (PMPI_Initialized(&init) != MPI_SUCCESS || !init || PMPI_Finalized(&fin) != MPI_SUCCESS || fin) return 0;
     pthread_mutex_lock(&S.lock);
     if (!S.ready) {
-        const char *codec = getenv("GCOMP_CODEC"), *debug = getenv("GCOMP_DEBUG");
-        S.enabled = codec && *codec;
-        snprintf(S.codec, sizeof S.codec, "%s", S.enabled ? codec : "");
-        S.debug = debug && *debug && strcmp(debug, "0") != 0;
+        S.enabled = ip_env_codec(S.codec, sizeof S.codec);
+        S.debug = ip_env_on("GCOMP_DEBUG");
         S.stats_file = getenv("GCOMP_STATS_FILE");
         S.ef_key = ef_key_mode(getenv("GCOMP_INTERPOSE_EF_KEY"));
         if (S.enabled && S.ef_key < 0) {
@@ -419,13 +393,9 @@ static struct seen *seen_entry(ip_comm *c, const void *buf, size_t n, uint64_t c
         c->warned_full = 1;
         return NULL;
     }
-    if (c->n_seen == c->cap_seen) {
-        size_t cap = c->cap_seen ? 2 * c->cap_seen : 16;
-        struct seen *p = realloc(c->seen, cap * sizeof *p);
-        if (!p) return NULL;
-        c->seen = p;
-        c->cap_seen = cap;
-    }
+    struct seen *p = ip_room_for_one(c->seen, &c->cap_seen, c->n_seen, sizeof *p);
+    if (!p) return NULL;
+    c->seen = p;
     c->seen[c->n_seen] = (struct seen){ buf, n, context, 0 };
     return &c->seen[c->n_seen++];
 }
@@ -546,8 +516,8 @@ static int compressed_allreduce(ip_comm *c, const void *send, void *recv, int n)
     rc = gcomp_allreduce(c->g, send, recv, (size_t)n, GCOMP_F32, GCOMP_SUM, key, NULL);
     inside_gcomp--;
     if (rc == GCOMP_SUCCESS) {
-        bump(&S.compressed);
-        if (key == GCOMP_KEY_NONE) bump(&S.no_ef_calls);
+        ip_bump(&S.compressed);
+        if (key == GCOMP_KEY_NONE) ip_bump(&S.no_ef_calls);
         return MPI_SUCCESS;
     }
     /* gcomp reports a failure on every rank: hand it to the communicator's error handler,
@@ -564,7 +534,7 @@ EXPORT int MPI_Allreduce(const void *sendbuf, void *recvbuf, int count_, MPI_Dat
     int why = classify(count_, type, op, comm, sendbuf == recvbuf && sendbuf != MPI_IN_PLACE, &c);
     int rc;
     if (why < 0) return compressed_allreduce(c, sendbuf, recvbuf, count_);
-    if (!inside_gcomp && S.ready) bump(&S.passed[why]);
+    if (!inside_gcomp && S.ready) ip_bump(&S.passed[why]);
     rc = PMPI_Allreduce(sendbuf, recvbuf, count_, type, op, comm);
     if (rc == MPI_SUCCESS && why != PASS_DISABLED && why != PASS_ALIASED)
         observe_control(comm, CONTROL_ALLREDUCE, recvbuf, count_, type, op);
@@ -621,7 +591,7 @@ static void fortran_allreduce(char *send, char *recv, MPI_Fint *n, MPI_Fint *typ
         if (ierr) *ierr = (MPI_Fint)rc;
         return;
     }
-    if (!inside_gcomp && S.ready) bump(&S.passed[why]);
+    if (!inside_gcomp && S.ready) ip_bump(&S.passed[why]);
     if (!real) real = (fortran_allreduce_fn *)dlsym(RTLD_NEXT, "ompi_allreduce_f");
     if (!real) {
         fprintf(stderr, "gcomp_mpi: Open MPI's Fortran MPI_Allreduce (ompi_allreduce_f) not found\n");

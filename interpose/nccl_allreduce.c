@@ -69,6 +69,7 @@
 
 #include <nccl.h>
 
+#include "common.h"
 #include "gcomp.h"
 #include "gcomp_nccl.h"
 
@@ -132,8 +133,6 @@ static struct {
  * as NCCL's own. */
 static _Thread_local int inside_gcomp, group_depth;
 
-static void bump(uint64_t *c) { __atomic_fetch_add(c, 1, __ATOMIC_RELAXED); }
-
 static void *real(const char *name)
 {
     void *f = dlsym(RTLD_NEXT, name);
@@ -147,12 +146,9 @@ static void setup(void)
     if (__atomic_load_n(&S.ready, __ATOMIC_ACQUIRE)) return;
     pthread_mutex_lock(&S.lock);
     if (!S.ready) {
-        const char *codec = getenv("GCOMP_CODEC"), *debug = getenv("GCOMP_DEBUG");
-        const char *one = getenv("GCOMP_TEST_COMPRESS_ONE_RANK");
-        S.enabled = codec && *codec;
-        snprintf(S.codec, sizeof S.codec, "%s", S.enabled ? codec : "");
-        S.debug = debug && *debug && strcmp(debug, "0") != 0;
-        S.one_rank = one && *one && strcmp(one, "0") != 0; /* as gcomp's config.c reads it */
+        S.enabled = ip_env_codec(S.codec, sizeof S.codec);
+        S.debug = ip_env_on("GCOMP_DEBUG");
+        S.one_rank = ip_env_on("GCOMP_TEST_COMPRESS_ONE_RANK");
         S.stats_file = getenv("GCOMP_STATS_FILE");
         S.allreduce = (allreduce_fn *)real("ncclAllReduce");
         S.group_start = (group_fn *)real("ncclGroupStart");
@@ -180,37 +176,14 @@ static void summary_line(int rank, char *out, size_t cap)
              S.passed[PASS_SMALL], S.wire_bytes, S.baseline_bytes, (int64_t)(S.baseline_bytes - S.wire_bytes));
 }
 
-/* s as the inside of a JSON string (the codec spec comes from the environment). */
-static void json_string(FILE *f, const char *s)
-{
-    for (; *s; s++) {
-        unsigned char ch = (unsigned char)*s;
-        if (ch == '"' || ch == '\\')
-            fprintf(f, "\\%c", ch);
-        else if (ch < 0x20)
-            fprintf(f, "\\u%04x", ch);
-        else
-            fputc(ch, f);
-    }
-}
-
 static void write_stats_file(int rank)
 {
-    char path[4096];
-    const char *r = strstr(S.stats_file, "%r");
     uint64_t passed = 0;
     FILE *f;
-    if (r)
-        snprintf(path, sizeof path, "%.*s%d%s", (int)(r - S.stats_file), S.stats_file, rank, r + 2);
-    else
-        snprintf(path, sizeof path, "%s.rank%d", S.stats_file, rank);
-    if (!(f = fopen(path, "w"))) {
-        fprintf(stderr, "gcomp_nccl: cannot write GCOMP_STATS_FILE '%s'\n", path);
-        return;
-    }
+    if (!(f = ip_open_stats_file("gcomp_nccl", S.stats_file, rank))) return;
     for (int i = 0; i < PASS_REASONS; i++) passed += S.passed[i];
     fprintf(f, "{\"rank\": %d, \"codec\": \"", rank);
-    json_string(f, S.enabled ? S.codec : "");
+    ip_json_string(f, S.enabled ? S.codec : "");
     fprintf(f,
             "\", \"calls_compressed\": %" PRIu64 ", \"calls_compressed_without_ef\": %" PRIu64
             ", \"calls_passed_through\": %" PRIu64 ", \"passed_through\": {",
@@ -370,7 +343,7 @@ static ncclResult_t comm_gone(ncclComm_t comm, comm_fn *real, int is_abort)
         inside_gcomp++;
         gcomp_comm_destroy(c->g);
         inside_gcomp--;
-        bump(&S.comms_destroyed);
+        ip_bump(&S.comms_destroyed);
         if (S.debug) {
             summary_line(c->rank, line, sizeof line);
             fprintf(stderr, "%s\n", line);
@@ -394,13 +367,9 @@ static uint64_t residual_key(ip_comm *c, const void *buf, size_t n)
         if (c->seen[i].buf == buf) s = &c->seen[i];
     if (!s) {
         if (c->n_seen == MAX_BUFFERS) return GCOMP_KEY_NONE;
-        if (c->n_seen == c->cap_seen) {
-            size_t cap = c->cap_seen ? 2 * c->cap_seen : 16;
-            struct seen *p = realloc(c->seen, cap * sizeof *p);
-            if (!p) return GCOMP_KEY_NONE;
-            c->seen = p;
-            c->cap_seen = cap;
-        }
+        struct seen *p = ip_room_for_one(c->seen, &c->cap_seen, c->n_seen, sizeof *p);
+        if (!p) return GCOMP_KEY_NONE;
+        c->seen = p;
         s = &c->seen[c->n_seen++];
         *s = (struct seen){ buf, n, 0 };
     } else if (!s->shared && s->count != n) {
@@ -499,8 +468,8 @@ static ncclResult_t compressed_allreduce(ip_comm *c, const void *send, void *rec
     restore_device(prev);
     release(c);
     if (rc == GCOMP_SUCCESS) {
-        bump(&S.compressed);
-        if (key == GCOMP_KEY_NONE) bump(&S.no_ef_calls);
+        ip_bump(&S.compressed);
+        if (key == GCOMP_KEY_NONE) ip_bump(&S.no_ef_calls);
         return ncclSuccess;
     }
     /* gcomp reports a failure on every rank; NCCL's nearest words for it */
@@ -521,7 +490,7 @@ EXPORT ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t c
     if (inside_gcomp) return S.allreduce(sendbuff, recvbuff, count, datatype, op, comm, stream);
     why = classify(count, datatype, op, comm, stream, &c);
     if (why < 0) return compressed_allreduce(c, sendbuff, recvbuff, count, datatype, op, stream);
-    bump(&S.passed[why]);
+    ip_bump(&S.passed[why]);
     return S.allreduce(sendbuff, recvbuff, count, datatype, op, comm, stream);
 }
 

@@ -1,0 +1,76 @@
+/*
+ * common.h — what the two interposers (mpi_allreduce.c: libgcomp_mpi.so, nccl_allreduce.c:
+ * libgcomp_nccl.so) share: reading their environment switches, the growth of their
+ * per-communicator key tables, and the GCOMP_STATS_FILE plumbing. Static inline, so each .so
+ * keeps its own copy and exports nothing more.
+ */
+#ifndef GCOMP_INTERPOSE_COMMON_H
+#define GCOMP_INTERPOSE_COMMON_H
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* A switch as gcomp's config.c reads one: set to any value but "" or "0". */
+static inline int ip_env_on(const char *name)
+{
+    const char *v = getenv(name);
+    return v && *v && strcmp(v, "0") != 0;
+}
+
+/* GCOMP_CODEC into codec (empty when unset); 1 when set and not empty (the opt-in). */
+static inline int ip_env_codec(char *codec, size_t cap)
+{
+    const char *v = getenv("GCOMP_CODEC");
+    int on = v && *v;
+    snprintf(codec, cap, "%s", on ? v : "");
+    return on;
+}
+
+/* Counters that several threads may bump. */
+static inline void ip_bump(uint64_t *c) { __atomic_fetch_add(c, 1, __ATOMIC_RELAXED); }
+
+/* items (n used of *cap, elem bytes each) with room for one more: the same array, or a larger
+ * one (*cap updated), or NULL when out of memory (items and *cap unchanged). */
+static inline void *ip_room_for_one(void *items, size_t *cap, size_t n, size_t elem)
+{
+    size_t want = *cap ? 2 * *cap : 16;
+    void *p;
+    if (n < *cap) return items;
+    if (!(p = realloc(items, want * elem))) return NULL;
+    *cap = want;
+    return p;
+}
+
+/* s as the inside of a JSON string (the codec spec comes from the environment). */
+static inline void ip_json_string(FILE *f, const char *s)
+{
+    for (; *s; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch == '"' || ch == '\\')
+            fprintf(f, "\\%c", ch);
+        else if (ch < 0x20)
+            fprintf(f, "\\u%04x", ch);
+        else
+            fputc(ch, f);
+    }
+}
+
+/* GCOMP_STATS_FILE's file for this rank, open for writing: %r in pattern becomes the rank,
+ * else ".rank<N>" is appended. NULL (after a line on stderr, who: the library) when it
+ * cannot be written. */
+static inline FILE *ip_open_stats_file(const char *who, const char *pattern, int rank)
+{
+    char path[4096];
+    const char *r = strstr(pattern, "%r");
+    FILE *f;
+    if (r)
+        snprintf(path, sizeof path, "%.*s%d%s", (int)(r - pattern), pattern, rank, r + 2);
+    else
+        snprintf(path, sizeof path, "%s.rank%d", pattern, rank);
+    if (!(f = fopen(path, "w"))) fprintf(stderr, "%s: cannot write GCOMP_STATS_FILE '%s'\n", who, path);
+    return f;
+}
+
+#endif
