@@ -38,7 +38,7 @@ import traceback
 
 os.environ["GCOMP_TEST_COMPRESS_ONE_RANK"] = "1"  # read when a communicator is created
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "python"))  # one_rank.py
+sys.path.insert(0, os.path.join(HERE, "python"))  # one_rank.py, helpers.py
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))  # the gcomp package in place
 SKIP = 77
 
@@ -68,19 +68,10 @@ import gcomp  # noqa: E402
 import gcomp.torch  # noqa: E402
 from gcomp import _lib  # noqa: E402
 import one_rank  # noqa: E402
+from helpers import raises  # noqa: E402
 
 DEV = torch.device("cuda", 0)
 SEED = 5
-
-
-def raises(exc, fn, match=None):
-    try:
-        fn()
-    except exc as e:
-        if match is not None:
-            assert match in str(e), "message %r lacks %r" % (str(e), match)
-        return e
-    raise AssertionError("%s not raised by %s" % (exc.__name__, fn))
 
 
 def init_process_group():

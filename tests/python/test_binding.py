@@ -17,29 +17,16 @@ import torch
 
 import gcomp
 from gcomp import _lib
+from helpers import raises, rank0_log
 
 WORLD = MPI.COMM_WORLD
 RANK = WORLD.rank
 N = 100003  # odd on purpose: ragged ring chunks
-
-
-def log(*a):
-    if RANK == 0:
-        print(*a, flush=True)
+log = rank0_log(RANK)
 
 
 def grad(seed, n=N):
     return np.random.default_rng(seed).standard_normal(n).astype(np.float32)
-
-
-def raises(exc, fn, match=None):
-    try:
-        fn()
-    except exc as e:
-        if match is not None:
-            assert match in str(e), "message %r lacks %r" % (str(e), match)
-        return e
-    raise AssertionError("%s not raised by %s" % (exc.__name__, fn))
 
 
 def test_topk_equals_codec_reference():

@@ -26,28 +26,15 @@ from gcomp import _lib
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import one_rank  # noqa: E402
+from helpers import raises, rank0_log  # noqa: E402
 
 WORLD = MPI.COMM_WORLD
 RANK = WORLD.rank
-
-
-def log(*a):
-    if RANK == 0:
-        print(*a, flush=True)
+log = rank0_log(RANK)
 
 
 def grad(seed, n=4099):
     return np.random.default_rng(seed).standard_normal(n).astype(np.float32)
-
-
-def raises(exc, fn, match=None):
-    try:
-        fn()
-    except exc as e:
-        if match is not None:
-            assert match in str(e), "message %r lacks %r" % (str(e), match)
-        return e
-    raise AssertionError("%s not raised by %s" % (exc.__name__, fn))
 
 
 @contextlib.contextmanager
