@@ -95,7 +95,7 @@ static void same_call(const char *what, gcomp_comm *host, gcomp_comm *dev, size_
         else
             ((uint16_t *)x)[nan_at] = dtype == GCOMP_F16 ? 0x7e00u : 0x7fc0u;
     }
-    h2d(dsend, x, bytes);
+    h2d_wait(dsend, x, bytes);
     if (in_place) {
         memcpy(hres, x, bytes);
         OK(gcomp_allreduce(host, hres, hres, count, dtype, op, KEY, NULL));
@@ -186,7 +186,7 @@ static void test_no_allocation_per_call(void **state)
         one d = make_one(specs[k]);
         float *x = tu_gauss_array(count, k), *dx = dmalloc(count * sizeof(float));
         uint64_t first;
-        h2d(dx, x, count * sizeof(float));
+        h2d_wait(dx, x, count * sizeof(float));
         OK(gcomp_allreduce(d.c, dx, dx, count, GCOMP_F32, GCOMP_SUM, KEY, (struct CUstream_st *)s));
         first = gcomp__comm_device_allocs(d.c);
         assert_true(first > 0);
@@ -259,7 +259,7 @@ static void test_nonblocking(void **state)
     float *dx = dmalloc(count * 4), *dy = dmalloc(count * 4);
     gcomp_request *req = NULL;
     (void)state;
-    h2d(dx, x, count * 4);
+    h2d_wait(dx, x, count * 4);
     for (int step = 0; step < 2; step++) {
         OK(gcomp_allreduce(h.c, x, hres, count, GCOMP_F32, GCOMP_SUM, KEY, NULL));
         OK(gcomp_iallreduce(d.c, dx, dy, count, GCOMP_F32, GCOMP_SUM, KEY, NULL, &req));
@@ -285,7 +285,7 @@ static void test_wrong_combinations(void **state)
     cudaStream_t s;
     (void)state;
     CU(cudaStreamCreate(&s));
-    h2d(dx, x, count * 4);
+    h2d_wait(dx, x, count * 4);
     EXPECT(gcomp_allreduce(d.c, x, dy, count, GCOMP_F32, GCOMP_SUM, KEY, NULL), GCOMP_ERR_INVALID_ARG, "same device");
     EXPECT(gcomp_allreduce(d.c, dx, x, count, GCOMP_F32, GCOMP_SUM, KEY, NULL), GCOMP_ERR_INVALID_ARG, "same device");
     EXPECT(gcomp_allreduce(d.c, x, x, count, GCOMP_F32, GCOMP_SUM, KEY, (struct CUstream_st *)s), GCOMP_ERR_INVALID_ARG,
