@@ -26,12 +26,9 @@ plain allreduce):
     bytes the same way (baseline_bytes = 2(N-1)/N x raw), so the columns compare.
 """
 import argparse
-import gzip
-import hashlib
 import json
 import os
 import socket
-import struct
 import sys
 import time
 
@@ -43,6 +40,8 @@ import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
 from torch.nn.parallel import DistributedDataParallel as DDP
+
+from fashion_mnist_common import load, make_model, param_hash
 
 try:
     import gcomp.torch
@@ -100,25 +99,6 @@ def parse():
     return a
 
 
-# ---- data --------------------------------------------------------------------------------
-
-def read_idx(path, count):
-    with gzip.open(path, "rb") as f:
-        magic, n = struct.unpack(">II", f.read(8))
-        dims = struct.unpack(">%dI" % ((magic & 0xFF) - 1), f.read(4 * ((magic & 0xFF) - 1)))
-        n = n if count is None else min(n, count)
-        per = int(np.prod(dims)) if dims else 1
-        return np.frombuffer(f.read(n * per), dtype=np.uint8).reshape((n,) + dims)
-
-
-def load(data, split, count):
-    pre = "train" if split == "train" else "t10k"
-    x = read_idx(os.path.join(data, pre + "-images-idx3-ubyte.gz"), count)
-    y = read_idx(os.path.join(data, pre + "-labels-idx1-ubyte.gz"), count)
-    x = (x.reshape(len(x), -1).astype(np.float32) / 255.0 - 0.2860) / 0.3530
-    return torch.from_numpy(x), torch.from_numpy(y.astype(np.int64))
-
-
 # ---- bytes on the wire -------------------------------------------------------------------
 
 def ring_bytes(payload, n):
@@ -142,22 +122,6 @@ def powersgd_payload(model, rank, min_compression_rate=2.0):
 
 
 # ---- one setting -------------------------------------------------------------------------
-
-def make_model(seed, hidden):
-    torch.manual_seed(seed)
-    layers, width = [], 784
-    for h in hidden:
-        layers += [torch.nn.Linear(width, h), torch.nn.ReLU()]
-        width = h
-    return torch.nn.Sequential(*layers, torch.nn.Linear(width, 10))
-
-
-def param_hash(model):
-    h = hashlib.sha256()
-    for p in model.parameters():
-        h.update(p.detach().numpy().tobytes())
-    return h.hexdigest()
-
 
 def run(setting, a, train, test):
     rank, size = dist.get_rank(), dist.get_world_size()

@@ -20,11 +20,8 @@ on every rank (a SHA-256 of every parameter's bytes, allgathered); the same as o
 starting "RESULT ". The exit status is 1 if the parameters differ.
 """
 import argparse
-import gzip
-import hashlib
 import json
 import os
-import struct
 import sys
 import time
 
@@ -33,6 +30,8 @@ import torch
 import torch.nn.functional as F
 import horovod
 import horovod.torch as hvd
+
+from fashion_mnist_common import load, make_model, param_hash
 
 
 def parse():
@@ -52,39 +51,6 @@ def parse():
     except (ValueError, AssertionError):
         p.error("--hidden must be positive integers separated by commas, got %r" % a.hidden)
     return a
-
-
-def read_idx(path, count):
-    with gzip.open(path, "rb") as f:
-        magic, n = struct.unpack(">II", f.read(8))
-        dims = struct.unpack(">%dI" % ((magic & 0xFF) - 1), f.read(4 * ((magic & 0xFF) - 1)))
-        n = n if count is None else min(n, count)
-        per = int(np.prod(dims)) if dims else 1
-        return np.frombuffer(f.read(n * per), dtype=np.uint8).reshape((n,) + dims)
-
-
-def load(data, split, count):
-    pre = "train" if split == "train" else "t10k"
-    x = read_idx(os.path.join(data, pre + "-images-idx3-ubyte.gz"), count)
-    y = read_idx(os.path.join(data, pre + "-labels-idx1-ubyte.gz"), count)
-    x = (x.reshape(len(x), -1).astype(np.float32) / 255.0 - 0.2860) / 0.3530
-    return torch.from_numpy(x), torch.from_numpy(y.astype(np.int64))
-
-
-def make_model(seed, hidden):
-    torch.manual_seed(seed)
-    layers, width = [], 784
-    for h in hidden:
-        layers += [torch.nn.Linear(width, h), torch.nn.ReLU()]
-        width = h
-    return torch.nn.Sequential(*layers, torch.nn.Linear(width, 10))
-
-
-def param_hash(model):
-    h = hashlib.sha256()
-    for p in model.parameters():
-        h.update(p.detach().numpy().tobytes())
-    return h.hexdigest()
 
 
 def main():
