@@ -7,6 +7,7 @@
 #ifndef GCOMP_INTERPOSE_COMMON_H
 #define GCOMP_INTERPOSE_COMMON_H
 
+#include <inttypes.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,6 +56,28 @@ static inline void ip_json_string(FILE *f, const char *s)
         else
             fputc(ch, f);
     }
+}
+
+/* The sum of n counters (the pass-through reasons). */
+static inline uint64_t ip_sum(const uint64_t *counts, int n)
+{
+    uint64_t sum = 0;
+    for (int i = 0; i < n; i++) sum += counts[i];
+    return sum;
+}
+
+/* The stats file's call counts, as both interposers write them: "calls_compressed",
+ * "calls_compressed_without_ef", "calls_passed_through" (the sum) and "passed_through", an
+ * object of the n reasons by name. */
+static inline void ip_json_calls(FILE *f, uint64_t compressed, uint64_t no_ef, const uint64_t *passed,
+                                 const char *const *names, int n)
+{
+    fprintf(f,
+            "\"calls_compressed\": %" PRIu64 ", \"calls_compressed_without_ef\": %" PRIu64
+            ", \"calls_passed_through\": %" PRIu64 ", \"passed_through\": {",
+            compressed, no_ef, ip_sum(passed, n));
+    for (int i = 0; i < n; i++) fprintf(f, "%s\"%s\": %" PRIu64, i ? ", " : "", names[i], passed[i]);
+    fputc('}', f);
 }
 
 /* GCOMP_STATS_FILE's file for this rank, open for writing: %r in pattern becomes the rank,

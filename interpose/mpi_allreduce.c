@@ -192,8 +192,7 @@ static const char *ef_key_name(void) { return S.ef_key == EF_KEY_SEQUENCE ? "seq
 
 static void summary_line(char *out, size_t cap)
 {
-    uint64_t passed = 0;
-    for (int i = 0; i < PASS_REASONS; i++) passed += S.passed[i];
+    uint64_t passed = ip_sum(S.passed, PASS_REASONS);
     snprintf(out, cap,
              "gcomp_mpi: rank %d: codec %s, MPI_Allreduce calls: %" PRIu64 " compressed (%" PRIu64
              " without error feedback), %" PRIu64 " passed through (disabled %" PRIu64 ", datatype %" PRIu64
@@ -207,20 +206,15 @@ static void summary_line(char *out, size_t cap)
 static void write_stats_file(void)
 {
     int rank = world_rank(), size = 0;
-    uint64_t passed = 0;
     FILE *f;
     PMPI_Comm_size(MPI_COMM_WORLD, &size);
     if (!(f = ip_open_stats_file("gcomp_mpi", S.stats_file, rank))) return;
-    for (int i = 0; i < PASS_REASONS; i++) passed += S.passed[i];
     fprintf(f, "{\"rank\": %d, \"size\": %d, \"codec\": \"", rank, size);
     ip_json_string(f, S.enabled ? S.codec : "");
+    fputs("\", ", f);
+    ip_json_calls(f, S.compressed, S.no_ef_calls, S.passed, pass_names, PASS_REASONS);
     fprintf(f,
-            "\", \"calls_compressed\": %" PRIu64 ", \"calls_compressed_without_ef\": %" PRIu64
-            ", \"calls_passed_through\": %" PRIu64 ", \"passed_through\": {",
-            S.compressed, S.no_ef_calls, passed);
-    for (int i = 0; i < PASS_REASONS; i++) fprintf(f, "%s\"%s\": %" PRIu64, i ? ", " : "", pass_names[i], S.passed[i]);
-    fprintf(f,
-            "}, \"raw_bytes\": %" PRIu64 ", \"wire_bytes\": %" PRIu64 ", \"baseline_bytes\": %" PRIu64
+            ", \"raw_bytes\": %" PRIu64 ", \"wire_bytes\": %" PRIu64 ", \"baseline_bytes\": %" PRIu64
             ", \"bytes_saved\": %" PRId64 ", \"communicators\": %" PRIu64
             ", \"communicators_freed_before_finalize\": %" PRIu64 ", \"ef_key\": \"%s\", \"residual_keys\": %" PRIu64
             "}\n",

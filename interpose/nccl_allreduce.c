@@ -164,8 +164,7 @@ static void setup(void)
 
 static void summary_line(int rank, char *out, size_t cap)
 {
-    uint64_t passed = 0;
-    for (int i = 0; i < PASS_REASONS; i++) passed += S.passed[i];
+    uint64_t passed = ip_sum(S.passed, PASS_REASONS);
     snprintf(out, cap,
              "gcomp_nccl: rank %d: codec %s, ncclAllReduce calls: %" PRIu64 " compressed (%" PRIu64
              " without error feedback), %" PRIu64 " passed through (disabled %" PRIu64 ", group %" PRIu64
@@ -178,19 +177,14 @@ static void summary_line(int rank, char *out, size_t cap)
 
 static void write_stats_file(int rank)
 {
-    uint64_t passed = 0;
     FILE *f;
     if (!(f = ip_open_stats_file("gcomp_nccl", S.stats_file, rank))) return;
-    for (int i = 0; i < PASS_REASONS; i++) passed += S.passed[i];
     fprintf(f, "{\"rank\": %d, \"codec\": \"", rank);
     ip_json_string(f, S.enabled ? S.codec : "");
+    fputs("\", ", f);
+    ip_json_calls(f, S.compressed, S.no_ef_calls, S.passed, pass_names, PASS_REASONS);
     fprintf(f,
-            "\", \"calls_compressed\": %" PRIu64 ", \"calls_compressed_without_ef\": %" PRIu64
-            ", \"calls_passed_through\": %" PRIu64 ", \"passed_through\": {",
-            S.compressed, S.no_ef_calls, passed);
-    for (int i = 0; i < PASS_REASONS; i++) fprintf(f, "%s\"%s\": %" PRIu64, i ? ", " : "", pass_names[i], S.passed[i]);
-    fprintf(f,
-            "}, \"raw_bytes\": %" PRIu64 ", \"wire_bytes\": %" PRIu64 ", \"baseline_bytes\": %" PRIu64
+            ", \"raw_bytes\": %" PRIu64 ", \"wire_bytes\": %" PRIu64 ", \"baseline_bytes\": %" PRIu64
             ", \"bytes_saved\": %" PRId64 ", \"communicators\": %" PRIu64 ", \"communicators_destroyed\": %" PRIu64
             "}\n",
             S.raw_bytes, S.wire_bytes, S.baseline_bytes, (int64_t)(S.baseline_bytes - S.wire_bytes), S.comms_created,
