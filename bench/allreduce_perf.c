@@ -551,6 +551,14 @@ static void die_gcomp(const struct bench *b, const char *what, gcomp_result rc)
 static void *call_send(const struct bench *b) { return b->o.cuda ? apc_send() : b->send; }
 static void *call_recv(const struct bench *b) { return b->o.cuda ? apc_recv() : b->recv; }
 
+/* What the baseline column times: MPI_Allreduce (host), ncclAllReduce (device cuda), or
+ * the host MPI_Allreduce between copies (device cuda without NCCL). */
+static const char *baseline_name(const struct bench *b)
+{
+    if (!b->o.cuda) return "MPI_Allreduce";
+    return apc_has_nccl() ? "ncclAllReduce" : "host MPI_Allreduce";
+}
+
 /* Half types have no MPI datatype: the baseline sums them through a user op, in fp32 per
  * pair as NCCL does, with the same bytes on the wire as gcomp's input. */
 static void sum_f16(void *in, void *inout, int *len, MPI_Datatype *dt)
@@ -786,9 +794,7 @@ static void print_block_header(const struct bench *b, const char *spec)
     gcomp_codec_destroy(codec);
     printf("#                                                    gcomp_allreduce, out-of-place"
            "                                                   %s\n",
-           !b->o.cuda       ? "MPI_Allreduce"
-           : apc_has_nccl() ? "ncclAllReduce"
-                            : "host MPI_Allreduce");
+           baseline_name(b));
     printf("#       size         count      type   redop    root       time    algbw    busbw "
            "#wrong        wire_B       cr    rel_err    max_err      base_us  speedup  sched\n");
     printf("#        (B)    (elements)                                 (us)   (GB/s)   (GB/s) "
@@ -843,9 +849,7 @@ static void json_row(const struct bench *b, const struct row *r)
     fprintf(f, ",\"codec\":\"%s\",\"schedule\":\"%s\",\"nranks\":%d", r->codec, gcomp_schedule_name(r->schedule),
             b->nranks);
     fprintf(f, ",\"device\":\"%s\",\"transport\":\"%s\",\"baseline\":\"%s\"", b->o.cuda ? "cuda" : "host", r->transport,
-            !b->o.cuda       ? "MPI_Allreduce"
-            : apc_has_nccl() ? "ncclAllReduce"
-                             : "host MPI_Allreduce");
+            baseline_name(b));
     json_num(f, "wire_bytes", r->wire_bytes);
     json_num(f, "cr", ratio(b, r));
     json_num(f, "rel_err", r->rel_err);
@@ -876,11 +880,7 @@ static void record_row(struct bench *b, const struct row *r)
 static void print_footer(const struct bench *b)
 {
     double n = b->rows ? (double)b->rows : 1.0;
-    printf("#\n# %s avg bus bandwidth : %g\n",
-           !b->o.cuda       ? "MPI_Allreduce"
-           : apc_has_nccl() ? "ncclAllReduce"
-                            : "host MPI_Allreduce",
-           b->base_busbw_sum / n);
+    printf("#\n# %s avg bus bandwidth : %g\n", baseline_name(b), b->base_busbw_sum / n);
     printf("# Out of bounds values : %lld %s\n", b->nwrong_total, b->nwrong_total ? "FAILED" : "OK");
     printf("# Avg bus bandwidth    : %g \n#\n", b->busbw_sum / n);
 }
