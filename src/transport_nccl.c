@@ -318,28 +318,29 @@ static gcomp_result post(nccl_transport *n, int to, const void *sbuf, size_t sby
     return GCOMP_SUCCESS;
 }
 
-static gcomp_result nccl_start(gcomp__transport *t, int to, const void *sbuf, size_t sbytes, int from, void *rbuf,
-                               size_t rcap)
+/* post() on the transport's device (enter/leave): the two start entry points differ only in sized. */
+static gcomp_result start_on_device(gcomp__transport *t, int to, const void *sbuf, size_t sbytes, int from, void *rbuf,
+                                    size_t rsize, int sized)
 {
     nccl_transport *n = (nccl_transport *)t;
     int prev;
     gcomp_result rc;
     GCOMP_CHECK(enter(n, &prev));
-    rc = post(n, to, sbuf, sbytes, from, rbuf, rcap, 0);
+    rc = post(n, to, sbuf, sbytes, from, rbuf, rsize, sized);
     leave(n, prev);
     return rc;
+}
+
+static gcomp_result nccl_start(gcomp__transport *t, int to, const void *sbuf, size_t sbytes, int from, void *rbuf,
+                               size_t rcap)
+{
+    return start_on_device(t, to, sbuf, sbytes, from, rbuf, rcap, 0);
 }
 
 static gcomp_result nccl_start_sized(gcomp__transport *t, int to, const void *sbuf, size_t sbytes, int from, void *rbuf,
                                      size_t rbytes)
 {
-    nccl_transport *n = (nccl_transport *)t;
-    int prev;
-    gcomp_result rc;
-    GCOMP_CHECK(enter(n, &prev));
-    rc = post(n, to, sbuf, sbytes, from, rbuf, rbytes, 1);
-    leave(n, prev);
-    return rc;
+    return start_on_device(t, to, sbuf, sbytes, from, rbuf, rbytes, 1);
 }
 
 static gcomp_result nccl_finish(gcomp__transport *t, size_t *rbytes, double deadline)
