@@ -74,13 +74,10 @@ gcomp_result gcomp__call_wait_on(const gcomp__call *call, const gcomp__device_op
     return dev->wait(stream, ms_left(call));
 }
 
+/* The same copy as gcomp__call_to_device, then waited for (a no-op for host buffers). */
 gcomp_result gcomp__call_to_host(gcomp__call *call, void *dst, const void *src, size_t bytes)
 {
-    if (!call->on_device) {
-        if (bytes && dst != src) memmove(dst, src, bytes);
-        return GCOMP_SUCCESS;
-    }
-    GCOMP_CHECK(call->dev->copy_async(dst, src, bytes, call->stream));
+    GCOMP_CHECK(gcomp__call_to_device(call, dst, src, bytes));
     return gcomp__call_wait(call);
 }
 
