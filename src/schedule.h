@@ -38,7 +38,6 @@ typedef struct gcomp__call {
     uint64_t step;
     float divisor; /* AVG on the integer and sparse schedules: result = sum / divisor (else 1) */
     int divided;   /* the schedule applied divisor in its last pass over the result */
-    int nonfinite; /* this rank's encode saw a non-finite value (or a shared scale is one) */
     int reencoded; /* x is already a decoded payload (sparse-as-dense): the dense ring's
                          * first encode neither keeps a residual nor reports non-finite */
 } gcomp__call;
