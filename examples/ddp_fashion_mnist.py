@@ -11,7 +11,9 @@ environment, and gcomp's hook moves host tensors over MPI (mpi4py initialises MP
 MPI_THREAD_MULTIPLE). Every setting trains the same MLP (784-256-128-10 by default, as
 bench/train's --model mlp; --hidden sets the widths) from the same initial weights on the
 same batches: global batch 128 split over the ranks, SGD with momentum 0.9, learning rate
-0.05 with a cosine decay.
+0.05 with a cosine decay. gcomp-topk-mc is top-k with momentum correction (as in Deep
+Gradient Compression): the hook keeps each bucket's velocity and reduces it, and the
+optimizer runs without momentum (gcomp.torch's momentum argument).
 
 Printed per setting (rank 0): test accuracy on the 10,000 test images, wall time of the
 training loop (evaluation excluded), milliseconds per step, and the bytes one rank sends per
@@ -50,8 +52,17 @@ except ImportError:  # run from the checkout without PYTHONPATH
     import gcomp.torch
 
 WORLD = MPI.COMM_WORLD
-SETTINGS = ["none", "torch-fp16", "torch-powersgd", "gcomp-terngrad", "gcomp-topk", "gcomp-fp16"]
-GCOMP_SPECS = {"gcomp-terngrad": "terngrad", "gcomp-topk": "topk:ratio=0.01", "gcomp-fp16": "fp16"}
+SETTINGS = ["none", "torch-fp16", "torch-powersgd", "gcomp-terngrad", "gcomp-topk", "gcomp-topk-mc",
+            "gcomp-fp16"]
+GCOMP_SPECS = {"gcomp-terngrad": "terngrad", "gcomp-topk": "topk:ratio=0.01",
+               "gcomp-topk-mc": "topk:ratio=0.01", "gcomp-fp16": "fp16"}
+MOMENTUM = 0.9
+# "-mc": momentum correction (gcomp.torch's momentum=0.9: the hook keeps each bucket's
+# velocity and reduces it; the optimizer runs without momentum)
+
+
+def momentum_correction(setting):
+    return setting.endswith("-mc")
 
 
 def parse():
@@ -136,9 +147,11 @@ def run(setting, a, train, test):
         ddp.register_comm_hook(state, psgd.powerSGD_hook)
     elif setting.startswith("gcomp-"):
         state = gcomp.torch.GcompHookState(codec=GCOMP_SPECS[setting], start_iter=a.start_iter,
-                                           seed=a.seed)
+                                           seed=a.seed,
+                                           momentum=MOMENTUM if momentum_correction(setting) else 0.0)
         ddp.register_comm_hook(state, gcomp.torch.hook)
-    opt = torch.optim.SGD(ddp.parameters(), lr=a.lr, momentum=0.9)
+    opt = torch.optim.SGD(ddp.parameters(), lr=a.lr,
+                          momentum=0.0 if momentum_correction(setting) else MOMENTUM)
 
     x, y = train
     local = a.batch // size

@@ -42,6 +42,19 @@ How it works
     layout's own key, and the saved residuals take over from the second iteration, when the
     rebuilt layout is back. DDP(find_unused_parameters=True) never rebuilds (torch 1.13) and
     resumes bit for bit (tests/python/test_ddp_hook.py checks it).
+  - Momentum correction (momentum > 0, as in Deep Gradient Compression): the hook keeps a
+    velocity per bucket, u = momentum * u + gradient, on the bucket's device, and reduces u
+    in place of the gradient; the optimizer then runs WITHOUT momentum (SGD(momentum=0)),
+    since the velocity is already in what the hook returns. Plain and compressed iterations
+    alike: averaging is linear, so during the plain ones this is exactly the optimizer's
+    momentum (up to rounding). Why: with error feedback on the raw gradient, a sparsifier
+    such as top-k 1 % keeps most coordinates in the residual for many steps while the
+    optimizer's momentum only sees what was sent; accumulating the velocity locally lets
+    the residual carry the momentum too (examples/ddp_fashion_mnist.py measures the
+    difference). Velocities are kept per bucket layout, keyed like the residuals; when DDP
+    rebuilds its buckets each parameter's velocity moves with it into its new bucket. A
+    resumed run continues bit for bit under the same conditions as the residuals (below).
+    Momentum factor masking is not done.
   - no_sync() and gradient accumulation: DDP just calls the hook less often; the iteration
     counter counts hook rounds (calls with bucket.is_last()), and residuals stay per bucket.
   - state_dict()/load_state_dict() (and pickling) carry the counters, the bucket layouts and
@@ -65,7 +78,7 @@ from gcomp import _args
 
 __all__ = ["GcompHookState", "hook"]
 
-_STATE_VERSION = 1
+_STATE_VERSION = 2  # 2: momentum and velocities (1, without them, loads as momentum 0)
 
 
 class GcompHookState:
@@ -84,20 +97,26 @@ class GcompHookState:
         buckets); None: "nccl" when process_group (default: the default group) has NCCL
         among its backends, else "mpi".
     device: the CUDA device of an NCCL state (None: the current one), as gcomp.Comm.
+    momentum: 0 (default) or a factor in (0, 1): momentum correction, see the module's
+        docstring; the optimizer must then run with momentum=0.
     """
 
     def __init__(self, codec="terngrad", start_iter=10, comm=None, process_group=None,
                  min_bytes=0, error_feedback=None, seed=None, timeout_ms=None, backend=None,
-                 device=None):
+                 device=None, momentum=0.0):
         self._thread = None
         self._closed = True  # until the communicator exists
         start_iter = _args.int_arg("start_iter", start_iter, 0, _args.INT64_MAX)
+        momentum = _momentum_arg("momentum", momentum)
         if backend is None:
             backend = _default_backend(process_group)
         self.start_iter = start_iter
         self.process_group = process_group
         self.iter = 0
+        self.momentum = momentum
         self._layout = {}  # bucket index -> {layout signature: generation}
+        self._velocity = {}  # bucket key -> velocity tensor (momentum > 0)
+        self._where = {}  # id(parameter) -> (parameter, bucket key, offset) of its velocity
         if backend == "nccl":
             self.comm = gcomp.Comm(comm, codec=codec, min_bytes=min_bytes,
                                    error_feedback=error_feedback, seed=seed,
@@ -109,7 +128,7 @@ class GcompHookState:
                                    timeout_ms=timeout_ms, backend=backend, device=device)
         self._config = dict(codec=codec, start_iter=start_iter, min_bytes=min_bytes,
                             error_feedback=error_feedback, seed=seed, timeout_ms=timeout_ms,
-                            backend=self.comm.backend,
+                            backend=self.comm.backend, momentum=momentum,
                             device=None if self.comm.device is None else str(self.comm.device))
         self._ef = self.comm.config()["error_feedback"]
         self._closed = False
@@ -162,6 +181,39 @@ class GcompHookState:
             gens[sig] = max(gens.values(), default=-1) + 1
         return (gens[sig] << 32) | idx
 
+    def _with_momentum(self, key, bucket, grad):
+        """u = momentum * u + grad for the bucket's velocity, written into grad (the bucket's
+        buffer, which is what gets reduced); on grad's device and current stream."""
+        u = self._velocity.get(key)
+        if u is None or u.shape != grad.shape or u.dtype != grad.dtype:
+            u = self._velocity_of_layout(key, bucket, grad)
+        elif u.device != grad.device:  # loaded from a state dict: on the CPU
+            u = u.to(grad.device)
+        u.mul_(self.momentum).add_(grad)
+        grad.copy_(u)
+        self._velocity[key] = u
+
+    def _velocity_of_layout(self, key, bucket, grad):
+        """The velocity of a layout not seen before: each parameter's slice comes from where
+        that parameter's velocity was (DDP's rebuild moves parameters between buckets; their
+        momentum must follow them), zero for a parameter never seen; layouts no parameter
+        points to any more are dropped."""
+        u = torch.zeros_like(grad)
+        moved, off = [], 0
+        for p in bucket.parameters():
+            n = p.numel()
+            was = self._where.get(id(p))
+            old = self._velocity.get(was[1]) if was is not None and was[0] is p else None
+            if old is not None and old.dtype == u.dtype and was[2] + n <= old.numel():
+                u[off:off + n].copy_(old[was[2]:was[2] + n])
+            moved.append((p, off))
+            off += n
+        for p, o in moved:
+            self._where[id(p)] = (p, key, o)
+        live = {w[1] for w in self._where.values()} | {key}
+        self._velocity = {k: v for k, v in self._velocity.items() if k in live}
+        return u
+
     # ---- public ----------------------------------------------------------------------------
 
     def stats(self):
@@ -180,6 +232,8 @@ class GcompHookState:
             "start_iter": self.start_iter,
             "iter": self.iter,
             "layout": {i: dict(gens) for i, gens in self._layout.items()},
+            "momentum": self.momentum,
+            "velocity": {k: u.detach().to("cpu", copy=True) for k, u in self._velocity.items()},
             # None with error feedback off: there is nothing to carry, and the library
             # refuses to load residuals into such a communicator.
             "residuals": self._call(self.comm.save_residuals) if self._ef else None,
@@ -191,9 +245,11 @@ class GcompHookState:
         the library has to accept) are loaded before the Python fields, which cannot fail;
         a refused state dict (ValueError, TypeError, GcompError) leaves this state as it was."""
         start_iter, it, layout, residuals = self._check_state_dict(sd)
+        velocity = self._check_velocity(sd)
         if self._ef:
             self._call(lambda: self.comm.load_residuals(residuals))  # all or nothing in C
         self.start_iter, self.iter, self._layout = start_iter, it, layout
+        self._velocity = velocity
 
     def _check_state_dict(self, sd):
         what = "GcompHookState.load_state_dict"
@@ -204,8 +260,8 @@ class GcompHookState:
                    if k not in sd]
         if missing:
             raise ValueError("%s: the state dict lacks %s" % (what, ", ".join(missing)))
-        if sd["version"] != _STATE_VERSION:
-            raise ValueError("%s: state version %r, expected %d"
+        if sd["version"] not in (1, _STATE_VERSION):
+            raise ValueError("%s: state version %r, expected 1 or %d"
                              % (what, sd["version"], _STATE_VERSION))
         if sd["codec"] != self.comm.codec:
             raise ValueError("%s: saved with codec %r, this state uses %r"
@@ -221,6 +277,26 @@ class GcompHookState:
         start_iter = _args.int_arg(what + ": start_iter", sd["start_iter"], 0, _args.INT64_MAX)
         it = _args.int_arg(what + ": iter", sd["iter"], 0, _args.INT64_MAX)
         return start_iter, it, self._check_layout(what, sd["layout"]), residuals
+
+    def _check_velocity(self, sd):
+        """The saved velocities ({bucket key: tensor}), checked against this state's
+        momentum; a version-1 state dict has none and means momentum 0."""
+        what = "GcompHookState.load_state_dict"
+        momentum = sd.get("momentum", 0.0) if sd["version"] >= 2 else 0.0
+        velocity = sd.get("velocity", {}) if sd["version"] >= 2 else {}
+        if momentum != self.momentum:
+            raise ValueError("%s: saved with momentum %r, this state uses %r"
+                             % (what, momentum, self.momentum))
+        if not isinstance(velocity, dict):
+            raise TypeError("%s: velocity must be a dict, got %s" % (what, type(velocity).__name__))
+        out = {}
+        for k, u in velocity.items():
+            key = _args.int_arg(what + ": velocity key", k, 0, _args.KEY_NONE - 1)
+            if not isinstance(u, torch.Tensor) or not u.is_floating_point():
+                raise TypeError("%s: velocity of key %d must be a floating-point tensor, got %s"
+                                % (what, key, type(u).__name__))
+            out[key] = u.detach().clone()
+        return out
 
     @staticmethod
     def _check_layout(what, layout):
@@ -273,6 +349,15 @@ def _default_backend(process_group):
     return "mpi"
 
 
+def _momentum_arg(name, v):
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise TypeError("%s must be a number in [0, 1), got %s" % (name, type(v).__name__))
+    v = float(v)
+    if not 0.0 <= v < 1.0:  # also refuses NaN
+        raise ValueError("%s must be in [0, 1), got %r" % (name, v))
+    return v
+
+
 def _plain_allreduce(state, tensor):
     group = state.process_group if state.process_group is not None else dist.group.WORLD
     n = dist.get_world_size(group)
@@ -298,6 +383,8 @@ def hook(state, bucket):
     if bucket.is_last():
         state.iter += 1
     key = state._key(bucket, tensor)
+    if state.momentum:
+        state._with_momentum(key, bucket, tensor)
     if not compress:
         return _plain_allreduce(state, tensor)
     comm = state.comm

@@ -7,7 +7,11 @@ Checks, for terngrad and top-k: after every step the parameters hash the same on
 the loss falls; the steps past start_iter ran gcomp's compressed schedule; a step with
 gradient accumulation under no_sync keeps the ranks identical; a run resumed from a
 checkpoint (model, optimizer, hook state with residuals, through pickle) takes bit-identical
-steps, and one resumed without the residuals does not (so the check can fail).
+steps, and one resumed without the residuals does not (so the check can fail). Momentum
+correction (momentum=0.9, optimizer without momentum): during plain iterations it matches
+SGD's own momentum to rounding (and plain SGD does not), with top-k the ranks stay identical
+and the loss falls, and a resume carries the velocities bit for bit; bad momentum values and
+a state dict of another momentum are refused.
 """
 import os
 import pickle
@@ -33,7 +37,7 @@ def log(*a):
         print(*a, flush=True)
 
 
-def make_ddp(find_unused_parameters=False):
+def make_ddp(find_unused_parameters=False, momentum=0.9):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(784, 64), torch.nn.ReLU(),
                                 torch.nn.Linear(64, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 10))
@@ -42,7 +46,7 @@ def make_ddp(find_unused_parameters=False):
     # issue order matters. find_unused_parameters=True keeps DDP from rebuilding its buckets
     # after the first iteration (torch 1.13's Reducer::should_rebuild_buckets).
     ddp = DDP(model, find_unused_parameters=find_unused_parameters)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=momentum)
     return ddp, opt
 
 
@@ -87,9 +91,10 @@ def same_everywhere(ddp, what):
     return hashes[0]
 
 
-def train_check(codec, data, steps=40, start_iter=3):
-    ddp, opt = make_ddp()
-    state = gcomp.torch.GcompHookState(codec=codec, start_iter=start_iter)
+def train_check(codec, data, steps=40, start_iter=3, momentum=0.0):
+    # momentum correction: the hook applies the momentum, the optimizer none
+    ddp, opt = make_ddp(momentum=0.0 if momentum else 0.9)
+    state = gcomp.torch.GcompHookState(codec=codec, start_iter=start_iter, momentum=momentum)
     ddp.register_comm_hook(state, gcomp.torch.hook)
     losses = []
     for s in range(steps):
@@ -97,8 +102,8 @@ def train_check(codec, data, steps=40, start_iter=3):
         same_everywhere(ddp, "%s step %d" % (codec, s))
     st = state.stats()
     first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
-    log("%-18s loss %.3f -> %.3f, compressed calls %d, last schedule %s, wire/raw %.4f"
-        % (codec, first, last, st["compressed_calls"], st["last_schedule"],
+    log("%-18s momentum %.1f: loss %.3f -> %.3f, compressed calls %d, last schedule %s, wire/raw %.4f"
+        % (codec, momentum, first, last, st["compressed_calls"], st["last_schedule"],
            st["wire_bytes"] / max(st["raw_bytes"], 1)))
     assert last < 0.8 * first, "%s: loss did not fall: %.3f -> %.3f" % (codec, first, last)
     assert st["compressed_calls"] > 0 and st["wire_bytes"] < st["raw_bytes"], st
@@ -112,13 +117,14 @@ def train_check(codec, data, steps=40, start_iter=3):
     state.close()
 
 
-def resume_check(codec, data, before=12, after=6, start_iter=2):
+def resume_check(codec, data, before=12, after=6, start_iter=2, momentum=0.0):
     # Bit-for-bit resume needs the resumed DDP to bucket the gradients as the saved one did;
     # a DDP that rebuilds its buckets after its first iteration starts the resumed process
     # with its initial layout instead (the hook then resets those buckets' residuals). Hence
     # a DDP that keeps one layout: see make_ddp.
-    ddp, opt = make_ddp(find_unused_parameters=True)
-    state = gcomp.torch.GcompHookState(codec=codec, start_iter=start_iter)
+    opt_momentum = 0.0 if momentum else 0.9
+    ddp, opt = make_ddp(find_unused_parameters=True, momentum=opt_momentum)
+    state = gcomp.torch.GcompHookState(codec=codec, start_iter=start_iter, momentum=momentum)
     ddp.register_comm_hook(state, gcomp.torch.hook)
     for s in range(before):
         step(ddp, opt, data, s)
@@ -131,13 +137,15 @@ def resume_check(codec, data, before=12, after=6, start_iter=2):
     state.close()
 
     def resumed(with_residuals):
-        ddp2, opt2 = make_ddp(find_unused_parameters=True)
+        ddp2, opt2 = make_ddp(find_unused_parameters=True, momentum=opt_momentum)
         c = pickle.loads(ckpt)  # re-creates the hook state (collective) with its residuals
         ddp2.module.load_state_dict(c["model"])
         opt2.load_state_dict(c["opt"])
         hook_state = c["hook"]
-        if not with_residuals:
-            fresh = gcomp.torch.GcompHookState(codec=codec, start_iter=start_iter)
+        if not with_residuals and momentum:  # the residuals kept, the velocities dropped
+            hook_state._velocity.clear()
+        elif not with_residuals:
+            fresh = gcomp.torch.GcompHookState(codec=codec, start_iter=start_iter, momentum=momentum)
             fresh.iter = hook_state.iter
             fresh._layout = {i: dict(g) for i, g in hook_state._layout.items()}
             hook_state.close()
@@ -153,9 +161,61 @@ def resume_check(codec, data, before=12, after=6, start_iter=2):
     got = resumed(True)
     assert got == ref, "%s: resumed run diverged at step %d" % (
         codec, before + next(i for i in range(after) if got[i] != ref[i]))
-    assert resumed(False) != ref, "%s: dropping the residuals changed nothing" % codec
-    log("%-18s resume from step %d: %d steps bit-identical; without residuals they differ"
-        % (codec, before, after))
+    assert resumed(False) != ref, "%s: dropping the %s changed nothing" % (
+        codec, "velocities" if momentum else "residuals")
+    log("%-18s momentum %.1f: resume from step %d: %d steps bit-identical; without %s they differ"
+        % (codec, momentum, before, after, "the velocities" if momentum else "residuals"))
+
+
+def momentum_plain_check(data, steps=8):
+    """Momentum correction during plain iterations is SGD's momentum moved into the hook:
+    the same parameters to rounding as DDP with SGD(momentum=0.9), and not those of plain
+    SGD (so the comparison can fail)."""
+    def run(opt_momentum, hook_momentum):
+        ddp, opt = make_ddp(momentum=opt_momentum)
+        state = None
+        if hook_momentum is not None:
+            state = gcomp.torch.GcompHookState(codec="terngrad", start_iter=1 << 40,
+                                               momentum=hook_momentum)
+            ddp.register_comm_hook(state, gcomp.torch.hook)
+        for s in range(steps):
+            step(ddp, opt, data, s)
+        if state is not None:
+            assert state.stats()["calls"] == 0  # every iteration was a plain one
+            state.close()
+        return torch.cat([p.detach().flatten() for p in ddp.module.parameters()])
+
+    ref = run(0.9, None)
+    got = run(0.0, 0.9)
+    plain = run(0.0, None)
+    err, far = (got - ref).abs().max().item(), (plain - ref).abs().max().item()
+    assert err < 1e-5 * max(1.0, ref.abs().max().item()), "momentum in the hook: max diff %g" % err
+    assert far > 100 * max(err, 1e-7), "plain SGD as close to SGD with momentum as the hook: %g vs %g" % (far, err)
+    log("momentum 0.9 in the hook, %d plain steps: max |diff| to SGD(momentum=0.9) %.2g (plain SGD: %.2g)"
+        % (steps, err, far))
+
+
+def momentum_args_check():
+    """Bad momentum values, and a state dict saved with another momentum, are refused."""
+    for bad, exc in ((1.0, ValueError), (-0.1, ValueError), (float("nan"), ValueError),
+                     ("0.9", TypeError), (True, TypeError)):
+        try:
+            gcomp.torch.GcompHookState(codec="terngrad", momentum=bad)
+        except exc as e:
+            assert "momentum" in str(e), str(e)
+        else:
+            raise AssertionError("momentum=%r accepted" % (bad,))
+    a = gcomp.torch.GcompHookState(codec="terngrad", momentum=0.9)
+    b = gcomp.torch.GcompHookState(codec="terngrad")
+    try:
+        b.load_state_dict(a.state_dict())
+    except ValueError as e:
+        assert "momentum" in str(e), str(e)
+    else:
+        raise AssertionError("a state dict of momentum 0.9 loaded into a state of momentum 0")
+    a.close()
+    b.close()
+    log("momentum: bad values and a state dict of another momentum -> clear errors")
 
 
 def device_mismatch_check():
@@ -185,6 +245,10 @@ def main():
     for codec in ("terngrad", "topk:ratio=0.05"):
         train_check(codec, data)
         resume_check(codec, data)
+    momentum_args_check()
+    momentum_plain_check(data)
+    train_check("topk:ratio=0.05", data, momentum=0.9)
+    resume_check("topk:ratio=0.05", data, momentum=0.9)
     dist.destroy_process_group()
     log("test_ddp_hook: OK")
 
