@@ -117,6 +117,7 @@ class GcompHookState:
         self._layout = {}  # bucket index -> {layout signature: generation}
         self._velocity = {}  # bucket key -> velocity tensor (momentum > 0)
         self._where = {}  # id(parameter) -> (parameter, bucket key, offset) of its velocity
+        self._placed = set()  # keys whose parameters are recorded in _where
         if backend == "nccl":
             self.comm = gcomp.Comm(comm, codec=codec, min_bytes=min_bytes,
                                    error_feedback=error_feedback, seed=seed,
@@ -186,33 +187,43 @@ class GcompHookState:
         buffer, which is what gets reduced); on grad's device and current stream."""
         u = self._velocity.get(key)
         if u is None or u.shape != grad.shape or u.dtype != grad.dtype:
-            u = self._velocity_of_layout(key, bucket, grad)
+            u = self._velocity_of_layout(bucket, grad)
         elif u.device != grad.device:  # loaded from a state dict: on the CPU
             u = u.to(grad.device)
         u.mul_(self.momentum).add_(grad)
         grad.copy_(u)
         self._velocity[key] = u
+        if key not in self._placed:
+            self._place(key, bucket)
 
-    def _velocity_of_layout(self, key, bucket, grad):
-        """The velocity of a layout not seen before: each parameter's slice comes from where
-        that parameter's velocity was (DDP's rebuild moves parameters between buckets; their
-        momentum must follow them), zero for a parameter never seen; layouts no parameter
-        points to any more are dropped."""
+    def _velocity_of_layout(self, bucket, grad):
+        """The velocity of a layout without one: each parameter's slice comes from where that
+        parameter's velocity was (DDP's rebuild moves parameters between buckets; their
+        momentum must follow them), zero for a parameter never seen."""
         u = torch.zeros_like(grad)
-        moved, off = [], 0
+        off = 0
         for p in bucket.parameters():
             n = p.numel()
             was = self._where.get(id(p))
             old = self._velocity.get(was[1]) if was is not None and was[0] is p else None
             if old is not None and old.dtype == u.dtype and was[2] + n <= old.numel():
                 u[off:off + n].copy_(old[was[2]:was[2] + n])
-            moved.append((p, off))
             off += n
-        for p, o in moved:
-            self._where[id(p)] = (p, key, o)
-        live = {w[1] for w in self._where.values()} | {key}
-        self._velocity = {k: v for k, v in self._velocity.items() if k in live}
         return u
+
+    def _place(self, key, bucket):
+        """Record that the bucket's parameters now have their velocity in key's, and drop the
+        velocities of layouts whose parameters have all moved on. Velocities loaded from a
+        state dict and not used yet are kept (a resumed DDP runs its initial layout first)."""
+        off = 0
+        for p in bucket.parameters():
+            self._where[id(p)] = (p, key, off)
+            off += p.numel()
+        self._placed.add(key)
+        live = {w[1] for w in self._where.values()}
+        self._velocity = {k: v for k, v in self._velocity.items()
+                          if k in live or k not in self._placed}
+        self._placed &= live
 
     # ---- public ----------------------------------------------------------------------------
 
@@ -249,7 +260,7 @@ class GcompHookState:
         if self._ef:
             self._call(lambda: self.comm.load_residuals(residuals))  # all or nothing in C
         self.start_iter, self.iter, self._layout = start_iter, it, layout
-        self._velocity = velocity
+        self._velocity, self._where, self._placed = velocity, {}, set()
 
     def _check_state_dict(self, sd):
         what = "GcompHookState.load_state_dict"

@@ -195,6 +195,52 @@ def momentum_plain_check(data, steps=8):
         % (steps, err, far))
 
 
+class FakeBucket:
+    """What the hook reads of a DDP GradBucket, for a layout chosen by the test."""
+    def __init__(self, index, params, grad):
+        self.i, self.params, self.grad = index, params, grad
+
+    def buffer(self):
+        return self.grad
+
+    def index(self):
+        return self.i
+
+    def parameters(self):
+        return self.params
+
+    def is_last(self):
+        return True
+
+
+def momentum_layout_check():
+    """Velocities follow their parameters when the buckets are rebuilt, and a resumed state
+    keeps its loaded velocities through the initial layout that a resumed DDP runs first.
+    Plain iterations (every rank holds the same values, so the average is the value)."""
+    def reduce(state, index, params, value):
+        n = sum(p.numel() for p in params)
+        return gcomp.torch.hook(state, FakeBucket(index, params, torch.full((n,), value))).wait()
+
+    p1, p2 = torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(2))
+    s = gcomp.torch.GcompHookState(codec="terngrad", start_iter=1 << 40, momentum=0.5)
+    reduce(s, 0, [p1, p2], 1.0)  # initial layout: one bucket
+    got = reduce(s, 0, [p2], 2.0)  # rebuilt: p2 alone in bucket 0 ...
+    assert torch.equal(got, torch.full((2,), 2.5)), got  # 0.5 * 1 + 2: p2's velocity moved
+    got = reduce(s, 1, [p1], 2.0)  # ... and p1 in bucket 1
+    assert torch.equal(got, torch.full((3,), 2.5)), got
+    assert len(s._velocity) == 2, s._velocity.keys()  # the initial layout's is dropped
+    sd = s.state_dict()
+    s.close()
+    q1, q2 = torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(2))
+    r = gcomp.torch.GcompHookState(codec="terngrad", start_iter=1 << 40, momentum=0.5)
+    r.load_state_dict(sd)
+    reduce(r, 0, [q1, q2], 1.0)  # a resumed DDP's initial layout: no saved velocity
+    got = reduce(r, 0, [q2], 2.0)  # the rebuilt layout: the saved velocity 2.5
+    assert torch.equal(got, torch.full((2,), 3.25)), got
+    r.close()
+    log("momentum: velocities follow parameters into rebuilt buckets and survive a resume's first layout")
+
+
 def momentum_args_check():
     """Bad momentum values, and a state dict saved with another momentum, are refused."""
     for bad, exc in ((1.0, ValueError), (-0.1, ValueError), (float("nan"), ValueError),
@@ -246,6 +292,7 @@ def main():
         train_check(codec, data)
         resume_check(codec, data)
     momentum_args_check()
+    momentum_layout_check()
     momentum_plain_check(data)
     train_check("topk:ratio=0.05", data, momentum=0.9)
     resume_check("topk:ratio=0.05", data, momentum=0.9)
