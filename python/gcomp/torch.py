@@ -54,7 +54,11 @@ How it works
     difference). Velocities are kept per bucket layout, keyed like the residuals; when DDP
     rebuilds its buckets each parameter's velocity moves with it into its new bucket. A
     resumed run continues bit for bit under the same conditions as the residuals (below).
-    Momentum factor masking is not done.
+    Momentum factor masking is not done. What differs from SGD's own momentum: the
+    optimizer's weight_decay (and nesterov, dampening) act outside the velocity, so run them
+    as usual only if that is what you want (DGC adds the weight decay to the gradient before
+    the velocity); and with find_unused_parameters=True a parameter unused in a step keeps
+    decaying in the hook's velocity (u = m u + 0) while DDP leaves its gradient alone.
   - no_sync() and gradient accumulation: DDP just calls the hook less often; the iteration
     counter counts hook rounds (calls with bucket.is_last()), and residuals stay per bucket.
   - state_dict()/load_state_dict() (and pickling) carry the counters, the bucket layouts and
@@ -67,8 +71,11 @@ How it works
   - A bucket the state's communicator cannot take (a CPU bucket with an NCCL state, a bucket
     on another GPU than its own, a meta tensor) is refused with ValueError naming both.
 """
+import numbers
 import queue
 import threading
+
+from numpy import bool_ as np_bool
 
 import torch
 import torch.distributed as dist
@@ -117,7 +124,7 @@ class GcompHookState:
         self._layout = {}  # bucket index -> {layout signature: generation}
         self._velocity = {}  # bucket key -> velocity tensor (momentum > 0)
         self._where = {}  # id(parameter) -> (parameter, bucket key, offset) of its velocity
-        self._placed = set()  # keys whose parameters are recorded in _where
+        self._ids = {}  # bucket key -> ids of the parameters its velocity holds, in order
         if backend == "nccl":
             self.comm = gcomp.Comm(comm, codec=codec, min_bytes=min_bytes,
                                    error_feedback=error_feedback, seed=seed,
@@ -185,24 +192,30 @@ class GcompHookState:
     def _with_momentum(self, key, bucket, grad):
         """u = momentum * u + grad for the bucket's velocity, written into grad (the bucket's
         buffer, which is what gets reduced); on grad's device and current stream."""
+        params = bucket.parameters()
+        ids = tuple(id(p) for p in params)
         u = self._velocity.get(key)
-        if u is None or u.shape != grad.shape or u.dtype != grad.dtype:
-            u = self._velocity_of_layout(bucket, grad)
+        # A key names a layout by shapes; the same shapes can hold other parameters (DDP's
+        # rebuild reorders equal-shaped layers): then the velocity is remapped by parameter.
+        # A velocity loaded from a state dict has no parameters recorded: taken as it is.
+        if u is None or u.shape != grad.shape or u.dtype != grad.dtype or \
+                self._ids.get(key, ids) != ids:
+            u = self._velocity_of_layout(params, grad)
         elif u.device != grad.device:  # loaded from a state dict: on the CPU
             u = u.to(grad.device)
         u.mul_(self.momentum).add_(grad)
         grad.copy_(u)
         self._velocity[key] = u
-        if key not in self._placed:
-            self._place(key, bucket)
+        if self._ids.get(key) != ids:
+            self._place(key, params, ids)
 
-    def _velocity_of_layout(self, bucket, grad):
+    def _velocity_of_layout(self, params, grad):
         """The velocity of a layout without one: each parameter's slice comes from where that
         parameter's velocity was (DDP's rebuild moves parameters between buckets; their
         momentum must follow them), zero for a parameter never seen."""
         u = torch.zeros_like(grad)
         off = 0
-        for p in bucket.parameters():
+        for p in params:
             n = p.numel()
             was = self._where.get(id(p))
             old = self._velocity.get(was[1]) if was is not None and was[0] is p else None
@@ -211,19 +224,20 @@ class GcompHookState:
             off += n
         return u
 
-    def _place(self, key, bucket):
-        """Record that the bucket's parameters now have their velocity in key's, and drop the
-        velocities of layouts whose parameters have all moved on. Velocities loaded from a
-        state dict and not used yet are kept (a resumed DDP runs its initial layout first)."""
+    def _place(self, key, params, ids):
+        """Record that these parameters (ids: theirs, in bucket order) now have their
+        velocity in key's, and drop the velocities of layouts whose parameters have all moved
+        on. Velocities loaded from a state dict and not used yet are kept (a resumed DDP runs
+        its initial layout first)."""
         off = 0
-        for p in bucket.parameters():
+        for p in params:
             self._where[id(p)] = (p, key, off)
             off += p.numel()
-        self._placed.add(key)
+        self._ids[key] = ids
         live = {w[1] for w in self._where.values()}
         self._velocity = {k: v for k, v in self._velocity.items()
-                          if k in live or k not in self._placed}
-        self._placed &= live
+                          if k in live or k not in self._ids}
+        self._ids = {k: v for k, v in self._ids.items() if k in live}
 
     # ---- public ----------------------------------------------------------------------------
 
@@ -256,11 +270,11 @@ class GcompHookState:
         the library has to accept) are loaded before the Python fields, which cannot fail;
         a refused state dict (ValueError, TypeError, GcompError) leaves this state as it was."""
         start_iter, it, layout, residuals = self._check_state_dict(sd)
-        velocity = self._check_velocity(sd)
+        velocity = self._check_velocity(sd, layout)
         if self._ef:
             self._call(lambda: self.comm.load_residuals(residuals))  # all or nothing in C
         self.start_iter, self.iter, self._layout = start_iter, it, layout
-        self._velocity, self._where, self._placed = velocity, {}, set()
+        self._velocity, self._where, self._ids = velocity, {}, {}
 
     def _check_state_dict(self, sd):
         what = "GcompHookState.load_state_dict"
@@ -289,9 +303,11 @@ class GcompHookState:
         it = _args.int_arg(what + ": iter", sd["iter"], 0, _args.INT64_MAX)
         return start_iter, it, self._check_layout(what, sd["layout"]), residuals
 
-    def _check_velocity(self, sd):
+    def _check_velocity(self, sd, layout):
         """The saved velocities ({bucket key: tensor}), checked against this state's
-        momentum; a version-1 state dict has none and means momentum 0."""
+        momentum and against the bucket layouts of the same state dict (each velocity a dense
+        1-D tensor of its layout's element count and dtype); a version-1 state dict has none
+        and means momentum 0. Returns copies."""
         what = "GcompHookState.load_state_dict"
         momentum = sd.get("momentum", 0.0) if sd["version"] >= 2 else 0.0
         velocity = sd.get("velocity", {}) if sd["version"] >= 2 else {}
@@ -300,12 +316,24 @@ class GcompHookState:
                              % (what, momentum, self.momentum))
         if not isinstance(velocity, dict):
             raise TypeError("%s: velocity must be a dict, got %s" % (what, type(velocity).__name__))
+        if velocity and not self.momentum:
+            raise ValueError("%s: velocities saved by a state without momentum" % what)
         out = {}
         for k, u in velocity.items():
             key = _args.int_arg(what + ": velocity key", k, 0, _args.KEY_NONE - 1)
-            if not isinstance(u, torch.Tensor) or not u.is_floating_point():
-                raise TypeError("%s: velocity of key %d must be a floating-point tensor, got %s"
-                                % (what, key, type(u).__name__))
+            if not isinstance(u, torch.Tensor) or not u.is_floating_point() or \
+                    u.layout != torch.strided or u.device.type == "meta":
+                raise TypeError("%s: velocity of key %d must be a dense floating-point tensor "
+                                "with data, got %s" % (what, key, type(u).__name__ if not
+                                                       isinstance(u, torch.Tensor) else
+                                                       "%s %s on %s" % (u.layout, u.dtype, u.device)))
+            sig = next((s for s, g in layout.get(key & 0xffffffff, {}).items()
+                        if g == key >> 32), None)
+            if not (isinstance(sig, tuple) and len(sig) >= 2) or \
+                    u.dim() != 1 or u.numel() != sig[0] or str(u.dtype) != sig[1]:
+                raise ValueError("%s: velocity of key %d (%s, %s) does not match a bucket layout "
+                                 "of the state dict (%s)" % (what, key, tuple(u.shape), u.dtype,
+                                                             "none" if sig is None else sig[:2]))
             out[key] = u.detach().clone()
         return out
 
@@ -361,12 +389,16 @@ def _default_backend(process_group):
 
 
 def _momentum_arg(name, v):
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
+    # any real number (numpy's included), not a bool
+    if isinstance(v, (bool, np_bool)) or not isinstance(v, numbers.Real):
         raise TypeError("%s must be a number in [0, 1), got %s" % (name, type(v).__name__))
-    v = float(v)
+    try:
+        v = float(v)
+    except OverflowError:
+        raise ValueError("%s must be in [0, 1), got a number too large for a float" % name) from None
     if not 0.0 <= v < 1.0:  # also refuses NaN
         raise ValueError("%s must be in [0, 1), got %r" % (name, v))
-    return v
+    return v + 0.0  # -0.0 -> 0.0
 
 
 def _plain_allreduce(state, tensor):

@@ -219,7 +219,8 @@ def momentum_layout_check():
     Plain iterations (every rank holds the same values, so the average is the value)."""
     def reduce(state, index, params, value):
         n = sum(p.numel() for p in params)
-        return gcomp.torch.hook(state, FakeBucket(index, params, torch.full((n,), value))).wait()
+        grad = value if isinstance(value, torch.Tensor) else torch.full((n,), value)
+        return gcomp.torch.hook(state, FakeBucket(index, params, grad)).wait()
 
     p1, p2 = torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(2))
     s = gcomp.torch.GcompHookState(codec="terngrad", start_iter=1 << 40, momentum=0.5)
@@ -238,6 +239,13 @@ def momentum_layout_check():
     got = reduce(r, 0, [q2], 2.0)  # the rebuilt layout: the saved velocity 2.5
     assert torch.equal(got, torch.full((2,), 3.25)), got
     r.close()
+    # equal shapes in another order: the same layout key, other parameters at each offset
+    a, b = torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(2))
+    s = gcomp.torch.GcompHookState(codec="terngrad", start_iter=1 << 40, momentum=0.5)
+    reduce(s, 0, [a, b], torch.tensor([1.0, 1.0, 2.0, 2.0]))
+    got = reduce(s, 0, [b, a], torch.zeros(4))
+    assert torch.equal(got, torch.tensor([1.0, 1.0, 0.5, 0.5])), got  # b's 2 * 0.5, a's 1 * 0.5
+    s.close()
     log("momentum: velocities follow parameters into rebuilt buckets and survive a resume's first layout")
 
 
@@ -259,9 +267,38 @@ def momentum_args_check():
         assert "momentum" in str(e), str(e)
     else:
         raise AssertionError("a state dict of momentum 0.9 loaded into a state of momentum 0")
+    # velocities that fit no bucket layout of their state dict, or hold no usable data
+    p = torch.nn.Parameter(torch.zeros(3))
+    gcomp.torch.hook(a, FakeBucket(0, [p], torch.ones(3))).wait()
+    good = a.state_dict()
+    assert list(good["velocity"]) == [0], good["velocity"]
+    for bad, exc in ((torch.ones(4), ValueError), (torch.ones(3, 1), ValueError),
+                     (torch.ones(3, dtype=torch.float64), ValueError),
+                     (torch.ones(3).to_sparse(), TypeError), (torch.empty(3, device="meta"), TypeError),
+                     (torch.ones(3, dtype=torch.int32), TypeError)):
+        sd = dict(good, velocity={0: bad})
+        try:
+            a.load_state_dict(sd)
+        except exc as e:
+            assert "velocity" in str(e), str(e)
+        else:
+            raise AssertionError("velocity %r accepted" % (bad,))
+    try:
+        a.load_state_dict(dict(good, velocity={5 << 32: torch.ones(3)}))
+    except ValueError as e:
+        assert "layout" in str(e), str(e)
+    else:
+        raise AssertionError("a velocity of a key without a layout accepted")
+    try:
+        b.load_state_dict(dict(good, momentum=0.0))
+    except ValueError as e:
+        assert "without momentum" in str(e), str(e)
+    else:
+        raise AssertionError("velocities accepted by a state without momentum")
+    a.load_state_dict(good)  # and the good one still loads
     a.close()
     b.close()
-    log("momentum: bad values and a state dict of another momentum -> clear errors")
+    log("momentum: bad values, a state dict of another momentum, velocities that fit no layout -> clear errors")
 
 
 def device_mismatch_check():
