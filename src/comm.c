@@ -38,6 +38,10 @@ static uint64_t spec_hash(const gcomp_codec *codec)
  *   V_DEVICE    1 if this rank's call runs on device buffers (start of a call): then every
  *               rank decides the call's outcome by the end-of-call agreement, not by the
  *               ring's trailers (engine.c), so ranks never run different protocols
+ *   V_NO_SCALES 1 if this rank's call did not fill the V_SCALES slots (then no rank uses them)
+ *   V_SCALES    GCOMP__AGREE_SCALES slots for a call's shared scales (|float bits|, max over
+ *               ranks: TernGrad's on host fp32 buffers, engine.c), 0 when unused; they save
+ *               the codec's own scale allreduce
  *   fields      (v, ~v) pairs: after the max, a rank whose v or ~v changed knows that some
  *               rank had another value, and which field it was
  * The call's fields are everything that changes what a rank sends or how: the codec spec,
@@ -51,7 +55,9 @@ enum {
     V_FAIL,
     V_NONFINITE,
     V_DEVICE,
-    V_FIELDS
+    V_NO_SCALES, /* 1 if this rank's call did not fill the V_SCALES slots */
+    V_SCALES,    /* GCOMP__AGREE_SCALES slots: a call's shared scales, max over ranks (comm.h) */
+    V_FIELDS = V_SCALES + GCOMP__AGREE_SCALES
 };
 enum {
     F_SPEC,
@@ -292,7 +298,8 @@ gcomp_result gcomp__comm_transport_failed(gcomp_comm *c, gcomp_result rc)
 }
 
 gcomp_result gcomp__comm_agree_call(gcomp_comm *c, gcomp_result local, size_t count, gcomp_dtype dtype, gcomp_op op,
-                                    int on_device, int *any_device, double deadline)
+                                    int on_device, uint64_t *scales, int *scales_shared, int *any_device,
+                                    double deadline)
 {
     uint64_t fields[N_FIELDS], got[AGREE_N];
     char diff[128];
@@ -306,8 +313,15 @@ gcomp_result gcomp__comm_agree_call(gcomp_comm *c, gcomp_result local, size_t co
     fields[F_MEM] = on_device != 0; /* host and device ranks would run different exchanges */
     vote_init(&mine, c->tp->rank, local, 0, fields);
     mine.v[V_DEVICE] = on_device != 0;
+    mine.v[V_NO_SCALES] = scales == NULL;
+    if (scales) memcpy(&mine.v[V_SCALES], scales, GCOMP__AGREE_SCALES * sizeof *scales);
+    *scales_shared = 0;
     GCOMP_CHECK(gcomp__comm_transport_failed(c, vote_share(c->tp, &mine, got, deadline)));
     *any_device = got[V_DEVICE] != 0;
+    if (scales && !got[V_NO_SCALES]) {
+        memcpy(scales, &got[V_SCALES], GCOMP__AGREE_SCALES * sizeof *scales);
+        *scales_shared = 1;
+    }
     if (got[V_FAIL]) return vote_failure(&mine, got, "before the call started (its arguments or buffers)");
     vote_differences(&mine, got, diff, sizeof diff);
     if (diff[0])

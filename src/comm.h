@@ -121,8 +121,16 @@ uint64_t gcomp__comm_device_allocs(const gcomp_comm *c);
  * may change from call to call on any one rank; a rank that differed without this agreement
  * would post receives too small for what its neighbour sends (truncation) or wait in another
  * operation until the timeout, instead of returning GCOMP_ERR_MISMATCH at once. */
+/* scales: NULL, or GCOMP__AGREE_SCALES uint64 that ride in the same allreduce: a TernGrad
+ * call on host fp32 buffers puts its local scales' |bits| there (engine.c), so the codec's
+ * shared scales need no allreduce of their own (sched_integer.c). *scales_shared = 1 when
+ * every rank passed its scales, and scales then holds their max over ranks; 0 when some rank
+ * passed NULL (every rank then shares its scales in the ring, as before). Every agreement
+ * carries the slots (zero when unused): the layout never changes. */
+#define GCOMP__AGREE_SCALES 8
 gcomp_result gcomp__comm_agree_call(gcomp_comm *c, gcomp_result local, size_t count, gcomp_dtype dtype, gcomp_op op,
-                                    int on_device, int *any_device, double deadline);
+                                    int on_device, uint64_t *scales, int *scales_shared, int *any_device,
+                                    double deadline);
 /* After a compressed schedule on device buffers (host buffers carry the outcome in the ring's
  * trailers, ring.h; device buffers' flags live in device memory and are read back at the end):
  * whether any rank failed locally (the error, on every rank) and whether any saw a non-finite

@@ -9,7 +9,9 @@
  *           and every workspace region the run will carve (sized now, so a failed
  *           allocation is an error on every rank instead of a hang)
  *   agree   the ranks agree on the call (comm.c): the one collective of a compressed call on
- *           host buffers besides its ring (and TernGrad's scale allreduce, the codec's own)
+ *           host buffers besides its ring; TernGrad's shared scales ride in it on host fp32
+ *           buffers (up to GCOMP__AGREE_SCALES of them: the default spec has one), else they
+ *           take one allreduce of their own in the integer ring
  *   run     the schedule from the table below, which sees a gcomp__call, never the comm
  *   finish  result (/ N for AVG) into recv; the outcome every rank learnt from the ring's
  *           trailers (host buffers, ring.h) or from one more agreement (device buffers); the
@@ -503,6 +505,30 @@ static gcomp_result run_compressed(gcomp_comm *c, gcomp__call *call, plan *p, co
     return GCOMP_SUCCESS;
 }
 
+/* TernGrad on host fp32 buffers: its local scales of x = send + residual as |float bits|
+ * (bits: GCOMP__AGREE_SCALES slots, zeroed), to ride in the call's agreement (comm.h)
+ * instead of an allreduce of their own after it; *carried = 0 when the call has none to
+ * carry (another schedule, device buffers or host copies of them, f16/bf16, too many
+ * scales). A rank that carries none makes every rank share its scales in the ring. */
+static gcomp_result scales_for_agreement(gcomp__call *call, const plan *p, const void *send, uint64_t *bits,
+                                         int *carried)
+{
+    float s[GCOMP__AGREE_SCALES];
+    gcomp_encode_ctx ctx = { 0 };
+    size_t nb;
+    double t0 = gcomp__now();
+    *carried = 0;
+    if (p->sched != GCOMP_SCHED_INTEGER || call->on_device || p->via_host || p->dtype != GCOMP_F32)
+        return GCOMP_SUCCESS;
+    nb = call->vt->num_scales(call->params, call->count);
+    if (nb == 0 || nb > GCOMP__AGREE_SCALES) return GCOMP_SUCCESS;
+    GCOMP_CHECK(call->vt->local_scales(call->params, &ctx, (const float *)send, call->r_in, call->count, s));
+    gcomp__scale_bits(s, nb, bits);
+    call->ring.st->encode_s += gcomp__now() - t0;
+    *carried = 1;
+    return GCOMP_SUCCESS;
+}
+
 /* One call, from start to end, on the thread that runs it (the caller's, or the
  * communicator's progress thread: request.c). Its deadline starts now, when it starts to
  * run, not when it was issued, so calls queued behind a slow one keep their whole timeout. */
@@ -518,7 +544,8 @@ static gcomp_result run_call(gcomp_comm *c, const gcomp__args *a, gcomp__call *c
     gcomp__call *call = callp;
     plan *p = pp;
     gcomp_result local;
-    int any_device = 0;
+    int any_device = 0, carried = 0, scales_shared = 0;
+    uint64_t scales[GCOMP__AGREE_SCALES] = { 0 };
     double t0 = gcomp__now(), t_agree;
     if (c->broken)
         return gcomp__fail(GCOMP_ERR_COMM_INVALID,
@@ -535,9 +562,12 @@ static gcomp_result run_call(gcomp_comm *c, const gcomp__args *a, gcomp__call *c
     p->dtype = dtype;
     local = check_args(send, recv, count, dtype, op, a->stream);
     if (local == GCOMP_SUCCESS && count > 0) local = prepare_call(c, call, p, send, recv, a->stream, key, op);
+    if (local == GCOMP_SUCCESS && count > 0) local = scales_for_agreement(call, p, send, scales, &carried);
     t_agree = gcomp__now();
-    GCOMP_CHECK(gcomp__comm_agree_call(c, local, count, dtype, op, call->on_device, &any_device, call->ring.deadline));
+    GCOMP_CHECK(gcomp__comm_agree_call(c, local, count, dtype, op, call->on_device, carried ? scales : NULL,
+                                       &scales_shared, &any_device, call->ring.deadline));
     st.agree_s = gcomp__now() - t_agree;
+    call->agreed_scales = scales_shared ? scales : NULL;
     if (count == 0) return GCOMP_SUCCESS;
     /* the outcome rides in the ring's messages when every rank's buffers are host memory
      * (ring.h); a rank with device buffers makes every rank use the end-of-call agreement */

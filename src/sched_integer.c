@@ -2,9 +2,11 @@
  * sched_integer.c — the integer ring (GCOMP_CAP_INTEGER codecs: TernGrad), on the codec's
  * own int_* entries (gcomp_codec.h); the wire format of the sums is the codec's.
  *
- * 1. Each rank computes its local scales of x = g + r; one small allreduce-max makes them
- *    the same on every rank (compared as integer bits, so a NaN anywhere wins and reaches
- *    every result).
+ * 1. Each rank computes its local scales of x = g + r; an allreduce-max makes them the same
+ *    on every rank (compared as integer bits, so a NaN anywhere wins and reaches every
+ *    result). On host fp32 buffers with at most GCOMP__AGREE_SCALES scales (TernGrad's
+ *    default: one) the engine computed them before the call and they rode in the call's
+ *    agreement (call->agreed_scales); otherwise one small allreduce-max of their own.
  * 2. Reduce-scatter: partial sums of codes travel as exact integers; after m contributions
  *    they are packed by the codec (TernGrad: digits of base 2m+1 in groups, 1.6 bits each for
  *    m = 1, 2.33 for m = 2, 3 for m = 3, 3.5 for m = 4). No value is ever re-quantised. Each
@@ -19,7 +21,7 @@
  * multiples of the codec's int_align (TernGrad: the bucket size), so each chunk's buckets are
  * whole. Wire bytes per rank: sum_{m=1}^{N-1} int_sum_bytes(L, m) + (N-1) * int_sum_bytes(L, N)
  * for chunks of L elements (plus 32-byte stage headers with zstd), plus 8 * nb bytes for the
- * scale allreduce; host buffers: 2(N-1) outcome trailers of 16 bytes more (ring.h).
+ * scales (counted also when they rode in the agreement); host buffers: 2(N-1) outcome trailers of 16 bytes more (ring.h).
  *
  * Host buffers carry the outcome in the ring's trailers: the non-finite decision follows from
  * the shared scales (the same on every rank), and a failure of a hop (sums that fail their
@@ -136,7 +138,9 @@ static gcomp_result int_prepare(gcomp__call *call)
     return GCOMP_SUCCESS;
 }
 
-static gcomp_result shared_scales(int_ctx *d)
+/* d->keys = this rank's local scales as |float bits| (an integer max of them is exact, and
+ * a NaN, the largest, wins). */
+static gcomp_result local_scale_bits(int_ctx *d)
 {
     gcomp__call *call = d->call;
     gcomp_encode_ctx ctx = { 0 };
@@ -151,13 +155,20 @@ static gcomp_result shared_scales(int_ctx *d)
         GCOMP_CHECK(call->vt->local_scales(call->params, &ctx, call->x, call->r_in, call->count, d->scales));
     }
     call->ring.st->encode_s += gcomp__now() - t0;
-    /* |scale| bits as integers: max is exact, and NaN (largest) wins */
-    for (size_t j = 0; j < d->nb; j++) {
-        uint32_t b;
-        memcpy(&b, &d->hscales[j], 4);
-        d->keys[j] = b & 0x7fffffffu;
+    gcomp__scale_bits(d->hscales, d->nb, d->keys);
+    return GCOMP_SUCCESS;
+}
+
+static gcomp_result shared_scales(int_ctx *d)
+{
+    gcomp__call *call = d->call;
+    if (call->agreed_scales) { /* shared already, in the call's agreement (engine.c) */
+        memcpy(d->keys, call->agreed_scales, d->nb * sizeof *d->keys);
+        call->ring.st->wire_bytes += 8 * d->nb;
+    } else {
+        GCOMP_CHECK(local_scale_bits(d));
+        GCOMP_CHECK(gcomp__ring_max_u64(&call->ring, d->keys, d->nb));
     }
-    GCOMP_CHECK(gcomp__ring_max_u64(&call->ring, d->keys, d->nb));
     d->write_residual = 1;
     for (size_t j = 0; j < d->nb; j++) {
         uint32_t b = (uint32_t)d->keys[j];

@@ -12,6 +12,8 @@
 #ifndef GCOMP_SCHEDULE_H
 #define GCOMP_SCHEDULE_H
 
+#include <string.h>
+
 #include "codec_internal.h"
 #include "ring.h"
 #include "workspace.h"
@@ -35,6 +37,9 @@ typedef struct gcomp__call {
     float *result;  /* fp32 output, count elements */
     size_t count;
     float *r_in, *r_out; /* residual of the key, NULL without error feedback */
+    const uint64_t *agreed_scales; /* the integer ring's shared scales (|float bits|, max over
+                                    * ranks), agreed with the call (engine.c), or NULL: the
+                                    * ring computes and shares them itself */
     uint64_t step;
     float divisor; /* AVG on the integer and sparse schedules: result = sum / divisor (else 1) */
     int divided;   /* the schedule applied divisor in its last pass over the result */
@@ -94,6 +99,17 @@ gcomp_result gcomp__call_to_device(gcomp__call *call, void *dst, const void *src
 gcomp_result gcomp__call_wait(gcomp__call *call);
 /* The same for work on `stream` of the device ops dev (within the call's deadline). */
 gcomp_result gcomp__call_wait_on(const gcomp__call *call, const gcomp__device_ops *dev, struct CUstream_st *stream);
+
+/* bits[j] = |scales[j]| as its float bits, j < n: an integer max of them is the max of the
+ * magnitudes, exact, with a NaN (the largest) winning (the integer ring's shared scales). */
+static inline void gcomp__scale_bits(const float *scales, size_t n, uint64_t *bits)
+{
+    for (size_t j = 0; j < n; j++) {
+        uint32_t b;
+        memcpy(&b, &scales[j], 4);
+        bits[j] = b & 0x7fffffffu;
+    }
+}
 
 /* The encode context of a call for elements from `offset` on. */
 static inline gcomp_encode_ctx gcomp__call_ctx(const gcomp__call *call, size_t offset)

@@ -247,6 +247,15 @@ timeout:
     return gcomp__fail(GCOMP_ERR_TIMEOUT, "loop transport: a collective did not complete before the deadline");
 }
 
+uint64_t gcomp__loop_world_collectives(gcomp__loop_world *w)
+{
+    uint64_t done;
+    pthread_mutex_lock(&w->lock);
+    done = w->done_seq; /* collectives are numbered 1, 2, ... and complete in order */
+    pthread_mutex_unlock(&w->lock);
+    return done;
+}
+
 static gcomp_result loop_max_u64(gcomp__transport *t, uint64_t *vals, size_t n, double deadline)
 {
     return loop_collective((loop_transport *)t, COLL_MAX_U64, vals, n, sizeof(uint64_t), deadline);

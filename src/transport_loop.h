@@ -19,6 +19,11 @@ gcomp_result gcomp__loop_world_create(int size, gcomp__loop_world **out);
 void gcomp__loop_world_destroy(gcomp__loop_world *w);
 /* The transport of one rank of the world (thread-safe; one per thread). */
 gcomp_result gcomp__transport_loop_create(gcomp__loop_world *w, int rank, struct gcomp__transport **out);
+/* Collectives the world's ranks have completed so far (allreduce_max_u64 and
+ * allreduce_sum_f32, each counted once for all ranks), for tests that count a call's
+ * collectives: read by a rank between two of its calls, it is exact (no later collective can
+ * complete without that rank). */
+uint64_t gcomp__loop_world_collectives(gcomp__loop_world *w);
 /* A communicator over the world for this rank: collective over the world's ranks. */
 gcomp_result gcomp__comm_create_loop(gcomp__loop_world *w, int rank, const gcomp_config *cfg, gcomp_comm **out);
 

@@ -100,6 +100,79 @@ static void test_every_schedule(void **state)
     }
 }
 
+/* ---- collectives per call ------------------------------------------------------------------ */
+
+typedef struct coll_job {
+    loop_rank at;
+    const char *spec;
+    gcomp_dtype dtype;
+    size_t count;
+    gcomp_result rc;
+    uint64_t per_call; /* collectives of one call, as this rank counted them */
+} coll_job;
+
+static void *run_counted_calls(void *arg)
+{
+    coll_job *j = arg;
+    gcomp_config cfg = gcomp_config_default();
+    gcomp_comm *comm = NULL;
+    size_t esize = gcomp_dtype_size(j->dtype);
+    uint8_t *x = calloc(j->count, esize), *y = calloc(j->count, esize);
+    uint64_t before;
+    for (size_t i = 0; i < j->count * esize; i += 2) x[i + 1] = (uint8_t)(0x30 + (i + j->at.rank) % 7); /* finite */
+    cfg.codec = j->spec;
+    cfg.min_bytes = 0;
+    cfg.timeout_ms = 20000;
+    j->rc = gcomp__comm_create_loop(j->at.w, j->at.rank, &cfg, &comm);
+    if (j->rc == GCOMP_SUCCESS) j->rc = gcomp_allreduce(comm, x, y, j->count, j->dtype, GCOMP_SUM, 5, NULL);
+    before = gcomp__loop_world_collectives(j->at.w);
+    for (int t = 0; t < 3 && j->rc == GCOMP_SUCCESS; t++)
+        j->rc = gcomp_allreduce(comm, x, y, j->count, j->dtype, GCOMP_SUM, 5, NULL);
+    j->per_call = (gcomp__loop_world_collectives(j->at.w) - before) / 3;
+    gcomp_comm_destroy(comm);
+    free(x);
+    free(y);
+    return NULL;
+}
+
+/* A compressed call on host buffers makes one collective, its agreement; TernGrad's shared
+ * scales ride in it when there are at most GCOMP__AGREE_SCALES of them and the buffers are
+ * fp32 (else the integer ring's own scale allreduce is a second one). */
+static void test_collectives_per_call(void **state)
+{
+    static const struct {
+        const char *spec;
+        gcomp_dtype dtype;
+        size_t count;
+        uint64_t want;
+    } cases[] = {
+        { "terngrad", GCOMP_F32, 20000, 1 },
+        { "terngrad:bucket=4096", GCOMP_F32, 8 * 4096, 1 },     /* 8 scales: the slots' limit */
+        { "terngrad:bucket=4096", GCOMP_F32, 8 * 4096 + 1, 2 }, /* 9 scales */
+        { "terngrad", GCOMP_F16, 20000, 2 },                     /* widened after the agreement */
+        { "fp16", GCOMP_F32, 20000, 1 },
+        { "topk:ratio=0.01", GCOMP_F32, 20000, 1 },
+    };
+    (void)state;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        coll_job jobs[3];
+        memset(jobs, 0, sizeof jobs);
+        for (int r = 0; r < 3; r++) {
+            jobs[r].spec = cases[i].spec;
+            jobs[r].dtype = cases[i].dtype;
+            jobs[r].count = cases[i].count;
+        }
+        loop_run_world(3, run_counted_calls, jobs, sizeof jobs[0]);
+        for (int r = 0; r < 3; r++) {
+            assert_int_equal(jobs[r].rc, GCOMP_SUCCESS);
+            if (jobs[r].per_call != cases[i].want)
+                fail_msg("%s, %zu elements of dtype %d: %llu collectives per call, expected %llu", cases[i].spec,
+                         cases[i].count, (int)cases[i].dtype, (unsigned long long)jobs[r].per_call,
+                         (unsigned long long)cases[i].want);
+        }
+    }
+}
+
 /* ---- agreement and failure paths -------------------------------------------------------- */
 
 enum {
@@ -290,6 +363,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_schedule),
+        cmocka_unit_test(test_collectives_per_call),
         cmocka_unit_test(test_key_none_keeps_no_residual),
         cmocka_unit_test(test_mismatch),
         cmocka_unit_test(test_local_failure_after_agreement),
