@@ -28,7 +28,9 @@ Checks:
   ddp         torch DDP, NCCL process group of world size 1, an MLP on CUDA with
               gcomp.torch.hook for terngrad, topk:ratio=0.05 and fp16: the state picked the
               NCCL backend, the loss falls, buckets past start_iter ran compressed; the
-              state's residuals (on the device) survive state_dict -> load_state_dict.
+              state's residuals (on the device) survive state_dict -> load_state_dict;
+              top-k with momentum correction (momentum=0.9, optimizer without momentum):
+              the loss falls, the velocities live on the GPU and survive state_dict.
 """
 import os
 import socket
@@ -181,15 +183,16 @@ def teacher_data(n=4096, dim=64, classes=10):
     return x.to(DEV), y.to(DEV)
 
 
-def ddp_run(codec, data, steps=60, start_iter=3, batch=64):
+def ddp_run(codec, data, steps=60, start_iter=3, batch=64, momentum=0.0):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),
                                 torch.nn.Linear(256, 10)).to(DEV)
     ddp = DDP(model, device_ids=[DEV.index])
-    state = gcomp.torch.GcompHookState(codec=codec, start_iter=start_iter, seed=SEED)
+    state = gcomp.torch.GcompHookState(codec=codec, start_iter=start_iter, seed=SEED,
+                                       momentum=momentum)
     assert state.comm.backend == "nccl" and state.comm.device == DEV, state.comm.backend
     ddp.register_comm_hook(state, gcomp.torch.hook)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.0 if momentum else 0.9)
     x, y = data
     losses = []
     for s in range(steps):
@@ -201,18 +204,24 @@ def ddp_run(codec, data, steps=60, start_iter=3, batch=64):
         losses.append(loss.item())
     st = state.stats()
     first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
-    say("ddp: %-16s loss %.3f -> %.3f, compressed calls %d, last schedule %s, wire/raw %.4f"
-        % (codec, first, last, st["compressed_calls"], st["last_schedule"],
+    say("ddp: %-16s momentum %.1f: loss %.3f -> %.3f, compressed calls %d, last schedule %s, "
+        "wire/raw %.4f" % (codec, momentum, first, last, st["compressed_calls"], st["last_schedule"],
            st["wire_bytes"] / max(st["raw_bytes"], 1)))
     assert all(torch.isfinite(p).all() for p in model.parameters()), "non-finite parameters"
     assert last < 0.8 * first, "%s: loss did not fall: %.3f -> %.3f" % (codec, first, last)
     assert state.iter == steps and st["compressed_calls"] >= steps - start_iter, st
     assert st["compressed_calls"] == st["calls"], st
+    if momentum:
+        assert state._velocity and all(u.device == DEV for u in state._velocity.values()), \
+            {k: u.device for k, u in state._velocity.items()}
     if state._ef:
         sd = state.state_dict()
-        again = gcomp.torch.GcompHookState(codec=codec, start_iter=start_iter, seed=SEED)
+        again = gcomp.torch.GcompHookState(codec=codec, start_iter=start_iter, seed=SEED,
+                                           momentum=momentum)
         again.load_state_dict(sd)
         assert again.state_dict()["residuals"] == sd["residuals"], "residuals changed"
+        for k, u in sd["velocity"].items():
+            assert torch.equal(again.state_dict()["velocity"][k], u), "velocity %d changed" % k
         again.close()
     state.close()
 
@@ -221,6 +230,7 @@ def check_ddp():
     data = teacher_data()
     for codec in ("terngrad", "topk:ratio=0.05", "fp16"):
         ddp_run(codec, data)
+    ddp_run("topk:ratio=0.05", data, momentum=0.9)
 
 
 CHECKS = {"allreduce": check_allreduce, "streams": check_streams, "refusals": check_refusals,
