@@ -37,7 +37,7 @@ char *openblas_get_corename(void);
 
 typedef struct options {
     const char *model, *codec, *json, *data, *schedule;
-    int ef, batch, evals_per_epoch, quiet, blocking;
+    int ef, batch, evals_per_epoch, quiet, blocking, momentum_correction;
     long long min_bytes, bucket_bytes;
     double epochs, lr, momentum, wd;
     unsigned long long seed;
@@ -56,6 +56,9 @@ typedef struct bucket {
 typedef struct step_comm {
     gcomp_comm *comm;
     float *g;
+    /* momentum correction: vel = mu vel + g + wd w per key, reduced in place of g */
+    float *w, *vel, mu, wd;
+    int correct;
     const bucket *b;
     int nb, overlap;
     int left[MAX_BUCKETS];  /* tensors of the bucket still to come this step */
@@ -111,6 +114,10 @@ static void usage(int rc)
                 "  --lr LR                peak learning rate [0.05]\n"
                 "  --lr-schedule cosine|const  cosine decays to 0 over the run [cosine]\n"
                 "  --momentum M           SGD momentum [0.9]\n"
+                "  --momentum-correction  apply the momentum (and weight decay) to each key's gradient before\n"
+                "                         its allreduce, and reduce that velocity (Deep Gradient Compression's\n"
+                "                         momentum correction: the residual then keeps what a sparsifier drops\n"
+                "                         of the velocity); the update is then w -= lr * (the reduced velocity)\n"
                 "  --wd W                 weight decay [0]\n"
                 "  --seed S               init, shuffle and stochastic rounding [1]\n"
                 "  --evals-per-epoch K    test-set evaluations (history points) per epoch [1]\n"
@@ -184,6 +191,7 @@ static void parse_options(int argc, char **argv, options *o)
         O_JSON,
         O_QUIET,
         O_BLOCKING,
+        O_MC,
         O_HELP
     };
     static const struct option longopts[] = { { "model", 1, 0, O_MODEL },
@@ -203,6 +211,7 @@ static void parse_options(int argc, char **argv, options *o)
                                               { "json", 1, 0, O_JSON },
                                               { "quiet", 0, 0, O_QUIET },
                                               { "blocking", 0, 0, O_BLOCKING },
+                                              { "momentum-correction", 0, 0, O_MC },
                                               { "help", 0, 0, O_HELP },
                                               { 0, 0, 0, 0 } };
     int c;
@@ -272,6 +281,9 @@ static void parse_options(int argc, char **argv, options *o)
         case O_BLOCKING:
             o->blocking = 1;
             break;
+        case O_MC:
+            o->momentum_correction = 1;
+            break;
         case 'h':
         case O_HELP:
             usage(0);
@@ -332,6 +344,22 @@ static void step_comm_begin(step_comm *sc)
     sc->nready = 0;
 }
 
+/* A velocity below FLT_MIN is flushed to zero (see sgd_momentum_step). */
+static float momentum_step(float vel, float g, float w, float mu, float wd)
+{
+    float v = mu * vel + g + wd * w;
+    return fabsf(v) < FLT_MIN ? 0.0f : v;
+}
+
+/* --momentum-correction: key k's gradient becomes its local velocity, which is what the
+ * allreduce then reduces. */
+static void momentum_into_grad(step_comm *sc, const bucket *k)
+{
+    if (!sc->correct) return;
+    for (size_t j = k->off; j < k->off + k->count; j++)
+        sc->g[j] = sc->vel[j] = momentum_step(sc->vel[j], sc->g[j], sc->w[j], sc->mu, sc->wd);
+}
+
 /* train_grad_ready_fn: tensor t's gradient is final. When that completes its bucket, the
  * bucket's allreduce starts now (overlap) or is queued for after the backward pass. */
 static void grad_ready(void *ctx, int t)
@@ -343,6 +371,7 @@ static void grad_ready(void *ctx, int t)
     sc->order[sc->nready++] = b;
     if (!sc->overlap) return;
     const bucket *k = &sc->b[b];
+    momentum_into_grad(sc, k);
     check_gcomp(gcomp_iallreduce(sc->comm, sc->g + k->off, sc->g + k->off, k->count, GCOMP_F32, GCOMP_AVG,
                                  (uint64_t)b, NULL, &sc->req[b]),
                 "gcomp_iallreduce");
@@ -359,10 +388,12 @@ static void step_comm_finish(step_comm *sc)
     for (int i = 0; i < sc->nb; i++) {
         int b = sc->order[i];
         const bucket *k = &sc->b[b];
-        if (sc->overlap)
+        if (sc->overlap) {
             check_gcomp(gcomp_wait(&sc->req[b]), "gcomp_wait");
-        else
-            check_gcomp(gcomp_allreduce(sc->comm, sc->g + k->off, sc->g + k->off, k->count, GCOMP_F32, GCOMP_AVG,
+            continue;
+        }
+        momentum_into_grad(sc, k);
+        check_gcomp(gcomp_allreduce(sc->comm, sc->g + k->off, sc->g + k->off, k->count, GCOMP_F32, GCOMP_AVG,
                                         (uint64_t)b, NULL),
                         "gcomp_allreduce");
     }
@@ -405,8 +436,7 @@ static void sgd_momentum_step(float *restrict w, float *restrict vel, const floa
                               float mu, float wd)
 {
     for (size_t j = 0; j < n; j++) {
-        float v = mu * vel[j] + g[j] + wd * w[j];
-        v = fabsf(v) < FLT_MIN ? 0.0f : v;
+        float v = momentum_step(vel[j], g[j], w[j], mu, wd);
         vel[j] = v;
         w[j] -= lr * v;
     }
@@ -459,7 +489,16 @@ int main(int argc, char **argv)
     int *perm = malloc((size_t)train.n * sizeof(int));
     bucket buckets[MAX_BUCKETS];
     int nb = make_buckets(m, o.bucket_bytes, buckets);
-    step_comm sc = { .comm = comm, .g = g, .b = buckets, .nb = nb, .overlap = !o.blocking };
+    step_comm sc = { .comm = comm,
+                     .g = g,
+                     .w = w,
+                     .vel = vel,
+                     .mu = (float)o.momentum,
+                     .wd = (float)o.wd,
+                     .correct = o.momentum_correction,
+                     .b = buckets,
+                     .nb = nb,
+                     .overlap = !o.blocking };
     const char *progress = provided >= MPI_THREAD_MULTIPLE ? "thread" : "caller";
     long spe = train.n / o.batch; /* steps per epoch; the last partial batch is dropped */
     long total = (long)llround(o.epochs * (double)spe);
@@ -475,9 +514,10 @@ int main(int argc, char **argv)
                "%d ranks\n",
                o.model, np, train_model_ntensors(m), nb, gcomp_comm_codec(comm), o.ef, o.min_bytes, g_size);
         printf(
-            "# batch %d (%d..%d per rank), lr %g (%s), momentum %g, wd %g, seed %llu, %.4g epochs = %ld steps of %ld "
+            "# batch %d (%d..%d per rank), lr %g (%s), momentum %g%s, wd %g, seed %llu, %.4g epochs = %ld steps of %ld "
             "per epoch\n",
-            o.batch, o.batch / g_size, (o.batch + g_size - 1) / g_size, o.lr, o.schedule, o.momentum, o.wd, o.seed,
+            o.batch, o.batch / g_size, (o.batch + g_size - 1) / g_size, o.lr, o.schedule, o.momentum,
+            o.momentum_correction ? " (momentum correction: velocities reduced)" : "", o.wd, o.seed,
             o.epochs, total, spe);
         printf("# BLAS: OpenBLAS, %s kernels%s%s%s\n", openblas_get_corename(), blas_note ? " (" : "",
                blas_note ? blas_note : "", blas_note ? ")" : "");
@@ -520,7 +560,10 @@ int main(int argc, char **argv)
         if (strcmp(o.schedule, "cosine") == 0)
             lr = (float)(o.lr * 0.5 * (1.0 + cos(M_PI * (double)step / (double)total)));
         float mu = (float)o.momentum, wd = (float)o.wd;
-        sgd_momentum_step(w, vel, g, np, lr, mu, wd);
+        if (o.momentum_correction)
+            for (size_t j = 0; j < np; j++) w[j] -= lr * g[j]; /* g: the reduced velocity */
+        else
+            sgd_momentum_step(w, vel, g, np, lr, mu, wd);
         double t3 = now();
         t_compute += (t1 - t0) + (t3 - t2);
         t_comm += t2 - t1;
@@ -610,6 +653,7 @@ int main(int argc, char **argv)
                 json_str(jf, "lr_schedule", o.schedule, ", ");
                 json_str(jf, "blas_core", openblas_get_corename(), ", ");
                 json_num(jf, "momentum", o.momentum, ", ");
+                fprintf(jf, "\"momentum_correction\": %d, ", o.momentum_correction);
                 json_num(jf, "wd", o.wd, ", ");
                 fprintf(jf, "\"seed\": %llu, \"params\": %zu, ", o.seed, np);
                 json_num(jf, "test_acc", fin->test_acc, ", ");

@@ -70,4 +70,26 @@ if abs(float(rows[0]["test_acc"]) - sum(accs) / 2) > 0.006:
     sys.exit("seeds: results.csv is not the mean of the runs")
 print("seeds: %s -> mean %s" % (accs, rows[0]["test_acc"]))
 PY
+# --momentum-correction: recorded in the JSON and the log, and the same bits whether each
+# key's allreduce overlaps the backward pass or not (the velocity is formed before either).
+for mode in overlap blocking; do
+  extra=(--momentum-correction); [ "$mode" = blocking ] && extra+=(--blocking)
+  /usr/bin/python3 "$root/bench/sweep" --ranks 2 --epochs 0.05 --codec topk:ratio=0.05 \
+    --trainer "$trainer" --out "$out/mc_$mode" -- "${extra[@]}"
+done
+/usr/bin/python3 - "$out/mc_overlap/points" "$out/mc_blocking/points" <<'PY'
+import glob, json, sys
+got = []
+for d in sys.argv[1:]:
+    (path,) = glob.glob(d + "/*.json")
+    j = json.load(open(path))
+    if j.get("momentum_correction") != 1 or "momentum correction" not in open(path[:-5] + ".log").read():
+        sys.exit("%s: momentum correction not recorded" % path)
+    if j["test_acc"] < 50.0:
+        sys.exit("%s: accuracy %s %% is not well above chance" % (path, j["test_acc"]))
+    got.append((j["test_acc"], j["loss"]))
+if got[0] != got[1]:
+    sys.exit("momentum correction: overlapped %r and blocking %r differ" % tuple(got))
+print("momentum correction: test accuracy %.2f %%, loss %.4f, overlapped = blocking" % got[0])
+PY
 echo "sweep_ci: ok"
