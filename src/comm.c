@@ -6,7 +6,8 @@
  * AGREE_N uint64) in which the ranks agree on the call (codec spec, count, dtype, op,
  * min_bytes, library version) and on whether every rank's arguments were valid, or, at the
  * end, on the outcome (a local failure, a non-finite input or result). A disagreement
- * returns the same error on every rank instead of a hang or garbage.
+ * returns the same error on every rank instead of a hang or garbage. The call's agreement
+ * also carries TernGrad's shared scales when every rank has them ready (engine.c).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -318,10 +319,6 @@ gcomp_result gcomp__comm_agree_call(gcomp_comm *c, gcomp_result local, size_t co
     *scales_shared = 0;
     GCOMP_CHECK(gcomp__comm_transport_failed(c, vote_share(c->tp, &mine, got, deadline)));
     *any_device = got[V_DEVICE] != 0;
-    if (scales && !got[V_NO_SCALES]) {
-        memcpy(scales, &got[V_SCALES], GCOMP__AGREE_SCALES * sizeof *scales);
-        *scales_shared = 1;
-    }
     if (got[V_FAIL]) return vote_failure(&mine, got, "before the call started (its arguments or buffers)");
     vote_differences(&mine, got, diff, sizeof diff);
     if (diff[0])
@@ -329,6 +326,11 @@ gcomp_result gcomp__comm_agree_call(gcomp_comm *c, gcomp_result local, size_t co
                            "ranks disagree on the call's %s (this rank: count %zu dtype %d op %d "
                            "min_bytes %lld codec '%s')",
                            diff, count, (int)dtype, (int)op, (long long)c->cfg.min_bytes, gcomp_codec_spec(c->codec));
+    /* the ranks agree on the call, so all of them chose to carry scales, or some did not */
+    if (scales && !got[V_NO_SCALES]) {
+        memcpy(scales, &got[V_SCALES], GCOMP__AGREE_SCALES * sizeof *scales);
+        *scales_shared = 1;
+    }
     return GCOMP_SUCCESS;
 }
 
