@@ -9,6 +9,7 @@
 #define GCOMP_TEST_SCHEDULE_CASES_H
 
 #include <stddef.h>
+#include <stdlib.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -68,5 +69,32 @@ static inline uint64_t sc_hash(uint64_t h, const void *p, size_t n)
 }
 
 #define SC_HASH_INIT 0xcbf29ce484222325ull
+
+/* The configuration every run of a case uses. */
+static inline gcomp_config sc_config(const schedule_case *c)
+{
+    gcomp_config cfg = gcomp_config_default();
+    cfg.codec = c->spec;
+    cfg.min_bytes = c->min_bytes;
+    cfg.seed = 7;
+    return cfg;
+}
+
+/* SCHEDULE_STEPS calls of case c on comm as rank `rank`, key 42; *hash: of every result.
+ * Returns the first failure (the later steps are skipped). */
+static inline gcomp_result sc_run_steps(gcomp_comm *comm, const schedule_case *c, int rank, uint64_t *hash)
+{
+    float *x = (float *)malloc(c->count * sizeof(float)), *y = (float *)malloc(c->count * sizeof(float));
+    gcomp_result rc = x && y ? GCOMP_SUCCESS : GCOMP_ERR_NOMEM;
+    *hash = SC_HASH_INIT;
+    for (int t = 0; t < SCHEDULE_STEPS && rc == GCOMP_SUCCESS; t++) {
+        sc_fill(c, x, rank, t);
+        rc = gcomp_allreduce(comm, x, y, c->count, GCOMP_F32, c->op, 42, NULL);
+        *hash = sc_hash(*hash, y, c->count * sizeof(float));
+    }
+    free(x);
+    free(y);
+    return rc;
+}
 
 #endif

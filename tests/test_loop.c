@@ -39,36 +39,17 @@ static void *run_case(void *arg)
 {
     rank_job *j = arg;
     const schedule_case *c = j->c;
-    gcomp_config cfg = gcomp_config_default();
+    gcomp_config cfg = sc_config(c);
     gcomp_comm *comm = NULL;
     gcomp_comm_stats st;
-    float *x = malloc(c->count * sizeof(float)), *y = malloc(c->count * sizeof(float));
-    cfg.codec = c->spec;
-    cfg.min_bytes = c->min_bytes;
-    cfg.seed = 7;
     cfg.timeout_ms = 20000;
     j->hash = SC_HASH_INIT;
     j->rc = gcomp__comm_create_loop(j->at.w, j->at.rank, &cfg, &comm);
-    for (int t = 0; t < SCHEDULE_STEPS && j->rc == GCOMP_SUCCESS; t++) {
-        sc_fill(c, x, j->at.rank, t);
-        j->rc = gcomp_allreduce(comm, x, y, c->count, GCOMP_F32, c->op, 42, NULL);
-        j->hash = sc_hash(j->hash, y, c->count * sizeof(float));
-    }
+    if (j->rc == GCOMP_SUCCESS) j->rc = sc_run_steps(comm, c, j->at.rank, &j->hash);
     if (j->rc == GCOMP_SUCCESS && gcomp_comm_stats_get(comm, &st) == GCOMP_SUCCESS) j->sched = st.last_schedule;
     if (j->rc != GCOMP_SUCCESS) fprintf(stderr, "rank %d: %s\n", j->at.rank, gcomp_last_error());
     gcomp_comm_destroy(comm);
-    free(x);
-    free(y);
     return NULL;
-}
-
-/* Run fn on n thread-ranks of a fresh world; jobs[r] is rank r's. */
-static uint64_t expected_hash(const char *name, int ranks)
-{
-    for (size_t i = 0; i < sizeof schedules_expected / sizeof schedules_expected[0]; i++)
-        if (strcmp(schedules_expected[i].name, name) == 0 && schedules_expected[i].ranks == ranks)
-            return schedules_expected[i].hash;
-    return 0;
 }
 
 static void test_every_schedule(void **state)
@@ -91,7 +72,7 @@ static void test_every_schedule(void **state)
             if (print) {
                 printf("    {\"%s\", %d, 0x%016llxull},\n", c->name, n, (unsigned long long)jobs[0].hash);
             } else {
-                uint64_t want = expected_hash(c->name, n);
+                uint64_t want = sc_expected_hash(c->name, n);
                 if (want != jobs[0].hash)
                     fail_msg("%s at %d ranks: hash 0x%016llx, expected 0x%016llx", c->name, n,
                              (unsigned long long)jobs[0].hash, (unsigned long long)want);

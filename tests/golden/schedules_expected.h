@@ -5,6 +5,7 @@
 #define GCOMP_SCHEDULES_EXPECTED_H
 
 #include <stdint.h>
+#include <string.h>
 
 static const struct {
     const char *name;
@@ -68,5 +69,14 @@ static const struct {
     {"bypass_small", 7, 0x1f3dd2aa75cebcf0ull},
     {"bypass_small", 8, 0x4310e55797c26409ull},
 };
+
+/* The expected hash of case `name` at `ranks` ranks; 0 if the table has none. */
+static inline uint64_t sc_expected_hash(const char *name, int ranks)
+{
+    for (size_t i = 0; i < sizeof schedules_expected / sizeof schedules_expected[0]; i++)
+        if (strcmp(schedules_expected[i].name, name) == 0 && schedules_expected[i].ranks == ranks)
+            return schedules_expected[i].hash;
+    return 0;
+}
 
 #endif
