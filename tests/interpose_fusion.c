@@ -36,19 +36,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "mpi_test_util.h" /* rank, size, CHECK and n_fail */
+
 #define N_TENSOR 32768 /* floats per tensor: 128 KiB, each call above the 64 KiB threshold */
 
-static int failures;
 
-#define CHECK(cond, ...)                                                        \
-    do {                                                                        \
-        if (!(cond)) {                                                          \
-            fprintf(stderr, "rank %d: FAIL %s:%d: ", rank, __FILE__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                                       \
-            fputc('\n', stderr);                                                \
-            failures++;                                                         \
-        }                                                                       \
-    } while (0)
 
 /* Deterministic inputs in [lo, hi), different per rank, step and tensor. */
 static void fill(float *x, int n, float lo, float hi, unsigned seed)
@@ -68,7 +60,7 @@ static int control_and(MPI_Comm comm, long long bits)
 
 int main(int argc, char **argv)
 {
-    int rank, size, steps = 120, passed = 0, flips = 0;
+    int steps = 120, passed = 0, flips = 0;
     const char *codec = getenv("GCOMP_CODEC"), *key = getenv("GCOMP_INTERPOSE_EF_KEY");
     int sequence = key && strcmp(key, "sequence") == 0;
     int bad_key = key && *key && !sequence && strcmp(key, "buffer") != 0;
@@ -120,7 +112,7 @@ int main(int argc, char **argv)
 
     if (lossy && strncmp(codec, "topk", 4) != 0) {
         if (rank == 0) fprintf(stderr, "interpose_fusion: GCOMP_CODEC must be top-k, got '%s'\n", codec);
-        failures++;
+        n_fail++;
     } else if (lossy && sequence) {
         CHECK(flips == 0, "%d elements carried another tensor's error (sign flipped)", flips);
         CHECK(out_a >= 0.5 * in_a, "A's result carries %.3f of its input: error feedback not working", out_a / in_a);
@@ -136,5 +128,5 @@ int main(int argc, char **argv)
            lossy ? passed : passed + 2 * steps);
     free(a), free(b), free(c), free(fused), free(ref);
     MPI_Finalize();
-    return failures ? 1 : 0;
+    return n_fail ? 1 : 0;
 }

@@ -25,22 +25,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "mpi_test_util.h" /* rank, size, CHECK and n_fail */
+
 #define N_BIG 40000 /* 160000 bytes: above the default 65536-byte threshold */
 #define N_SMALL 1000
 #define STEPS 3
 
-static int rank, size, failures, n_compressed, n_passed, n_no_ef, n_freed;
+static int n_compressed, n_passed, n_no_ef, n_freed;
 static const char *bound = "exact";
 
-#define CHECK(cond, ...)                                                        \
-    do {                                                                        \
-        if (!(cond)) {                                                          \
-            fprintf(stderr, "rank %d: FAIL %s:%d: ", rank, __FILE__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                                       \
-            fputc('\n', stderr);                                                \
-            failures++;                                                         \
-        }                                                                       \
-    } while (0)
 
 static float value(int r, int i, int step)
 {
@@ -119,7 +112,7 @@ static int at_finalize(MPI_Comm comm, int keyval, void *val, void *extra)
     MPI_Allreduce(x, a, N, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
     if (memcmp(a, b, N * sizeof *a)) {
         fprintf(stderr, "rank %d: FAIL: a float sum during MPI_Finalize differs from MPI's (compressed?)\n", rank);
-        failures++;
+        n_fail++;
     }
     free(x), free(a), free(b);
     return MPI_SUCCESS;
@@ -301,11 +294,11 @@ int main(int argc, char **argv)
            n_freed);
     {
         int all = 0;
-        PMPI_Allreduce(&failures, &all, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+        PMPI_Allreduce(&n_fail, &all, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
         if (rank == 0) printf("interpose_prog (%d ranks, bound %s): %s\n", size, bound, all ? "FAILED" : "ok");
-        failures = all;
+        n_fail = all;
     }
     MPI_Finalize();
     free(fx), free(fa), free(fb), free(dx), free(da), free(db), free(ix), free(ia), free(ib);
-    return failures ? 1 : 0;
+    return n_fail ? 1 : 0;
 }
