@@ -35,7 +35,6 @@ import sys
 import time
 
 from mpi4py import MPI
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -43,7 +42,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from fashion_mnist_common import load, make_model, param_hash
+from fashion_mnist_common import load, make_model, param_hash, schedule
 
 try:
     import gcomp.torch
@@ -154,21 +153,12 @@ def run(setting, a, train, test):
                           momentum=0.0 if momentum_correction(setting) else MOMENTUM)
 
     x, y = train
-    local = a.batch // size
-    steps_per_epoch = len(x) // a.batch
-    steps = max(1, int(round(a.epochs * steps_per_epoch)))
-    gen = torch.Generator().manual_seed(a.seed)
-    perm = None
+    steps, batches = schedule(len(x), a.batch, a.epochs, rank, size, a.seed, a.lr)
     dist.barrier()
     t0 = time.perf_counter()
-    for s in range(steps):
-        if s % steps_per_epoch == 0:
-            perm = torch.randperm(len(x), generator=gen)
-        lr = 0.5 * a.lr * (1 + np.cos(np.pi * s / steps))
+    for s, idx, lr in batches:
         for g in opt.param_groups:
             g["lr"] = lr
-        i = (s % steps_per_epoch) * a.batch + rank * local
-        idx = perm[i:i + local]
         opt.zero_grad()
         loss = F.cross_entropy(ddp(x[idx]), y[idx])
         loss.backward()

@@ -42,3 +42,24 @@ def param_hash(model):
     for p in model.parameters():
         h.update(p.detach().numpy().tobytes())
     return h.hexdigest()
+
+
+def schedule(n, batch, epochs, rank, size, seed, peak_lr):
+    """The steps both examples train: `epochs` passes over n images in global batches of
+    `batch`, a fresh permutation each epoch (the same on every rank: seeded), each rank taking
+    its slice of batch // size, and the learning rate decaying from peak_lr by a cosine.
+    Returns (number of steps, an iterator of (step, this rank's image indices, lr))."""
+    local = batch // size
+    steps_per_epoch = n // batch
+    steps = max(1, int(round(epochs * steps_per_epoch)))
+
+    def steps_iter():
+        gen = torch.Generator().manual_seed(seed)
+        perm = None
+        for s in range(steps):
+            if s % steps_per_epoch == 0:
+                perm = torch.randperm(n, generator=gen)
+            i = (s % steps_per_epoch) * batch + rank * local
+            yield s, perm[i:i + local], 0.5 * peak_lr * (1 + np.cos(np.pi * s / steps))
+
+    return steps, steps_iter()

@@ -25,13 +25,12 @@ import os
 import sys
 import time
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 import horovod
 import horovod.torch as hvd
 
-from fashion_mnist_common import load, make_model, param_hash
+from fashion_mnist_common import load, make_model, param_hash, schedule
 
 
 def parse():
@@ -70,20 +69,12 @@ def main():
     hvd.broadcast_optimizer_state(opt, root_rank=0)
     opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
 
-    local = a.batch // size
-    steps_per_epoch = len(x) // a.batch
-    steps = max(1, int(round(a.epochs * steps_per_epoch)))
-    gen = torch.Generator().manual_seed(a.seed)  # the same permutation on every rank
-    perm = None
+    steps, batches = schedule(len(x), a.batch, a.epochs, rank, size, a.seed, a.lr)
     hvd.barrier()
     t0 = time.perf_counter()
-    for s in range(steps):
-        if s % steps_per_epoch == 0:
-            perm = torch.randperm(len(x), generator=gen)
+    for _, idx, lr in batches:
         for g in opt.param_groups:
-            g["lr"] = 0.5 * a.lr * (1 + np.cos(np.pi * s / steps))
-        i = (s % steps_per_epoch) * a.batch + rank * local
-        idx = perm[i:i + local]
+            g["lr"] = lr
         opt.zero_grad()
         loss = F.cross_entropy(model(x[idx]), y[idx])
         loss.backward()
