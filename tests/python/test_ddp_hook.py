@@ -304,14 +304,10 @@ def momentum_args_check():
 def device_mismatch_check():
     """A bucket on a device other than the state's communicator's is refused with a message
     naming both (a meta tensor stands in for a device this MPI state does not reduce)."""
-    class Bucket:
-        def buffer(self):
-            return torch.empty(8, device="meta")
-
     state = gcomp.torch.GcompHookState(codec="terngrad", start_iter=0)
     assert state.comm.backend == "mpi"  # the gloo process group: host buckets over MPI
     try:
-        gcomp.torch.hook(state, Bucket())
+        gcomp.torch.hook(state, FakeBucket(0, [], torch.empty(8, device="meta")))
     except ValueError as e:
         assert "meta" in str(e) and "backend='nccl'" in str(e), str(e)
     else:
