@@ -321,12 +321,12 @@ class GcompHookState:
         out = {}
         for k, u in velocity.items():
             key = _args.int_arg(what + ": velocity key", k, 0, _args.KEY_NONE - 1)
-            if not isinstance(u, torch.Tensor) or not u.is_floating_point() or \
-                    u.layout != torch.strided or u.device.type == "meta":
-                raise TypeError("%s: velocity of key %d must be a dense floating-point tensor "
-                                "with data, got %s" % (what, key, type(u).__name__ if not
-                                                       isinstance(u, torch.Tensor) else
-                                                       "%s %s on %s" % (u.layout, u.dtype, u.device)))
+            if not isinstance(u, torch.Tensor):
+                raise TypeError("%s: velocity of key %d must be a tensor, got %s"
+                                % (what, key, type(u).__name__))
+            if not u.is_floating_point() or u.layout != torch.strided or u.device.type == "meta":
+                raise TypeError("%s: velocity of key %d must be a dense floating-point tensor with "
+                                "data, got %s %s on %s" % (what, key, u.layout, u.dtype, u.device))
             sig = next((s for s, g in layout.get(key & 0xffffffff, {}).items()
                         if g == key >> 32), None)
             if not (isinstance(sig, tuple) and len(sig) >= 2) or \
