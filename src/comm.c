@@ -7,7 +7,9 @@
  * min_bytes, library version) and on whether every rank's arguments were valid, or, at the
  * end, on the outcome (a local failure, a non-finite input or result). A disagreement
  * returns the same error on every rank instead of a hang or garbage. The call's agreement
- * also carries TernGrad's shared scales when every rank has them ready (engine.c).
+ * also carries TernGrad's shared scales when every rank has them ready (engine.c). On host
+ * transports the call's agreement travels in its ring instead (gcomp__comm_in_band: the
+ * same fields in a block, ring.h); this file builds the block and takes the verdict.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -108,15 +110,36 @@ static gcomp_result vote_failure(const vote *mine, const uint64_t *got, const ch
                        (unsigned)(uint32_t)got[V_FAIL], what, gcomp_result_name(rc), gcomp_strerror(rc));
 }
 
-/* The names of the fields on which ranks differ ("" if none), comma-separated. */
-static void vote_differences(const vote *mine, const uint64_t *got, char *out, size_t cap)
+/* The names of the fields on which ranks differ ("" if none), comma-separated: mine and got
+ * point at the (v, ~v) pairs of this rank and of the max over ranks. */
+static void field_differences(const uint64_t *mine, const uint64_t *got, char *out, size_t cap)
 {
     size_t n = 0;
     out[0] = 0;
     for (int f = 0; f < N_FIELDS; f++)
-        if (got[V_FIELDS + 2 * f] != mine->v[V_FIELDS + 2 * f] ||
-            got[V_FIELDS + 2 * f + 1] != mine->v[V_FIELDS + 2 * f + 1])
+        if (got[2 * f] != mine[2 * f] || got[2 * f + 1] != mine[2 * f + 1])
             n += (size_t)snprintf(out + n, n < cap ? cap - n : 0, "%s%s", n ? ", " : "", field_names[f]);
+}
+
+/* A call's fields: everything that changes what a rank sends or how (see the enum). */
+static void call_fields(const gcomp_comm *c, size_t count, gcomp_dtype dtype, gcomp_op op, int on_device,
+                        uint64_t *fields)
+{
+    fields[F_SPEC] = spec_hash(c->codec);
+    fields[F_COUNT] = count;
+    fields[F_DTYPE] = (uint64_t)dtype;
+    fields[F_OP] = (uint64_t)op;
+    fields[F_MIN_BYTES] = (uint64_t)c->cfg.min_bytes;
+    fields[F_VERSION] = GCOMP_VERSION;
+    fields[F_MEM] = on_device != 0; /* host and device ranks would run different exchanges */
+}
+
+static gcomp_result call_mismatch(const gcomp_comm *c, const char *diff, size_t count, gcomp_dtype dtype, gcomp_op op)
+{
+    return gcomp__fail(GCOMP_ERR_MISMATCH,
+                       "ranks disagree on the call's %s (this rank: count %zu dtype %d op %d min_bytes %lld codec "
+                       "'%s')",
+                       diff, count, (int)dtype, (int)op, (long long)c->cfg.min_bytes, gcomp_codec_spec(c->codec));
 }
 
 #define CREATE_TIMEOUT_MS 300000 /* the agreement's deadline when the configuration is unknown */
@@ -217,6 +240,7 @@ void gcomp__comm_free(gcomp_comm *c)
         const gcomp__transport *t = c->staged[d] ? c->staged[d] : c->tp;
         if (!c->broken || (t && t->releases_buffers_on_timeout)) gcomp__ws_free(&c->ws[d]);
     }
+    if (!c->broken || (c->tp && c->tp->releases_buffers_on_timeout)) free(c->agree_buf);
     for (int d = 0; d < 2; d++) /* decorators first: they use tp */
         if (c->staged[d]) c->staged[d]->destroy(c->staged[d]);
     if (c->tp) c->tp->destroy(c->tp);
@@ -305,13 +329,7 @@ gcomp_result gcomp__comm_agree_call(gcomp_comm *c, gcomp_result local, size_t co
     uint64_t fields[N_FIELDS], got[AGREE_N];
     char diff[128];
     vote mine;
-    fields[F_SPEC] = spec_hash(c->codec);
-    fields[F_COUNT] = count;
-    fields[F_DTYPE] = (uint64_t)dtype;
-    fields[F_OP] = (uint64_t)op;
-    fields[F_MIN_BYTES] = (uint64_t)c->cfg.min_bytes;
-    fields[F_VERSION] = GCOMP_VERSION;
-    fields[F_MEM] = on_device != 0; /* host and device ranks would run different exchanges */
+    call_fields(c, count, dtype, op, on_device, fields);
     vote_init(&mine, c->tp->rank, local, 0, fields);
     mine.v[V_DEVICE] = on_device != 0;
     mine.v[V_NO_SCALES] = scales == NULL;
@@ -320,18 +338,61 @@ gcomp_result gcomp__comm_agree_call(gcomp_comm *c, gcomp_result local, size_t co
     GCOMP_CHECK(gcomp__comm_transport_failed(c, vote_share(c->tp, &mine, got, deadline)));
     *any_device = got[V_DEVICE] != 0;
     if (got[V_FAIL]) return vote_failure(&mine, got, "before the call started (its arguments or buffers)");
-    vote_differences(&mine, got, diff, sizeof diff);
-    if (diff[0])
-        return gcomp__fail(GCOMP_ERR_MISMATCH,
-                           "ranks disagree on the call's %s (this rank: count %zu dtype %d op %d "
-                           "min_bytes %lld codec '%s')",
-                           diff, count, (int)dtype, (int)op, (long long)c->cfg.min_bytes, gcomp_codec_spec(c->codec));
+    field_differences(mine.v + V_FIELDS, got + V_FIELDS, diff, sizeof diff);
+    if (diff[0]) return call_mismatch(c, diff, count, dtype, op);
     /* the ranks agree on the call, so all of them chose to carry scales, or some did not */
     if (scales && !got[V_NO_SCALES]) {
         memcpy(scales, &got[V_SCALES], GCOMP__AGREE_SCALES * sizeof *scales);
         *scales_shared = 1;
     }
     return GCOMP_SUCCESS;
+}
+
+/* The in-band agreement's block: the first failure, then the fields' (v, ~v) pairs. */
+enum {
+    B_FAIL,
+    B_FIELDS,
+    B_N = B_FIELDS + 2 * N_FIELDS
+};
+
+int gcomp__comm_in_band(const gcomp_comm *c)
+{
+    return c->tp->mem == GCOMP__MEM_HOST && c->tp->start_sendrecv_any &&
+           !(gcomp__codec_chain(c->codec)->stages[0].vt->caps & GCOMP_CAP_INTEGER);
+}
+
+size_t gcomp__comm_in_band_block(gcomp_comm *c, gcomp__agreement *a, gcomp_result local, size_t count,
+                                 gcomp_dtype dtype, gcomp_op op, int on_device, uint64_t *block)
+{
+    uint64_t fields[N_FIELDS];
+    a->c = c;
+    a->count = count;
+    a->dtype = dtype;
+    a->op = op;
+    snprintf(a->detail, sizeof a->detail, "%s", local != GCOMP_SUCCESS ? gcomp_last_error() : "");
+    call_fields(c, count, dtype, op, on_device, fields);
+    block[B_FAIL] = local != GCOMP_SUCCESS ? (uint64_t)local << 32 | (uint32_t)c->tp->rank : 0;
+    for (int f = 0; f < N_FIELDS; f++) {
+        block[B_FIELDS + 2 * f] = fields[f];
+        block[B_FIELDS + 2 * f + 1] = ~fields[f];
+    }
+    return B_N;
+}
+
+gcomp_result gcomp__comm_in_band_verdict(void *ctx, const uint64_t *mine, const uint64_t *all, size_t n)
+{
+    const gcomp__agreement *a = ctx;
+    char diff[128];
+    (void)n;
+    if (all[B_FAIL]) {
+        gcomp_result rc = (gcomp_result)(all[B_FAIL] >> 32);
+        if (mine[B_FAIL]) return gcomp__fail((gcomp_result)(mine[B_FAIL] >> 32), "%s", a->detail);
+        return gcomp__fail(rc, "rank %u failed before the call started (its arguments or buffers): %s (%s); see that "
+                               "rank's gcomp_last_error()",
+                           (unsigned)(uint32_t)all[B_FAIL], gcomp_result_name(rc), gcomp_strerror(rc));
+    }
+    field_differences(mine + B_FIELDS, all + B_FIELDS, diff, sizeof diff);
+    return diff[0] ? call_mismatch(a->c, diff, a->count, a->dtype, a->op) : GCOMP_SUCCESS;
 }
 
 gcomp_result gcomp__comm_agree_outcome(gcomp_comm *c, gcomp_result local, int local_nonfinite, int *nonfinite,

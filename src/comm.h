@@ -80,6 +80,7 @@ struct gcomp_comm {
     gcomp__key *keys;
     uint64_t nokey_step; /* the step of GCOMP_KEY_NONE calls without error feedback */
     uint32_t call_seq;   /* compressed calls so far: each call's ring trailers carry it (ring.h) */
+    uint8_t *agree_buf;  /* the in-band agreement's own pass (engine.c), made at first use */
     gcomp_comm_stats stats;
     gcomp__workspace ws[2]; /* scratch per device kind (gcomp__device_kind) */
     int threads_ok;         /* the transport allows a progress thread (checked at creation) */
@@ -116,11 +117,13 @@ uint64_t gcomp__comm_device_allocs(const gcomp_comm *c);
  * *any_device: some rank's call runs on device buffers (on_device), so every rank ends the
  * call with gcomp__comm_agree_outcome instead of the ring's outcome trailers.
  *
- * This agreement stays on every call: whether a call is bypassed or compressed, and the size
- * of every receive a rank posts, follow from (count, dtype, codec, min_bytes), arguments that
- * may change from call to call on any one rank; a rank that differed without this agreement
- * would post receives too small for what its neighbour sends (truncation) or wait in another
- * operation until the timeout, instead of returning GCOMP_ERR_MISMATCH at once. */
+ * An agreement is needed on every call: whether a call is bypassed or compressed, and the
+ * size of every receive a rank posts, follow from (count, dtype, codec, min_bytes), arguments
+ * that may change from call to call on any one rank; a rank that differed without one would
+ * post receives too small for what its neighbour sends (truncation) or wait in another
+ * operation until the timeout, instead of returning GCOMP_ERR_MISMATCH at once. This
+ * collective one serves the integer ring and NCCL; host transports agree in the ring
+ * (gcomp__comm_in_band below). */
 /* scales: NULL, or GCOMP__AGREE_SCALES uint64 that ride in the same allreduce: a TernGrad
  * call on host fp32 buffers puts its local scales' |bits| there (engine.c), so the codec's
  * shared scales need no allreduce of their own (sched_integer.c). *scales_shared = 1 when
@@ -131,6 +134,30 @@ uint64_t gcomp__comm_device_allocs(const gcomp_comm *c);
 gcomp_result gcomp__comm_agree_call(gcomp_comm *c, gcomp_result local, size_t count, gcomp_dtype dtype, gcomp_op op,
                                     int on_device, uint64_t *scales, int *scales_shared, int *any_device,
                                     double deadline);
+/* The in-band agreement (ring.h): on a communicator whose transport is host memory with
+ * any-size receives (MPI, loopback) and whose codec is not an integer one, a call does not
+ * agree by a collective: the same fields and first failure travel in a block in the first
+ * N-1 messages of the call's ring (or of a pass of its own, engine.c), and the verdict is
+ * taken on every rank from the same max. Integer codecs (TernGrad) keep the collective: it
+ * carries their shared scales, which the ring needs before its first message. The same
+ * answer on every rank: it depends on the codec and the transport, agreed at creation. */
+int gcomp__comm_in_band(const gcomp_comm *c);
+/* What the verdict needs of this rank's call (the block is built from the same). */
+typedef struct gcomp__agreement {
+    gcomp_comm *c;
+    size_t count;
+    gcomp_dtype dtype;
+    gcomp_op op;
+    char detail[256]; /* this rank's own failure message */
+} gcomp__agreement;
+/* Fill block (at most 16 uint64) for the call; returns its length. */
+size_t gcomp__comm_in_band_block(gcomp_comm *c, gcomp__agreement *a, gcomp_result local, size_t count,
+                                 gcomp_dtype dtype, gcomp_op op, int on_device, uint64_t *block);
+/* The verdict (a gcomp__ring_verdict, ctx: the gcomp__agreement): a failure before the call on
+ * some rank (that rank's error everywhere), else GCOMP_ERR_MISMATCH when the fields differ,
+ * with the same messages as gcomp__comm_agree_call. */
+gcomp_result gcomp__comm_in_band_verdict(void *ctx, const uint64_t *mine, const uint64_t *all, size_t n);
+
 /* After a compressed schedule on device buffers (host buffers carry the outcome in the ring's
  * trailers, ring.h; device buffers' flags live in device memory and are read back at the end):
  * whether any rank failed locally (the error, on every rank) and whether any saw a non-finite

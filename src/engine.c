@@ -8,10 +8,12 @@
  *           dense ring on the decoded input), the device of the buffers, the key's residual,
  *           and every workspace region the run will carve (sized now, so a failed
  *           allocation is an error on every rank instead of a hang)
- *   agree   the ranks agree on the call (comm.c): the one collective of a compressed call on
- *           host buffers besides its ring; TernGrad's shared scales ride in it on host fp32
- *           buffers (up to GCOMP__AGREE_SCALES of them: the default spec has one), else they
- *           take one allreduce of their own in the integer ring
+ *   agree   the ranks agree on the call: on host transports (gcomp__comm_in_band) in the
+ *           first N-1 messages of the call's ring (ring.h), or of a pass of its own when the
+ *           call has no ring messages there (agree_in_band), with no collective; for the
+ *           integer ring and on NCCL in one allreduce (comm.c), in which TernGrad's shared
+ *           scales ride on host fp32 buffers (up to GCOMP__AGREE_SCALES of them: the default
+ *           spec has one), else they take one allreduce of their own in the integer ring
  *   run     the schedule from the table below, which sees a gcomp__call, never the comm
  *   finish  result (/ N for AVG) into recv; the outcome every rank learnt from the ring's
  *           trailers (host buffers, ring.h) or from one more agreement (device buffers); the
@@ -28,6 +30,7 @@
  * so the call returns with all its device work done.
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "comm.h"
@@ -529,6 +532,34 @@ static gcomp_result scales_for_agreement(gcomp__call *call, const plan *p, const
     return GCOMP_SUCCESS;
 }
 
+/* Host transports (gcomp__comm_in_band): the ranks agree on the call in its ring's first
+ * N-1 messages (ring.h) instead of a collective before it. A call whose schedule sends no
+ * ring messages on the communicator's transport -- bypassed, empty, on device buffers (or
+ * host copies of them), or failed before it could plan one -- runs those N-1 messages on
+ * their own first, so every rank, whatever it planned, sends and receives the same N-1
+ * messages before the verdict. *carried: the schedule's messages carry the agreement
+ * (call->ring is begun); else it is done when this returns. */
+static gcomp_result agree_in_band(gcomp_comm *c, gcomp__call *call, const plan *p, gcomp_result local,
+                                  const gcomp__args *a, gcomp__agreement *ag, int *carried)
+{
+    uint64_t block[GCOMP__RING_AGREE_MAX];
+    size_t n = gcomp__comm_in_band_block(c, ag, local, a->count, a->dtype, a->op, call->on_device, block);
+    gcomp__transport *tp = call->ring.tp;
+    gcomp_result rc;
+    *carried = local == GCOMP_SUCCESS && a->count > 0 && p->sched != GCOMP_SCHED_BYPASS && !call->on_device &&
+               !p->via_host && tp->start_sendrecv_any;
+    gcomp__ring_begin(&call->ring, 1, c->call_seq++);
+    gcomp__ring_agree(&call->ring, block, n, gcomp__comm_in_band_verdict, ag);
+    if (*carried) return GCOMP_SUCCESS;
+    if (c->tp->size == 1) return local;
+    if (!c->agree_buf && !(c->agree_buf = malloc(2 * GCOMP__RING_TRAILER)))
+        return gcomp__fail(GCOMP_ERR_NOMEM, "gcomp_allreduce: out of memory"); /* before any message: a hang */
+    call->ring.tp = c->tp;
+    rc = gcomp__ring_agree_pass(&call->ring, c->agree_buf);
+    call->ring.tp = tp;
+    return gcomp__comm_transport_failed(c, rc);
+}
+
 /* One call, from start to end, on the thread that runs it (the caller's, or the
  * communicator's progress thread: request.c). Its deadline starts now, when it starts to
  * run, not when it was issued, so calls queued behind a slow one keep their whole timeout. */
@@ -544,7 +575,8 @@ static gcomp_result run_call(gcomp_comm *c, const gcomp__args *a, gcomp__call *c
     gcomp__call *call = callp;
     plan *p = pp;
     gcomp_result local;
-    int any_device = 0, carried = 0, scales_shared = 0;
+    int any_device = 0, carried = 0, scales_shared = 0, in_ring = 0;
+    gcomp__agreement ag;
     uint64_t scales[GCOMP__AGREE_SCALES] = { 0 };
     double t0 = gcomp__now(), t_agree;
     if (c->broken)
@@ -564,14 +596,20 @@ static gcomp_result run_call(gcomp_comm *c, const gcomp__args *a, gcomp__call *c
     if (local == GCOMP_SUCCESS && count > 0) local = prepare_call(c, call, p, send, recv, a->stream, key, op);
     if (local == GCOMP_SUCCESS && count > 0) local = scales_for_agreement(call, p, send, scales, &carried);
     t_agree = gcomp__now();
-    GCOMP_CHECK(gcomp__comm_agree_call(c, local, count, dtype, op, call->on_device, carried ? scales : NULL,
-                                       &scales_shared, &any_device, call->ring.deadline));
+    if (gcomp__comm_in_band(c)) {
+        GCOMP_CHECK(agree_in_band(c, call, p, local, a, &ag, &in_ring));
+        any_device = call->on_device; /* the ranks agree on it, or the call stopped */
+    } else {
+        GCOMP_CHECK(gcomp__comm_agree_call(c, local, count, dtype, op, call->on_device, carried ? scales : NULL,
+                                           &scales_shared, &any_device, call->ring.deadline));
+    }
     st.agree_s = gcomp__now() - t_agree;
     call->agreed_scales = scales_shared ? scales : NULL;
     if (count == 0) return GCOMP_SUCCESS;
     /* the outcome rides in the ring's messages when every rank's buffers are host memory
      * (ring.h); a rank with device buffers makes every rank use the end-of-call agreement */
-    if (p->sched != GCOMP_SCHED_BYPASS) gcomp__ring_begin(&call->ring, !any_device && !call->on_device, c->call_seq++);
+    if (p->sched != GCOMP_SCHED_BYPASS && !in_ring)
+        gcomp__ring_begin(&call->ring, !any_device && !call->on_device, c->call_seq++);
     if (p->via_host) { /* the device buffers' bytes to host memory, ordered after the stream's work */
         size_t bytes = count * gcomp_dtype_size(dtype);
         /* a local failure here is this rank's error in the run's outcome agreement (GCOMP_STEP),
@@ -594,7 +632,7 @@ static gcomp_result run_call(gcomp_comm *c, const gcomp__args *a, gcomp__call *c
         GCOMP_CHECK(run_bypass(c, call, p, send, recv, op));
         GCOMP_CHECK(collect(c, call, p, &tally, &flag));
         st.nonfinite_calls = flag != 0; /* the same result on every rank */
-        st.wire_bytes = st.baseline_bytes;
+        st.wire_bytes += st.baseline_bytes;
         st.comm_s = gcomp__now() - t0;
     } else {
         GCOMP_CHECK(run_compressed(c, call, p, send, recv, op));

@@ -32,6 +32,37 @@ void gcomp__ring_begin(gcomp__ring *r, int trailer, uint32_t seq)
     r->heard = 0;
     r->msgs = 0;
     r->fail_at = r->nonfinite_at = NOT_SENT;
+    r->agree_n = 0;
+    r->verdict = NULL;
+    r->verdict_ctx = NULL;
+    r->stop = GCOMP_SUCCESS;
+}
+
+void gcomp__ring_agree(gcomp__ring *r, const uint64_t *block, size_t n, gcomp__ring_verdict verdict, void *ctx)
+{
+    if (!r->trailer || r->size < 2 || n == 0 || n > GCOMP__RING_AGREE_MAX) return;
+    memset(r->agree_mine, 0, sizeof r->agree_mine);
+    memcpy(r->agree_mine, block, n * sizeof *block);
+    memcpy(r->agree_all, r->agree_mine, sizeof r->agree_all);
+    r->agree_n = n;
+    r->verdict = verdict;
+    r->verdict_ctx = ctx;
+}
+
+/* The next message carries the agreement block: one of the first N-1. */
+static int agreeing(const gcomp__ring *r) { return r->agree_n > 0 && r->msgs < (uint64_t)(r->size - 1); }
+
+static void write_block(const gcomp__ring *r, uint8_t *p)
+{
+    for (int i = 0; i < GCOMP__RING_AGREE_MAX; i++) gcomp_le_store_u64(p + 8 * i, r->agree_all[i]);
+}
+
+static void merge_block(gcomp__ring *r, const uint8_t *p)
+{
+    for (int i = 0; i < GCOMP__RING_AGREE_MAX; i++) {
+        uint64_t v = gcomp_le_load_u64(p + 8 * i);
+        if (v > r->agree_all[i]) r->agree_all[i] = v;
+    }
 }
 
 /* This rank's news into what it knows, noting the first message that carries each. */
@@ -48,31 +79,37 @@ static void note_own_news(gcomp__ring *r)
     }
 }
 
-static void write_trailer(gcomp__ring *r, uint8_t *p)
+static void write_trailer(gcomp__ring *r, uint8_t *p, int with_block)
 {
     note_own_news(r);
     p[0] = (uint8_t)(TRAILER_MAGIC & 0xff);
     p[1] = (uint8_t)(TRAILER_MAGIC >> 8);
     p[2] = TRAILER_VERSION;
-    p[3] = (uint8_t)r->flags;
+    p[3] = (uint8_t)(r->flags | (with_block ? GCOMP__RING_AGREEING : 0));
     gcomp_le_store_u32(p + 4, r->seq);
     gcomp_le_store_u64(p + 8, r->fail);
 }
 
-/* The trailer at the end of a message of `bytes` bytes: merged into what this rank knows, or
- * a local failure when it is missing or not of this call. Returns the payload's size. */
-static size_t read_trailer(gcomp__ring *r, const uint8_t *msg, size_t bytes)
+/* The trailer at the end of a message of `bytes` bytes (with_block: and the agreement block
+ * before it): merged into what this rank knows, or a local failure when it is missing or not
+ * of this call. A message longer than the receive (r->rcap: an any-size receive of a
+ * neighbour that disagrees on the call) left its tail in msg: its trailer is read, its
+ * payload is a local failure. Returns the payload's size. */
+static size_t read_trailer(gcomp__ring *r, const uint8_t *msg, size_t bytes, int with_block)
 {
-    const uint8_t *p = msg + bytes - GCOMP__RING_TRAILER;
+    size_t have = bytes < r->rcap ? bytes : r->rcap; /* the message's last `have` bytes are in msg */
+    size_t tlen = GCOMP__RING_TRAILER_BASE + (with_block ? 8 * GCOMP__RING_AGREE_MAX : 0);
+    const uint8_t *p = msg + have - GCOMP__RING_TRAILER_BASE;
     uint64_t fail;
-    if (bytes < GCOMP__RING_TRAILER || (p[0] | p[1] << 8) != TRAILER_MAGIC || p[2] != TRAILER_VERSION ||
-        gcomp_le_load_u32(p + 4) != r->seq) {
+    if (have < tlen || (p[0] | p[1] << 8) != TRAILER_MAGIC || p[2] != TRAILER_VERSION ||
+        gcomp_le_load_u32(p + 4) != r->seq || ((p[3] & GCOMP__RING_AGREEING) != 0) != (with_block != 0)) {
         GCOMP_STEP(r, gcomp__fail(GCOMP_ERR_CORRUPT,
                                   "ring message of %zu bytes from rank %d lacks this call's outcome trailer "
                                   "(truncated, or of another call)",
                                   bytes, gcomp__ring_left(r)));
         return 0;
     }
+    if (with_block) merge_block(r, msg + have - tlen);
     fail = gcomp_le_load_u64(p + 8);
     r->flags |= p[3] & GCOMP__RING_NONFINITE;
     if (fail > r->fail) r->fail = fail;
@@ -80,20 +117,35 @@ static size_t read_trailer(gcomp__ring *r, const uint8_t *msg, size_t bytes)
         r->error = (gcomp_result)(fail >> 32);
         r->heard = 1;
     }
-    return bytes - GCOMP__RING_TRAILER;
+    if (bytes > r->rcap) {
+        GCOMP_STEP(r, gcomp__fail(GCOMP_ERR_CORRUPT,
+                                  "ring message of %zu bytes from rank %d is longer than the %zu bytes this call "
+                                  "can receive (do the ranks disagree on the call?)",
+                                  bytes, gcomp__ring_left(r), r->rcap));
+        return 0;
+    }
+    return bytes - tlen;
 }
 
 gcomp_result gcomp__ring_start(gcomp__ring *r, void *sbuf, size_t sbytes, void *rbuf, size_t rcap)
 {
+    int block = agreeing(r);
+    if (r->stop) return r->stop; /* the agreement stopped the call on every rank */
     if (r->error) sbytes = 0;
     if (r->trailer) {
-        write_trailer(r, (uint8_t *)sbuf + sbytes);
-        sbytes += GCOMP__RING_TRAILER;
-        rcap += GCOMP__RING_TRAILER;
+        uint8_t *p = (uint8_t *)sbuf + sbytes;
+        size_t tlen = GCOMP__RING_TRAILER_BASE + (block ? 8 * GCOMP__RING_AGREE_MAX : 0);
+        if (block) write_block(r, p);
+        write_trailer(r, p + tlen - GCOMP__RING_TRAILER_BASE, block);
+        sbytes += tlen;
+        rcap += tlen;
     }
     r->rbuf = rbuf;
+    r->rcap = rcap;
     r->msgs++;
     r->st->wire_bytes += sbytes;
+    if (block)
+        return r->tp->start_sendrecv_any(r->tp, gcomp__ring_right(r), sbuf, sbytes, gcomp__ring_left(r), rbuf, rcap);
     return r->tp->start_sendrecv(r->tp, gcomp__ring_right(r), sbuf, sbytes, gcomp__ring_left(r), rbuf, rcap);
 }
 
@@ -108,9 +160,22 @@ gcomp_result gcomp__ring_start_sized(gcomp__ring *r, void *sbuf, size_t sbytes, 
 gcomp_result gcomp__ring_finish(gcomp__ring *r, size_t *rbytes)
 {
     double t0 = gcomp__now();
+    int block = r->agree_n > 0 && r->msgs <= (uint64_t)(r->size - 1); /* the message in flight carried one */
     GCOMP_CHECK(r->tp->finish_sendrecv(r->tp, rbytes, r->deadline));
     r->st->comm_s += gcomp__now() - t0;
-    if (r->trailer) *rbytes = read_trailer(r, r->rbuf, *rbytes);
+    if (r->trailer) *rbytes = read_trailer(r, r->rbuf, *rbytes, block);
+    if (block && r->msgs == (uint64_t)(r->size - 1)) { /* the agreement is complete: the same on every rank */
+        r->stop = r->verdict ? r->verdict(r->verdict_ctx, r->agree_mine, r->agree_all, r->agree_n) : GCOMP_SUCCESS;
+        return r->stop;
+    }
+    return GCOMP_SUCCESS;
+}
+
+gcomp_result gcomp__ring_agree_pass(gcomp__ring *r, uint8_t *buf)
+{
+    size_t got;
+    for (int s = 0; r->agree_n > 0 && s < r->size - 1; s++)
+        GCOMP_CHECK(gcomp__ring_exchange(r, buf, 0, buf + GCOMP__RING_TRAILER, 0, &got));
     return GCOMP_SUCCESS;
 }
 
@@ -150,7 +215,13 @@ uint64_t gcomp__ring_trailer_bytes(gcomp_schedule sched, int n)
     uint64_t msgs;
     if (n <= 1 || sched == GCOMP_SCHED_BYPASS || sched == GCOMP_SCHED_NONE) return 0;
     msgs = sched == GCOMP_SCHED_SPARSE ? (uint64_t)n : 2 * (uint64_t)(n - 1);
-    return msgs * GCOMP__RING_TRAILER;
+    return msgs * GCOMP__RING_TRAILER_BASE;
+}
+
+uint64_t gcomp__ring_agree_bytes(int n, int pass)
+{
+    if (n <= 1) return 0;
+    return (uint64_t)(n - 1) * (8 * GCOMP__RING_AGREE_MAX + (pass ? GCOMP__RING_TRAILER_BASE : 0));
 }
 
 void gcomp__ring_progress(gcomp__ring *r) { r->tp->progress(r->tp); }

@@ -12,7 +12,7 @@
  * once instead.
  *
  * The outcome trailer (calls on host buffers, r->trailer): every message of the call ends
- * with GCOMP__RING_TRAILER bytes that say what the sender knows of the call's outcome --
+ * with GCOMP__RING_TRAILER_BASE bytes that say what the sender knows of the call's outcome --
  * the worst failure it has seen or heard of, and whether some encode saw a non-finite
  * value -- so the ranks decide the outcome (error, non-finite, commit) without a collective
  * of their own. Each rank ORs (max for the failure) what arrives into what it sends next:
@@ -25,7 +25,8 @@
  * agreement (engine.c): what their kernels find lives in device memory.
  *
  * Trailer layout (little-endian, 16 bytes): u16 magic 0x6f47 ("Go"), u8 version 1, u8 flags
- * (bit 0: some rank's encode saw a non-finite value), u32 the call's sequence number on the
+ * (bit 0: some rank's encode saw a non-finite value; bit 1: the agreement block of
+ * GCOMP__RING_AGREE_MAX u64, 128 bytes, precedes the trailer), u32 the call's sequence number on the
  * communicator (a message of another call is recognised), u64 failure: 0, or (error code <<
  * 32 | rank) of the worst failure known, the max over ranks as in the agreements (comm.c).
  * Every buffer a schedule passes to gcomp__ring_start* holds GCOMP__RING_TRAILER bytes after
@@ -37,8 +38,16 @@
 
 #include "transport.h"
 
-#define GCOMP__RING_TRAILER 16   /* bytes of the outcome trailer, room every ring buffer keeps */
+#define GCOMP__RING_TRAILER_BASE 16 /* bytes of the outcome trailer */
+#define GCOMP__RING_AGREE_MAX 16    /* uint64 of an agreement block */
+/* room every ring buffer keeps after its capacity: the trailer and an agreement block */
+#define GCOMP__RING_TRAILER (GCOMP__RING_TRAILER_BASE + 8 * GCOMP__RING_AGREE_MAX)
 #define GCOMP__RING_NONFINITE 1u /* trailer flag: some rank's encode saw a non-finite value */
+#define GCOMP__RING_AGREEING 2u  /* trailer flag: an agreement block precedes the trailer */
+
+/* The verdict on an agreement (comm.c): mine is this rank's block, all the max over every
+ * rank; GCOMP_SUCCESS lets the call go on, anything else stops it on every rank. */
+typedef gcomp_result (*gcomp__ring_verdict)(void *ctx, const uint64_t *mine, const uint64_t *all, size_t n);
 
 typedef struct gcomp__ring {
     gcomp__transport *tp;
@@ -58,6 +67,16 @@ typedef struct gcomp__ring {
     uint64_t fail_at;      /* index of the first message that carried this rank's own failure */
     uint64_t nonfinite_at; /* the same for this rank's own non-finite flag */
     uint8_t *rbuf;         /* the receive in flight (its trailer is read at finish) */
+    size_t rcap;           /* its capacity, trailer room included */
+    /* the in-band agreement (gcomp__ring_agree): a block of agree_n uint64 that the first N-1
+     * messages carry before their trailer, each rank sending the max of its own and what it
+     * heard, so that after N-1 messages every rank holds the max over all ranks */
+    size_t agree_n;                     /* 0: no agreement in this call's messages */
+    uint64_t agree_mine[GCOMP__RING_AGREE_MAX];
+    uint64_t agree_all[GCOMP__RING_AGREE_MAX];
+    gcomp__ring_verdict verdict;        /* called once, when the block is complete */
+    void *verdict_ctx;
+    gcomp_result stop;                  /* the verdict when it stopped the call */
 } gcomp__ring;
 
 /* What the trailers decided, at the end of a call (gcomp__ring_outcome_get). */
@@ -87,6 +106,24 @@ void gcomp__chunk(size_t count, int n_chunks, int c, size_t align, size_t *lo, s
 /* Prepare a ring for one call: no failure, no news, no message yet; trailer and seq as given. */
 void gcomp__ring_begin(gcomp__ring *r, int trailer, uint32_t seq);
 
+/* The in-band agreement: this call's first N-1 messages carry block (n <= GCOMP__RING_AGREE_MAX
+ * uint64, combined by max over ranks) after their payload, and their receives take a message
+ * of any size (transport.h: start_sendrecv_any), so a neighbour that disagrees on the call
+ * cannot overflow them. When the (N-1)th message is in, every rank holds the same max, and
+ * verdict(ctx, mine, all, n) decides on every rank alike: a failure stops the call at that
+ * point on every rank (gcomp__ring_finish returns it, and every later start), so ranks that
+ * disagreed on the call never run their different schedules past it. Every schedule of a
+ * host transport sends at least N-1 messages, all of them ring steps to the right; what
+ * runs before the verdict must be safe on a neighbour's payload of another call (the decoders
+ * check sizes; an oversized message is a local failure). After ring_begin; host transports
+ * with start_sendrecv_any only; n = 0 or one rank: no agreement. */
+void gcomp__ring_agree(gcomp__ring *r, const uint64_t *block, size_t n, gcomp__ring_verdict verdict, void *ctx);
+/* The agreement alone, for a call whose schedule sends no ring messages on this transport
+ * (bypassed, empty, device buffers, failed before it could plan): N-1 steps of trailers and
+ * blocks only. buf: 2 * GCOMP__RING_TRAILER bytes that outlive a timed-out exchange. Returns
+ * the verdict (or a transport failure). */
+gcomp_result gcomp__ring_agree_pass(gcomp__ring *r, uint8_t *buf);
+
 /* One ring step: send sbytes to the right neighbour, receive at most rcap bytes from the
  * left one (0 bytes sent after a local failure). Counts wire bytes and time. With the
  * trailer, sbuf and rbuf hold GCOMP__RING_TRAILER bytes more than sbytes and rcap; the
@@ -111,8 +148,11 @@ gcomp_result gcomp__ring_outcome_hop(gcomp__ring *r, uint8_t *buf);
 gcomp__ring_outcome gcomp__ring_outcome_get(const gcomp__ring *r);
 /* The trailer bytes one rank sends in a call of schedule `sched` over n ranks (host buffers):
  * one trailer per message, 2(n-1) messages on the rings, n on the sparse gather (its outcome
- * hop included), 0 at one rank or for a bypassed call. */
+ * hop included), 0 at one rank or for a bypassed call. Agreement blocks not included: */
 uint64_t gcomp__ring_trailer_bytes(gcomp_schedule sched, int n);
+/* the bytes of the in-band agreement's blocks one rank sends in a call over n ranks (and of
+ * the trailers of gcomp__ring_agree_pass, which has no schedule of its own: pass = 1). */
+uint64_t gcomp__ring_agree_bytes(int n, int pass);
 /* Let the exchange in flight advance (between pieces of computation). */
 void gcomp__ring_progress(gcomp__ring *r);
 /* In-place max of n uint64 over all ranks, counted as 8n wire bytes and comm time. */

@@ -78,6 +78,16 @@ struct gcomp__transport {
      * schedules opt in (src/ring.c). */
     gcomp_result (*start_sendrecv_sized)(gcomp__transport *t, int to, const void *sbuf, size_t sbytes, int from,
                                          void *rbuf, size_t rbytes);
+    /* The same exchange as start_sendrecv when the left neighbour may disagree on the size
+     * (the first N-1 messages of a call on a host transport carry the ranks' agreement on the
+     * call, ring.h, and a rank that differs from its neighbour may send anything): a message
+     * of any length is received -- never a truncation error -- and one longer than rcap
+     * leaves its last rcap bytes in rbuf (the tail, where the ring's trailer lies);
+     * finish_sendrecv reports the message's whole length, so the receiver sees that it was
+     * longer. MPI matches the message with MPI_Improbe before receiving it. NULL (NCCL,
+     * staging): calls on this transport agree by a collective before they start. */
+    gcomp_result (*start_sendrecv_any)(gcomp__transport *t, int to, const void *sbuf, size_t sbytes, int from,
+                                       void *rbuf, size_t rcap);
     /* NULL, or why this transport cannot carry a spec with byte stages (+zstd): creation
      * (gcomp__comm_create) then refuses such a spec with GCOMP_ERR_UNSUPPORTED and this text. */
     const char *no_byte_stages;

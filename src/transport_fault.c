@@ -1,7 +1,7 @@
 /*
  * transport_fault.c — a transport decorator that injects faults for tests: it forwards
- * every call to the transport it wraps (the optional sized exchange too, when the inner one
- * has it), except what a test armed (the next message sent loses its last byte). The
+ * every call to the transport it wraps (the optional sized and any-size exchanges too, when
+ * the inner one has them), except what a test armed (the next message sent loses its last byte). The
  * engine's hot path knows nothing of it: a communicator's transport is wrapped only when a
  * test asks (gcomp__comm_inject_fault).
  */
@@ -52,6 +52,13 @@ static gcomp_result fault_start_sized(gcomp__transport *t, int to, const void *s
 {
     gcomp__transport *in = inner_of(t);
     return in->start_sendrecv_sized(in, to, sbuf, sent_size(t, sbytes), from, rbuf, rbytes);
+}
+
+static gcomp_result fault_start_any(gcomp__transport *t, int to, const void *sbuf, size_t sbytes, int from,
+                                    void *rbuf, size_t rcap)
+{
+    gcomp__transport *in = inner_of(t);
+    return in->start_sendrecv_any(in, to, sbuf, sent_size(t, sbytes), from, rbuf, rcap);
 }
 
 static gcomp_result fault_finish(gcomp__transport *t, size_t *rbytes, double deadline)
@@ -107,6 +114,7 @@ gcomp_result gcomp__transport_fault_wrap(gcomp__transport *inner, gcomp__transpo
     f->base.no_byte_stages = inner->no_byte_stages;
     f->base.start_sendrecv = fault_start;
     f->base.start_sendrecv_sized = inner->start_sendrecv_sized ? fault_start_sized : NULL;
+    f->base.start_sendrecv_any = inner->start_sendrecv_any ? fault_start_any : NULL;
     f->base.finish_sendrecv = fault_finish;
     f->base.progress = fault_progress;
     f->base.allreduce_max_u64 = fault_max_u64;

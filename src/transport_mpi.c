@@ -50,6 +50,17 @@ typedef struct mpi_transport {
     int abandoned;
     MPI_Request ring[2]; /* the exchange in flight: receive, send */
     int owned;           /* heap-allocated (a stack fallback joins a failed creation) */
+    /* a receive of any size (start_sendrecv_any): matched by MPI_Improbe, then received */
+    int any;       /* the exchange in flight is one */
+    int probing;   /* its message is not matched yet */
+    int from;      /* its sender */
+    void *rbuf;    /* its buffer and capacity */
+    size_t rcap;
+    size_t got;    /* the matched message's whole length */
+    void *big;     /* a message longer than rcap lands here whole; its tail is copied to rbuf */
+    size_t big_cap;
+    int into_big;
+    gcomp_result match_rc; /* a failure of match_any in progress(), reported by finish */
 } mpi_transport;
 
 static gcomp_result mpi_fail(int err, const char *what)
@@ -167,12 +178,93 @@ static gcomp_result mpi_start(gcomp__transport *t, int to, const void *sbuf, siz
     return rc;
 }
 
+/* The same exchange with a receive of any size: the send starts now, the receive once
+ * MPI_Improbe has matched the message and told its length (match_any), so it is never posted
+ * smaller than what arrives. */
+static gcomp_result mpi_start_any(gcomp__transport *t, int to, const void *sbuf, size_t sbytes, int from,
+                                  void *rbuf, size_t rcap)
+{
+    mpi_transport *m = (mpi_transport *)t;
+    quiet q;
+    int err;
+    if (sbytes > INT_MAX) return gcomp__fail(GCOMP_ERR_UNSUPPORTED, "MPI transport: message of %zu bytes exceeds 2 GiB", sbytes);
+    m->ring[0] = MPI_REQUEST_NULL;
+    m->any = m->probing = 1;
+    m->from = from;
+    m->rbuf = rbuf;
+    m->rcap = rcap;
+    m->got = 0;
+    m->into_big = 0;
+    m->match_rc = GCOMP_SUCCESS;
+    q = quiet_begin(MPI_COMM_WORLD);
+    err = MPI_Isend(sbuf, (int)sbytes, MPI_BYTE, to, GCOMP_TAG, m->comm, &m->ring[1]);
+    quiet_end(&q);
+    if (err != MPI_SUCCESS) {
+        m->any = m->probing = 0;
+        return mpi_fail(err, "MPI_Isend");
+    }
+    return GCOMP_SUCCESS;
+}
+
+/* If the any-size message has arrived: post its receive, into rbuf when it fits, else whole
+ * into `big`. Runs with MPI_ERRORS_RETURN on MPI_COMM_WORLD (quiet). */
+static gcomp_result match_any(mpi_transport *m)
+{
+    MPI_Message msg;
+    MPI_Status st;
+    int flag = 0, n = 0, err;
+    void *dst = m->rbuf;
+    if (!m->probing) return GCOMP_SUCCESS;
+    err = MPI_Improbe(m->from, GCOMP_TAG, m->comm, &flag, &msg, &st);
+    if (err != MPI_SUCCESS) return mpi_fail(err, "MPI_Improbe");
+    if (!flag) return GCOMP_SUCCESS;
+    m->probing = 0;
+    MPI_Get_count(&st, MPI_BYTE, &n);
+    m->got = (size_t)n;
+    if (m->got > m->rcap) {
+        /* without memory for it, receiving into rbuf reports MPI_ERR_TRUNCATE, an error of the
+         * exchange: the message must be received once matched */
+        m->into_big = gcomp__reserve(&m->big, &m->big_cap, m->got) == GCOMP_SUCCESS;
+        dst = m->into_big ? m->big : m->rbuf;
+        if (!m->into_big) n = (int)m->rcap;
+    }
+    err = MPI_Imrecv(dst, n, MPI_BYTE, &msg, &m->ring[0]);
+    return err == MPI_SUCCESS ? GCOMP_SUCCESS : mpi_fail(err, "MPI_Imrecv");
+}
+
+/* Spin (then yield) until the any-size message is matched or the deadline passes. */
+static gcomp_result wait_match(mpi_transport *m, double deadline)
+{
+    quiet q = quiet_begin(MPI_COMM_WORLD);
+    gcomp_result rc = GCOMP_SUCCESS;
+    long spins = 0;
+    while (rc == GCOMP_SUCCESS && m->probing) {
+        rc = match_any(m);
+        if (rc != GCOMP_SUCCESS || !m->probing) break;
+        if (++spins > 64) sched_yield();
+        if ((spins & 255) == 0 && gcomp__now() > deadline) {
+            if (m->ring[1] != MPI_REQUEST_NULL) MPI_Cancel(&m->ring[1]);
+            rc = gcomp__fail(GCOMP_ERR_TIMEOUT,
+                             "ring exchange: no answer from a peer before the deadline (GCOMP_TIMEOUT_MS)");
+        }
+    }
+    quiet_end(&q);
+    return rc;
+}
+
 static gcomp_result mpi_finish(gcomp__transport *t, size_t *rbytes, double deadline)
 {
     mpi_transport *m = (mpi_transport *)t;
     MPI_Status st[2];
-    int got = 0;
+    int got = 0, any = m->any;
+    m->any = 0;
+    if (any) GCOMP_CHECK(m->match_rc != GCOMP_SUCCESS ? m->match_rc : wait_match(m, deadline));
     GCOMP_CHECK(wait_all(2, m->ring, st, deadline, 1, "ring exchange"));
+    if (any) { /* a longer message leaves its tail in rbuf (transport.h) */
+        if (m->into_big && m->rcap) memcpy(m->rbuf, (uint8_t *)m->big + (m->got - m->rcap), m->rcap);
+        *rbytes = m->got;
+        return GCOMP_SUCCESS;
+    }
     MPI_Get_count(&st[0], MPI_BYTE, &got);
     *rbytes = (size_t)got;
     return GCOMP_SUCCESS;
@@ -200,6 +292,12 @@ static void mpi_progress(gcomp__transport *t)
 {
     mpi_transport *m = (mpi_transport *)t;
     int flag = 0;
+    if (m->probing) { /* an any-size message is posted as soon as it is seen */
+        quiet q = quiet_begin(MPI_COMM_WORLD);
+        if (m->match_rc == GCOMP_SUCCESS) m->match_rc = match_any(m); /* finish reports it */
+        quiet_end(&q);
+        return;
+    }
     MPI_Iprobe(MPI_ANY_SOURCE, GCOMP_TAG + 1, m->comm, &flag, MPI_STATUS_IGNORE);
 }
 
@@ -254,6 +352,7 @@ static void mpi_destroy(gcomp__transport *t)
     MPI_Finalized(&finalized);
     if (!finalized && !pending) MPI_Comm_free(&m->comm);
     if (!pending) free(m->coll);
+    if (!pending) free(m->big);
     if (m->owned) free(m);
 }
 
@@ -327,6 +426,7 @@ gcomp_result gcomp_comm_create_mpi(MPI_Comm comm, const gcomp_config *cfg, gcomp
     MPI_Comm_rank(m->comm, &m->base.rank);
     MPI_Comm_size(m->comm, &m->base.size);
     m->base.start_sendrecv = mpi_start;
+    m->base.start_sendrecv_any = mpi_start_any;
     m->base.finish_sendrecv = mpi_finish;
     m->base.progress = mpi_progress;
     m->base.allreduce_max_u64 = mpi_max_u64;

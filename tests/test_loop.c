@@ -116,9 +116,11 @@ static void *run_counted_calls(void *arg)
     return NULL;
 }
 
-/* A compressed call on host buffers makes one collective, its agreement; TernGrad's shared
- * scales ride in it when there are at most GCOMP__AGREE_SCALES of them and the buffers are
- * fp32 (else the integer ring's own scale allreduce is a second one). */
+/* A compressed call on host buffers of the dense ring or the sparse gather makes no
+ * collective: the ranks agree in the ring's first messages (ring.h) and learn the outcome
+ * from its trailers. TernGrad keeps one, the agreement that carries its shared scales when
+ * there are at most GCOMP__AGREE_SCALES of them and the buffers are fp32 (else the integer
+ * ring's own scale allreduce is a second one). */
 static void test_collectives_per_call(void **state)
 {
     static const struct {
@@ -131,8 +133,10 @@ static void test_collectives_per_call(void **state)
         { "terngrad:bucket=4096", GCOMP_F32, 8 * 4096, 1 },     /* 8 scales: the slots' limit */
         { "terngrad:bucket=4096", GCOMP_F32, 8 * 4096 + 1, 2 }, /* 9 scales */
         { "terngrad", GCOMP_F16, 20000, 2 },                     /* widened after the agreement */
-        { "fp16", GCOMP_F32, 20000, 1 },
-        { "topk:ratio=0.01", GCOMP_F32, 20000, 1 },
+        { "fp16", GCOMP_F32, 20000, 0 },
+        { "none", GCOMP_BF16, 20000, 0 },
+        { "topk:ratio=0.01", GCOMP_F32, 20000, 0 },            /* sparse gather */
+        { "topk:ratio=0.01", GCOMP_F32, 200, 0 },              /* sparse-as-dense */
     };
     (void)state;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -214,6 +218,88 @@ static void test_mismatch(void **state)
 {
     (void)state;
     for (int n = 2; n <= 5; n++) run_fault_variant(VARIANT_MISMATCH, n, GCOMP_ERR_MISMATCH);
+}
+
+/* Ranks that planned different calls (rank 1 differs from the others). On the dense ring and
+ * the sparse gather the ranks agree in the ring's first N-1 messages (ring.h), received at
+ * any size: whatever rank 1 planned -- a larger ring (messages longer than its neighbour's
+ * receives), a bypass, an empty call, the other sparse schedule, a failed argument check --
+ * every rank sends and receives the same N-1 messages and then stops with the same error,
+ * well within the deadline, and the next call works everywhere (no message left over).
+ * TernGrad agrees by a collective, as before. */
+typedef struct plan_case {
+    const char *spec;
+    size_t count, count1; /* rank 1's count */
+    gcomp_dtype dtype1;   /* rank 1's dtype */
+    int null1;            /* rank 1 passes recv = NULL */
+    gcomp_result want;
+} plan_case;
+
+typedef struct plan_job {
+    loop_rank at;
+    const plan_case *pc;
+    gcomp_result rc, again;
+} plan_job;
+
+static void *run_plan(void *arg)
+{
+    plan_job *j = arg;
+    const plan_case *pc = j->pc;
+    gcomp_config cfg = gcomp_config_default();
+    gcomp_comm *comm = NULL;
+    size_t cap = pc->count > pc->count1 ? pc->count : pc->count1;
+    float *x = calloc(cap + 1, sizeof(float)), *y = calloc(cap + 1, sizeof(float));
+    int one = j->at.rank == 1;
+    for (size_t i = 0; i <= cap; i++) x[i] = (float)(i % 7) - 3.0f;
+    cfg.codec = pc->spec;
+    cfg.min_bytes = 4096;
+    cfg.timeout_ms = 20000;
+    j->rc = j->again = gcomp__comm_create_loop(j->at.w, j->at.rank, &cfg, &comm);
+    if (j->rc == GCOMP_SUCCESS) {
+        j->rc = gcomp_allreduce(comm, x, one && pc->null1 ? NULL : y, one ? pc->count1 : pc->count,
+                                one ? pc->dtype1 : GCOMP_F32, GCOMP_SUM, 1, NULL);
+        j->again = gcomp_allreduce(comm, x, y, pc->count, GCOMP_F32, GCOMP_SUM, 1, NULL);
+    }
+    gcomp_comm_destroy(comm);
+    free(x);
+    free(y);
+    return NULL;
+}
+
+static void test_disagreeing_plans(void **state)
+{
+    static const plan_case cases[] = {
+        { "fp16", 20000, 400000, GCOMP_F32, 0, GCOMP_ERR_MISMATCH },          /* larger messages */
+        { "fp16", 20000, 100, GCOMP_F32, 0, GCOMP_ERR_MISMATCH },             /* rank 1 bypasses */
+        { "fp16", 20000, 0, GCOMP_F32, 0, GCOMP_ERR_MISMATCH },               /* rank 1's call is empty */
+        { "fp16", 20000, 20000, GCOMP_BF16, 0, GCOMP_ERR_MISMATCH },          /* another dtype */
+        { "fp16", 20000, 20000, GCOMP_F32, 1, GCOMP_ERR_INVALID_ARG },        /* rank 1 cannot plan */
+        { "none", 20000, 20001, GCOMP_F32, 0, GCOMP_ERR_MISMATCH },           /* one element more */
+        { "topk:ratio=0.01", 20000, 2000, GCOMP_F32, 0, GCOMP_ERR_MISMATCH }, /* gather vs sparse-as-dense */
+        { "topk:ratio=0.01", 2000, 300000, GCOMP_F32, 0, GCOMP_ERR_MISMATCH },
+        { "terngrad", 20000, 40000, GCOMP_F32, 0, GCOMP_ERR_MISMATCH }, /* the collective agreement */
+    };
+    (void)state;
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        for (int n = 2; n <= 5; n++) {
+            plan_job jobs[MAX_RANKS];
+            double t0 = gcomp__now();
+            memset(jobs, 0, sizeof jobs);
+            for (int r = 0; r < n; r++) jobs[r].pc = &cases[k];
+            loop_run_world(n, run_plan, jobs, sizeof jobs[0]);
+            for (int r = 0; r < n; r++)
+                if (jobs[r].rc != cases[k].want || jobs[r].again != GCOMP_SUCCESS)
+                    fail_msg("%s, count %zu (rank 1: %zu, dtype %d%s) at %d ranks: rank %d returned %s, then %s; "
+                             "expected %s, then GCOMP_SUCCESS",
+                             cases[k].spec, cases[k].count, cases[k].count1, (int)cases[k].dtype1,
+                             cases[k].null1 ? ", recv NULL" : "", n, r, gcomp_result_name(jobs[r].rc),
+                             gcomp_result_name(jobs[r].again), gcomp_result_name(cases[k].want));
+            assert_true(gcomp__now() - t0 < 10.0); /* no rank waited for the 20 s deadline */
+        }
+        printf("  %-16s count %6zu, rank 1 %6zu dtype %d%s: %s on every rank at 2-5 ranks, then success\n",
+               cases[k].spec, cases[k].count, cases[k].count1, (int)cases[k].dtype1, cases[k].null1 ? " recv NULL" : "",
+               gcomp_result_name(cases[k].want));
+    }
 }
 
 static void test_local_failure_after_agreement(void **state)
@@ -347,6 +433,7 @@ int main(void)
         cmocka_unit_test(test_collectives_per_call),
         cmocka_unit_test(test_key_none_keeps_no_residual),
         cmocka_unit_test(test_mismatch),
+        cmocka_unit_test(test_disagreeing_plans),
         cmocka_unit_test(test_local_failure_after_agreement),
         cmocka_unit_test(test_stopped_peer_times_out),
         cmocka_unit_test(test_truncated_message),

@@ -2,7 +2,7 @@
  * test_mpi_faults.c — faults and misuse under real Open MPI ranks; every case asserts the
  * documented outcome on every rank. Modes:
  *   (default)  injected allocation failure, a truncated message on the wire, edge values,
- *              ranks that disagree on min_bytes, mismatched collectives inside the
+ *              ranks that disagree on min_bytes or plan different calls, mismatched collectives inside the
  *              transport, a failure at creation on one rank, an intercommunicator
  *              (even sizes), creation after MPI_Finalize
  *   --stop     one rank is stopped (SIGSTOP) mid-run: the others time out, then refuse;
@@ -170,6 +170,58 @@ static void test_min_bytes_mismatch(void)
         CHECK(MPI_Wtime() - t0 < 1.0, "%s: the mismatch took %.2f s", spec[s], MPI_Wtime() - t0);
         CHECK(strstr(gcomp_last_error(), "min_bytes") && !strstr(gcomp_last_error(), "count,"),
               "%s: the message does not say min_bytes (alone) differs: %s", spec[s], gcomp_last_error());
+        gcomp_comm_destroy(c);
+    }
+}
+
+/* Ranks that planned different calls (rank 1 differs): the ranks agree in the ring's first
+ * N-1 messages, which MPI receives at any size (MPI_Improbe), so a larger ring, a bypass, an
+ * empty call or a failed argument check on rank 1 gives the same error on every rank at once
+ * -- no MPI_ERR_TRUNCATE, no wait for the deadline -- and the next call works (no message
+ * was left behind to be matched by it). */
+static void test_disagreeing_plans(void)
+{
+    enum {
+        N = 20000,
+        BIG = 600000
+    };
+    static const struct {
+        const char *spec;
+        size_t count1; /* rank 1's count */
+        gcomp_dtype dtype1;
+        int null1; /* rank 1 passes recv = NULL */
+        gcomp_result want;
+    } cases[] = {
+        { "fp16", BIG, GCOMP_F32, 0, GCOMP_ERR_MISMATCH },   { "fp16", 100, GCOMP_F32, 0, GCOMP_ERR_MISMATCH },
+        { "fp16", 0, GCOMP_F32, 0, GCOMP_ERR_MISMATCH },     { "fp16", N, GCOMP_BF16, 0, GCOMP_ERR_MISMATCH },
+        { "fp16", N, GCOMP_F32, 1, GCOMP_ERR_INVALID_ARG },  { "none", N + 1, GCOMP_F32, 0, GCOMP_ERR_MISMATCH },
+        { "topk:ratio=0.01", 2000, GCOMP_F32, 0, GCOMP_ERR_MISMATCH },
+        { "topk:ratio=0.01", BIG, GCOMP_F32, 0, GCOMP_ERR_MISMATCH },
+    };
+    static float x[BIG], y[BIG];
+    fill(x, BIG, 1.0f);
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        gcomp_config cfg = gcomp_config_default();
+        gcomp_comm *c = NULL;
+        gcomp_result rc, again;
+        double t0;
+        int one = rank == 1;
+        cfg.codec = cases[k].spec;
+        cfg.min_bytes = 4096;
+        cfg.timeout_ms = 20000;
+        CHECK(gcomp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &c) == GCOMP_SUCCESS, "create %s: %s", cases[k].spec,
+              gcomp_last_error());
+        MPI_Barrier(MPI_COMM_WORLD);
+        t0 = MPI_Wtime();
+        rc = gcomp_allreduce(c, x, one && cases[k].null1 ? NULL : y, one ? cases[k].count1 : N,
+                             one ? cases[k].dtype1 : GCOMP_F32, GCOMP_SUM, 1, NULL);
+        CHECK(all_ranks(rc == cases[k].want), "%s, rank 1 count %zu dtype %d%s -> %s (%s), expected %s", cases[k].spec,
+              cases[k].count1, (int)cases[k].dtype1, cases[k].null1 ? " recv NULL" : "", gcomp_result_name(rc),
+              gcomp_last_error(), gcomp_result_name(cases[k].want));
+        CHECK(MPI_Wtime() - t0 < 10.0, "%s: the disagreement took %.2f s", cases[k].spec, MPI_Wtime() - t0);
+        again = gcomp_allreduce(c, x, y, N, GCOMP_F32, GCOMP_SUM, 1, NULL);
+        CHECK(all_ranks(again == GCOMP_SUCCESS), "%s: the call after the disagreement -> %s (%s)", cases[k].spec,
+              gcomp_result_name(again), gcomp_last_error());
         gcomp_comm_destroy(c);
     }
 }
@@ -396,6 +448,7 @@ int main(int argc, char **argv)
         test_edge_values();
         test_no_growth();
         test_min_bytes_mismatch();
+        if (size > 1) test_disagreeing_plans();
         test_create_local_failure();
         test_intercomm();
         /* it leaves a timed-out collective behind, whose communicator and buffer destroy
