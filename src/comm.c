@@ -121,6 +121,17 @@ static void field_differences(const uint64_t *mine, const uint64_t *got, char *o
             n += (size_t)snprintf(out + n, n < cap ? cap - n : 0, "%s%s", n ? ", " : "", field_names[f]);
 }
 
+/* What ranks exchange, numbered: 2 the vote of AGREE_N = 26 uint64 (TernGrad's scales in
+ * the call's agreement), 3 the call's agreement in the ring on host transports (ring.h).
+ * Creation compares it (with the library version), so ranks whose libraries would run
+ * different protocols get GCOMP_ERR_MISMATCH there instead of timing out in their first
+ * call. (A library older than protocol 3 does not compare it: its ranks pass creation and
+ * time out in the first call while the newer ones return the error.) */
+#define PROTOCOL 3
+_Thread_local int gcomp__protocol_skew; /* test hook (comm.h) */
+
+static uint64_t version_field(void) { return (uint64_t)GCOMP_VERSION << 16 | (uint64_t)(PROTOCOL + gcomp__protocol_skew); }
+
 /* A call's fields: everything that changes what a rank sends or how (see the enum). */
 static void call_fields(const gcomp_comm *c, size_t count, gcomp_dtype dtype, gcomp_op op, int on_device,
                         uint64_t *fields)
@@ -130,7 +141,7 @@ static void call_fields(const gcomp_comm *c, size_t count, gcomp_dtype dtype, gc
     fields[F_DTYPE] = (uint64_t)dtype;
     fields[F_OP] = (uint64_t)op;
     fields[F_MIN_BYTES] = (uint64_t)c->cfg.min_bytes;
-    fields[F_VERSION] = GCOMP_VERSION;
+    fields[F_VERSION] = version_field();
     fields[F_MEM] = on_device != 0; /* host and device ranks would run different exchanges */
 }
 
@@ -143,6 +154,9 @@ static gcomp_result call_mismatch(const gcomp_comm *c, const char *diff, size_t 
 }
 
 #define CREATE_TIMEOUT_MS 300000 /* the agreement's deadline when the configuration is unknown */
+
+
+
 
 gcomp_result gcomp__comm_join_failed(gcomp__transport *tp, gcomp_result local)
 {
@@ -196,10 +210,18 @@ gcomp_result gcomp__comm_create(gcomp__transport *tp, const gcomp_config *cfg, g
     if (c->cfg.timeout_ms <= 0) c->cfg.timeout_ms = CREATE_TIMEOUT_MS; /* config not resolved */
     /* ranks must agree on the codec: compare a hash of the canonical spec */
     fields[F_SPEC] = local == GCOMP_SUCCESS ? spec_hash(c->codec) : 0;
+    fields[F_VERSION] = version_field();
     vote_init(&mine, tp->rank, local, 0, fields);
     GCOMP_CHECK_GOTO(vote_share(tp, &mine, got, gcomp__now() + 1e-3 * (double)c->cfg.timeout_ms), rc, fail);
     if (got[V_FAIL]) {
         rc = vote_failure(&mine, got, "to create its communicator");
+        goto fail;
+    }
+    if (got[V_FIELDS + 2 * F_VERSION] != fields[F_VERSION] || ~got[V_FIELDS + 2 * F_VERSION + 1] != fields[F_VERSION]) {
+        rc = gcomp__fail(GCOMP_ERR_MISMATCH,
+                         "ranks run gcomp libraries of different versions or wire protocols (this rank: version "
+                         "%d.%d.%d, protocol %d): use the same build on every rank",
+                         GCOMP_VERSION_MAJOR, GCOMP_VERSION_MINOR, GCOMP_VERSION_PATCH, PROTOCOL + gcomp__protocol_skew);
         goto fail;
     }
     if (got[V_FIELDS + 2 * F_SPEC] != fields[F_SPEC] || ~got[V_FIELDS + 2 * F_SPEC + 1] != fields[F_SPEC]) {

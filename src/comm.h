@@ -165,6 +165,10 @@ gcomp_result gcomp__comm_in_band_verdict(void *ctx, const uint64_t *mine, const 
 gcomp_result gcomp__comm_agree_outcome(gcomp_comm *c, gcomp_result local, int local_nonfinite, int *nonfinite,
                                        double deadline);
 
+/* Test hook: added to this thread's wire protocol number at creation (comm.c), as if it
+ * ran another build of the library (a loopback rank is a thread). */
+extern _Thread_local int gcomp__protocol_skew;
+
 /* Test hooks (tests only): make this rank's next call fail its allocation (the workspace
  * is released and its next fit fails), or truncate the next message it sends by one byte
  * (the transport is wrapped in the fault decorator, transport_fault.c). */

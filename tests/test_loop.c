@@ -302,6 +302,39 @@ static void test_disagreeing_plans(void **state)
     }
 }
 
+/* A rank whose library speaks another wire protocol (a test hook shifts rank 1's number, as
+ * if it ran another build) is refused at creation on every rank, naming the protocol,
+ * instead of a first call that would time out. */
+static void *run_skewed_create(void *arg)
+{
+    rank_job *j = arg;
+    gcomp_config cfg = gcomp_config_default();
+    gcomp_comm *comm = NULL;
+    cfg.codec = "fp16";
+    cfg.timeout_ms = 20000;
+    gcomp__protocol_skew = j->at.rank == 1;
+    j->rc = gcomp__comm_create_loop(j->at.w, j->at.rank, &cfg, &comm);
+    if (j->rc == GCOMP_ERR_MISMATCH && !strstr(gcomp_last_error(), "protocol")) j->rc = GCOMP_ERR_INTERNAL;
+    gcomp__protocol_skew = 0;
+    gcomp_comm_destroy(comm);
+    return NULL;
+}
+
+static void test_protocol_mismatch(void **state)
+{
+    (void)state;
+    for (int n = 2; n <= 4; n++) {
+        rank_job jobs[MAX_RANKS];
+        memset(jobs, 0, sizeof jobs);
+        loop_run_world(n, run_skewed_create, jobs, sizeof jobs[0]);
+        for (int r = 0; r < n; r++)
+            if (jobs[r].rc != GCOMP_ERR_MISMATCH)
+                fail_msg("%d ranks, rank 1 of another protocol: rank %d's creation returned %s, expected "
+                         "GCOMP_ERR_MISMATCH naming the protocol",
+                         n, r, gcomp_result_name(jobs[r].rc));
+    }
+}
+
 static void test_local_failure_after_agreement(void **state)
 {
     (void)state;
@@ -434,6 +467,7 @@ int main(void)
         cmocka_unit_test(test_key_none_keeps_no_residual),
         cmocka_unit_test(test_mismatch),
         cmocka_unit_test(test_disagreeing_plans),
+        cmocka_unit_test(test_protocol_mismatch),
         cmocka_unit_test(test_local_failure_after_agreement),
         cmocka_unit_test(test_stopped_peer_times_out),
         cmocka_unit_test(test_truncated_message),
