@@ -306,19 +306,26 @@ typedef struct gcomp_comm_stats {
     uint64_t wire_bytes;       /* bytes this rank sent, headers included; compressed calls on
                                  * host buffers include each ring message's 16-byte outcome
                                  * trailer (2(N-1) messages per call on the rings, N on the
-                                 * sparse gather); the agreements are not counted, except
-                                 * TernGrad's shared scales (8 bytes a scale), which ride in
-                                 * the call's agreement on host fp32 buffers */
+                                 * sparse gather). On host transports (MPI) the call's
+                                 * agreement counts too: a 144-byte block in each of the first
+                                 * N-1 ring messages, or N-1 messages of 160 bytes of its own
+                                 * for a bypassed call or device buffers (so a bypassed call
+                                 * sends that much more than baseline_bytes); allreduce
+                                 * agreements (TernGrad, NCCL) are not counted, except
+                                 * TernGrad's shared scales (8 bytes a scale) */
     uint64_t baseline_bytes;   /* bytes an uncompressed ring would have sent: 2(N-1)/N * raw */
     uint64_t overflow_count;   /* fp16/bf16 overflows to inf */
     uint64_t nonfinite_calls;  /* calls whose result held NaN/Inf, or whose input did on any
                                  * rank; counted on every rank, bypassed calls included; the
                                  * residual is kept on every rank */
     double encode_s, comm_s, decode_s;
-    double agree_s; /* the call's agreement allreduces (the fingerprint, and TernGrad's
-                                 * shared scales on host fp32 buffers; the outcome too on
-                                 * device buffers); this is also where a rank waits for
-                                 * ranks that arrive late */
+    double agree_s; /* the call's agreement when it is not carried by the call's ring
+                                 * (which counts it in comm_s): the allreduces of TernGrad
+                                 * (with its shared scales on host fp32 buffers) and of NCCL
+                                 * communicators, the pass of N-1 messages of a bypassed call
+                                 * or of device buffers on MPI, and the outcome agreement of
+                                 * device buffers; this is also where a rank waits for ranks
+                                 * that arrive late */
     gcomp_schedule last_schedule;
 } gcomp_comm_stats;
 

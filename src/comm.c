@@ -70,11 +70,14 @@ enum {
     F_MIN_BYTES,
     F_VERSION,
     F_MEM,
+    F_PATH, /* in-band agreement: 1 if the call's ring carries it, 0 if it runs a pass (engine.c) */
     N_FIELDS
 };
 #define AGREE_N (V_FIELDS + 2 * N_FIELDS)
 static const char *const field_names[N_FIELDS] = {
-    "codec spec", "count", "dtype", "op", "min_bytes", "library version", "memory (host or device buffers)"
+    "codec spec", "count",           "dtype",
+    "op",         "min_bytes",       "library version",
+    "memory (host or device buffers)", "path of its agreement (in its ring, or a pass of its own: staged buffers)"
 };
 
 typedef struct vote {
@@ -111,13 +114,19 @@ static gcomp_result vote_failure(const vote *mine, const uint64_t *got, const ch
 }
 
 /* The names of the fields on which ranks differ ("" if none), comma-separated: mine and got
- * point at the (v, ~v) pairs of this rank and of the max over ranks. */
+ * point at the (v, ~v) pairs of this rank and of the max over ranks. The path follows from
+ * the others (a bypass, an empty call, device buffers run a pass): named only alone. */
 static void field_differences(const uint64_t *mine, const uint64_t *got, char *out, size_t cap)
 {
     size_t n = 0;
+    int differs[N_FIELDS], others = 0;
     out[0] = 0;
+    for (int f = 0; f < N_FIELDS; f++) {
+        differs[f] = got[2 * f] != mine[2 * f] || got[2 * f + 1] != mine[2 * f + 1];
+        others |= f != F_PATH && differs[f];
+    }
     for (int f = 0; f < N_FIELDS; f++)
-        if (got[2 * f] != mine[2 * f] || got[2 * f + 1] != mine[2 * f + 1])
+        if (differs[f] && !(f == F_PATH && others))
             n += (size_t)snprintf(out + n, n < cap ? cap - n : 0, "%s%s", n ? ", " : "", field_names[f]);
 }
 
@@ -134,7 +143,7 @@ static uint64_t version_field(void) { return (uint64_t)GCOMP_VERSION << 16 | (ui
 
 /* A call's fields: everything that changes what a rank sends or how (see the enum). */
 static void call_fields(const gcomp_comm *c, size_t count, gcomp_dtype dtype, gcomp_op op, int on_device,
-                        uint64_t *fields)
+                        int in_ring, uint64_t *fields)
 {
     fields[F_SPEC] = spec_hash(c->codec);
     fields[F_COUNT] = count;
@@ -143,6 +152,7 @@ static void call_fields(const gcomp_comm *c, size_t count, gcomp_dtype dtype, gc
     fields[F_MIN_BYTES] = (uint64_t)c->cfg.min_bytes;
     fields[F_VERSION] = version_field();
     fields[F_MEM] = on_device != 0; /* host and device ranks would run different exchanges */
+    fields[F_PATH] = in_ring != 0;
 }
 
 static gcomp_result call_mismatch(const gcomp_comm *c, const char *diff, size_t count, gcomp_dtype dtype, gcomp_op op)
@@ -351,7 +361,7 @@ gcomp_result gcomp__comm_agree_call(gcomp_comm *c, gcomp_result local, size_t co
     uint64_t fields[N_FIELDS], got[AGREE_N];
     char diff[128];
     vote mine;
-    call_fields(c, count, dtype, op, on_device, fields);
+    call_fields(c, count, dtype, op, on_device, 0, fields);
     vote_init(&mine, c->tp->rank, local, 0, fields);
     mine.v[V_DEVICE] = on_device != 0;
     mine.v[V_NO_SCALES] = scales == NULL;
@@ -384,7 +394,7 @@ int gcomp__comm_in_band(const gcomp_comm *c)
 }
 
 size_t gcomp__comm_in_band_block(gcomp_comm *c, gcomp__agreement *a, gcomp_result local, size_t count,
-                                 gcomp_dtype dtype, gcomp_op op, int on_device, uint64_t *block)
+                                 gcomp_dtype dtype, gcomp_op op, int on_device, int in_ring, uint64_t *block)
 {
     uint64_t fields[N_FIELDS];
     a->c = c;
@@ -392,7 +402,7 @@ size_t gcomp__comm_in_band_block(gcomp_comm *c, gcomp__agreement *a, gcomp_resul
     a->dtype = dtype;
     a->op = op;
     snprintf(a->detail, sizeof a->detail, "%s", local != GCOMP_SUCCESS ? gcomp_last_error() : "");
-    call_fields(c, count, dtype, op, on_device, fields);
+    call_fields(c, count, dtype, op, on_device, in_ring, fields);
     block[B_FAIL] = local != GCOMP_SUCCESS ? (uint64_t)local << 32 | (uint32_t)c->tp->rank : 0;
     for (int f = 0; f < N_FIELDS; f++) {
         block[B_FIELDS + 2 * f] = fields[f];

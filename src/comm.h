@@ -150,9 +150,11 @@ typedef struct gcomp__agreement {
     gcomp_op op;
     char detail[256]; /* this rank's own failure message */
 } gcomp__agreement;
-/* Fill block (at most 16 uint64) for the call; returns its length. */
+/* Fill block (at most 18 uint64) for the call; returns its length. in_ring: the call's ring
+ * carries the agreement (else it runs a pass of its own): part of the fingerprint, so ranks
+ * that would send different messages after the verdict never pass it. */
 size_t gcomp__comm_in_band_block(gcomp_comm *c, gcomp__agreement *a, gcomp_result local, size_t count,
-                                 gcomp_dtype dtype, gcomp_op op, int on_device, uint64_t *block);
+                                 gcomp_dtype dtype, gcomp_op op, int on_device, int in_ring, uint64_t *block);
 /* The verdict (a gcomp__ring_verdict, ctx: the gcomp__agreement): a failure before the call on
  * some rank (that rank's error everywhere), else GCOMP_ERR_MISMATCH when the fields differ,
  * with the same messages as gcomp__comm_agree_call. */

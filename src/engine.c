@@ -268,7 +268,8 @@ static gcomp_result place_call(gcomp_comm *c, gcomp__call *call, const void *sen
 }
 
 /* Device buffers with a host-only codec: the call becomes a host call on copies of them
- * (made after the agreement, run_call), its residual in the host store. Keeps the reason
+ * (made once the call is agreed or, in the ring, is being agreed: run_call), its residual in
+ * the host store. Keeps the reason
  * gcomp__codec_device_usable gave when the communicator has no host transport. */
 static gcomp_result run_on_host_copies(gcomp_comm *c, gcomp__call *call, plan *p)
 {
@@ -543,11 +544,15 @@ static gcomp_result agree_in_band(gcomp_comm *c, gcomp__call *call, const plan *
                                   const gcomp__args *a, gcomp__agreement *ag, int *carried)
 {
     uint64_t block[GCOMP__RING_AGREE_MAX];
-    size_t n = gcomp__comm_in_band_block(c, ag, local, a->count, a->dtype, a->op, call->on_device, block);
     gcomp__transport *tp = call->ring.tp;
     gcomp_result rc;
+    double comm_s;
+    size_t n;
+    /* host buffers, or host copies of device ones, on a transport with any-size receives;
+     * whether it is so is in the fingerprint: ranks that differ in it stop at the verdict */
     *carried = local == GCOMP_SUCCESS && a->count > 0 && p->sched != GCOMP_SCHED_BYPASS && !call->on_device &&
-               !p->via_host && tp->start_sendrecv_any;
+               tp->start_sendrecv_any;
+    n = gcomp__comm_in_band_block(c, ag, local, a->count, a->dtype, a->op, call->on_device, *carried, block);
     gcomp__ring_begin(&call->ring, 1, c->call_seq++);
     gcomp__ring_agree(&call->ring, block, n, gcomp__comm_in_band_verdict, ag);
     if (*carried) return GCOMP_SUCCESS;
@@ -555,7 +560,9 @@ static gcomp_result agree_in_band(gcomp_comm *c, gcomp__call *call, const plan *
     if (!c->agree_buf && !(c->agree_buf = malloc(2 * GCOMP__RING_TRAILER)))
         return gcomp__fail(GCOMP_ERR_NOMEM, "gcomp_allreduce: out of memory"); /* before any message: a hang */
     call->ring.tp = c->tp;
+    comm_s = call->ring.st->comm_s;
     rc = gcomp__ring_agree_pass(&call->ring, c->agree_buf);
+    call->ring.st->comm_s = comm_s; /* the pass is the call's agreement (agree_s), not its communication */
     call->ring.tp = tp;
     return gcomp__comm_transport_failed(c, rc);
 }

@@ -26,7 +26,7 @@
  *
  * Trailer layout (little-endian, 16 bytes): u16 magic 0x6f47 ("Go"), u8 version 1, u8 flags
  * (bit 0: some rank's encode saw a non-finite value; bit 1: the agreement block of
- * GCOMP__RING_AGREE_MAX u64, 128 bytes, precedes the trailer), u32 the call's sequence number on the
+ * GCOMP__RING_AGREE_MAX u64, 144 bytes, precedes the trailer), u32 the call's sequence number on the
  * communicator (a message of another call is recognised), u64 failure: 0, or (error code <<
  * 32 | rank) of the worst failure known, the max over ranks as in the agreements (comm.c).
  * Every buffer a schedule passes to gcomp__ring_start* holds GCOMP__RING_TRAILER bytes after
@@ -39,7 +39,7 @@
 #include "transport.h"
 
 #define GCOMP__RING_TRAILER_BASE 16 /* bytes of the outcome trailer */
-#define GCOMP__RING_AGREE_MAX 16    /* uint64 of an agreement block */
+#define GCOMP__RING_AGREE_MAX 18    /* uint64 of an agreement block */
 /* room every ring buffer keeps after its capacity: the trailer and an agreement block */
 #define GCOMP__RING_TRAILER (GCOMP__RING_TRAILER_BASE + 8 * GCOMP__RING_AGREE_MAX)
 #define GCOMP__RING_NONFINITE 1u /* trailer flag: some rank's encode saw a non-finite value */
@@ -112,7 +112,11 @@ void gcomp__ring_begin(gcomp__ring *r, int trailer, uint32_t seq);
  * cannot overflow them. When the (N-1)th message is in, every rank holds the same max, and
  * verdict(ctx, mine, all, n) decides on every rank alike: a failure stops the call at that
  * point on every rank (gcomp__ring_finish returns it, and every later start), so ranks that
- * disagreed on the call never run their different schedules past it. Every schedule of a
+ * disagreed on the call never run their different schedules past it. (Alike given intact
+ * messages, which MPI guarantees: a message without a valid trailer is a local failure of its
+ * receiver, whose max then lacks blocks. When the ranks agree, a partial max is the same max;
+ * only if they also disagree on this very call can that rank's verdict differ -- it goes on
+ * and times out, breaking its communicator, while the others stop.)  Every schedule of a
  * host transport sends at least N-1 messages, all of them ring steps to the right; what
  * runs before the verdict must be safe on a neighbour's payload of another call (the decoders
  * check sizes; an oversized message is a local failure). After ring_begin; host transports

@@ -168,15 +168,15 @@ static void run_case(const char *spec, const variant *v, size_t count, cudaStrea
     /* host buffers add a 16-byte outcome trailer per ring message (gcomp.h, wire_bytes): N
      * messages on the sparse gather, 2(N-1) on the rings; a byte stage (+zstd) runs the
      * device buffers on host copies, trailers included. Besides TernGrad (whose agreement
-     * is an allreduce) the ranks agree in 128-byte blocks of N-1 messages: the ring's own on
-     * the host path, a pass of N-1 block-and-trailer messages before the device path
-     * (src/ring.h, docs/ARCHITECTURE.md "agree") */
+     * is an allreduce) the ranks agree in 144-byte blocks of N-1 messages: the ring's own on
+     * the host path and on host copies (+zstd), a pass of N-1 block-and-trailer messages
+     * before the device path (src/ring.h, docs/ARCHITECTURE.md "agree") */
     {
         uint64_t msgs = hs.last_schedule == GCOMP_SCHED_SPARSE ? (uint64_t)size : 2 * (uint64_t)(size - 1);
-        uint64_t trailers = strstr(spec, "+zstd") ? 0 : STEPS * 16 * msgs;
-        int in_band = strstr(spec, "terngrad") == NULL;
-        uint64_t host_agree = in_band ? STEPS * 128 * (uint64_t)(size - 1) : 0;
-        uint64_t dev_agree = in_band ? STEPS * (128 + 16) * (uint64_t)(size - 1) : 0;
+        int copies = strstr(spec, "+zstd") != NULL, in_band = strstr(spec, "terngrad") == NULL;
+        uint64_t trailers = copies ? 0 : STEPS * 16 * msgs;
+        uint64_t host_agree = in_band ? STEPS * 144 * (uint64_t)(size - 1) : 0;
+        uint64_t dev_agree = in_band ? STEPS * (copies ? 144 : 144 + 16) * (uint64_t)(size - 1) : 0;
         CHECK(hs.wire_bytes - host_agree == ds.wire_bytes - dev_agree + trailers,
               "%s %s: wire bytes %llu (host, %llu of them agreement) vs %llu (device, %llu of them agreement) + "
               "%llu (trailers)",

@@ -397,7 +397,9 @@ static void test_emulated_device(void **state)
                 /* host buffers add the ring's outcome trailers (ring.h); a byte stage runs
                  * on host copies, trailers included, on both paths. Besides TernGrad (whose
                  * agreement is a collective) the ranks agree in the ring's first messages on
-                 * the host path and in a pass of their own on the device path (engine.c) */
+                 * the host path, in a pass of their own on the emulated device path: its
+                 * transports, host copies (+zstd) included, are staging decorators, which
+                 * have no any-size receive (engine.c, agree_in_band) */
                 {
                     int in_band = strstr(c->spec, "terngrad") == NULL;
                     uint64_t host_agree = in_band ? STEPS * gcomp__ring_agree_bytes(n, 0) : 0;
