@@ -2,7 +2,8 @@
  * test_mpi_faults.c — faults and misuse under real Open MPI ranks; every case asserts the
  * documented outcome on every rank. Modes:
  *   (default)  injected allocation failure, a truncated message on the wire, edge values,
- *              ranks that disagree on min_bytes or plan different calls, mismatched collectives inside the
+ *              ranks that disagree on min_bytes or plan different calls, the transport's
+ *              any-size receive, mismatched collectives inside the
  *              transport, a failure at creation on one rank, an intercommunicator
  *              (even sizes), creation after MPI_Finalize
  *   --stop     one rank is stopped (SIGSTOP) mid-run: the others time out, then refuse;
@@ -224,6 +225,49 @@ static void test_disagreeing_plans(void)
               gcomp_result_name(again), gcomp_last_error());
         gcomp_comm_destroy(c);
     }
+}
+
+/* The MPI transport's any-size receive (transport.h, start_sendrecv_any), on its own: each rank
+ * sends its right neighbour messages of 0 bytes, exactly the receive's capacity, one byte
+ * more and 1000 times more; the receiver learns each message's whole length, holds a message
+ * that fits whole and the last `cap` bytes of a longer one, and nothing is left over (a
+ * normal exchange follows and matches its own message). */
+static void test_any_size_receive(void)
+{
+    enum {
+        CAP = 64
+    };
+    static const size_t sizes[] = { 0, CAP, CAP + 1, 1000 * CAP };
+    static uint8_t sbuf[1000 * CAP], rbuf[CAP];
+    gcomp_comm *c = make_comm("none", 20000);
+    gcomp__transport *tp;
+    int right = (rank + 1) % size, left = (rank + size - 1) % size;
+    if (!c) return;
+    tp = c->tp;
+    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+        size_t got = 0, have;
+        int ok = 1;
+        for (size_t i = 0; i < sizes[k]; i++) sbuf[i] = (uint8_t)(i * 7 + (size_t)rank);
+        memset(rbuf, 0xee, sizeof rbuf);
+        CHECK(tp->start_sendrecv_any(tp, right, sbuf, sizes[k], left, rbuf, CAP) == GCOMP_SUCCESS &&
+                  tp->finish_sendrecv(tp, &got, gcomp__now() + 10.0) == GCOMP_SUCCESS,
+              "any-size exchange of %zu bytes: %s", sizes[k], gcomp_last_error());
+        CHECK(got == sizes[k], "any-size receive of %zu bytes reported %zu", sizes[k], got);
+        have = sizes[k] < CAP ? sizes[k] : CAP; /* the message's last `have` bytes */
+        for (size_t i = 0; i < have; i++)
+            ok &= rbuf[i] == (uint8_t)((sizes[k] - have + i) * 7 + (size_t)left);
+        for (size_t i = have; i < CAP; i++) ok &= rbuf[i] == 0xee;
+        CHECK(ok, "any-size receive of %zu bytes into %d: wrong bytes", sizes[k], (int)CAP);
+    }
+    {
+        size_t got = 0;
+        sbuf[0] = (uint8_t)rank;
+        CHECK(tp->start_sendrecv(tp, right, sbuf, 1, left, rbuf, CAP) == GCOMP_SUCCESS &&
+                  tp->finish_sendrecv(tp, &got, gcomp__now() + 10.0) == GCOMP_SUCCESS && got == 1 &&
+                  rbuf[0] == (uint8_t)left,
+              "the exchange after the any-size ones: %s", gcomp_last_error());
+    }
+    gcomp_comm_destroy(c);
 }
 
 /* Collectives of different sizes inside the transport (what ranks out of step would do):
@@ -449,6 +493,7 @@ int main(int argc, char **argv)
         test_no_growth();
         test_min_bytes_mismatch();
         if (size > 1) test_disagreeing_plans();
+        test_any_size_receive();
         test_create_local_failure();
         test_intercomm();
         /* it leaves a timed-out collective behind, whose communicator and buffer destroy
