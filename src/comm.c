@@ -313,9 +313,9 @@ gcomp_result gcomp__comm_stage_host(gcomp_comm *c)
     return gcomp__transport_staging_wrap(c->tp, &gcomp__device_host, &c->staged[GCOMP__MEM_HOST]);
 }
 
-gcomp_result gcomp__comm_emulate_device(gcomp_comm *c, const char *dense_spec)
+gcomp_result gcomp__comm_emulate_device(gcomp_comm *c, const char *dense_spec, int staged)
 {
-    GCOMP_CHECK(gcomp__comm_stage_host(c));
+    if (staged) GCOMP_CHECK(gcomp__comm_stage_host(c));
     if (!c->dense_codec) GCOMP_CHECK(gcomp_codec_create(dense_spec, NULL, &c->dense_codec));
     c->emulate_device = 1;
     return GCOMP_SUCCESS;

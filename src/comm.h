@@ -187,7 +187,10 @@ gcomp_result gcomp__comm_stage_host(gcomp_comm *c);
  * workspace and residual store, the call's status and tally blocks, the codec's `cuda` ops,
  * the staging decorator) with the host's device ops, so a codec whose `cuda` table runs on
  * host memory exercises that path without a GPU (tests/test_staging.c). dense_spec: the
- * codec of sparse-as-dense's fp32 ring (normally "none"), one with such a table too. */
-gcomp_result gcomp__comm_emulate_device(gcomp_comm *c, const char *dense_spec);
+ * codec of sparse-as-dense's fp32 ring (normally "none"), one with such a table too.
+ * staged = 0: without the staging decorator, so that host copies of the "device" buffers
+ * (a codec with a byte stage) run on the communicator's own transport, as real device
+ * buffers' copies do on MPI (tests/test_loop.c). */
+gcomp_result gcomp__comm_emulate_device(gcomp_comm *c, const char *dense_spec, int staged);
 
 #endif

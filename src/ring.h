@@ -116,7 +116,8 @@ void gcomp__ring_begin(gcomp__ring *r, int trailer, uint32_t seq);
  * messages, which MPI guarantees: a message without a valid trailer is a local failure of its
  * receiver, whose max then lacks blocks. When the ranks agree, a partial max is the same max;
  * only if they also disagree on this very call can that rank's verdict differ -- it goes on
- * and times out, breaking its communicator, while the others stop.)  Every schedule of a
+ * and fails on its next message while the others stop, and the next call fails on every
+ * rank on the messages it left: docs/RELIABILITY.md.)  Every schedule of a
  * host transport sends at least N-1 messages, all of them ring steps to the right; what
  * runs before the verdict must be safe on a neighbour's payload of another call (the decoders
  * check sizes; an oversized message is a local failure). After ring_begin; host transports

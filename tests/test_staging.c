@@ -274,7 +274,7 @@ static void *run_rank(void *arg)
     cfg.timeout_ms = 20000;
     j->rc = gcomp__comm_create_loop(j->at.w, j->at.rank, &cfg, &comm);
     if (j->rc == GCOMP_SUCCESS && j->mode == MODE_STAGED) j->rc = gcomp__comm_stage_host(comm);
-    if (j->rc == GCOMP_SUCCESS && j->mode == MODE_EMULATED) j->rc = gcomp__comm_emulate_device(comm, "emu_none");
+    if (j->rc == GCOMP_SUCCESS && j->mode == MODE_EMULATED) j->rc = gcomp__comm_emulate_device(comm, "emu_none", 1);
     for (int t = 0; t < STEPS && j->rc == GCOMP_SUCCESS; t++) {
         fill(c, x, j->at.rank, t);
         /* in place at the last step: the schedules must read send before writing recv */
