@@ -85,15 +85,28 @@ typedef struct vote {
     char detail[256]; /* this rank's own failure message */
 } vote;
 
+/* A failure as the agreements carry it: 0, or (code << 32 | rank), so the max names the worst. */
+static uint64_t fail_code(gcomp_result local, int rank)
+{
+    return local != GCOMP_SUCCESS ? (uint64_t)local << 32 | (uint32_t)rank : 0;
+}
+
+/* The fields as (v, ~v) pairs (zeros for NULL): after a max over ranks, a rank whose v or ~v
+ * changed knows that some rank had another value. */
+static void put_pairs(uint64_t *pairs, const uint64_t *fields)
+{
+    for (int f = 0; f < N_FIELDS; f++) {
+        pairs[2 * f] = fields ? fields[f] : 0;
+        pairs[2 * f + 1] = ~pairs[2 * f];
+    }
+}
+
 static void vote_init(vote *b, int rank, gcomp_result local, int nonfinite, const uint64_t *fields)
 {
     memset(b, 0, sizeof *b);
-    b->v[V_FAIL] = local != GCOMP_SUCCESS ? (uint64_t)local << 32 | (uint32_t)rank : 0;
+    b->v[V_FAIL] = fail_code(local, rank);
     b->v[V_NONFINITE] = nonfinite != 0;
-    for (int f = 0; f < N_FIELDS; f++) {
-        b->v[V_FIELDS + 2 * f] = fields ? fields[f] : 0;
-        b->v[V_FIELDS + 2 * f + 1] = ~(fields ? fields[f] : 0);
-    }
+    put_pairs(&b->v[V_FIELDS], fields);
     snprintf(b->detail, sizeof b->detail, "%s", local != GCOMP_SUCCESS ? gcomp_last_error() : "");
 }
 
@@ -403,11 +416,8 @@ size_t gcomp__comm_in_band_block(gcomp_comm *c, gcomp__agreement *a, gcomp_resul
     a->op = op;
     snprintf(a->detail, sizeof a->detail, "%s", local != GCOMP_SUCCESS ? gcomp_last_error() : "");
     call_fields(c, count, dtype, op, on_device, in_ring, fields);
-    block[B_FAIL] = local != GCOMP_SUCCESS ? (uint64_t)local << 32 | (uint32_t)c->tp->rank : 0;
-    for (int f = 0; f < N_FIELDS; f++) {
-        block[B_FIELDS + 2 * f] = fields[f];
-        block[B_FIELDS + 2 * f + 1] = ~fields[f];
-    }
+    block[B_FAIL] = fail_code(local, c->tp->rank);
+    put_pairs(&block[B_FIELDS], fields);
     return B_N;
 }
 

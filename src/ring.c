@@ -49,6 +49,12 @@ void gcomp__ring_agree(gcomp__ring *r, const uint64_t *block, size_t n, gcomp__r
     r->verdict_ctx = ctx;
 }
 
+/* Bytes after a message's payload: the trailer, and the agreement block before it. */
+static size_t trailer_len(int with_block)
+{
+    return GCOMP__RING_TRAILER_BASE + (with_block ? 8 * GCOMP__RING_AGREE_MAX : 0);
+}
+
 /* The next message carries the agreement block: one of the first N-1. */
 static int agreeing(const gcomp__ring *r) { return r->agree_n > 0 && r->msgs < (uint64_t)(r->size - 1); }
 
@@ -98,7 +104,7 @@ static void write_trailer(gcomp__ring *r, uint8_t *p, int with_block)
 static size_t read_trailer(gcomp__ring *r, const uint8_t *msg, size_t bytes, int with_block)
 {
     size_t have = bytes < r->rcap ? bytes : r->rcap; /* the message's last `have` bytes are in msg */
-    size_t tlen = GCOMP__RING_TRAILER_BASE + (with_block ? 8 * GCOMP__RING_AGREE_MAX : 0);
+    size_t tlen = trailer_len(with_block);
     const uint8_t *p = msg + have - GCOMP__RING_TRAILER_BASE;
     uint64_t fail;
     if (have < tlen || (p[0] | p[1] << 8) != TRAILER_MAGIC || p[2] != TRAILER_VERSION ||
@@ -134,7 +140,7 @@ gcomp_result gcomp__ring_start(gcomp__ring *r, void *sbuf, size_t sbytes, void *
     if (r->error) sbytes = 0;
     if (r->trailer) {
         uint8_t *p = (uint8_t *)sbuf + sbytes;
-        size_t tlen = GCOMP__RING_TRAILER_BASE + (block ? 8 * GCOMP__RING_AGREE_MAX : 0);
+        size_t tlen = trailer_len(block);
         if (block) write_block(r, p);
         write_trailer(r, p + tlen - GCOMP__RING_TRAILER_BASE, block);
         sbytes += tlen;
@@ -221,7 +227,7 @@ uint64_t gcomp__ring_trailer_bytes(gcomp_schedule sched, int n)
 uint64_t gcomp__ring_agree_bytes(int n, int pass)
 {
     if (n <= 1) return 0;
-    return (uint64_t)(n - 1) * (8 * GCOMP__RING_AGREE_MAX + (pass ? GCOMP__RING_TRAILER_BASE : 0));
+    return (uint64_t)(n - 1) * (trailer_len(1) - (pass ? 0 : GCOMP__RING_TRAILER_BASE));
 }
 
 void gcomp__ring_progress(gcomp__ring *r) { r->tp->progress(r->tp); }
