@@ -9,6 +9,9 @@
  * as F16C hardware does). A finite input that rounds to +-inf is an overflow: counted in
  * ctx->overflow and, like a NaN/Inf input, reported as non-finite so the residual is kept.
  * Error feedback: r_out = x - decode(encode(x)).
+ *
+ * On x86 CPUs with F16C the fp16 loops use its conversion instructions, which give these
+ * exact bits (cast.c; checked on every float by test_cast).
  */
 #ifndef GCOMP_CODECS_CAST_H
 #define GCOMP_CODECS_CAST_H
@@ -30,6 +33,10 @@ typedef struct gcomp_cast_params {
 GCOMP_DECLARE_CUDA_OPS(none);
 GCOMP_DECLARE_CUDA_OPS(fp16);
 GCOMP_DECLARE_CUDA_OPS(bf16);
+
+/* Test switch (cast.c): nonzero makes the fp16 loops use only the reference conversions, not
+ * the F16C instructions that compute the same bits faster. Not thread-safe; tests only. */
+extern int gcomp__cast_reference_only;
 
 extern const gcomp_codec_vtable gcomp__codec_none;
 extern const gcomp_codec_vtable gcomp__codec_fp16;
