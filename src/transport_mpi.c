@@ -156,6 +156,19 @@ static gcomp_result wait_all(int n, MPI_Request *reqs, MPI_Status *st, double de
     return rc;
 }
 
+/* MPI counts are int: a longer message is refused before anything is posted. */
+static gcomp_result check_bytes(size_t bytes)
+{
+    if (bytes <= INT_MAX) return GCOMP_SUCCESS;
+    return gcomp__fail(GCOMP_ERR_UNSUPPORTED, "MPI transport: message of %zu bytes exceeds 2 GiB", bytes);
+}
+
+/* The exchange's send, as ring[1]; call between quiet_begin and quiet_end. */
+static int post_send(mpi_transport *m, int to, const void *sbuf, size_t sbytes)
+{
+    return MPI_Isend(sbuf, (int)sbytes, MPI_BYTE, to, GCOMP_TAG, m->comm, &m->ring[1]);
+}
+
 static gcomp_result mpi_start(gcomp__transport *t, int to, const void *sbuf, size_t sbytes, int from, void *rbuf,
                               size_t rcap)
 {
@@ -163,14 +176,12 @@ static gcomp_result mpi_start(gcomp__transport *t, int to, const void *sbuf, siz
     quiet q;
     gcomp_result rc = GCOMP_SUCCESS;
     int err;
-    if (sbytes > INT_MAX || rcap > INT_MAX)
-        return gcomp__fail(GCOMP_ERR_UNSUPPORTED, "MPI transport: message of %zu bytes exceeds 2 GiB",
-                           sbytes > rcap ? sbytes : rcap);
+    GCOMP_CHECK(check_bytes(sbytes > rcap ? sbytes : rcap));
     q = quiet_begin(MPI_COMM_WORLD);
     err = MPI_Irecv(rbuf, (int)rcap, MPI_BYTE, from, GCOMP_TAG, m->comm, &m->ring[0]);
     if (err != MPI_SUCCESS) {
         rc = mpi_fail(err, "MPI_Irecv");
-    } else if ((err = MPI_Isend(sbuf, (int)sbytes, MPI_BYTE, to, GCOMP_TAG, m->comm, &m->ring[1])) != MPI_SUCCESS) {
+    } else if ((err = post_send(m, to, sbuf, sbytes)) != MPI_SUCCESS) {
         MPI_Cancel(&m->ring[0]);
         rc = mpi_fail(err, "MPI_Isend");
     }
@@ -187,7 +198,7 @@ static gcomp_result mpi_start_any(gcomp__transport *t, int to, const void *sbuf,
     mpi_transport *m = (mpi_transport *)t;
     quiet q;
     int err;
-    if (sbytes > INT_MAX) return gcomp__fail(GCOMP_ERR_UNSUPPORTED, "MPI transport: message of %zu bytes exceeds 2 GiB", sbytes);
+    GCOMP_CHECK(check_bytes(sbytes));
     m->ring[0] = MPI_REQUEST_NULL;
     m->any = m->probing = 1;
     m->from = from;
@@ -197,7 +208,7 @@ static gcomp_result mpi_start_any(gcomp__transport *t, int to, const void *sbuf,
     m->into_big = 0;
     m->match_rc = GCOMP_SUCCESS;
     q = quiet_begin(MPI_COMM_WORLD);
-    err = MPI_Isend(sbuf, (int)sbytes, MPI_BYTE, to, GCOMP_TAG, m->comm, &m->ring[1]);
+    err = post_send(m, to, sbuf, sbytes);
     quiet_end(&q);
     if (err != MPI_SUCCESS) {
         m->any = m->probing = 0;
