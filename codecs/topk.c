@@ -52,6 +52,14 @@
 #define TOPK_SPEC_MIN_N ((size_t)1 << 16) /* below: two passes over data that sits in cache */
 #define TOPK_SAMPLE 8192u
 #define TOPK_STREAM_MIN_N ((size_t)1 << 22) /* from 16 MiB of x: streamed stores (pass 1) */
+/* Before a loop over one group: keeps gcc from unrolling its 16 iterations into straight-line
+ * code, whose OR reduction its basic-block vectoriser (gcc 12) leaves scalar; as a loop it is
+ * vectorised (about 1 ns per element of pass 1 less here). */
+#if defined(__GNUC__)
+#define TOPK_VECTOR_LOOP _Pragma("GCC unroll 1")
+#else
+#define TOPK_VECTOR_LOOP
+#endif
 #define TOPK_NSUB \
     ((size_t)4) /* partial histograms, so equal keys in a row do not wait on
                                  each other's increment */
@@ -87,6 +95,7 @@ static inline float x_at(const float *g, const float *r, size_t i) { return r ? 
 static inline uint32_t group_reaches(const float *g, const float *r, size_t i, uint32_t thr)
 {
     uint32_t any = 0;
+    TOPK_VECTOR_LOOP
     for (size_t j = i; j < i + TOPK_GROUP; j++) any |= thr - 1 - key_of(x_at(g, r, j));
     return any >> 31;
 }
@@ -260,8 +269,10 @@ static inline __attribute__((always_inline)) size_t pass1_loop(topk_select *s, c
         uint32_t any = 0;
         if (spec) { /* two plain loops (x, then an OR reduction over its bits): both vectorise */
             uint32_t kb[TOPK_GROUP];
+            TOPK_VECTOR_LOOP
             for (size_t j = 0; j < TOPK_GROUP; j++) xb[j] = x_at(g, r, i + j);
             memcpy(kb, xb, sizeof kb);
+            TOPK_VECTOR_LOOP
             for (size_t j = 0; j < TOPK_GROUP; j++) any |= t0 - 1 - gcomp_topk_key(kb[j]);
         }
         for (size_t j = 0; hist && j < TOPK_GROUP; j += 2) { /* two sub-histograms: fewer store-to-load stalls */
