@@ -97,25 +97,29 @@ static size_t cast_max_body(cast_kind kind, size_t count) { return count * width
  * was chosen to be the hardware's -- 8 elements per instruction instead of a dozen integer
  * operations each. Where the CPU has them, the fp16 loops run their multiples of 8 here and
  * leave the rest to the reference loops. test_cast's test_f16c_matches_reference compares both
- * on every float (sampled; every one with GCOMP_TEST_EXHAUSTIVE=1), with MXCSR's flush-to-zero
- * and denormals-are-zero modes off and on. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(GCOMP_NO_SIMD_CLONES)
+ * on every float (sampled; every one with GCOMP_TEST_EXHAUSTIVE=1) in every MXCSR rounding
+ * mode, with flush-to-zero and denormals-are-zero off and on; test_f16c_loops with random
+ * residuals and sums, each residual case, odd lengths and unaligned bodies. */
+#if defined(__x86_64__) && defined(__GNUC__)
 #include <cpuid.h>
 #include <immintrin.h>
+#include <stdatomic.h>
 
 #define F16C_TARGET __attribute__((target("avx2,f16c")))
 
 static int have_f16c(void)
 {
-    static volatile int known = -1; /* every thread computes the same answer */
-    if (known < 0) {
+    static _Atomic int known = -1; /* every thread computes the same answer */
+    int k = atomic_load_explicit(&known, memory_order_relaxed);
+    if (k < 0) {
         unsigned a, b, c = 0, d;
         __builtin_cpu_init();
         /* avx2 also says the OS saves the ymm registers; F16C from CPUID (clang's
          * __builtin_cpu_supports does not know "f16c") */
-        known = __builtin_cpu_supports("avx2") && __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+        k = __builtin_cpu_supports("avx2") && __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+        atomic_store_explicit(&known, k, memory_order_relaxed);
     }
-    return known;
+    return k;
 }
 
 /* lanes whose bits have an all-ones exponent (Inf, NaN) */
@@ -151,13 +155,26 @@ static inline __attribute__((always_inline)) F16C_TARGET size_t f16c_loop(int ha
     return m;
 }
 
+/* VCVTPS2PH raises the overflow and underflow exceptions that the reference's integer rounding
+ * does not (its "no exceptions" bit does not apply to them): with the caller's traps enabled a
+ * gradient that overflows f16 -- counted, not an error -- would kill the process. So the loop
+ * runs with every exception masked, and MXCSR is put back as it was, flags included. */
 F16C_TARGET static size_t f16c_encode(const float *g, const float *r_in, float *r_out, size_t n, uint8_t *body,
                                       uint32_t *nonfinite, uint64_t *overflow)
 {
-    if (r_in && r_out) return f16c_loop(1, 1, g, r_in, r_out, n, body, nonfinite, overflow);
-    if (r_in) return f16c_loop(1, 0, g, r_in, NULL, n, body, nonfinite, overflow);
-    if (r_out) return f16c_loop(0, 1, g, NULL, r_out, n, body, nonfinite, overflow);
-    return f16c_loop(0, 0, g, NULL, NULL, n, body, nonfinite, overflow);
+    const unsigned csr = _mm_getcsr();
+    size_t done;
+    _mm_setcsr(csr | 0x1f80u); /* mask all six exceptions */
+    if (r_in && r_out)
+        done = f16c_loop(1, 1, g, r_in, r_out, n, body, nonfinite, overflow);
+    else if (r_in)
+        done = f16c_loop(1, 0, g, r_in, NULL, n, body, nonfinite, overflow);
+    else if (r_out)
+        done = f16c_loop(0, 1, g, NULL, r_out, n, body, nonfinite, overflow);
+    else
+        done = f16c_loop(0, 0, g, NULL, NULL, n, body, nonfinite, overflow);
+    _mm_setcsr(csr);
+    return done;
 }
 
 /* acc[i] += the half at body[2i], for the first n & ~7 elements; returns how many. */
@@ -185,13 +202,15 @@ static size_t f16c_decode_add(const uint8_t *body, float *acc, size_t n)
 }
 #endif
 
+int gcomp__cast_f16c_active(void) { return have_f16c() && !gcomp__cast_reference_only; }
+
 /* fp16 encode: F16C for the multiples of 8 where the CPU has it, the reference loop for the
  * rest (or all). */
 static void f16_encode(const float *g, const float *r_in, float *r_out, size_t n, uint8_t *body, uint32_t *nonfinite,
                        uint64_t *overflow)
 {
     uint32_t hw_bad = 0;
-    size_t done = have_f16c() && !gcomp__cast_reference_only ? f16c_encode(g, r_in, r_out, n, body, &hw_bad, overflow) : 0;
+    size_t done = gcomp__cast_f16c_active() ? f16c_encode(g, r_in, r_out, n, body, &hw_bad, overflow) : 0;
     cast_dispatch(CAST_F16, g + done, r_in ? r_in + done : NULL, r_out ? r_out + done : NULL, n - done,
                   body + 2 * done, nonfinite, overflow);
     *nonfinite |= hw_bad;
@@ -227,7 +246,7 @@ GCOMP_SIMD_CLONES static gcomp_result cast_decode_add(cast_kind kind, const char
     if (kind == CAST_F32)
         for (size_t i = 0; i < n; i++) acc[i] += load_f32(body + 4 * i);
     else if (kind == CAST_F16) {
-        size_t done = have_f16c() && !gcomp__cast_reference_only ? f16c_decode_add(body, acc, n) : 0;
+        size_t done = gcomp__cast_f16c_active() ? f16c_decode_add(body, acc, n) : 0;
         for (size_t i = done; i < n; i++) acc[i] += gcomp_f16_to_f32_inline(load_u16(body + 2 * i));
     } else
         for (size_t i = 0; i < n; i++) acc[i] += gcomp_bf16_to_f32_inline(load_u16(body + 2 * i));

@@ -11,7 +11,10 @@
  * Error feedback: r_out = x - decode(encode(x)).
  *
  * On x86 CPUs with F16C the fp16 loops use its conversion instructions, which give these
- * exact bits (cast.c; checked on every float by test_cast).
+ * exact bits (cast.c; checked on every float by test_cast), in every rounding mode: the
+ * conversions never depend on the FPU's. One thing is not specified: when both the gradient
+ * and the residual hold a NaN, which NaN's payload x = g + r keeps (compilers order the
+ * operands of the add as they like, and x86 keeps the first one's).
  */
 #ifndef GCOMP_CODECS_CAST_H
 #define GCOMP_CODECS_CAST_H
@@ -37,6 +40,8 @@ GCOMP_DECLARE_CUDA_OPS(bf16);
 /* Test switch (cast.c): nonzero makes the fp16 loops use only the reference conversions, not
  * the F16C instructions that compute the same bits faster. Not thread-safe; tests only. */
 extern int gcomp__cast_reference_only;
+/* Nonzero when the fp16 loops run on F16C (the CPU has it and the switch is 0). */
+int gcomp__cast_f16c_active(void);
 
 extern const gcomp_codec_vtable gcomp__codec_none;
 extern const gcomp_codec_vtable gcomp__codec_fp16;

@@ -134,7 +134,9 @@ static inline GCOMP_HD uint32_t gcomp_mix32(uint32_t x)
 
 /* ---- half and bfloat16 (codecs/cast.h's formats; top-k's fp16 values) -------------------- */
 
-/* f32 -> f16, round to nearest even. Written branch-free (selects) so loops vectorise. */
+/* f32 -> f16, round to nearest even. Written branch-free (selects) so loops vectorise, and in
+ * integers: the result does not depend on the FPU's rounding mode (x86's F16C instructions,
+ * cast.c, give the same bits). */
 static inline GCOMP_HD uint16_t gcomp_f16_from_bits(uint32_t x)
 {
     uint32_t sign = (x >> 16) & 0x8000u;
@@ -142,9 +144,15 @@ static inline GCOMP_HD uint16_t gcomp_f16_from_bits(uint32_t x)
     /* normal range: rebias the exponent, round the 13 dropped mantissa bits to even; a
      * carry out of the mantissa correctly bumps the exponent (up to 0x7c00 = inf) */
     uint32_t normal = (a + 0xc8000fffu + ((a >> 13) & 1u)) >> 13; /* 0xc8000000 = (15-127)<<23 */
-    /* subnormal range (|x| < 2^-14): adding 0.5f aligns the value so the FPU's own
-     * round-to-nearest-even leaves the f16 subnormal bits in the low mantissa */
-    uint32_t sub = gcomp_f32_bits(gcomp_bits_f32(a) + 0.5f) - 0x3f000000u;
+    /* subnormal range (|x| < 2^-14): the value is m * 2^(e-150), in units of 2^-24 that is
+     * m >> (126 - e), rounded to even here in integers -- not with the FPU, whose rounding
+     * mode the caller may have changed. e is clamped so the shift stays in [14, 31]: above,
+     * the lane is not subnormal (unused); below, every bit shifts out and m < half: 0. */
+    uint32_t e = a >> 23;
+    uint32_t shift = 126u - (e > 112u ? 112u : (e < 95u ? 95u : e));
+    uint32_t m = (a & 0x7fffffu) | 0x800000u;
+    uint32_t q = m >> shift, rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+    uint32_t sub = q + ((rem > half) | ((rem == half) & q & 1u));
     uint32_t nan = 0x7e00u | ((a >> 13) & 0x3ffu);
     uint32_t o = a < 0x38800000u ? sub : normal;
     o = a >= 0x47800000u ? 0x7c00u : o; /* >= 65536: inf */
@@ -159,8 +167,8 @@ static inline GCOMP_HD float gcomp_f16_to_f32_inline(uint16_t h)
     uint32_t exp = em & 0x0f800000u;
     uint32_t normal = em + 0x38000000u; /* rebias 15 -> 127 */
     uint32_t infnan = em + 0x70000000u; /* exponent 31 -> 255 */
-    /* subnormal: build 2^-14 * (1 + m) exactly, then subtract 2^-14 (exact in f32) */
-    uint32_t sub = gcomp_f32_bits(gcomp_bits_f32(em + 0x38800000u) - gcomp_bits_f32(0x38800000u));
+    /* subnormal (and zero): m * 2^-24, exact in f32 in every rounding mode, +0 for m = 0 */
+    uint32_t sub = gcomp_f32_bits((float)(int32_t)(em >> 13) * 0x1p-24f);
     uint32_t o = exp == 0x0f800000u ? infnan : (exp == 0 ? sub : normal);
     return gcomp_bits_f32(o | sign);
 }

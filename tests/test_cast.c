@@ -1,5 +1,7 @@
 /* test_cast.c — none/fp16/bf16: conversions checked exhaustively against the compiler's
  * IEEE _Float16 and an integer bf16 reference, and the codecs on odd sizes. */
+#define _GNU_SOURCE /* feenableexcept */
+#include <fenv.h>
 #include <string.h>
 
 #include "test_util.h"
@@ -170,95 +172,176 @@ static void test_nonfinite_propagates(void **state)
 
 static void *test_malloc_or_fail(size_t bytes)
 {
-    void *p = malloc(bytes);
+    void *p = malloc(bytes ? bytes : 1);
     assert_non_null(p);
     return p;
 }
-static void *test_calloc_or_fail(size_t n, size_t size)
+
+/* MXCSR modes the F16C comparisons run in: the four rounding modes, and round-to-nearest with
+ * flush-to-zero and denormals-are-zero. */
+static const unsigned mxcsr_modes[] = { 0x0000u, 0x2000u, 0x4000u, 0x6000u, 0x8040u };
+#define N_MXCSR_MODES (sizeof mxcsr_modes / sizeof mxcsr_modes[0])
+
+static unsigned mxcsr_enter(unsigned mode)
 {
-    void *p = calloc(n, size);
-    assert_non_null(p);
-    return p;
+#if defined(__x86_64__)
+    unsigned csr = __builtin_ia32_stmxcsr();
+    __builtin_ia32_ldmxcsr((csr & ~0xe040u) | mode);
+    return csr;
+#else
+    (void)mode;
+    return 0;
+#endif
 }
 
-/* One batch of float bit patterns through the fp16 codec twice -- with the F16C instructions
- * where the CPU has them, and with the reference conversions only -- with and without a
- * residual: the same body, residual, decoded sum and non-finite/overflow counts. */
-typedef struct f16_batch {
-    size_t n;
-    float *g, *zero, *r_hw, *r_ref, *acc_hw, *acc_ref;
-    uint8_t *body_hw, *body_ref;
-} f16_batch;
+static void mxcsr_leave(unsigned csr)
+{
+#if defined(__x86_64__)
+    __builtin_ia32_ldmxcsr(csr);
+#else
+    (void)csr;
+#endif
+}
 
-static void f16_encode_decode(f16_batch *b, int reference_only, int residual, uint8_t *body, float *r, float *acc,
-                              gcomp_encode_ctx *ctx)
+/* One fp16 encode then decode_add, through the F16C path or the reference only. r_in/r_out
+ * may be NULL or equal; acc is added to. */
+typedef struct f16_run {
+    uint8_t *body;
+    float *r_out, *acc;
+    gcomp_encode_ctx ctx;
+} f16_run;
+
+static void f16_once(int reference_only, const float *g, const float *r_in, size_t n, f16_run *run)
 {
     size_t written = 0;
     uint32_t flags = 1;
     gcomp__cast_reference_only = reference_only;
-    memset(ctx, 0, sizeof *ctx);
-    assert_int_equal(gcomp__codec_fp16.encode(NULL, ctx, b->g, residual ? b->zero : NULL, residual ? r : NULL, b->n,
-                                              body, 2 * b->n, &written, &flags),
+    memset(&run->ctx, 0, sizeof run->ctx);
+    assert_int_equal(gcomp__codec_fp16.encode(NULL, &run->ctx, g, r_in, run->r_out, n, run->body, 2 * n, &written, &flags),
                      GCOMP_SUCCESS);
-    assert_int_equal(written, 2 * b->n);
-    memset(acc, 0, b->n * sizeof(float));
-    assert_int_equal(gcomp__codec_fp16.decode_add(NULL, flags, body, written, acc, b->n), GCOMP_SUCCESS);
+    assert_int_equal(written, 2 * n);
+    assert_int_equal(gcomp__codec_fp16.decode_add(NULL, flags, run->body, written, run->acc, n), GCOMP_SUCCESS);
     gcomp__cast_reference_only = 0;
 }
 
-static void f16_compare(f16_batch *b)
+static void f16_same(const f16_run *hw, const f16_run *ref, size_t n)
 {
-    for (int residual = 0; residual < 2; residual++) {
-        gcomp_encode_ctx hw, ref;
-        f16_encode_decode(b, 0, residual, b->body_hw, b->r_hw, b->acc_hw, &hw);
-        f16_encode_decode(b, 1, residual, b->body_ref, b->r_ref, b->acc_ref, &ref);
-        assert_memory_equal(b->body_hw, b->body_ref, 2 * b->n);
-        assert_memory_equal(b->acc_hw, b->acc_ref, b->n * sizeof(float));
-        if (residual) assert_memory_equal(b->r_hw, b->r_ref, b->n * sizeof(float));
-        assert_int_equal(hw.nonfinite, ref.nonfinite);
-        assert_int_equal(hw.overflow, ref.overflow);
-    }
+    assert_memory_equal(hw->body, ref->body, 2 * n);
+    assert_memory_equal(hw->acc, ref->acc, n * sizeof(float));
+    if (hw->r_out) assert_memory_equal(hw->r_out, ref->r_out, n * sizeof(float));
+    assert_int_equal(hw->ctx.nonfinite, ref->ctx.nonfinite);
+    assert_int_equal(hw->ctx.overflow, ref->ctx.overflow);
 }
 
-/* Every float (GCOMP_TEST_EXHAUSTIVE=1), or every value of the top 26 bits with the low 6 bits
- * once zero (the exact ties) and once pseudo-random; the batch length is not a multiple of 8,
- * so each batch also ends in the reference loop. Then again with MXCSR's FTZ and DAZ on. */
+/* The F16C path against the reference on float bit patterns: every float
+ * (GCOMP_TEST_EXHAUSTIVE=1), or every value of the top 25 bits with the low 7 bits once zero
+ * (the exact ties) and once pseudo-random; with no residual and with a zero one, in every
+ * MXCSR mode. Batches of 2^20 + 5 elements end in the reference's tail loop. */
 static void test_f16c_matches_reference(void **state)
 {
     const size_t batch = ((size_t)1 << 20) + 5;
     const int exhaustive = getenv("GCOMP_TEST_EXHAUSTIVE") != NULL;
-    f16_batch b = { .n = batch };
+    float *g = test_malloc_or_fail(batch * sizeof(float)), *zero = calloc(batch, sizeof(float));
+    f16_run hw, ref;
     (void)state;
-    b.g = test_malloc_or_fail(batch * sizeof(float));
-    b.zero = test_calloc_or_fail(batch, sizeof(float));
-    b.r_hw = test_malloc_or_fail(batch * sizeof(float));
-    b.r_ref = test_malloc_or_fail(batch * sizeof(float));
-    b.acc_hw = test_malloc_or_fail(batch * sizeof(float));
-    b.acc_ref = test_malloc_or_fail(batch * sizeof(float));
-    b.body_hw = test_malloc_or_fail(2 * batch);
-    b.body_ref = test_malloc_or_fail(2 * batch);
-    for (int mode = 0; mode < 2; mode++) {
-#if defined(__x86_64__)
-        unsigned csr = __builtin_ia32_stmxcsr();
-        if (mode) __builtin_ia32_ldmxcsr(csr | 0x8040u); /* FTZ | DAZ */
-#else
-        if (mode) break;
-#endif
-        for (uint64_t next = 0, end = exhaustive ? (uint64_t)1 << 32 : (uint64_t)1 << 27; next < end;) {
-            b.n = end - next < batch ? (size_t)(end - next) : batch;
-            for (size_t i = 0; i < b.n; i++, next++) {
-                uint32_t x = exhaustive ? (uint32_t)next
-                                        : (uint32_t)(next >> 1) << 6 | ((next & 1) ? gcomp_mix32((uint32_t)next) & 63u : 0);
-                memcpy(&b.g[i], &x, 4);
-            }
-            f16_compare(&b);
-        }
-#if defined(__x86_64__)
-        __builtin_ia32_ldmxcsr(csr);
-#endif
+    if (!gcomp__cast_f16c_active()) {
+        print_message("this CPU has no F16C (or AVX2): the fp16 loops run the reference only\n");
+        free(g), free(zero);
+        skip();
     }
-    free(b.g), free(b.zero), free(b.r_hw), free(b.r_ref), free(b.acc_hw), free(b.acc_ref), free(b.body_hw),
-        free(b.body_ref);
+    assert_non_null(zero);
+    hw.body = test_malloc_or_fail(2 * batch), ref.body = test_malloc_or_fail(2 * batch);
+    hw.acc = test_malloc_or_fail(batch * sizeof(float)), ref.acc = test_malloc_or_fail(batch * sizeof(float));
+    float *r_hw = test_malloc_or_fail(batch * sizeof(float)), *r_ref = test_malloc_or_fail(batch * sizeof(float));
+    for (size_t mode = 0; mode < N_MXCSR_MODES; mode++) {
+        unsigned csr = mxcsr_enter(mxcsr_modes[mode]);
+        for (uint64_t next = 0, end = exhaustive ? (uint64_t)1 << 32 : (uint64_t)1 << 26; next < end;) {
+            size_t n = end - next < batch ? (size_t)(end - next) : batch;
+            for (size_t i = 0; i < n; i++, next++) {
+                uint32_t x = exhaustive ? (uint32_t)next
+                                        : (uint32_t)(next >> 1) << 7 | ((next & 1) ? gcomp_mix32((uint32_t)next) & 127u : 0);
+                memcpy(&g[i], &x, 4);
+            }
+            for (int residual = 0; residual < 2; residual++) {
+                hw.r_out = residual ? r_hw : NULL, ref.r_out = residual ? r_ref : NULL;
+                memset(hw.acc, 0, n * sizeof(float)), memset(ref.acc, 0, n * sizeof(float));
+                f16_once(0, g, residual ? zero : NULL, n, &hw);
+                f16_once(1, g, residual ? zero : NULL, n, &ref);
+                f16_same(&hw, &ref, n);
+            }
+        }
+        mxcsr_leave(csr);
+    }
+    free(g), free(zero), free(r_hw), free(r_ref), free(hw.body), free(ref.body), free(hw.acc), free(ref.acc);
+}
+
+/* The F16C loops on random data: each residual case (none, r_in only, r_out only, both, and
+ * r_out == r_in), random finite residuals and sums, lengths around multiples of 8, bodies at
+ * odd addresses, every MXCSR mode. Gradients mix Gaussians with arbitrary bit patterns
+ * (NaN, Inf, subnormals, overflows); residuals stay finite (a NaN + NaN keeps an unspecified
+ * payload: cast.h). */
+static void test_f16c_loops(void **state)
+{
+    static const size_t lengths[] = { 0, 1, 7, 8, 9, 15, 16, 17, 1000, 1003 };
+    enum { MAX_N = 1003, R_NONE, R_IN, R_OUT, R_BOTH, R_SAME };
+    uint64_t seed = 7;
+    float g[MAX_N], r[MAX_N], acc0[MAX_N], rb_hw[MAX_N], rb_ref[MAX_N], acc_hw[MAX_N], acc_ref[MAX_N];
+    uint8_t body_hw[2 * MAX_N + 3], body_ref[2 * MAX_N + 3];
+    (void)state;
+    if (!gcomp__cast_f16c_active()) skip();
+    for (int trial = 0; trial < 20; trial++)
+        for (size_t li = 0; li < sizeof lengths / sizeof lengths[0]; li++)
+            for (int rc = R_NONE; rc <= R_SAME; rc++)
+                for (size_t mode = 0; mode < N_MXCSR_MODES; mode++) {
+                    size_t n = lengths[li], off = (size_t)(trial % 3) * 1 + (trial % 2);
+                    f16_run hw = { body_hw + off, NULL, acc_hw, { 0 } }, ref = { body_ref + off, NULL, acc_ref, { 0 } };
+                    const float *rin_hw = NULL, *rin_ref = NULL;
+                    unsigned csr;
+                    for (size_t i = 0; i < n; i++) {
+                        uint32_t bits = (uint32_t)tu_next(&seed);
+                        float scale = (float)(1u << (bits & 15)) * 0x1p-10f;
+                        if (bits & 0x10000u) memcpy(&g[i], &bits, 4);
+                        else g[i] = tu_gauss(&seed) * scale;
+                        r[i] = tu_gauss(&seed) * 0x1p-12f;
+                        acc0[i] = tu_gauss(&seed);
+                    }
+                    memcpy(acc_hw, acc0, n * sizeof(float)), memcpy(acc_ref, acc0, n * sizeof(float));
+                    memcpy(rb_hw, r, n * sizeof(float)), memcpy(rb_ref, r, n * sizeof(float));
+                    if (rc == R_IN || rc == R_BOTH) rin_hw = rin_ref = r;
+                    if (rc == R_OUT || rc == R_BOTH) hw.r_out = rb_hw, ref.r_out = rb_ref;
+                    if (rc == R_SAME) rin_hw = hw.r_out = rb_hw, rin_ref = ref.r_out = rb_ref;
+                    csr = mxcsr_enter(mxcsr_modes[mode]);
+                    f16_once(0, g, rin_hw, n, &hw);
+                    f16_once(1, g, rin_ref, n, &ref);
+                    mxcsr_leave(csr);
+                    f16_same(&hw, &ref, n);
+                }
+}
+
+/* With the overflow trap enabled (as a debugging caller might), an fp16 overflow is counted as
+ * always -- on F16C too, whose conversion raises the exception the reference's integer
+ * rounding does not -- and the caller's floating-point state is left as it was. */
+static void test_f16c_no_traps(void **state)
+{
+    float g[11], r[11] = { 0 }, acc[11] = { 0 };
+    uint8_t body[22];
+    (void)state;
+    for (int i = 0; i < 11; i++) g[i] = i < 8 ? 70000.0f : 1.0f;
+    for (int reference_only = 0; reference_only < 2; reference_only++) {
+        f16_run run = { body, r, acc, { 0 } };
+        memset(r, 0, sizeof r); /* the residual is updated in place */
+        feclearexcept(FE_ALL_EXCEPT);
+#if defined(__x86_64__) && defined(__GLIBC__)
+        feenableexcept(FE_OVERFLOW);
+#endif
+        f16_once(reference_only, g, r, 11, &run);
+#if defined(__x86_64__) && defined(__GLIBC__)
+        fedisableexcept(FE_OVERFLOW);
+#endif
+        assert_int_equal(run.ctx.overflow, 8);
+        assert_int_equal(run.ctx.nonfinite, 1);
+        assert_int_equal(fetestexcept(FE_OVERFLOW), 0);
+    }
 }
 
 int main(void)
@@ -267,7 +350,8 @@ int main(void)
         cmocka_unit_test(test_f16_all_values), cmocka_unit_test(test_f16_rounding),
         cmocka_unit_test(test_bf16),           cmocka_unit_test(test_cast_codecs_roundtrip),
         cmocka_unit_test(test_fp16_overflow),  cmocka_unit_test(test_nonfinite_propagates),
-        cmocka_unit_test(test_f16c_matches_reference),
+        cmocka_unit_test(test_f16c_matches_reference), cmocka_unit_test(test_f16c_loops),
+        cmocka_unit_test(test_f16c_no_traps),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
