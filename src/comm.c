@@ -178,9 +178,6 @@ static gcomp_result call_mismatch(const gcomp_comm *c, const char *diff, size_t 
 
 #define CREATE_TIMEOUT_MS 300000 /* the agreement's deadline when the configuration is unknown */
 
-
-
-
 gcomp_result gcomp__comm_join_failed(gcomp__transport *tp, gcomp_result local)
 {
     vote mine;

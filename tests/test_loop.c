@@ -35,6 +35,21 @@ typedef struct rank_job {
     gcomp_schedule sched;
 } rank_job;
 
+/* Worlds of 2..4 ranks each running fn; every rank's rc must be want (what: why, for the
+ * failure message). */
+static void expect_every_rank(void *(*fn)(void *), gcomp_result want, const char *what)
+{
+    for (int n = 2; n <= 4; n++) {
+        rank_job jobs[MAX_RANKS];
+        memset(jobs, 0, sizeof jobs);
+        loop_run_world(n, fn, jobs, sizeof jobs[0]);
+        for (int r = 0; r < n; r++)
+            if (jobs[r].rc != want)
+                fail_msg("%d ranks, %s: rank %d returned %s, expected %s", n, what, r, gcomp_result_name(jobs[r].rc),
+                         gcomp_result_name(want));
+    }
+}
+
 static void *run_case(void *arg)
 {
     rank_job *j = arg;
@@ -351,16 +366,8 @@ static void *run_skewed_create(void *arg)
 static void test_protocol_mismatch(void **state)
 {
     (void)state;
-    for (int n = 2; n <= 4; n++) {
-        rank_job jobs[MAX_RANKS];
-        memset(jobs, 0, sizeof jobs);
-        loop_run_world(n, run_skewed_create, jobs, sizeof jobs[0]);
-        for (int r = 0; r < n; r++)
-            if (jobs[r].rc != GCOMP_ERR_MISMATCH)
-                fail_msg("%d ranks, rank 1 of another protocol: rank %d's creation returned %s, expected "
-                         "GCOMP_ERR_MISMATCH naming the protocol",
-                         n, r, gcomp_result_name(jobs[r].rc));
-    }
+    expect_every_rank(run_skewed_create, GCOMP_ERR_MISMATCH,
+                      "rank 1 of another protocol, creation (INTERNAL: the error did not name the protocol)");
 }
 
 static void test_local_failure_after_agreement(void **state)
@@ -476,15 +483,7 @@ static void *run_key_none(void *arg)
 static void test_key_none_keeps_no_residual(void **state)
 {
     (void)state;
-    for (int n = 2; n <= 4; n++) {
-        rank_job jobs[MAX_RANKS];
-        memset(jobs, 0, sizeof jobs);
-        loop_run_world(n, run_key_none, jobs, sizeof jobs[0]);
-        for (int r = 0; r < n; r++)
-            if (jobs[r].rc != GCOMP_SUCCESS)
-                fail_msg("%d ranks: rank %d: %s (INTERNAL: the second call differed)", n, r,
-                         gcomp_result_name(jobs[r].rc));
-    }
+    expect_every_rank(run_key_none, GCOMP_SUCCESS, "two calls without a key (INTERNAL: the second call differed)");
 }
 
 int main(void)
