@@ -31,6 +31,7 @@ void gcomp__ring_begin(gcomp__ring *r, int trailer, uint32_t seq)
     r->flags = 0;
     r->heard = 0;
     r->msgs = 0;
+    r->block_in_flight = 0;
     r->fail_at = r->nonfinite_at = NOT_SENT;
     r->agree_n = 0;
     r->verdict = NULL;
@@ -148,6 +149,7 @@ gcomp_result gcomp__ring_start(gcomp__ring *r, void *sbuf, size_t sbytes, void *
     }
     r->rbuf = rbuf;
     r->rcap = rcap;
+    r->block_in_flight = block;
     r->msgs++;
     r->st->wire_bytes += sbytes;
     if (block)
@@ -158,6 +160,7 @@ gcomp_result gcomp__ring_start(gcomp__ring *r, void *sbuf, size_t sbytes, void *
 gcomp_result gcomp__ring_start_sized(gcomp__ring *r, void *sbuf, size_t sbytes, void *rbuf, size_t rbytes)
 {
     if (r->trailer || !r->tp->start_sendrecv_sized) return gcomp__ring_start(r, sbuf, sbytes, rbuf, rbytes);
+    r->block_in_flight = 0; /* no trailer: no agreement in the messages (gcomp__ring_agree) */
     r->msgs++;
     r->st->wire_bytes += sbytes;
     return r->tp->start_sendrecv_sized(r->tp, gcomp__ring_right(r), sbuf, sbytes, gcomp__ring_left(r), rbuf, rbytes);
@@ -166,7 +169,7 @@ gcomp_result gcomp__ring_start_sized(gcomp__ring *r, void *sbuf, size_t sbytes, 
 gcomp_result gcomp__ring_finish(gcomp__ring *r, size_t *rbytes)
 {
     double t0 = gcomp__now();
-    int block = r->agree_n > 0 && r->msgs <= (uint64_t)(r->size - 1); /* the message in flight carried one */
+    int block = r->block_in_flight;
     GCOMP_CHECK(r->tp->finish_sendrecv(r->tp, rbytes, r->deadline));
     r->st->comm_s += gcomp__now() - t0;
     if (r->trailer) *rbytes = read_trailer(r, r->rbuf, *rbytes, block);

@@ -68,6 +68,7 @@ typedef struct gcomp__ring {
     uint64_t nonfinite_at; /* the same for this rank's own non-finite flag */
     uint8_t *rbuf;         /* the receive in flight (its trailer is read at finish) */
     size_t rcap;           /* its capacity, trailer room included */
+    int block_in_flight;   /* the messages in flight carry the agreement block */
     /* the in-band agreement (gcomp__ring_agree): a block of agree_n uint64 that the first N-1
      * messages carry before their trailer, each rank sending the max of its own and what it
      * heard, so that after N-1 messages every rank holds the max over all ranks */
