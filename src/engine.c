@@ -490,7 +490,8 @@ static gcomp_result run_compressed(gcomp_comm *c, gcomp__call *call, plan *p, co
             GCOMP_STEP(&call->ring, call->dev->divide(call->result, count, call->divisor, call->stream));
         if (p->dtype != GCOMP_F32)
             GCOMP_STEP(&call->ring, call->dev->narrow(call->result, count, p->dtype, recv, call->stream));
-        GCOMP_STEP(&call->ring, call->dev->flag_nonfinite(recv, count, p->dtype, p->flag, call->stream));
+        if (!(call->finite && p->dtype == GCOMP_F32)) /* a narrowed result may overflow */
+            GCOMP_STEP(&call->ring, call->dev->flag_nonfinite(recv, count, p->dtype, p->flag, call->stream));
     }
     GCOMP_CHECK(collect(c, call, p, &tally, &flag));
     if (!call->ring.error && tally.error) call->ring.error = gcomp__codec_dev_tally_error(call->codec, &tally);

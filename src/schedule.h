@@ -43,6 +43,8 @@ typedef struct gcomp__call {
     uint64_t step;
     float divisor; /* AVG on the integer and sparse schedules: result = sum / divisor (else 1) */
     int divided;   /* the schedule applied divisor in its last pass over the result */
+    int finite;    /* host fp32 result: the schedule knows it holds no Inf or NaN, so the
+                    * engine skips its pass over the result looking for one */
     int reencoded; /* x is already a decoded payload (sparse-as-dense): the dense ring's
                          * first encode neither keeps a residual nor reports non-finite */
 } gcomp__call;

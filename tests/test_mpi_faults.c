@@ -132,6 +132,26 @@ static void test_edge_values(void)
         gcomp_comm_destroy(c);
     }
     {
+        /* TernGrad's fp32 result is finite whenever its scale times N is (the engine then
+         * skips its pass over the result); a narrowed one can still overflow: 40000 in fp16
+         * (0x78e2) ternarises to +1 at scale 40000 on every rank, so the sum is N * 40000 */
+        static uint16_t h[N], hy[N];
+        gcomp_comm *c = make_comm("terngrad", 60000);
+        int ok, inf = 1;
+        for (int i = 0; i < N; i++) x[i] = 1.0f;
+        ok = gcomp_allreduce(c, x, y, N, GCOMP_F32, GCOMP_SUM, 6, NULL) == GCOMP_SUCCESS;
+        for (int i = 0; i < N; i++) ok &= y[i] == (float)size;
+        gcomp_comm_stats_get(c, &st);
+        CHECK(all_ranks(ok && st.nonfinite_calls == 0), "terngrad: ones do not sum to N as a finite call");
+        for (int i = 0; i < N; i++) h[i] = 0x78e2;
+        ok = gcomp_allreduce(c, h, hy, N, GCOMP_F16, GCOMP_SUM, 7, NULL) == GCOMP_SUCCESS;
+        for (int i = 0; i < N; i++) inf &= hy[i] == 0x7c00;
+        gcomp_comm_stats_get(c, &st);
+        CHECK(all_ranks(ok && inf && st.nonfinite_calls == 1), "terngrad: an fp16 sum past 65504 is not +inf, "
+                                                                "counted as a non-finite call, everywhere");
+        gcomp_comm_destroy(c);
+    }
+    {
         gcomp_comm *c = make_comm("topk:k=100", 60000);
         int ok;
         for (int i = 0; i < N; i++) x[i] = 1.0f;
