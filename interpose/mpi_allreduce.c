@@ -507,7 +507,18 @@ static int compressed_allreduce(ip_comm *c, const void *send, void *recv, int n)
     c->since++;
     if (send == MPI_IN_PLACE) send = recv;
     inside_gcomp++;
-    rc = gcomp_allreduce(c->g, send, recv, (size_t)n, GCOMP_F32, GCOMP_SUM, key, NULL);
+    if (((uintptr_t)send | (uintptr_t)recv) % sizeof(float) == 0) {
+        rc = gcomp_allreduce(c->g, send, recv, (size_t)n, GCOMP_F32, GCOMP_SUM, key, NULL);
+    } else {
+        /* MPI takes floats at any address, gcomp only aligned ones: reduce an aligned copy
+         * (same key). Without memory for it, NULL buffers make gcomp report the failure on
+         * every rank instead of leaving the others waiting. */
+        float *tmp = malloc((size_t)n * sizeof(float));
+        if (tmp) memcpy(tmp, send, (size_t)n * sizeof(float));
+        rc = gcomp_allreduce(c->g, tmp, tmp, (size_t)n, GCOMP_F32, GCOMP_SUM, key, NULL);
+        if (rc == GCOMP_SUCCESS) memcpy(recv, tmp, (size_t)n * sizeof(float));
+        free(tmp);
+    }
     inside_gcomp--;
     if (rc == GCOMP_SUCCESS) {
         ip_bump(&S.compressed);
