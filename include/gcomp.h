@@ -107,7 +107,7 @@ typedef struct gcomp_codec gcomp_codec;
 typedef struct gcomp_codec_options {
     uint64_t seed;      /* seed of stochastic codecs (terngrad rounding). Default 0. */
     uint32_t rank;      /* this process's rank, part of the RNG key. Default 0. */
-    int error_feedback; /* 1: keep per-key residuals (default); 0: ignore keys. */
+    int error_feedback; /* 1: keep per-key residuals (default); 0: ignore keys; else INVALID_ARG. */
 } gcomp_codec_options;
 
 GCOMP_API gcomp_codec_options gcomp_codec_options_default(void);
@@ -369,7 +369,7 @@ typedef struct gcomp_comm_stats {
  * Every rank gets a bitwise-identical result. Blocking; returns when recv holds the result.
  * Errors (on every rank): GCOMP_ERR_UNSUPPORTED (a stream under CUDA graph capture; a codec
  * without CUDA kernels over NCCL), GCOMP_ERR_INVALID_ARG (NULL buffer with count > 0, bad dtype/op,
- * a misaligned buffer, send and recv partly overlapping; on any rank), GCOMP_ERR_MISMATCH
+ * a misaligned buffer, send and recv partly overlapping, count > 2^40 elements; on any rank), GCOMP_ERR_MISMATCH
  * (ranks disagree on count, dtype, op, codec, min_bytes, host or device buffers, or library
  * version; the message
  * names which), GCOMP_ERR_TIMEOUT (a peer did not answer within timeout_ms; the communicator is

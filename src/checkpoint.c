@@ -27,10 +27,12 @@
  * key's next call with device buffers moves its residual back to the device.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "codecs/common.h"
 #include "comm.h"
@@ -282,6 +284,26 @@ gcomp_result gcomp_comm_residuals_load(gcomp_comm *comm, const void *buf, size_t
     return walk_records(comm, buf, bytes, pos, 1);
 }
 
+/* A new file beside path, named path.PID.N.tmp into tmp: created exclusively, so it never
+ * truncates a file of the user's, and processes saving to the same path (ranks sharing a
+ * directory) never write into each other's. NULL with errno set on failure. */
+static FILE *create_beside(const char *path, char *tmp, size_t cap)
+{
+    for (unsigned n = 0; n < 100; n++) {
+        int fd;
+        FILE *f;
+        snprintf(tmp, cap, "%s.%ld.%u.tmp", path, (long)getpid(), n);
+        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+        if (fd < 0 && errno == EEXIST) continue;
+        if (fd < 0) return NULL;
+        if ((f = fdopen(fd, "wb"))) return f;
+        close(fd);
+        remove(tmp);
+        return NULL;
+    }
+    return NULL; /* errno is EEXIST */
+}
+
 gcomp_result gcomp_comm_residuals_save_file(gcomp_comm *comm, const char *path)
 {
     char tmp[4096];
@@ -290,7 +312,7 @@ gcomp_result gcomp_comm_residuals_save_file(gcomp_comm *comm, const char *path)
     FILE *f;
     gcomp_result rc;
     if (!path) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_residuals_save_file: NULL path");
-    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
+    if (snprintf(tmp, sizeof tmp, "%s.%ld.%u.tmp", path, (long)getpid(), 0u) >= (int)sizeof tmp - 16)
         return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_residuals_save_file: path is too long");
     GCOMP_CHECK(gcomp_comm_residuals_save(comm, NULL, 0, &bytes));
     if (!(buf = malloc(bytes)))
@@ -298,7 +320,7 @@ gcomp_result gcomp_comm_residuals_save_file(gcomp_comm *comm, const char *path)
     rc = gcomp_comm_residuals_save(comm, buf, bytes, &bytes);
     if (rc == GCOMP_SUCCESS) {
         /* write beside, then rename: a crash mid-write never leaves a half file at path */
-        f = fopen(tmp, "wb");
+        f = create_beside(path, tmp, sizeof tmp);
         if (!f)
             rc = gcomp__fail(GCOMP_ERR_INVALID_ARG, "cannot create '%s': %s", tmp, strerror(errno));
         else {
@@ -316,14 +338,21 @@ gcomp_result gcomp_comm_residuals_save_file(gcomp_comm *comm, const char *path)
 
 gcomp_result gcomp_comm_residuals_load_file(gcomp_comm *comm, const char *path)
 {
+    int fd;
     FILE *f;
     struct stat st;
     size_t len;
     void *buf = NULL;
     gcomp_result rc;
     if (!path) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_residuals_load_file: NULL path");
-    if (!(f = fopen(path, "rb")))
-        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "cannot open '%s': %s", path, strerror(errno));
+    /* O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer, forever;
+     * the regular-file check below refuses it (a regular file's reads ignore the flag) */
+    fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0 || !(f = fdopen(fd, "rb"))) {
+        rc = gcomp__fail(GCOMP_ERR_INVALID_ARG, "cannot open '%s': %s", path, strerror(errno));
+        if (fd >= 0) close(fd);
+        return rc;
+    }
     /* fstat, not fseek/ftell: glibc opens a directory and its ftell says LONG_MAX */
     if (fstat(fileno(f), &st) != 0) {
         rc = gcomp__fail(GCOMP_ERR_INVALID_ARG, "cannot read '%s': %s", path, strerror(errno));

@@ -61,6 +61,9 @@ gcomp_result gcomp_codec_create(const char *spec, const gcomp_codec_options *opt
     if (!out) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_codec_create: out is NULL");
     *out = NULL;
     if (!spec) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_codec_create: spec is NULL");
+    if (opts && opts->error_feedback != 0 && opts->error_feedback != 1) /* as gcomp_config's */
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_codec_create: error_feedback must be 0 or 1, not %d",
+                           opts->error_feedback);
     c = calloc(1, sizeof *c);
     if (!c) return gcomp__fail(GCOMP_ERR_NOMEM, "gcomp_codec_create: out of memory");
     c->opts = opts ? *opts : gcomp_codec_options_default();
@@ -177,6 +180,11 @@ static gcomp_result check_layout(const char *fn, const char *in_name, const void
     if (out_elems && ((uintptr_t)out & (out_align - 1)))
         return gcomp__fail(GCOMP_ERR_INVALID_ARG, "%s: %s (%p) is not aligned to its %zu-byte elements", fn, out_name,
                            out, out_align);
+    /* element buffers (align > 1; payloads are bytes): a count past the limit is that,
+     * not an overlap of a buffer said to reach past the end of memory */
+    if ((in_align > 1 && in_elems > GCOMP_MAX_COUNT) || (out_align > 1 && out_elems > GCOMP_MAX_COUNT))
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "%s: count %zu is more than GCOMP_MAX_COUNT (%zu)", fn,
+                           in_align > 1 ? in_elems : out_elems, (size_t)GCOMP_MAX_COUNT);
     if (in && out && ranges_overlap(in, in_bytes, out, out_bytes))
         return gcomp__fail(GCOMP_ERR_INVALID_ARG, "%s: %s (%p, %zu bytes) overlaps %s (%p, %zu bytes)", fn, out_name,
                            out, out_bytes, in_name, in, in_bytes);

@@ -149,6 +149,10 @@ static void test_bound_overflow(void **state)
             assert_int_equal(gcomp_codec_encode(c, 1, x, huge[h], GCOMP_F32, buf, sizeof buf, &w),
                              GCOMP_ERR_INVALID_ARG);
             assert_int_equal(w, 0);
+            /* named as the count, not as an overlap of src reaching past dst */
+            assert_non_null(strstr(gcomp_last_error(), "GCOMP_MAX_COUNT"));
+            assert_int_equal(gcomp_codec_decode(c, buf, sizeof buf, x, huge[h], GCOMP_F32), GCOMP_ERR_INVALID_ARG);
+            assert_non_null(strstr(gcomp_last_error(), "GCOMP_MAX_COUNT"));
         }
         /* the largest accepted count has a bound that did not wrap */
         bound = gcomp_codec_max_encoded_bytes(c, GCOMP_MAX_COUNT);
@@ -218,6 +222,14 @@ static void test_config_messages(void **state)
     cfg.error_feedback = 2;
     assert_int_equal(gcomp__config_resolve(&cfg, &out), GCOMP_ERR_INVALID_ARG);
     assert_non_null(strstr(gcomp_last_error(), "gcomp_config.error_feedback = 2 is out of range [0, 1]"));
+    { /* a codec object's options are held to the same range */
+        gcomp_codec_options o = gcomp_codec_options_default();
+        gcomp_codec *c = (gcomp_codec *)&o;
+        o.error_feedback = -1;
+        assert_int_equal(gcomp_codec_create("fp16", &o, &c), GCOMP_ERR_INVALID_ARG);
+        assert_null(c);
+        assert_non_null(strstr(gcomp_last_error(), "error_feedback must be 0 or 1, not -1"));
+    }
     cfg = gcomp_config_default();
     cfg.timeout_ms = 0;
     assert_int_equal(gcomp__config_resolve(&cfg, &out), GCOMP_ERR_INVALID_ARG);

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <mpi.h>
@@ -186,6 +187,29 @@ static void test_refusals(void)
           "unwritable path accepted");
     CHECK(gcomp_comm_residuals_load_file(c, "/nonexistent-dir/x.bin") == GCOMP_ERR_INVALID_ARG,
           "missing file accepted");
+    {
+        /* a FIFO: opening it for reading used to wait for a writer forever */
+        char fifo[128], keep[160], got[8] = { 0 }, leftover[200];
+        FILE *f;
+        snprintf(fifo, sizeof fifo, "/tmp/gcomp_ckpt_fifo_%d_%d", (int)getpid(), rank);
+        CHECK(mkfifo(fifo, 0600) == 0, "mkfifo %s", fifo);
+        CHECK(gcomp_comm_residuals_load_file(c, fifo) == GCOMP_ERR_INVALID_ARG &&
+                  strstr(gcomp_last_error(), "not a regular file"),
+              "a FIFO: %s", gcomp_last_error());
+        unlink(fifo);
+        /* save writes a temporary file of its own beside the path: a user's path.tmp survives */
+        snprintf(keep, sizeof keep, "%s.tmp", fifo);
+        f = fopen(keep, "w");
+        CHECK(f && fputs("keep", f) >= 0 && fclose(f) == 0, "cannot write %s", keep);
+        CHECK(gcomp_comm_residuals_save_file(c, fifo) == GCOMP_SUCCESS, "save_file: %s", gcomp_last_error());
+        f = fopen(keep, "r");
+        CHECK(f && fread(got, 1, 4, f) == 4 && !strcmp(got, "keep"), "save_file overwrote %s", keep);
+        if (f) fclose(f);
+        snprintf(leftover, sizeof leftover, "%s.%d.0.tmp", fifo, (int)getpid());
+        CHECK(access(leftover, F_OK) != 0, "save_file left %s behind", leftover);
+        CHECK(gcomp_comm_residuals_load_file(c, fifo) == GCOMP_SUCCESS, "load_file: %s", gcomp_last_error());
+        unlink(keep), unlink(fifo);
+    }
 
     /* rank 0's blob on the other ranks (all blobs have the same size: same keys and counts) */
     rank0 = malloc(bytes);
