@@ -289,9 +289,15 @@ do_sanitize() {
   done
   [ ${#tests[@]} -gt 0 ] || { echo "no test_cuda_* executables in $BUILD/tests"; return 1; }
   mkdir -p "$BUILD/sanitize"
-  # JOBS at a time, each to its own log; the logs are printed whole, in order, afterwards
+  # JOBS at a time, each to its own log; the logs are printed whole, in order, afterwards.
+  # The NCCL test runs alone, after the others: it checks that a call allocates no device
+  # memory (free memory unchanged), which another process's allocations would upset.
+  local ordered=() solo=()
+  for t in "${tests[@]}"; do case $(basename "$t") in *nccl*) solo+=("$t") ;; *) ordered+=("$t") ;; esac; done
+  tests=("${ordered[@]}" "${solo[@]}")
   for t in "${tests[@]}"; do
     name=$(basename "$t")
+    case $name in *nccl*) wait; running=0 ;; esac
     # NCCL probes its own kernels at communicator creation (cudaFuncGetAttributes on kernels
     # its build has no image for on this GPU: error 209 each, 480 on the H100 at 930d7cc);
     # memcheck would count those API errors as the test's. The tests check every return code

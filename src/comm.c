@@ -143,7 +143,7 @@ static void field_differences(const uint64_t *mine, const uint64_t *got, char *o
             n += (size_t)snprintf(out + n, n < cap ? cap - n : 0, "%s%s", n ? ", " : "", field_names[f]);
 }
 
-/* What ranks exchange, numbered: 2 the vote of AGREE_N = 26 uint64 (TernGrad's scales in
+/* What ranks exchange, numbered: 2 the vote of AGREE_N = 28 uint64 (TernGrad's scales in
  * the call's agreement), 3 the call's agreement in the ring on host transports (ring.h).
  * Creation compares it (with the library version), so ranks whose libraries would run
  * different protocols get GCOMP_ERR_MISMATCH there instead of timing out in their first

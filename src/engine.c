@@ -638,6 +638,13 @@ static gcomp_result run_call(gcomp_comm *c, const gcomp__args *a, gcomp__call *c
     if (p->sched == GCOMP_SCHED_BYPASS) {
         gcomp__device_tally tally;
         uint32_t flag = 0;
+        if (call->ring.error) {
+            /* the device buffer's copy to host failed: a bypass has no message of its own to
+             * tell the others, and summing a stale copy would hand them a wrong result as a
+             * success. Leave them to time out, as the copy's wait does, and break this side */
+            c->broken = 1;
+            return call->ring.error;
+        }
         GCOMP_CHECK(layout(c, call, p, 0));
         if (call->on_device) GCOMP_CHECK(call->dev->memset_async(p->flag, 0, sizeof *p->flag, call->stream));
         GCOMP_CHECK(run_bypass(c, call, p, send, recv, op));

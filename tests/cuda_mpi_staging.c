@@ -146,6 +146,7 @@ static void run_case(const char *spec, const variant *v, size_t count, cudaStrea
         snprintf(what, sizeof what, "%s %s step %d (%d ranks)", spec, v->name, t, size);
         fill(x, count, v->dtype, g_rank, t, nan);
         CU(cudaMemcpy(dsend, x, bytes, cudaMemcpyHostToDevice));
+        CU(cudaDeviceSynchronize()); /* from pageable memory: may still be in flight, and s does not wait for it */
         if (in_place) {
             memcpy(hres, x, bytes);
             OK(gcomp_allreduce(host, hres, hres, count, v->dtype, v->op, 7, NULL));

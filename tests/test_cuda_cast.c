@@ -337,7 +337,7 @@ static void test_graph_replay(void **state)
     fill(acc, GCOMP_F32, n, 22);
     h2d(d_g, g, n * 4);
     h2d(d_acc_a, acc, n * 4);
-    h2d(d_acc_b, acc, n * 4);
+    h2d_wait(d_acc_b, acc, n * 4); /* the calls below run on a non-blocking stream */
 
     /* warm-up call on each (allocates the residual and the status blocks) */
     OK(gcomp_codec_encode_async(a, KEY, d_g, n, GCOMP_F32, d_pa, cap, &w, s));
