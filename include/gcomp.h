@@ -232,7 +232,10 @@ GCOMP_API gcomp_result gcomp_codec_sync(gcomp_codec *codec, struct CUstream_st *
 
 /* Residuals (error feedback). Copy a key's residual out (count must equal the key's
  * count; GCOMP_ERR_INVALID_ARG if the key has none), set it (creates or resizes the key; for
- * restoring checkpoints), or drop it. */
+ * restoring checkpoints), or drop it. The residual is not the key's whole state: its step
+ * count, which keys TernGrad's stochastic rounding, is not copied, so a TernGrad codec object
+ * restored this way rounds differently from the one saved (fp16, bf16, top-k and none resume
+ * bit for bit). A communicator's checkpoints (gcomp_comm_residuals_save) carry the steps. */
 GCOMP_API gcomp_result gcomp_codec_residual_get(const gcomp_codec *codec, uint64_t key, float *dst, size_t count);
 GCOMP_API gcomp_result gcomp_codec_residual_set(gcomp_codec *codec, uint64_t key, const float *src, size_t count);
 GCOMP_API gcomp_result gcomp_codec_residual_reset(gcomp_codec *codec, uint64_t key);

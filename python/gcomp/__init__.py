@@ -19,13 +19,16 @@ order, or contiguous float32, float16 or bfloat16 torch tensors (CPU, or CUDA wi
 path: an NCCL Comm, or an MPI one that stages them); either at an address aligned to the
 element size (4 or 2 bytes, as C requires of a float * or uint16_t *). Scalars are checked
 against the C ranges (gcomp._args): ctypes would wrap them. Anything else is refused with
-TypeError/ValueError before any C call. Failures inside the library raise GcompError carrying
+TypeError/ValueError before the C library sees it; Comm.allreduce then joins the call with no
+buffers, so the other ranks get GcompError (GCOMP_ERR_INVALID_ARG) at once instead of waiting
+for their timeout, and the Comm stays usable. Failures inside the library raise GcompError carrying
 the code name and gcomp_last_error(). A closed Comm or Codec raises ValueError, like a closed
 file; close() waits for a call another thread has in progress. python/README.md has the
 whole story, the CUDA path and the DDP hook included.
 """
 import atexit
 import contextlib
+import itertools
 import ctypes
 import os
 import sys
@@ -172,6 +175,16 @@ class _Handle:
     def __exit__(self, *exc):
         self.close()
 
+    # A copy would share the C handle (and free it twice): refuse, as file objects do.
+    def __copy__(self):
+        raise TypeError("%s cannot be copied: it owns a C handle (create another)" % self._what)
+
+    def __deepcopy__(self, memo):
+        raise TypeError("%s cannot be copied: it owns a C handle (create another)" % self._what)
+
+    def __reduce_ex__(self, protocol):
+        raise TypeError("%s cannot be pickled: it owns a C handle (create another)" % self._what)
+
 
 # ---- codecs --------------------------------------------------------------------------------
 
@@ -203,7 +216,10 @@ class Codec(_Handle):
     def max_encoded_bytes(self, count):
         count = _args.count_arg("count", count)
         with self._use() as h:
-            return _lib.codec_max_encoded_bytes(h, count)
+            n = _lib.codec_max_encoded_bytes(h, count)
+            if n == 0:  # too large a count (or a user codec's bound): the library said why
+                raise GcompError(1, "gcomp_codec_max_encoded_bytes")  # GCOMP_ERR_INVALID_ARG
+            return n
 
     def encode(self, x, key=None):
         b = _host_buf(x, "Codec.encode", writable=False)
@@ -229,6 +245,9 @@ class Codec(_Handle):
                 raise ValueError("decode: numpy has no bfloat16; pass a torch.bfloat16 out")
             out = np.empty(_args.count_arg("count", count), dtype=_DTYPE_NAMES[dt])
         b = _host_buf(out, "Codec.decode out", writable=True)
+        if dtype != "float32" and _dtype_arg(dtype) != b.dtype:  # out decides; say so
+            raise TypeError("decode: dtype %r but out is %s (out's dtype is the one decoded to)"
+                            % (dtype, _DTYPE_NAMES[b.dtype]))
         if count is not None and _args.count_arg("count", count) != b.count:
             raise ValueError("decode: count %d != out's %d elements" % (count, b.count))
         with self._use() as h:
@@ -260,6 +279,8 @@ class Codec(_Handle):
         b = _host_buf(values, "Codec.set_residual", writable=False)
         if b.dtype != F32:
             raise TypeError("set_residual: values must be float32")
+        if key is None:  # GCOMP_KEY_NONE: no error feedback, so no residual to set
+            raise ValueError("set_residual: key None means no error feedback; name a key")
         k = _key(key)
         with self._use() as h:
             _check(_lib.codec_residual_set(h, k, b.ptr, b.count), "gcomp_codec_residual_set")
@@ -313,6 +334,7 @@ def _mpi_handle(mpi_comm):
 
 
 _live_comms = weakref.WeakSet()
+_comm_seq = itertools.count()
 
 
 @atexit.register
@@ -320,7 +342,9 @@ def _close_all():
     # Python's atexit handlers run before mpi4py's MPI_Finalize (registered with Py_AtExit):
     # free every communicator's MPI duplicate while MPI still exists. One that a (daemon)
     # thread is still inside a call of is left alone: waiting could last its timeout.
-    for c in list(_live_comms):
+    # in creation order, so that a GCOMP_STATS_FILE shared by several Comms ends up holding
+    # the last-created one's stats on every rank
+    for c in sorted(_live_comms, key=lambda c: getattr(c, "_seq", 0)):
         c._release(c._free, block=False)
 
 
@@ -360,6 +384,7 @@ class Comm(_Handle):
                                  "over mpi_comm on host memory")
             self._create_mpi(cfg, mpi_comm)
         self.backend = backend
+        self._seq = next(_comm_seq)
         _live_comms.add(self)
 
     def _create_mpi(self, cfg, mpi_comm):
@@ -434,12 +459,16 @@ class Comm(_Handle):
         current stream of the tensors' device; or a torch.cuda.Stream, or a raw cudaStream_t
         int): like torch's collectives, the result is ready for work enqueued on that stream
         after the call (synchronise it before reading the result from the host)."""
-        s, r = self._bufs(x, out)
-        o, k = _op(op), _key(key)
-        if s.device is None:
-            if stream is not None:
+        try:
+            s, r = self._bufs(x, out)
+            o, k = _op(op), _key(key)
+            if s.device is None and stream is not None:
                 raise ValueError("Comm.allreduce: stream goes with CUDA tensors; these buffers "
                                  "are in host memory")
+        except (TypeError, ValueError, NotImplementedError):
+            self._refuse_call()
+            raise
+        if s.device is None:
             with self._use() as h:
                 _check(_lib.allreduce(h, s.ptr, r.ptr, s.count, s.dtype, o, k, None),
                        "gcomp_allreduce")
@@ -454,6 +483,17 @@ class Comm(_Handle):
                            "gcomp_allreduce")
                 _cuda.record_stream((s, r), tstream, torch)
         return x if out is None else out
+
+    def _refuse_call(self):
+        """This rank's arguments were refused before any C call; the other ranks may have
+        called the library with theirs and would wait for this one until their timeout. Join
+        the call with no buffer instead: the library then reports this rank's failure on
+        every rank (GCOMP_ERR_INVALID_ARG, "rank R failed before the call started") and the
+        communicator stays usable. Best effort: a closed Comm has no call to join."""
+        if self.closed:
+            return
+        with self._use() as h:
+            _lib.allreduce(h, None, None, 1, F32, SUM, KEY_NONE, None)
 
     def _bufs(self, x, out):
         """The checked input and output of an allreduce, on the memory this Comm takes."""
@@ -600,7 +640,8 @@ def _write_stats_file(comm):
     process group's rank, else the Comm's), else ".rank<N>" appended.
     Holds rank, size, codec and this Comm's stats() (counters since the last stats_reset()),
     among them raw_bytes, wire_bytes and baseline_bytes as the interposer's file. Written when
-    the Comm closes (close(), or at exit); a later Comm in the same process overwrites it.
+    the Comm closes (close(), or at exit: in the order the Comms were created); the Comm
+    closed last in a process overwrites what the others wrote.
     bench/sweep --cmd reads it. Best effort: a failure is reported on stderr, never raised."""
     path = os.environ.get("GCOMP_STATS_FILE")
     if not path:

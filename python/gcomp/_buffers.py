@@ -78,6 +78,10 @@ def _tensor(torch, x, what):
                         % (what, x.dtype))
     if not x.is_contiguous():
         raise ValueError("%s: tensor is not contiguous (call .contiguous() first)" % what)
+    if (hasattr(x, "is_neg") and x.is_neg()) or (hasattr(x, "is_conj") and x.is_conj()):
+        # a lazy view: its memory holds the other sign, applied only when torch reads it
+        raise ValueError("%s: tensor is a lazily negated (or conjugated) view; its memory holds "
+                         "other values (call .resolve_neg() / .resolve_conj() first)" % what)
     check_aligned(x.data_ptr(), dt, what)
     return Buf(x.data_ptr(), x.numel(), dt, x, x.device if x.device.type == "cuda" else None)
 

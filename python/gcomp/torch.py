@@ -71,9 +71,11 @@ How it works
   - A bucket the state's communicator cannot take (a CPU bucket with an NCCL state, a bucket
     on another GPU than its own, a meta tensor) is refused with ValueError naming both.
 """
+import atexit
 import numbers
 import queue
 import threading
+import weakref
 
 from numpy import bool_ as np_bool
 
@@ -140,6 +142,7 @@ class GcompHookState:
                             device=None if self.comm.device is None else str(self.comm.device))
         self._ef = self.comm.config()["error_feedback"]
         self._closed = False
+        _live_states.add(self)
         if self.comm.device is None:  # CPU buckets (MPI): the worker thread
             self._queue = queue.Queue()
             self._thread = threading.Thread(target=self._work, name="gcomp-ddp-hook",
@@ -364,13 +367,19 @@ class GcompHookState:
 
     def close(self):
         """Stop the worker and free the communicator (after queued work has finished)."""
+        self._stop(wait_s=None)
+
+    def _stop(self, wait_s):
         self._closed = True
         if self._thread is not None:
             self._queue.put(None)
-            self._thread.join()
+            self._thread.join(wait_s)
+            if self._thread.is_alive():
+                return  # still inside a call (exit handler only): leave its communicator alone
             self._thread = None
         if getattr(self, "comm", None) is not None:
             self.comm.close()
+        _live_states.discard(self)
 
     def __del__(self):
         try:
@@ -378,6 +387,20 @@ class GcompHookState:
                 self.close()
         except Exception:
             pass
+
+
+_live_states = weakref.WeakSet()
+
+
+@atexit.register
+def _close_states():
+    # A state left open at exit still has its worker thread, which may be inside a future's
+    # set_result (torch's C++ callback, the GIL released) when the interpreter finalises:
+    # Python then ends the thread through a C++ frame and the process aborts. Stop the
+    # workers first (registered after gcomp's own exit handler, so this runs before it). A
+    # worker inside a call that does not finish in a few seconds is left to the process's end.
+    for s in list(_live_states):
+        s._stop(wait_s=10.0)
 
 
 def _default_backend(process_group):
@@ -411,7 +434,15 @@ def _plain_allreduce(state, tensor):
 def hook(state, bucket):
     """DDP communication hook: average the bucket over ranks with gcomp; returns a
     torch.futures.Future holding the averaged bucket tensor."""
+    if not isinstance(state, GcompHookState):
+        raise TypeError("gcomp.torch.hook: the state must be a gcomp.torch.GcompHookState, got %s "
+                        "(model.register_comm_hook(GcompHookState(...), hook))"
+                        % type(state).__name__)
     tensor = bucket.buffer()
+    if tensor.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        # refused from the first step, not only once compression starts (start_iter)
+        raise TypeError("gcomp.torch.hook: a bucket of %s; gcomp reduces float32, float16 and "
+                        "bfloat16 gradients" % tensor.dtype)
     cuda = tensor.device.type == "cuda"
     if not (cuda or tensor.device.type == "cpu") or \
             (state.comm.device is not None and tensor.device != state.comm.device):

@@ -85,6 +85,10 @@ def test_bad_input():
     real = _lib.allreduce
 
     def trap(*a):
+        # the one C call allowed: joining the call with no buffers, so that every rank hears
+        # of this rank's refusal (Comm._refuse_call)
+        if a[1] is None and a[2] is None:
+            return real(*a)
         raise AssertionError("gcomp_allreduce reached with bad input")
 
     _lib.allreduce = trap

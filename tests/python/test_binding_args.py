@@ -45,6 +45,10 @@ def trapped(*names):
 
     def trap(name):
         def f(*a):
+            # allreduce with no buffers is how a refusing rank joins the call, so that every
+            # rank hears of it (Comm._refuse_call): the one C call allowed
+            if name == "allreduce" and a[1] is None and a[2] is None:
+                return saved[name](*a)
             raise AssertionError("%s reached with a bad argument" % name)
         return f
 
@@ -445,6 +449,71 @@ def test_one_rank_reference():
                                   one_rank.reference("terngrad", xs, key=1, seed=5)[1])
     log("one-rank reference == MPI engine at one rank (%d codecs x %d dtypes x %d steps)"
         % (len(one_rank.SCHEDULES), len(one_rank.DTYPES), one_rank.STEPS))
+
+
+@test
+def test_one_rank_refuses():
+    """A buffer refused in Python on one rank only: that rank joins the call with no buffers,
+    so the others get GCOMP_ERR_INVALID_ARG at once (they waited for their timeout before)
+    and the communicator stays usable on every rank."""
+    comm = gcomp.Comm(WORLD, codec="fp16", timeout_ms=120000)
+    x = grad(7)
+    for bad, exc in ((x.astype(np.float64), TypeError), (x[::2], ValueError)):
+        t0 = time.monotonic()
+        if RANK == 0:
+            raises(exc, lambda: comm.allreduce(bad))
+        else:
+            e = raises(gcomp.GcompError, lambda: comm.allreduce(x.copy()), "rank 0 failed before")
+            assert e.name == "GCOMP_ERR_INVALID_ARG", e
+        assert time.monotonic() - t0 < 30, "a rank waited for the refusing one"
+        y = comm.allreduce(x.copy())
+        assert np.allclose(y, WORLD.size * x, rtol=1e-2, atol=1e-2)
+    comm.close()
+    log("a refusal on one rank reaches the others at once; the next call works")
+
+
+@test
+def test_handles_not_copied():
+    """Codec and Comm own a C handle: copy, deepcopy and pickle are refused (a copy shared
+    the handle, which crashed once the original was closed)."""
+    import copy
+    import pickle
+    for obj in (gcomp.Codec("fp16"), gcomp.Comm(WORLD, codec="fp16")):
+        for fn in (copy.copy, copy.deepcopy, pickle.dumps):
+            raises(TypeError, lambda: fn(obj), "cannot be")
+        obj.close()
+    log("Codec and Comm refuse copy, deepcopy and pickle")
+
+
+@test
+def test_codec_odd_arguments():
+    c = gcomp.Codec("terngrad")
+    e = raises(gcomp.GcompError, lambda: c.max_encoded_bytes(2 ** 63), "GCOMP_MAX_COUNT")
+    assert e.name == "GCOMP_ERR_INVALID_ARG", e
+    raises(ValueError, lambda: c.set_residual(None, grad(1)), "key None")
+    payload = gcomp.Codec("fp16").encode(grad(2))
+    raises(TypeError, lambda: c.decode(payload, dtype="float16", out=np.zeros(4099, np.float32)),
+           "out is float32")
+    raises(ValueError, lambda: c.encode(torch._neg_view(torch.ones(8))), "negated")
+    c.close()
+    log("Codec: huge count, key None residual, dtype against out, negated views refused")
+
+
+@test
+def test_hook_arguments():
+    class Bucket:  # what the hook reads of a DDP bucket before anything else
+        def __init__(self, t):
+            self.t = t
+
+        def buffer(self):
+            return self.t
+
+    raises(TypeError, lambda: gcomp.torch.hook(None, Bucket(torch.zeros(4))), "GcompHookState")
+    st = gcomp.torch.GcompHookState(codec="fp16", start_iter=5)
+    raises(TypeError, lambda: gcomp.torch.hook(st, Bucket(torch.zeros(4, dtype=torch.float64))),
+           "torch.float64")
+    st.close()
+    log("hook: a wrong state and a float64 bucket refused from the first step")
 
 
 def main(names):
