@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # allreduce_table.sh [SIZE] [OUT.md]
 #
-# The README's allreduce table in one command: bench/netem.sh at 1 Gbit/s, 10 Gbit/s and no
+# docs/BENCHMARKS.md's allreduce table in one command: bench/netem.sh at 1 Gbit/s, 10 Gbit/s and no
 # limit (shared memory), 2 and 4 ranks, each codec against plain MPI_Allreduce in the same
 # run, SIZE of fp32 (default 64M). Prints a markdown table (and writes it to OUT.md when
 # given); the raw rows stay in the JSON-lines files next to it (OUT.md -> OUT.jsonl).

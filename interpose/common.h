@@ -20,6 +20,15 @@ static inline int ip_env_on(const char *name)
     return v && *v && strcmp(v, "0") != 0;
 }
 
+/* GCOMP_DEBUG as gcomp reads it: "0" and "NONE" (any case) are off, as is unset or "";
+ * anything else is on ("1", "INFO"; gcomp's config.c refuses other values, this only logs). */
+static inline int ip_env_debug(void)
+{
+    const char *v = getenv("GCOMP_DEBUG");
+    if (!v || !*v || !strcmp(v, "0")) return 0;
+    return !(strlen(v) == 4 && (v[0] | 32) == 'n' && (v[1] | 32) == 'o' && (v[2] | 32) == 'n' && (v[3] | 32) == 'e');
+}
+
 /* GCOMP_CODEC into codec (empty when unset); 1 when set and not empty (the opt-in). */
 static inline int ip_env_codec(char *codec, size_t cap)
 {

@@ -57,7 +57,7 @@
  *
  * Environment (read once, here): GCOMP_CODEC (opt-in; the rest of gcomp's GCOMP_* variables
  * configure the communicator as usual), GCOMP_INTERPOSE_EF_KEY (above), GCOMP_DEBUG (any value
- * but "0": one summary line per rank on stderr at MPI_Finalize, and one line per compressed
+ * but "0" or "NONE": one summary line per rank on stderr at MPI_Finalize, and one line per compressed
  * call with its buffer, count and key), GCOMP_STATS_FILE (the same as JSON, one file per rank:
  * %r in the path becomes the MPI_COMM_WORLD rank, else ".rank<N>" is appended).
  *
@@ -264,7 +264,7 @@ static int setup(void)
     pthread_mutex_lock(&S.lock);
     if (!S.ready) {
         S.enabled = ip_env_codec(S.codec, sizeof S.codec);
-        S.debug = ip_env_on("GCOMP_DEBUG");
+        S.debug = ip_env_debug();
         S.stats_file = getenv("GCOMP_STATS_FILE");
         S.ef_key = ef_key_mode(getenv("GCOMP_INTERPOSE_EF_KEY"));
         if (S.enabled && S.ef_key < 0) {

@@ -49,7 +49,7 @@
  * MAX_BUFFERS buffers per communicator keep one.
  *
  * Environment (read once): GCOMP_CODEC (opt-in; gcomp's other GCOMP_* variables configure the
- * communicator as usual), GCOMP_DEBUG (any value but "0": one summary line per rank on
+ * communicator as usual), GCOMP_DEBUG (any value but "0" or "NONE": one summary line per rank on
  * stderr at each ncclCommDestroy/ncclCommAbort of a communicator gcomp used),
  * GCOMP_STATS_FILE (the same as JSON, rewritten at each of those: %r in the path becomes the
  * communicator's rank, else ".rank<N>" is appended).
@@ -147,7 +147,7 @@ static void setup(void)
     pthread_mutex_lock(&S.lock);
     if (!S.ready) {
         S.enabled = ip_env_codec(S.codec, sizeof S.codec);
-        S.debug = ip_env_on("GCOMP_DEBUG");
+        S.debug = ip_env_debug();
         S.one_rank = ip_env_on("GCOMP_TEST_COMPRESS_ONE_RANK");
         S.stats_file = getenv("GCOMP_STATS_FILE");
         S.allreduce = (allreduce_fn *)real("ncclAllReduce");

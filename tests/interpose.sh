@@ -5,6 +5,7 @@
 #
 #   interpose.sh NP CODEC LIB -- COMMAND...
 # CODEC "none" runs without GCOMP_CODEC (the interposer loaded but off: every call passes).
+# IP_DEBUG=NONE runs with GCOMP_DEBUG=NONE and checks that the interposer logs nothing.
 # The command's stdout must hold "rank R expects compressed=C passed=P no_ef=E[ freed=F]" per
 # rank (freed: gcomp communicators destroyed by MPI_Comm_free before MPI_Finalize).
 set -euo pipefail
@@ -14,7 +15,9 @@ out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 # a sanitizer build's interposer needs the ASan runtime loaded first (python3, mpif90 programs)
 asan=$(ldd "$lib" | awk '/libasan/ {print $3}')
-env_args=(-x LD_PRELOAD="${asan:+$asan:}$lib" -x GCOMP_STATS_FILE="$out/stats_%r.json" -x GCOMP_DEBUG=INFO)
+# IP_DEBUG: the GCOMP_DEBUG to run with (default INFO); NONE checks that nothing is logged
+debug=${IP_DEBUG:-INFO}
+env_args=(-x LD_PRELOAD="${asan:+$asan:}$lib" -x GCOMP_STATS_FILE="$out/stats_%r.json" -x GCOMP_DEBUG="$debug")
 [ "$codec" != none ] && env_args+=(-x GCOMP_CODEC="$codec")
 # the residual key mode, when the test sets one (interpose_fusion.c)
 [ -n "${GCOMP_INTERPOSE_EF_KEY+set}" ] && env_args+=(-x GCOMP_INTERPOSE_EF_KEY="$GCOMP_INTERPOSE_EF_KEY")
@@ -36,7 +39,11 @@ for ((r = 0; r < np; r++)); do
     else
         echo "rank $r stats file: $got (as expected)"
     fi
-    grep -q "^gcomp_mpi: rank $r: " "$out/stderr" || { echo "FAIL: no GCOMP_DEBUG summary line from rank $r"; fail=1; }
+    if [ "$debug" = NONE ]; then
+        ! grep -q "^gcomp_mpi: rank $r: " "$out/stderr" || { echo "FAIL: GCOMP_DEBUG=NONE, yet rank $r logged"; fail=1; }
+    else
+        grep -q "^gcomp_mpi: rank $r: " "$out/stderr" || { echo "FAIL: no GCOMP_DEBUG summary line from rank $r"; fail=1; }
+    fi
 done
 [ $fail -eq 0 ] && echo "PASS: $np ranks, codec $codec"
 exit $fail
