@@ -130,6 +130,21 @@ static uint64_t fnv1a(const uint8_t *p, size_t n)
     return h;
 }
 
+static void put_u64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint64_t get_u64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) v = v << 8 | p[i];
+    return v;
+}
+
+/* Make the trailing checksum of a (modified) blob of `bytes` valid again. */
+static void resum(uint8_t *blob, size_t bytes) { put_u64(blob + bytes - 8, fnv1a(blob, bytes - 8)); }
+
 static void test_refusals(void)
 {
     float *a = malloc(N1 * 4), *b = malloc(N2 * 4);
@@ -164,11 +179,41 @@ static void test_refusals(void)
 
     memcpy(copy, blob, bytes);
     copy[8] = 2; /* version 2, checksum made valid again */
-    {
-        uint64_t h = fnv1a(copy, bytes - 8);
-        for (int i = 0; i < 8; i++) copy[bytes - 8 + i] = (uint8_t)(h >> (8 * i));
-    }
+    resum(copy, bytes);
     expect_refused(c, copy, bytes, GCOMP_ERR_UNSUPPORTED, "a newer format version");
+
+    /* a damaged structure under a valid checksum (a file another program wrote):
+     * every field that says where the next one is gets checked against the file's size */
+    {
+        uint32_t spec_len = (uint32_t)copy[24] | (uint32_t)copy[25] << 8; /* < 64 KiB */
+        size_t keys_at = 28 + spec_len, rec0 = keys_at + 8, rec1;
+        uint8_t *longer = malloc(bytes + 4);
+        memcpy(copy, blob, bytes);
+        copy[24] = 0xff, copy[25] = 0xff, copy[26] = 0xff, copy[27] = 0x7f; /* spec_len 2^31 - 1 */
+        resum(copy, bytes);
+        expect_refused(c, copy, bytes, GCOMP_ERR_CORRUPT, "a spec length past the end");
+        CHECK(strstr(gcomp_last_error(), "spec length") != NULL, "%s", gcomp_last_error());
+
+        memcpy(copy, blob, bytes);
+        put_u64(copy + keys_at, 3); /* three keys, two records */
+        resum(copy, bytes);
+        expect_refused(c, copy, bytes, GCOMP_ERR_CORRUPT, "more keys than records");
+        CHECK(strstr(gcomp_last_error(), "runs past the end") != NULL, "%s", gcomp_last_error());
+
+        memcpy(copy, blob, bytes);
+        rec1 = rec0 + 24 + 4 * (size_t)get_u64(copy + rec0 + 8);
+        memcpy(copy + rec1, copy + rec0, 8); /* the second record's key = the first's */
+        resum(copy, bytes);
+        expect_refused(c, copy, bytes, GCOMP_ERR_CORRUPT, "a repeated key");
+        CHECK(strstr(gcomp_last_error(), "out of order or repeated") != NULL, "%s", gcomp_last_error());
+
+        memcpy(longer, blob, bytes - 8); /* 4 bytes between the last record and the checksum */
+        memset(longer + bytes - 8, 0, 4);
+        resum(longer, bytes + 4);
+        expect_refused(c, longer, bytes + 4, GCOMP_ERR_CORRUPT, "bytes after the last record");
+        CHECK(strstr(gcomp_last_error(), "after the last record") != NULL, "%s", gcomp_last_error());
+        free(longer);
+    }
 
     CHECK(gcomp_comm_residuals_load(noef, blob, bytes) == GCOMP_ERR_INVALID_ARG,
           "loaded into a communicator without EF");
