@@ -303,6 +303,13 @@ static void test_mismatch(void)
           "the message does not say count and dtype differ: %s", gcomp_last_error());
     rc = gcomp_allreduce(c, x, y, 300, rank == 0 ? (gcomp_dtype)77 : GCOMP_F32, GCOMP_SUM, 1, NULL);
     CHECK(all_ranks(rc == GCOMP_ERR_INVALID_ARG), "bad dtype on rank 0 -> %s", gcomp_result_name(rc));
+    rc = gcomp_allreduce(c, x, y, 300, GCOMP_F32, rank == size - 1 ? (gcomp_op)7 : GCOMP_SUM, 1, NULL);
+    CHECK(all_ranks(rc == GCOMP_ERR_INVALID_ARG), "bad op on the last rank -> %s", gcomp_result_name(rc));
+    CHECK(rank != size - 1 || strstr(gcomp_last_error(), "invalid op 7"), "bad op message: %s", gcomp_last_error());
+    /* past gcomp.h's 2^40 elements (the buffers are never read: the count is refused first) */
+    rc = gcomp_allreduce(c, x, y, rank == 0 ? ((size_t)1 << 40) + 1 : 300, GCOMP_F32, GCOMP_SUM, 1, NULL);
+    CHECK(all_ranks(rc == GCOMP_ERR_INVALID_ARG), "count 2^40 + 1 on rank 0 -> %s", gcomp_result_name(rc));
+    CHECK(rank != 0 || strstr(gcomp_last_error(), "is too large"), "count message: %s", gcomp_last_error());
     /* the buffer rules of gcomp.h, broken on one rank: an error on every rank */
     rc = gcomp_allreduce(c, x, rank == 1 ? (float *)((char *)y + 2) : y, 200, GCOMP_F32, GCOMP_SUM, 1, NULL);
     CHECK(all_ranks(rc == GCOMP_ERR_INVALID_ARG), "misaligned recv on rank 1 -> %s", gcomp_result_name(rc));
