@@ -37,7 +37,7 @@ import weakref
 
 from . import _args, _buffers, _cuda, _lib
 
-__all__ = ["GcompError", "Codec", "Comm", "init_mpi", "codec_names", "F32", "F16", "BF16",
+__all__ = ["GcompError", "Codec", "Comm", "Request", "init_mpi", "codec_names", "F32", "F16", "BF16",
            "SUM", "AVG", "KEY_NONE", "library_path"]
 
 F32, F16, BF16 = _buffers.F32, _buffers.F16, _buffers.BF16
@@ -372,6 +372,7 @@ class Comm(_Handle):
     def __init__(self, mpi_comm=None, codec=None, min_bytes=None, error_feedback=None, seed=None,
                  timeout_ms=None, debug=None, backend="mpi", group=None, device=None):
         self._init_handle()
+        self._pending = []  # Requests not completed yet, in issue order (they own buffers)
         self._device = None  # the CUDA device of an NCCL communicator
         self._devices = set()  # the CUDA devices calls have used (see _settled)
         cfg = _config(codec, min_bytes, error_feedback, seed, timeout_ms, debug)
@@ -484,6 +485,43 @@ class Comm(_Handle):
                 _cuda.record_stream((s, r), tstream, torch)
         return x if out is None else out
 
+    def iallreduce(self, x, out=None, op="sum", key=None):
+        """Start an allreduce and return a Request at once; its wait() returns out (default:
+        x, reduced in place) when the call is done, its test() says whether it is.
+
+        Host buffers only (numpy arrays, CPU tensors; CUDA tensors: allreduce). The same
+        arguments, checks and collective rules as allreduce: every rank issues the same calls
+        in the same order. The library's progress thread runs the calls one after another
+        while Python goes on (with mpi4py's MPI_THREAD_MULTIPLE, which gcomp.init_mpi asks
+        for; with a lower thread level they run inside test() and wait()). x and out must not
+        be touched until the request completes: the Request keeps them alive. A failure is
+        raised by the wait() or test() that completes the request. stats(), stats_reset()
+        and the residual methods refuse while requests are in flight; close() completes
+        them first."""
+        _need(_lib.iallreduce, "gcomp_iallreduce")
+        try:
+            s, r = self._bufs(x, out)
+            o, k = _op(op), _key(key)
+            if s.device is not None:
+                raise NotImplementedError("Comm.iallreduce: CUDA tensors go through allreduce "
+                                          "(its stream orders them); iallreduce takes host "
+                                          "buffers")
+        except (TypeError, ValueError, NotImplementedError):
+            self._refuse_call()
+            raise
+        req = ctypes.c_void_p()
+        with self._use() as h:
+            _check(_lib.iallreduce(h, s.ptr, r.ptr, s.count, s.dtype, o, k, None,
+                                   ctypes.byref(req)), "gcomp_iallreduce")
+            request = Request(self, req, (x, out), x if out is None else out)
+            self._pending.append(request)
+        return request
+
+    def _in_flight(self, what):
+        if self._pending:
+            raise ValueError("Comm.%s: %d iallreduce request(s) in flight; wait() for them first"
+                             % (what, len(self._pending)))
+
     def _refuse_call(self):
         """This rank's arguments were refused before any C call; the other ranks may have
         called the library with theirs and would wait for this one until their timeout. Join
@@ -538,6 +576,7 @@ class Comm(_Handle):
         """Counters of all calls (key None) or of one key, as a dict."""
         s = _lib.CommStats()
         k = None if key is None else _key(key)
+        self._in_flight("stats")
         with self._settled(), self._use() as h:
             if k is None:
                 _check(_lib.comm_stats_get(h, ctypes.byref(s)), "gcomp_comm_stats_get")
@@ -546,12 +585,14 @@ class Comm(_Handle):
         return _stats_dict(s, _lib.CommStats._fields_)
 
     def stats_reset(self):
+        self._in_flight("stats_reset")
         with self._settled(), self._use() as h:
             _check(_lib.comm_stats_reset(h), "gcomp_comm_stats_reset")
 
     def save_residuals(self):
         """The communicator's residuals (every key) as bytes, in the library's versioned
         checkpoint format."""
+        self._in_flight("save_residuals")
         with self._settled(), self._use() as h:
             return _residuals_save(h)
 
@@ -561,6 +602,7 @@ class Comm(_Handle):
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError("load_residuals: expected bytes, got %s" % type(data).__name__)
         data = bytes(data)
+        self._in_flight("load_residuals")
         with self._settled(), self._use() as h:
             _residuals_load(h, data)
 
@@ -568,12 +610,14 @@ class Comm(_Handle):
         """save_residuals() into a file (written to a temporary file renamed over path)."""
         _need(_lib.comm_residuals_save_file, "gcomp_comm_residuals_save_file")
         path = _args.path_arg("path", path)
+        self._in_flight("save_residuals_file")
         with self._settled(), self._use() as h:
             _check(_lib.comm_residuals_save_file(h, path), "gcomp_comm_residuals_save_file")
 
     def load_residuals_file(self, path):
         _need(_lib.comm_residuals_load_file, "gcomp_comm_residuals_load_file")
         path = _args.path_arg("path", path)
+        self._in_flight("load_residuals_file")
         with self._settled(), self._use() as h:
             _check(_lib.comm_residuals_load_file(h, path), "gcomp_comm_residuals_load_file")
 
@@ -590,6 +634,8 @@ class Comm(_Handle):
         return d
 
     def _free(self, h):
+        for request in list(self._pending):  # issued calls finish; their buffers stay alive
+            request._complete(h)
         _write_stats_file(self)
         _lib.comm_destroy(h)
         _live_comms.discard(self)
@@ -607,6 +653,59 @@ class Comm(_Handle):
             self._release(self._free)
         except Exception:  # interpreter shutdown: nothing left to report to
             pass
+
+
+class Request:
+    """An allreduce in flight, from Comm.iallreduce. test() -> whether it has completed;
+    wait() -> its output once it has. A failure of the call (GcompError) is raised by the
+    test() or wait() that completes it, and again by every later wait(). Calls of one Comm
+    complete in the order they were issued, so waiting for the last one waits for them all."""
+
+    def __init__(self, comm, req, keep, result):
+        self._comm = comm
+        self._req = req  # the C request; None once completed
+        self._keep = keep  # the buffers the library reads and writes until then
+        self._result = result
+        self._error = None
+
+    @property
+    def done(self):
+        return self._req is None
+
+    def test(self):
+        """True (and the call's error raised, if any) when the call has completed."""
+        if self._req is not None:
+            flag = ctypes.c_int(0)
+            with self._comm._use():
+                rc = _lib.request_test(ctypes.byref(self._req), ctypes.byref(flag))
+                if flag.value or rc != 0:
+                    self._finish(rc, "gcomp_test")
+        if self._error is not None:
+            raise self._error
+        return self._req is None
+
+    def wait(self):
+        """Block (the GIL released) until the call has completed; return its output."""
+        if self._req is not None:
+            with self._comm._use():
+                if self._req is not None:
+                    self._finish(_lib.request_wait(ctypes.byref(self._req)), "gcomp_wait")
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def _finish(self, rc, what):
+        # gcomp_last_error() is this thread's: read it now
+        self._error = GcompError(rc, what) if rc != 0 else None
+        self._req = None
+        self._keep = None
+        if self in self._comm._pending:
+            self._comm._pending.remove(self)
+
+    def _complete(self, h):
+        """Comm.close(): the call finishes (or fails) before the communicator goes."""
+        if self._req is not None:
+            self._finish(_lib.request_wait(ctypes.byref(self._req)), "gcomp_wait")
 
 
 def _where(b):
@@ -676,8 +775,8 @@ def _world_rank(comm):
 
 def _need(fn, name):
     if fn is None:
-        raise NotImplementedError("%s is not exported by %s (a library older than the "
-                                  "residual checkpoint API)" % (name, _lib.path))
+        raise NotImplementedError("%s is not exported by %s (an older library than this "
+                                  "package)" % (name, _lib.path))
 
 
 def _residuals_save(h):

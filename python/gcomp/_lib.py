@@ -127,6 +127,10 @@ comm_create_mpi = _fn("gcomp_comm_create_mpi", R, vp, ctypes.POINTER(Config), ct
                       optional=True)
 comm_destroy = _fn("gcomp_comm_destroy", None, vp)
 allreduce = _fn("gcomp_allreduce", R, vp, vp, vp, sz, ctypes.c_int, ctypes.c_int, u64, vp)
+iallreduce = _fn("gcomp_iallreduce", R, vp, vp, vp, sz, ctypes.c_int, ctypes.c_int, u64, vp,
+                 ctypes.POINTER(vp), optional=True)
+request_test = _fn("gcomp_test", R, ctypes.POINTER(vp), ctypes.POINTER(ctypes.c_int), optional=True)
+request_wait = _fn("gcomp_wait", R, ctypes.POINTER(vp), optional=True)
 comm_stats_get = _fn("gcomp_comm_stats_get", R, vp, ctypes.POINTER(CommStats))
 comm_key_stats = _fn("gcomp_comm_key_stats_get", R, vp, u64, ctypes.POINTER(CommStats))
 comm_stats_reset = _fn("gcomp_comm_stats_reset", R, vp)

@@ -9,6 +9,7 @@ import os
 import sys
 import tempfile
 import threading
+import time
 import traceback
 
 from mpi4py import MPI
@@ -200,10 +201,45 @@ def test_codec_roundtrip():
     log("codec objects: fp16 round trip exact, decode into torch bf16, decode_add")
 
 
+def test_iallreduce():
+    """Requests in flight give the blocking calls' bits; test() polls, wait() twice is the
+    same result; stats refuse while calls are in flight; a count mismatch is raised by the
+    wait on every rank and the Comm goes on; close() completes what is in flight."""
+    xs = [grad(40 + i) for i in range(5)]
+    with gcomp.Comm(WORLD, codec="terngrad", min_bytes=0, seed=3) as blocking, \
+            gcomp.Comm(WORLD, codec="terngrad", min_bytes=0, seed=3) as nb:
+        for step in range(2):  # the second step uses the residuals of the first
+            want = [blocking.allreduce(x.copy(), key=i) for i, x in enumerate(xs)]
+            bufs = [torch.from_numpy(x.copy()) if i % 2 else x.copy() for i, x in enumerate(xs)]
+            reqs = [nb.iallreduce(b, key=i) for i, b in enumerate(bufs)]
+            raises(ValueError, nb.stats, "in flight")
+            got = [r.wait() for r in reversed(reqs)][::-1]
+            for i in range(len(xs)):
+                g = got[i].numpy() if isinstance(got[i], torch.Tensor) else got[i]
+                assert g is not None and g.tobytes() == want[i].tobytes(), (step, i)
+                assert got[i] is bufs[i] and reqs[i].wait() is bufs[i] and reqs[i].done
+        assert nb.stats()["compressed_calls"] == 2 * len(xs)
+        out = np.empty_like(xs[0])
+        r = nb.iallreduce(xs[0], out=out, key=9, op="avg")
+        t0 = time.monotonic()
+        while not r.test():
+            assert time.monotonic() - t0 < 60, "test() never saw the call complete"
+        assert r.wait() is out
+        assert out.tobytes() == blocking.allreduce(xs[0].copy(), key=9, op="avg").tobytes()
+        bad = nb.iallreduce(xs[0][: 4099 - RANK].copy(), key=10)  # counts differ between ranks
+        e = raises(gcomp.GcompError, bad.wait)
+        assert e.name == "GCOMP_ERR_MISMATCH", e
+        raises(gcomp.GcompError, bad.wait)  # and again
+        pending = [nb.iallreduce(x.copy(), key=20 + i) for i, x in enumerate(xs[:2])]
+    assert all(p.done for p in pending), "close() left requests in flight"
+    log("iallreduce: 5 in flight == blocking bit for bit over 2 steps; test(); mismatch raised "
+        "by wait on every rank; close() completes requests")
+
+
 def main():
     log("library:", gcomp.library_path)
     for t in (test_topk_equals_codec_reference, test_dense_paths, test_bad_input, test_residuals,
-              test_stats_and_gil, test_codec_roundtrip):
+              test_stats_and_gil, test_codec_roundtrip, test_iallreduce):
         t()
     log("test_binding: OK")
 
