@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 /* A switch as gcomp's config.c reads one: set to any value but "" or "0". */
 static inline int ip_env_on(const char *name)
@@ -25,8 +26,7 @@ static inline int ip_env_on(const char *name)
 static inline int ip_env_debug(void)
 {
     const char *v = getenv("GCOMP_DEBUG");
-    if (!v || !*v || !strcmp(v, "0")) return 0;
-    return !(strlen(v) == 4 && (v[0] | 32) == 'n' && (v[1] | 32) == 'o' && (v[2] | 32) == 'n' && (v[3] | 32) == 'e');
+    return v && *v && strcmp(v, "0") != 0 && strcasecmp(v, "none") != 0;
 }
 
 /* GCOMP_CODEC into codec (empty when unset); 1 when set and not empty (the opt-in). */

@@ -312,7 +312,7 @@ gcomp_result gcomp_comm_residuals_save_file(gcomp_comm *comm, const char *path)
     FILE *f;
     gcomp_result rc;
     if (!path) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_residuals_save_file: NULL path");
-    if (snprintf(tmp, sizeof tmp, "%s.%ld.%u.tmp", path, (long)getpid(), 0u) >= (int)sizeof tmp - 16)
+    if (strlen(path) > sizeof tmp - 48) /* room for create_beside's ".PID.N.tmp" */
         return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_residuals_save_file: path is too long");
     GCOMP_CHECK(gcomp_comm_residuals_save(comm, NULL, 0, &bytes));
     if (!(buf = malloc(bytes)))

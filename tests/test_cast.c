@@ -7,6 +7,7 @@
 
 #include "test_util.h"
 #include "codecs/cast.h"
+#include "codecs/common.h"
 
 /* ---- the independent half (the tests that use it run in round-to-nearest: the compiler's
  * _Float16 follows the caller's mode, F16C's conversion is told to round to nearest) ---- */
@@ -54,18 +55,6 @@ static float ref_widen(uint16_t b) { return (void)b, 0.0f; }
         }                                                                                        \
     } while (0)
 
-static float bits_to_float(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-static uint32_t float_to_bits(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
 
 /* All 65536 halves: widening equals the independent half's, and narrowing gives the half back. */
 static void test_f16_all_values(void **state)
@@ -81,7 +70,7 @@ static void test_f16_all_values(void **state)
             assert_int_equal(gcomp_f32_to_f16(f), h16 | 0x0200);
             continue;
         }
-        assert_int_equal(float_to_bits(f), float_to_bits(ref));
+        assert_int_equal(gcomp_f32_bits(f), gcomp_f32_bits(ref));
         assert_int_equal(gcomp_f32_to_f16(f), h16);
     }
 }
@@ -105,7 +94,7 @@ static void test_f16_rounding(void **state)
         }
     }
     for (int i = 0; i < 2000000; i++) {
-        float f = bits_to_float((uint32_t)tu_next(&seed));
+        float f = gcomp_bits_f32((uint32_t)tu_next(&seed));
         if (isnan(f)) continue;
         assert_int_equal(gcomp_f32_to_f16(f), ref_narrow(f));
     }
@@ -127,23 +116,23 @@ static void test_bf16(void **state)
 {
     uint64_t seed = 7;
     (void)state;
-    assert_int_equal(gcomp_f32_to_bf16(bits_to_float(0x3f808000)), 0x3f80); /* tie, even stays */
-    assert_int_equal(gcomp_f32_to_bf16(bits_to_float(0x3f818000)), 0x3f82); /* tie, odd rounds up */
-    assert_int_equal(gcomp_f32_to_bf16(bits_to_float(0x3f808001)), 0x3f81);
-    assert_int_equal(gcomp_f32_to_bf16(bits_to_float(0x3f807fff)), 0x3f80);
-    assert_int_equal(gcomp_f32_to_bf16(bits_to_float(0x7f7fffff)), 0x7f80); /* max float -> inf */
-    assert_int_equal(gcomp_f32_to_bf16(bits_to_float(0xff7fffff)), 0xff80);
-    assert_int_equal(gcomp_f32_to_bf16(bits_to_float(0x0000ffff)), 0x0001); /* subnormal rounds up */
+    assert_int_equal(gcomp_f32_to_bf16(gcomp_bits_f32(0x3f808000)), 0x3f80); /* tie, even stays */
+    assert_int_equal(gcomp_f32_to_bf16(gcomp_bits_f32(0x3f818000)), 0x3f82); /* tie, odd rounds up */
+    assert_int_equal(gcomp_f32_to_bf16(gcomp_bits_f32(0x3f808001)), 0x3f81);
+    assert_int_equal(gcomp_f32_to_bf16(gcomp_bits_f32(0x3f807fff)), 0x3f80);
+    assert_int_equal(gcomp_f32_to_bf16(gcomp_bits_f32(0x7f7fffff)), 0x7f80); /* max float -> inf */
+    assert_int_equal(gcomp_f32_to_bf16(gcomp_bits_f32(0xff7fffff)), 0xff80);
+    assert_int_equal(gcomp_f32_to_bf16(gcomp_bits_f32(0x0000ffff)), 0x0001); /* subnormal rounds up */
     assert_int_equal(gcomp_f32_to_bf16(-0.0f), 0x8000);
-    assert_true(isnan(gcomp_bf16_to_f32(gcomp_f32_to_bf16(bits_to_float(0x7f800001))))); /* sNaN stays NaN */
+    assert_true(isnan(gcomp_bf16_to_f32(gcomp_f32_to_bf16(gcomp_bits_f32(0x7f800001))))); /* sNaN stays NaN */
     for (uint32_t h = 0; h < 65536; h++) {
         float f = gcomp_bf16_to_f32((uint16_t)h);
-        assert_int_equal(float_to_bits(f), h << 16);
+        assert_int_equal(gcomp_f32_bits(f), h << 16);
         if (!isnan(f)) assert_int_equal(gcomp_f32_to_bf16(f), h);
     }
     for (int i = 0; i < 2000000; i++) {
         uint32_t x = (uint32_t)tu_next(&seed);
-        assert_int_equal(gcomp_f32_to_bf16(bits_to_float(x)), bf16_reference(x));
+        assert_int_equal(gcomp_f32_to_bf16(gcomp_bits_f32(x)), bf16_reference(x));
     }
 }
 
@@ -164,7 +153,7 @@ static void test_cast_codecs_roundtrip(void **state)
                 float want = s == 0   ? x[i]
                              : s == 1 ? gcomp_f16_to_f32(gcomp_f32_to_f16(x[i]))
                                       : gcomp_bf16_to_f32(gcomp_f32_to_bf16(x[i]));
-                assert_int_equal(float_to_bits(y[i]), float_to_bits(want));
+                assert_int_equal(gcomp_f32_bits(y[i]), gcomp_f32_bits(want));
             }
             free(x);
             free(y);

@@ -460,15 +460,7 @@ class Comm(_Handle):
         current stream of the tensors' device; or a torch.cuda.Stream, or a raw cudaStream_t
         int): like torch's collectives, the result is ready for work enqueued on that stream
         after the call (synchronise it before reading the result from the host)."""
-        try:
-            s, r = self._bufs(x, out)
-            o, k = _op(op), _key(key)
-            if s.device is None and stream is not None:
-                raise ValueError("Comm.allreduce: stream goes with CUDA tensors; these buffers "
-                                 "are in host memory")
-        except (TypeError, ValueError, NotImplementedError):
-            self._refuse_call()
-            raise
+        s, r, o, k = self._call_args(x, out, op, key, stream, host_only=False)
         if s.device is None:
             with self._use() as h:
                 _check(_lib.allreduce(h, s.ptr, r.ptr, s.count, s.dtype, o, k, None),
@@ -499,16 +491,7 @@ class Comm(_Handle):
         and the residual methods refuse while requests are in flight; close() completes
         them first."""
         _need(_lib.iallreduce, "gcomp_iallreduce")
-        try:
-            s, r = self._bufs(x, out)
-            o, k = _op(op), _key(key)
-            if s.device is not None:
-                raise NotImplementedError("Comm.iallreduce: CUDA tensors go through allreduce "
-                                          "(its stream orders them); iallreduce takes host "
-                                          "buffers")
-        except (TypeError, ValueError, NotImplementedError):
-            self._refuse_call()
-            raise
+        s, r, o, k = self._call_args(x, out, op, key, None, host_only=True)
         req = ctypes.c_void_p()
         with self._use() as h:
             _check(_lib.iallreduce(h, s.ptr, r.ptr, s.count, s.dtype, o, k, None,
@@ -521,6 +504,24 @@ class Comm(_Handle):
         if self._pending:
             raise ValueError("Comm.%s: %d iallreduce request(s) in flight; wait() for them first"
                              % (what, len(self._pending)))
+
+    def _call_args(self, x, out, op, key, stream, host_only):
+        """The checked buffers, op and key of an allreduce or iallreduce; what is refused here
+        is refused on every rank (_refuse_call)."""
+        try:
+            s, r = self._bufs(x, out)
+            o, k = _op(op), _key(key)
+            if s.device is None and stream is not None:
+                raise ValueError("Comm.allreduce: stream goes with CUDA tensors; these buffers "
+                                 "are in host memory")
+            if host_only and s.device is not None:
+                raise NotImplementedError("Comm.iallreduce: CUDA tensors go through allreduce "
+                                          "(its stream orders them); iallreduce takes host "
+                                          "buffers")
+        except (TypeError, ValueError, NotImplementedError):
+            self._refuse_call()
+            raise
+        return s, r, o, k
 
     def _refuse_call(self):
         """This rank's arguments were refused before any C call; the other ranks may have
@@ -635,7 +636,7 @@ class Comm(_Handle):
 
     def _free(self, h):
         for request in list(self._pending):  # issued calls finish; their buffers stay alive
-            request._complete(h)
+            request._wait_locked()
         _write_stats_file(self)
         _lib.comm_destroy(h)
         _live_comms.discard(self)
@@ -688,8 +689,7 @@ class Request:
         """Block (the GIL released) until the call has completed; return its output."""
         if self._req is not None:
             with self._comm._use():
-                if self._req is not None:
-                    self._finish(_lib.request_wait(ctypes.byref(self._req)), "gcomp_wait")
+                self._wait_locked()
         if self._error is not None:
             raise self._error
         return self._result
@@ -702,8 +702,9 @@ class Request:
         if self in self._comm._pending:
             self._comm._pending.remove(self)
 
-    def _complete(self, h):
-        """Comm.close(): the call finishes (or fails) before the communicator goes."""
+    def _wait_locked(self):
+        """wait()'s C call, under the Comm's lock (also Comm.close(): calls in flight finish,
+        or fail, before the communicator goes)."""
         if self._req is not None:
             self._finish(_lib.request_wait(ctypes.byref(self._req)), "gcomp_wait")
 

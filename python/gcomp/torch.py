@@ -83,7 +83,7 @@ import torch
 import torch.distributed as dist
 
 import gcomp
-from gcomp import _args
+from gcomp import _args, _buffers
 
 __all__ = ["GcompHookState", "hook"]
 
@@ -439,7 +439,7 @@ def hook(state, bucket):
                         "(model.register_comm_hook(GcompHookState(...), hook))"
                         % type(state).__name__)
     tensor = bucket.buffer()
-    if tensor.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+    if str(tensor.dtype) not in _buffers.TORCH_DTYPES:
         # refused from the first step, not only once compression starts (start_iter)
         raise TypeError("gcomp.torch.hook: a bucket of %s; gcomp reduces float32, float16 and "
                         "bfloat16 gradients" % tensor.dtype)
