@@ -286,6 +286,7 @@ gcomp_result gcomp_codec_encode(gcomp_codec *c, uint64_t key, const void *src, s
 {
     gcomp_encode_ctx ctx = { 0 };
     gcomp__ef ef = { 0 };
+    gcomp_result rc;
     const float *x = (const float *)src;
     size_t esize = gcomp_dtype_size(dtype);
 
@@ -319,7 +320,11 @@ gcomp_result gcomp_codec_encode(gcomp_codec *c, uint64_t key, const void *src, s
     } else {
         ctx.step = c->nokey_step++;
     }
-    GCOMP_CHECK(encode_chain(c, &ctx, x, ef.r_in, ef.r_out, count, dtype, dst, dst_cap, written));
+    rc = encode_chain(c, &ctx, x, ef.r_in, ef.r_out, count, dtype, dst, dst_cap, written);
+    if (rc != GCOMP_SUCCESS) {
+        gcomp__ef_abandon(&ef);
+        return rc;
+    }
     /* A non-finite result must not poison the residual: keep the old one. */
     if (ctx.nonfinite) c->stats.nonfinite_calls++;
     gcomp__ef_end(&ef, (int)ctx.nonfinite);
@@ -574,6 +579,11 @@ gcomp_result gcomp__codec_dev_ef_begin(gcomp_codec *c, const gcomp__device_ops *
 gcomp_result gcomp__codec_dev_ef_end(gcomp_codec *c, gcomp__dev_ef *ef, int keep, struct CUstream_st *stream)
 {
     return gcomp__codec_device_ef_end(DEVICE_PARTS(c), ef, keep, stream);
+}
+
+void gcomp__codec_dev_ef_abandon(gcomp_codec *c, gcomp__dev_ef *ef, struct CUstream_st *stream)
+{
+    gcomp__codec_device_ef_abandon(DEVICE_PARTS(c), ef, stream);
 }
 
 gcomp_result gcomp__codec_dev_encode(gcomp_codec *c, const gcomp__device_ops *ops, const gcomp_encode_ctx *ctx,

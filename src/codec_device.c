@@ -525,6 +525,25 @@ static int known_state(const gcomp__codec_device *d, dev_residual *r, struct CUs
     return 1;
 }
 
+/* A new zeroed residual of count elements for key, outside the table (ef_begin). */
+static gcomp_result fresh_res(gcomp__codec_device *d, uint64_t key, size_t count, struct CUstream_st *stream,
+                              dev_residual **out)
+{
+    dev_residual *r = calloc(1, sizeof *r);
+    gcomp_result rc;
+    *out = NULL;
+    if (!r) return gcomp__fail(GCOMP_ERR_NOMEM, "cannot allocate a device residual entry");
+    r->key = key;
+    rc = res_alloc(d, r, count, 1, NULL, 0, stream);
+    if (rc != GCOMP_SUCCESS) {
+        d->ops->free(r->mem);
+        free(r);
+        return rc;
+    }
+    *out = r;
+    return GCOMP_SUCCESS;
+}
+
 gcomp_result gcomp__codec_device_ef_begin(const gcomp__codec_parts *c, const gcomp__device_ops *ops, uint64_t key,
                                           size_t count, struct CUstream_st *stream, gcomp__dev_ef *ef)
 {
@@ -534,8 +553,14 @@ gcomp_result gcomp__codec_device_ef_begin(const gcomp__codec_parts *c, const gco
     gcomp_result rc;
     memset(ef, 0, sizeof *ef);
     GCOMP_CHECK(ensure_dev(c, ops, &d));
-    GCOMP_CHECK(acquire_res(c, d, key, count, stream, &r));
-    if (!known_state(d, r, stream, &rc)) return rc;
+    r = find_res(d, key);
+    if (r && r->count != count) { /* the old one stays until the call ends */
+        GCOMP_CHECK(fresh_res(d, key, count, stream, &r));
+        ef->fresh = r;
+    } else {
+        GCOMP_CHECK(acquire_res(c, d, key, count, stream, &r));
+        if (!known_state(d, r, stream, &rc)) return rc;
+    }
     /* the buffer pointers of the state block, as res_alloc wrote them */
     h.buf[0] = (float *)((uint8_t *)r->mem + ALIGN_UP(sizeof(gcomp_cuda_residual)));
     h.buf[1] = (float *)((uint8_t *)h.buf[0] + ALIGN_UP(count * sizeof(float)));
@@ -547,11 +572,25 @@ gcomp_result gcomp__codec_device_ef_begin(const gcomp__codec_parts *c, const gco
     return GCOMP_SUCCESS;
 }
 
+/* The call's new residual takes the old one's place in the table (ef_end). */
+static dev_residual *install_fresh(gcomp__codec_device *d, gcomp__dev_ef *ef)
+{
+    dev_residual *fresh = ef->fresh, *old = find_res(d, ef->key);
+    ef->fresh = NULL;
+    /* the old entry is there: ef_begin found it, and nothing drops a key while a call on it runs */
+    gcomp__debug("device residual key %llu: count %zu -> %zu, reset", (unsigned long long)ef->key, old->count,
+                 fresh->count);
+    d->ops->free(old->mem);
+    *old = *fresh;
+    free(fresh);
+    return old;
+}
+
 gcomp_result gcomp__codec_device_ef_end(const gcomp__codec_parts *c, gcomp__dev_ef *ef, int keep,
                                         struct CUstream_st *stream)
 {
     gcomp__codec_device *d = *c->dev;
-    dev_residual *r = ef->active ? find_res(d, ef->key) : NULL;
+    dev_residual *r = !ef->active ? NULL : ef->fresh ? install_fresh(d, ef) : find_res(d, ef->key);
     gcomp_cuda_status *st = d ? d->status : NULL; /* the object's own block: free between its calls */
     ef->active = 0;
     if (!r) return GCOMP_SUCCESS;
@@ -563,6 +602,24 @@ gcomp_result gcomp__codec_device_ef_end(const gcomp__codec_parts *c, gcomp__dev_
     if (!keep) r->cur ^= 1u;
     r->step++;
     return GCOMP_SUCCESS;
+}
+
+void gcomp__codec_device_ef_abandon(const gcomp__codec_parts *c, gcomp__dev_ef *ef, struct CUstream_st *stream)
+{
+    gcomp__codec_device *d = *c->dev;
+    dev_residual *fresh = ef->fresh;
+    if (!ef->active) return;
+    if (!fresh) {
+        if (gcomp__codec_device_ef_end(c, ef, 1, stream) == GCOMP_SUCCESS) (void)d->ops->wait(stream, 1000);
+        return;
+    }
+    ef->active = 0;
+    ef->fresh = NULL;
+    /* kernels of the call may still use it: freed once the stream is done (else left: a
+     * stream that does not finish has broken the communicator already) */
+    if (d->ops->wait(stream, 1000) != GCOMP_SUCCESS) return;
+    d->ops->free(fresh->mem);
+    free(fresh);
 }
 
 gcomp_result gcomp__codec_device_check(const gcomp__chain *chain)

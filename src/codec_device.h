@@ -57,7 +57,8 @@ void gcomp__codec_device_free(gcomp__codec_device *d);
 
 /* The key's residual for one call (ensure_dev and acquire as the public path): r_in is the
  * committed buffer, r_out the other one, step the call's. The host knows cur and step (it
- * commits), so this reads nothing back unless the public path ran the key last. */
+ * commits), so this reads nothing back unless the public path ran the key last. A key whose
+ * count changed gets a new zeroed residual that replaces the old one only at ef_end. */
 gcomp_result gcomp__codec_device_ef_begin(const gcomp__codec_parts *c, const gcomp__device_ops *ops, uint64_t key,
                                           size_t count, struct CUstream_st *stream, gcomp__dev_ef *ef);
 /* The end of that call: flip to r_out unless keep (the ranks agreed the call was not
@@ -65,6 +66,9 @@ gcomp_result gcomp__codec_device_ef_begin(const gcomp__codec_parts *c, const gco
  * the commit kernel). A no-op once done or when ef is inactive. */
 gcomp_result gcomp__codec_device_ef_end(const gcomp__codec_parts *c, gcomp__dev_ef *ef, int keep,
                                         struct CUstream_st *stream);
+/* A call that failed: as ef_end with keep, but a key whose count changed keeps its old
+ * residual (the new one is freed once the stream is done with it). */
+void gcomp__codec_device_ef_abandon(const gcomp__codec_parts *c, gcomp__dev_ef *ef, struct CUstream_st *stream);
 /* GCOMP_ERR_UNSUPPORTED, with the reason, when the chain cannot run on the device. */
 gcomp_result gcomp__codec_device_check(const gcomp__chain *chain);
 /* Header and body of x[0..count) into dst (cap bytes) with the residual block res (device

@@ -69,10 +69,16 @@ typedef struct gcomp__ef {
     gcomp__residual *res; /* NULL: no error feedback for this call */
     float *r_in, *r_out;  /* r_out == r_in: updated in place (GCOMP_CAP_RESIDUAL_IN_PLACE) */
     uint64_t step;        /* keys the stochastic rounding */
+    /* The key's count changed: res is a new zeroed residual outside the store, which
+     * replaces the key's old one only when the call ends (gcomp__ef_end); a call that fails
+     * instead (gcomp__ef_abandon: ranks that disagree on the count) leaves the old one. */
+    gcomp__residual_store *store;
+    int fresh;
 } gcomp__ef;
 
 gcomp_result gcomp__ef_begin(gcomp__residual_store *s, uint64_t key, size_t count, int in_place, gcomp__ef *ef);
 void gcomp__ef_end(gcomp__ef *ef, int nonfinite);
+void gcomp__ef_abandon(gcomp__ef *ef);
 
 /* The same protocol for a key whose residual lives in device memory (codec_device.c):
  * always double-buffered; begin gives the buffers and the step, end commits on the device
@@ -82,6 +88,7 @@ typedef struct gcomp__dev_ef {
     int active;          /* begun and not yet ended */
     float *r_in, *r_out; /* device memory, count elements each */
     uint64_t step;
+    void *fresh; /* the key's count changed: its new residual, installed at the end (as gcomp__ef) */
 } gcomp__dev_ef;
 
 /* ---- codec-object internals the schedules use (codec.c) ---- */
@@ -112,6 +119,7 @@ gcomp_result gcomp__codec_device_usable(const gcomp_codec *c);
 gcomp_result gcomp__codec_dev_ef_begin(gcomp_codec *c, const struct gcomp__device_ops *ops, uint64_t key, size_t count,
                                        struct CUstream_st *stream, gcomp__dev_ef *ef);
 gcomp_result gcomp__codec_dev_ef_end(gcomp_codec *c, gcomp__dev_ef *ef, int keep, struct CUstream_st *stream);
+void gcomp__codec_dev_ef_abandon(gcomp_codec *c, gcomp__dev_ef *ef, struct CUstream_st *stream);
 gcomp_result gcomp__codec_dev_encode(gcomp_codec *c, const struct gcomp__device_ops *ops, const gcomp_encode_ctx *ctx,
                                      const float *x, const gcomp_cuda_residual *res, size_t count, void *dst,
                                      size_t cap, void *scratch, gcomp_cuda_status *st,

@@ -342,7 +342,7 @@ const gcomp__key *gcomp__comm_find_key(const gcomp_comm *c, uint64_t key)
     return NULL;
 }
 
-gcomp_result gcomp__comm_key(gcomp_comm *c, uint64_t key, size_t count, gcomp__key **out)
+gcomp_result gcomp__comm_key(gcomp_comm *c, uint64_t key, gcomp__key **out)
 {
     gcomp__key *k = c->keys;
     while (k && k->key != key) k = k->next;
@@ -353,7 +353,6 @@ gcomp_result gcomp__comm_key(gcomp_comm *c, uint64_t key, size_t count, gcomp__k
         k->next = c->keys;
         c->keys = k;
     }
-    k->count = count;
     *out = k;
     return GCOMP_SUCCESS;
 }

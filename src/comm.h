@@ -96,8 +96,8 @@ gcomp_result gcomp__engine_run(gcomp_comm *c, const gcomp__args *a);
  * communicator layer never calls up into the request layer. */
 void gcomp__comm_free(gcomp_comm *c);
 
-/* The key's state, created at its first call (count recorded). */
-gcomp_result gcomp__comm_key(gcomp_comm *c, uint64_t key, size_t count, gcomp__key **out);
+/* The key's state, created at its first call (its count is recorded when a call succeeds). */
+gcomp_result gcomp__comm_key(gcomp_comm *c, uint64_t key, gcomp__key **out);
 const gcomp__key *gcomp__comm_find_key(const gcomp_comm *c, uint64_t key);
 /* A call's numbers into the key's and the communicator's stats. */
 void gcomp__comm_add_stats(gcomp_comm *c, gcomp__key *k, const gcomp_comm_stats *st);

@@ -311,7 +311,7 @@ static gcomp_result prepare_call(gcomp_comm *c, gcomp__call *call, plan *p, cons
     size_t count = call->count;
     int in_place;
     GCOMP_CHECK(place_call(c, call, send, recv, stream));
-    GCOMP_CHECK(gcomp__comm_key(c, key, count, &p->key));
+    GCOMP_CHECK(gcomp__comm_key(c, key, &p->key));
     p->sched = pick_schedule(c, count, count * gcomp_dtype_size(p->dtype));
     /* device buffers take the codec's CUDA ops; a codec without them (or with a byte stage:
      * zstd) runs on host copies of the buffers when the communicator has a host transport,
@@ -419,20 +419,18 @@ static gcomp_result run_sparse_as_dense(gcomp_comm *c, gcomp__call *call, const 
 static gcomp_result end_residual(gcomp_comm *c, gcomp__call *call, plan *p, int keep)
 {
     gcomp__ef_end(&p->ef, keep);
-    p->ef.res = NULL;
     if (!p->def.active) return GCOMP_SUCCESS;
     GCOMP_CHECK(gcomp__codec_dev_ef_end(c->codec, &p->def, keep, call->stream));
     return gcomp__comm_transport_failed(c, gcomp__call_wait(call));
 }
 
-/* The same for a call that failed: the residual kept, the step advanced; the commit's wait is
- * bounded (the call's own error is what the caller gets). */
+/* The same for a call that failed: the residual kept, the step advanced (a key whose count
+ * changed keeps its old residual and step: the ranks may not have agreed on the new count);
+ * the commit's wait is bounded (the call's own error is what the caller gets). */
 static void abandon_residual(gcomp_comm *c, gcomp__call *call, plan *p)
 {
-    p->ef.res = NULL;
-    if (!p->def.active) return;
-    if (gcomp__codec_dev_ef_end(c->codec, &p->def, 1, call->stream) == GCOMP_SUCCESS)
-        (void)call->dev->wait(call->stream, 1000);
+    gcomp__ef_abandon(&p->ef);
+    gcomp__codec_dev_ef_abandon(c->codec, &p->def, call->stream);
 }
 
 /* Host buffers: the outcome the ring's trailers carried (ring.h) -- a failure anywhere, a
@@ -660,6 +658,7 @@ static gcomp_result run_call(gcomp_comm *c, const gcomp__args *a, gcomp__call *c
         GCOMP_CHECK(gcomp__comm_transport_failed(c, gcomp__call_wait_on(call, p->ddev, a->stream)));
     }
     st.last_schedule = p->sched;
+    p->key->count = count; /* only a call every rank agreed on changes what the key holds */
     gcomp__comm_add_stats(c, p->key, &st);
     if (c->cfg.debug) /* the communicator's own switch: gcomp_config.debug, else GCOMP_DEBUG */
         gcomp__log("rank %d key %llu: %s on %s, %zu elements, %llu wire bytes, %.3f ms", c->tp->rank,

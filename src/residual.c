@@ -83,6 +83,22 @@ gcomp__residual *gcomp__residual_find(const gcomp__residual_store *s, uint64_t k
     return s->slots[find_slot(s, key)];
 }
 
+/* A new zeroed residual for key, outside the store (its count differs from the stored one). */
+static gcomp_result fresh_residual(uint64_t key, size_t count, int double_buffer, gcomp__residual **out)
+{
+    gcomp__residual *r = calloc(1, sizeof *r);
+    *out = NULL;
+    if (!r) return gcomp__fail(GCOMP_ERR_NOMEM, "cannot allocate a residual entry");
+    r->key = key;
+    if (alloc_buffers(r, count) != GCOMP_SUCCESS || (double_buffer && ensure_second(r) != GCOMP_SUCCESS)) {
+        free_buffers(r);
+        free(r);
+        return GCOMP_ERR_NOMEM;
+    }
+    *out = r;
+    return GCOMP_SUCCESS;
+}
+
 gcomp_result gcomp__residual_acquire(gcomp__residual_store *s, uint64_t key, size_t count, int double_buffer,
                                      gcomp__residual **out)
 {
@@ -98,14 +114,7 @@ gcomp_result gcomp__residual_acquire(gcomp__residual_store *s, uint64_t key, siz
         return GCOMP_SUCCESS;
     }
     if ((s->used + 1) * 2 > s->cap) GCOMP_CHECK(grow(s));
-    r = calloc(1, sizeof *r);
-    if (!r) return gcomp__fail(GCOMP_ERR_NOMEM, "cannot allocate a residual entry");
-    r->key = key;
-    if (alloc_buffers(r, count) != GCOMP_SUCCESS || (double_buffer && ensure_second(r) != GCOMP_SUCCESS)) {
-        free_buffers(r);
-        free(r);
-        return GCOMP_ERR_NOMEM;
-    }
+    GCOMP_CHECK(fresh_residual(key, count, double_buffer, &r));
     s->slots[find_slot(s, key)] = r;
     s->used++;
     *out = r;
@@ -115,11 +124,20 @@ gcomp_result gcomp__residual_acquire(gcomp__residual_store *s, uint64_t key, siz
 void gcomp__residual_commit(gcomp__residual *r) { r->cur ^= 1; }
 
 /* The step advances with every call that takes the residual, committed or not, as the
- * checkpointed step promises (the rounding of a skipped step is not replayed). */
+ * checkpointed step promises (the rounding of a skipped step is not replayed). A key whose
+ * count changed starts from a zero residual and step 0 in a new entry; the old one stays in
+ * the store until the call ends, so a call that fails (gcomp__ef_abandon) changes nothing. */
 gcomp_result gcomp__ef_begin(gcomp__residual_store *s, uint64_t key, size_t count, int in_place, gcomp__ef *ef)
 {
-    gcomp__residual *r;
-    GCOMP_CHECK(gcomp__residual_acquire(s, key, count, !in_place, &r));
+    gcomp__residual *r = gcomp__residual_find(s, key);
+    memset(ef, 0, sizeof *ef);
+    ef->store = s;
+    if (r && r->count != count) {
+        GCOMP_CHECK(fresh_residual(key, count, !in_place, &r));
+        ef->fresh = 1;
+    } else {
+        GCOMP_CHECK(gcomp__residual_acquire(s, key, count, !in_place, &r));
+    }
     ef->res = r;
     ef->r_in = r->buf[r->cur];
     ef->r_out = in_place ? ef->r_in : r->buf[r->cur ^ 1];
@@ -127,11 +145,41 @@ gcomp_result gcomp__ef_begin(gcomp__residual_store *s, uint64_t key, size_t coun
     return GCOMP_SUCCESS;
 }
 
+/* The new entry of a key whose count changed takes the old one's place in the store (the
+ * old one is there: nothing drops a key while a call on it runs). */
+static void install_fresh(gcomp__ef *ef)
+{
+    gcomp__residual *old = gcomp__residual_find(ef->store, ef->res->key);
+    gcomp__debug("residual key %llu: count %zu -> %zu, reset", (unsigned long long)ef->res->key, old->count,
+                 ef->res->count);
+    free_buffers(old);
+    *old = *ef->res;
+    free(ef->res);
+    ef->res = old;
+    ef->fresh = 0;
+}
+
 /* A double-buffered residual is committed by flipping buffers; an in-place one was already
  * written (or, by the GCOMP_CAP_RESIDUAL_IN_PLACE promise, left alone when not finite). */
 void gcomp__ef_end(gcomp__ef *ef, int nonfinite)
 {
-    if (!nonfinite && ef->res && ef->r_out != ef->r_in) gcomp__residual_commit(ef->res);
+    if (!ef->res) return;
+    if (ef->fresh) {
+        install_fresh(ef); /* not finite: the new residual stays zero, as the reset made it */
+    }
+    if (!nonfinite && ef->r_out != ef->r_in) gcomp__residual_commit(ef->res);
+    ef->res = NULL;
+}
+
+/* A call that failed: a new entry is dropped (the key keeps its old residual and count). */
+void gcomp__ef_abandon(gcomp__ef *ef)
+{
+    if (ef->res && ef->fresh) {
+        free_buffers(ef->res);
+        free(ef->res);
+    }
+    ef->res = NULL;
+    ef->fresh = 0;
 }
 
 /* Remove with backward-shift so later probes still find their keys. */

@@ -420,6 +420,91 @@ static void test_emulated_device(void **state)
     unsetenv(ONE_RANK_SWITCH);
 }
 
+/* ---- a call the ranks disagree on changes no key's state ---- */
+
+static const char *where_of(int mode) { return mode == MODE_EMULATED ? "device path" : "host path"; }
+
+typedef struct keep_job {
+    loop_rank at;
+    const char *spec;
+    int mode;
+    gcomp_result first, failed, after;
+    uint64_t before, since; /* hashes of the residual checkpoint before and after the failed call */
+    uint64_t result;        /* of the call after it */
+} keep_job;
+
+static uint64_t checkpoint_hash(gcomp_comm *comm)
+{
+    size_t n = 0;
+    uint64_t h = 0;
+    uint8_t *b;
+    if (gcomp_comm_residuals_save(comm, NULL, 0, &n) != GCOMP_SUCCESS || !(b = malloc(n))) return 0;
+    if (gcomp_comm_residuals_save(comm, b, n, &n) == GCOMP_SUCCESS) h = sc_hash(SC_HASH_INIT, b, n);
+    free(b);
+    return h;
+}
+
+/* Rank 1 calls key 42 with half the count the others use: every rank gets
+ * GCOMP_ERR_MISMATCH, and rank 1's key must keep its residual, step and count (a count
+ * change resets them only once the ranks have agreed on the call). */
+static void *run_keep(void *arg)
+{
+    keep_job *j = arg;
+    run_case c = { j->spec, 6007, GCOMP_F32, GCOMP_SUM, -1 };
+    gcomp_config cfg = gcomp_config_default();
+    gcomp_comm *comm = NULL;
+    float *x = malloc(c.count * sizeof(float)), *y = malloc(c.count * sizeof(float));
+    cfg.codec = j->spec;
+    cfg.min_bytes = 0;
+    cfg.timeout_ms = 20000;
+    j->first = gcomp__comm_create_loop(j->at.w, j->at.rank, &cfg, &comm);
+    if (j->first == GCOMP_SUCCESS && j->mode == MODE_EMULATED) j->first = gcomp__comm_emulate_device(comm, "emu_none", 1);
+    fill(&c, x, j->at.rank, 0);
+    if (j->first == GCOMP_SUCCESS) j->first = gcomp_allreduce(comm, x, y, c.count, GCOMP_F32, GCOMP_SUM, 42, NULL);
+    j->before = checkpoint_hash(comm);
+    fill(&c, x, j->at.rank, 1);
+    j->failed = gcomp_allreduce(comm, x, y, j->at.rank == 1 ? c.count / 2 : c.count, GCOMP_F32, GCOMP_SUM, 42, NULL);
+    j->since = checkpoint_hash(comm);
+    j->after = gcomp_allreduce(comm, x, y, c.count, GCOMP_F32, GCOMP_SUM, 42, NULL);
+    j->result = sc_hash(SC_HASH_INIT, y, c.count * sizeof(float));
+    gcomp_comm_destroy(comm);
+    free(x);
+    free(y);
+    return NULL;
+}
+
+static void test_mismatch_keeps_key_state(void **state)
+{
+    static const char *const specs[] = { "emu_fp16", "emu_terngrad", "emu_topk:ratio=0.01", "emu_topk:ratio=1" };
+    (void)state;
+    register_emulated();
+    for (size_t k = 0; k < sizeof specs / sizeof specs[0]; k++) {
+        for (int mode = MODE_PLAIN; mode <= MODE_EMULATED; mode += MODE_EMULATED - MODE_PLAIN) {
+            for (int n = 2; n <= 4; n++) {
+                keep_job jobs[MAX_RANKS];
+                memset(jobs, 0, sizeof jobs);
+                for (int r = 0; r < n; r++) jobs[r].spec = specs[k], jobs[r].mode = mode;
+                loop_run_world(n, run_keep, jobs, sizeof jobs[0]);
+                for (int r = 0; r < n; r++) {
+                    const char *where = where_of(mode);
+                    if (jobs[r].first != GCOMP_SUCCESS || jobs[r].failed != GCOMP_ERR_MISMATCH ||
+                        jobs[r].after != GCOMP_SUCCESS)
+                        fail_msg("%s, %s, %d ranks: rank %d returned %s, %s, %s (expected SUCCESS, MISMATCH, SUCCESS)",
+                                 specs[k], where, n, r, gcomp_result_name(jobs[r].first),
+                                 gcomp_result_name(jobs[r].failed), gcomp_result_name(jobs[r].after));
+                    if (jobs[r].result != jobs[0].result)
+                        fail_msg("%s, %s, %d ranks: the call after the mismatch differs on rank %d", specs[k], where,
+                                 n, r);
+                }
+                if (!jobs[1].before || jobs[1].since != jobs[1].before)
+                    fail_msg("%s, %s, %d ranks: rank 1's residual checkpoint changed with a call every rank refused",
+                             specs[k], where_of(mode), n);
+            }
+        }
+        printf("  %-22s 2-4 ranks, host and device paths: a refused count change keeps the key's state\n", specs[k]);
+    }
+}
+
 /* ---- one rank, the compressed schedules forced on: the result is a codec round trip ---- */
 
 static void test_one_rank_forced(void **state)
@@ -632,6 +717,7 @@ int main(void)
         cmocka_unit_test(test_staging_golden),
         cmocka_unit_test(test_one_rank_forced),
         cmocka_unit_test(test_emulated_device),
+        cmocka_unit_test(test_mismatch_keeps_key_state),
         cmocka_unit_test(test_bounce_growth_waits),
         cmocka_unit_test(test_copy_in_deadline),
     };
