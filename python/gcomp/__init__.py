@@ -501,6 +501,11 @@ class Comm(_Handle):
         return request
 
     def _in_flight(self, what):
+        # a request may have completed unseen (its Request dropped, or not tested since):
+        # ask the library first; its error, if any, stays on the Request
+        with self._use():
+            for r in list(self._pending):
+                r._poll()
         if self._pending:
             raise ValueError("Comm.%s: %d iallreduce request(s) in flight; wait() for them first"
                              % (what, len(self._pending)))
@@ -676,11 +681,10 @@ class Request:
     def test(self):
         """True (and the call's error raised, if any) when the call has completed."""
         if self._req is not None:
-            flag = ctypes.c_int(0)
-            with self._comm._use():
-                rc = _lib.request_test(ctypes.byref(self._req), ctypes.byref(flag))
-                if flag.value or rc != 0:
-                    self._finish(rc, "gcomp_test")
+            with self._comm._lock:
+                if self._req is not None:  # not completed meanwhile by close() in another thread
+                    with self._comm._use():
+                        self._poll()
         if self._error is not None:
             raise self._error
         return self._req is None
@@ -688,11 +692,21 @@ class Request:
     def wait(self):
         """Block (the GIL released) until the call has completed; return its output."""
         if self._req is not None:
-            with self._comm._use():
-                self._wait_locked()
+            with self._comm._lock:
+                if self._req is not None:  # not completed meanwhile by close() in another thread
+                    with self._comm._use():
+                        self._wait_locked()
         if self._error is not None:
             raise self._error
         return self._result
+
+    def _poll(self):
+        """gcomp_test, under the Comm's lock: completes the Request if the call has."""
+        if self._req is not None:
+            flag = ctypes.c_int(0)
+            rc = _lib.request_test(ctypes.byref(self._req), ctypes.byref(flag))
+            if flag.value or rc != 0:
+                self._finish(rc, "gcomp_test")
 
     def _finish(self, rc, what):
         # gcomp_last_error() is this thread's: read it now

@@ -159,8 +159,10 @@ class GcompHookState:
             fn, fut = item
             try:
                 result = fn()
-            except BaseException as exc:  # noqa: B902 - handed to the waiting side
+            except Exception as exc:  # noqa: B902 - handed to the waiting side
                 fut.set_exception(exc)
+            except BaseException as exc:  # noqa: B902 - SystemExit...: torch's futures take
+                fut.set_exception(RuntimeError(repr(exc)))  # Exceptions only; never leave one open
             else:
                 fut.set_result(result)
 
@@ -469,7 +471,14 @@ def hook(state, bucket):
         comm.allreduce(tensor, op="avg", key=key)
         return tensor
 
-    return state._submit(run)
+    # DDP's reducer reads the future's value in C++: an exception set on the worker's future
+    # would reach it as a value ("Unable to cast ... to Tensor"); raised again in a callback,
+    # it becomes the future's error, which DDP raises from backward() as it is
+    return state._submit(run).then(_value)
+
+
+def _value(fut):
+    return fut.value()
 
 
 def _cuda_allreduce(state, tensor, key):

@@ -16,6 +16,7 @@ a state dict of another momentum are refused.
 import os
 import pickle
 import sys
+import time
 import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -316,6 +317,25 @@ def device_mismatch_check():
     log("hook: bucket on another device than the state's -> ValueError")
 
 
+def worker_error_check(rank):
+    """A gcomp call that fails on the hook's worker thread (here: rank 1 comes 2.5 s late to a
+    1 s deadline) is raised by DDP's backward() as that GcompError, on every rank."""
+    ddp = DDP(torch.nn.Linear(64, 64))
+    state = gcomp.torch.GcompHookState(codec="terngrad", start_iter=0, timeout_ms=1000)
+    ddp.register_comm_hook(state, gcomp.torch.hook)
+    if rank == 1:
+        time.sleep(2.5)
+    try:
+        ddp(torch.randn(8, 64)).sum().backward()
+    except RuntimeError as e:
+        assert "GcompError" in str(e) and "GCOMP_ERR_TIMEOUT" in str(e), str(e)
+    else:
+        raise AssertionError("backward() did not raise the worker's failure")
+    state.close()
+    WORLD.Barrier()
+    log("hook: a call failing on the worker thread -> backward() raises its GcompError")
+
+
 def main():
     rank, size = init_dist(WORLD)
     device_mismatch_check()
@@ -329,6 +349,7 @@ def main():
     momentum_plain_check(data)
     train_check("topk:ratio=0.05", data, momentum=0.9)
     resume_check("topk:ratio=0.05", data, momentum=0.9)
+    worker_error_check(rank)
     dist.destroy_process_group()
     log("test_ddp_hook: OK")
 
