@@ -232,7 +232,8 @@ GCOMP_API gcomp_result gcomp_codec_sync(gcomp_codec *codec, struct CUstream_st *
 
 /* Residuals (error feedback). Copy a key's residual out (count must equal the key's
  * count; GCOMP_ERR_INVALID_ARG if the key has none), set it (creates or resizes the key; for
- * restoring checkpoints), or drop it. The residual is not the key's whole state: its step
+ * restoring checkpoints; a NaN or Inf in a host src is refused, GCOMP_ERR_INVALID_ARG, and the
+ * key keeps its residual), or drop it. The residual is not the key's whole state: its step
  * count, which keys TernGrad's stochastic rounding, is not copied, so a TernGrad codec object
  * restored this way rounds differently from the one saved (fp16, bf16, top-k and none resume
  * bit for bit). A communicator's checkpoints (gcomp_comm_residuals_save) carry the steps. */
@@ -456,7 +457,8 @@ GCOMP_API gcomp_result gcomp_comm_config_get(const gcomp_comm *comm, gcomp_confi
  * state (keys the blob does not name start from zero) and is all or nothing: it refuses a blob
  * saved with another codec spec, by another rank or communicator size, or with a key whose
  * count differs from the one this communicator already uses (GCOMP_ERR_MISMATCH), a damaged
- * or truncated blob (GCOMP_ERR_CORRUPT, checksummed), a newer format version
+ * or truncated blob (GCOMP_ERR_CORRUPT, checksummed; also a residual holding a NaN or Inf,
+ * which no call commits), a newer format version
  * (GCOMP_ERR_UNSUPPORTED). Save and load both refuse a communicator with error feedback off
  * (GCOMP_ERR_INVALID_ARG): it has no residuals. The _file variants write (through a temporary
  * file renamed over path) and read a regular file; I/O failures (a directory too) are

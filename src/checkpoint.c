@@ -28,6 +28,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -252,6 +253,10 @@ static gcomp_result walk_records(gcomp_comm *comm, const uint8_t *p, size_t byte
             return gcomp__fail(GCOMP_ERR_MISMATCH,
                                "residual checkpoint: key %llu has %llu elements in the file, %zu in this communicator",
                                (unsigned long long)key, (unsigned long long)count, known);
+        for (size_t j = 0; j < count; j++) /* before anything is applied (the first pass) */
+            if (!isfinite(gcomp_bits_f32(gcomp_le_load_u32(p + pos + 4 * j))))
+                return gcomp__fail(GCOMP_ERR_CORRUPT, "residual checkpoint: element %zu of key %llu is not finite", j,
+                                   (unsigned long long)key);
         if (apply) {
             gcomp__residual *r;
             GCOMP_CHECK(gcomp__residual_acquire(s, key, (size_t)count, !in_place, &r));

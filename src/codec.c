@@ -6,6 +6,7 @@
  * Decode: byte stages peeled from the outside in -> element decode_add.
  */
 #include <stdint.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -433,6 +434,13 @@ gcomp_result gcomp_codec_residual_set(gcomp_codec *c, uint64_t key, const float 
     if (!c || (count && !src)) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_codec_residual_set: NULL argument");
     if (gcomp__codec_device_has_key(c->dev, key) || gcomp__codec_device_wanted(src, NULL))
         return gcomp__codec_device_residual_set(DEVICE_PARTS(c), key, src, count);
+    /* a non-finite residual would make every later result of the key non-finite, and the
+     * key could never recover (a non-finite step keeps the residual as it is) */
+    for (size_t i = 0; i < count; i++)
+        if (!isfinite(src[i]))
+            return gcomp__fail(GCOMP_ERR_INVALID_ARG,
+                               "gcomp_codec_residual_set: element %zu of key %llu's residual is not finite (%g)", i,
+                               (unsigned long long)key, (double)src[i]);
     GCOMP_CHECK(gcomp__residual_acquire(&c->residuals, key, count, 0, &r));
     if (count) memcpy(r->buf[r->cur], src, count * sizeof(float));
     return GCOMP_SUCCESS;

@@ -1,5 +1,6 @@
 /* test_ef.c — error feedback: the invariant sum(decoded) + residual = sum(inputs), residual
  * lifetime per key, non-finite steps that leave the residual untouched, save/restore. */
+#include <math.h>
 #include <string.h>
 
 #include "test_util.h"
@@ -142,6 +143,17 @@ static void test_residual_lifetime(void **state)
     free(y);
     assert_int_equal(gcomp_codec_residual_get(c, 1, r, 4), GCOMP_ERR_INVALID_ARG);
     assert_int_equal(gcomp_codec_residual_get(c, 1, r3, 3), GCOMP_SUCCESS);
+    /* a non-finite value is refused, and the key keeps its residual (it would make every
+     * later result of the key non-finite for good) */
+    {
+        float bad[3] = { 1.0f, INFINITY, 2.0f }, kept[3];
+        assert_int_equal(gcomp_codec_residual_set(c, 1, bad, 3), GCOMP_ERR_INVALID_ARG);
+        assert_non_null(strstr(gcomp_last_error(), "element 1"));
+        bad[1] = NAN;
+        assert_int_equal(gcomp_codec_residual_set(c, 1, bad, 3), GCOMP_ERR_INVALID_ARG);
+        assert_int_equal(gcomp_codec_residual_get(c, 1, kept, 3), GCOMP_SUCCESS);
+        assert_memory_equal(kept, r3, sizeof kept);
+    }
     /* restore from a checkpoint */
     assert_int_equal(gcomp_codec_residual_set(c, 1, set, 4), GCOMP_SUCCESS);
     y = tu_roundtrip(c, 1, x, 4, NULL); /* x + r = {11,2,3,4} keeps 11 */

@@ -207,6 +207,13 @@ static void test_refusals(void)
         expect_refused(c, copy, bytes, GCOMP_ERR_CORRUPT, "a repeated key");
         CHECK(strstr(gcomp_last_error(), "out of order or repeated") != NULL, "%s", gcomp_last_error());
 
+        memcpy(copy, blob, bytes);
+        memcpy(copy + rec0 + 24 + 4 * 7, "\x00\x00\xc0\x7f", 4); /* element 7 of key 0: a NaN */
+        resum(copy, bytes);
+        expect_refused(c, copy, bytes, GCOMP_ERR_CORRUPT, "a NaN in a residual");
+        CHECK(strstr(gcomp_last_error(), "element 7") && strstr(gcomp_last_error(), "not finite"), "%s",
+              gcomp_last_error());
+
         memcpy(longer, blob, bytes - 8); /* 4 bytes between the last record and the checksum */
         memset(longer + bytes - 8, 0, 4);
         resum(longer, bytes + 4);
