@@ -253,7 +253,7 @@ static gcomp_result walk_records(gcomp_comm *comm, const uint8_t *p, size_t byte
             return gcomp__fail(GCOMP_ERR_MISMATCH,
                                "residual checkpoint: key %llu has %llu elements in the file, %zu in this communicator",
                                (unsigned long long)key, (unsigned long long)count, known);
-        for (size_t j = 0; j < count; j++) /* before anything is applied (the first pass) */
+        for (size_t j = 0; !apply && j < count; j++) /* in the first pass, before anything is applied */
             if (!isfinite(gcomp_bits_f32(gcomp_le_load_u32(p + pos + 4 * j))))
                 return gcomp__fail(GCOMP_ERR_CORRUPT, "residual checkpoint: element %zu of key %llu is not finite", j,
                                    (unsigned long long)key);

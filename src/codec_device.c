@@ -558,7 +558,7 @@ gcomp_result gcomp__codec_device_ef_begin(const gcomp__codec_parts *c, const gco
         GCOMP_CHECK(fresh_res(d, key, count, stream, &r));
         ef->fresh = r;
     } else {
-        GCOMP_CHECK(acquire_res(c, d, key, count, stream, &r));
+        if (!r) GCOMP_CHECK(acquire_res(c, d, key, count, stream, &r));
         if (!known_state(d, r, stream, &rc)) return rc;
     }
     /* the buffer pointers of the state block, as res_alloc wrote them */

@@ -132,11 +132,13 @@ gcomp_result gcomp__ef_begin(gcomp__residual_store *s, uint64_t key, size_t coun
     gcomp__residual *r = gcomp__residual_find(s, key);
     memset(ef, 0, sizeof *ef);
     ef->store = s;
-    if (r && r->count != count) {
+    if (!r) {
+        GCOMP_CHECK(gcomp__residual_acquire(s, key, count, !in_place, &r));
+    } else if (r->count != count) {
         GCOMP_CHECK(fresh_residual(key, count, !in_place, &r));
         ef->fresh = 1;
-    } else {
-        GCOMP_CHECK(gcomp__residual_acquire(s, key, count, !in_place, &r));
+    } else if (!in_place) {
+        GCOMP_CHECK(ensure_second(r)); /* one lookup per call: the store's entry is r */
     }
     ef->res = r;
     ef->r_in = r->buf[r->cur];
@@ -164,9 +166,7 @@ static void install_fresh(gcomp__ef *ef)
 void gcomp__ef_end(gcomp__ef *ef, int nonfinite)
 {
     if (!ef->res) return;
-    if (ef->fresh) {
-        install_fresh(ef); /* not finite: the new residual stays zero, as the reset made it */
-    }
+    if (ef->fresh) install_fresh(ef); /* not finite: the new residual stays zero, as the reset made it */
     if (!nonfinite && ef->r_out != ef->r_in) gcomp__residual_commit(ef->res);
     ef->res = NULL;
 }
