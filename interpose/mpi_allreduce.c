@@ -4,8 +4,8 @@
  *   GCOMP_CODEC=terngrad LD_PRELOAD=/path/libgcomp_mpi.so mpirun ... ./trainer
  *
  * The library defines MPI_Allreduce (C) and the Fortran entry points of Open MPI's mpif.h /
- * `use mpi` (mpi_allreduce_ and its spellings) and `use mpi_f08` (ompi_allreduce_f, which its
- * wrapper calls). A call is compressed only when all of these hold, and each depends only on
+ * `use mpi` (mpi_allreduce_ and its spellings) and `use mpi_f08` (mpi_allreduce_f08_); a
+ * program's own PMPI_Allreduce, in any language, is never touched. A call is compressed only when all of these hold, and each depends only on
  * the call's arguments and the environment, so every rank decides the same way:
  *   - GCOMP_CODEC is set and not empty (opt-in);
  *   - the datatype is predefined MPI_FLOAT (or Fortran's MPI_REAL / MPI_REAL4 of 4 bytes) and
@@ -565,10 +565,15 @@ EXPORT int MPI_Finalize(void)
     return PMPI_Finalize();
 }
 
-/* ---- Fortran (Open MPI): mpif.h and `use mpi` call mpi_allreduce_, whose body
- * (ompi_allreduce_f) goes to PMPI_Allreduce directly, past MPI_Allreduce; `use mpi_f08`
- * calls ompi_allreduce_f. Both are replaced here; what is not compressed goes to Open MPI's
- * own binding, found behind this library. ---- */
+/* ---- Fortran (Open MPI 4.1). mpif.h and `use mpi` call mpi_allreduce_ (and its other
+ * spellings), an alias of ompi_allreduce_f, which goes to PMPI_Allreduce directly, past
+ * MPI_Allreduce. `use mpi_f08` calls mpi_allreduce_f08_, which calls ompi_allreduce_f too;
+ * so does the program's own PMPI_Allreduce (pmpi_allreduce_f08_, pmpi_allreduce_), which
+ * must reach MPI untouched: so the language entry points are replaced here, never
+ * ompi_allreduce_f. What is not compressed goes to Open MPI's own entry point of the same
+ * binding, found behind this library. The f08 handles (TYPE(MPI_Comm) ...) hold one INTEGER
+ * and are passed by reference, its buffers (!GCC$ NO_ARG_CHECK) as addresses, and its
+ * optional ierror as NULL when absent: the same arguments as the mpif.h entry. ---- */
 typedef void fortran_allreduce_fn(char *, char *, MPI_Fint *, MPI_Fint *, MPI_Fint *, MPI_Fint *, MPI_Fint *);
 
 /* Fortran's MPI_IN_PLACE is the address of a common block, under one of these names. */
@@ -583,10 +588,27 @@ static int fortran_in_place(const void *p)
     return 0;
 }
 
-static void fortran_allreduce(char *send, char *recv, MPI_Fint *n, MPI_Fint *type, MPI_Fint *op, MPI_Fint *comm,
-                              MPI_Fint *ierr)
+/* Open MPI's own binding for a call that passes through: `real` is the entry point found
+ * behind this library under `name` (looked up once per entry point). */
+static void fortran_pass(fortran_allreduce_fn **real, const char *name, char *send, char *recv, MPI_Fint *n,
+                         MPI_Fint *type, MPI_Fint *op, MPI_Fint *comm, MPI_Fint *ierr)
 {
-    static fortran_allreduce_fn *real;
+    fortran_allreduce_fn *f = __atomic_load_n(real, __ATOMIC_ACQUIRE);
+    if (!f) {
+        f = (fortran_allreduce_fn *)dlsym(RTLD_NEXT, name);
+        __atomic_store_n(real, f, __ATOMIC_RELEASE);
+    }
+    if (!f) {
+        fprintf(stderr, "gcomp_mpi: Open MPI's Fortran MPI_Allreduce (%s) not found\n", name);
+        if (ierr) *ierr = MPI_ERR_INTERN;
+        return;
+    }
+    f(send, recv, n, type, op, comm, ierr);
+}
+
+static void fortran_allreduce(fortran_allreduce_fn **real, const char *name, char *send, char *recv, MPI_Fint *n,
+                              MPI_Fint *type, MPI_Fint *op, MPI_Fint *comm, MPI_Fint *ierr)
+{
     MPI_Comm c_comm = PMPI_Comm_f2c(*comm);
     ip_comm *c = NULL;
     int why =
@@ -597,22 +619,18 @@ static void fortran_allreduce(char *send, char *recv, MPI_Fint *n, MPI_Fint *typ
         return;
     }
     if (!inside_gcomp && S.ready) ip_bump(&S.passed[why]);
-    if (!real) real = (fortran_allreduce_fn *)dlsym(RTLD_NEXT, "ompi_allreduce_f");
-    if (!real) {
-        fprintf(stderr, "gcomp_mpi: Open MPI's Fortran MPI_Allreduce (ompi_allreduce_f) not found\n");
-        if (ierr) *ierr = MPI_ERR_INTERN;
-        return;
-    }
-    real(send, recv, n, type, op, comm, ierr);
+    fortran_pass(real, name, send, recv, n, type, op, comm, ierr);
 }
 
-#define FORTRAN_ENTRY(name)                                                                             \
+/* name: the entry point defined here; real: Open MPI's, that calls which pass through go to */
+#define FORTRAN_ENTRY(name, real)                                                                       \
     EXPORT void name(char *s, char *r, MPI_Fint *n, MPI_Fint *t, MPI_Fint *o, MPI_Fint *c, MPI_Fint *e) \
     {                                                                                                   \
-        fortran_allreduce(s, r, n, t, o, c, e);                                                         \
+        static fortran_allreduce_fn *fn;                                                                \
+        fortran_allreduce(&fn, #real, s, r, n, t, o, c, e);                                             \
     }
-FORTRAN_ENTRY(ompi_allreduce_f)
-FORTRAN_ENTRY(mpi_allreduce_)
-FORTRAN_ENTRY(mpi_allreduce)
-FORTRAN_ENTRY(mpi_allreduce__)
-FORTRAN_ENTRY(MPI_ALLREDUCE)
+FORTRAN_ENTRY(mpi_allreduce_, ompi_allreduce_f)
+FORTRAN_ENTRY(mpi_allreduce, ompi_allreduce_f)
+FORTRAN_ENTRY(mpi_allreduce__, ompi_allreduce_f)
+FORTRAN_ENTRY(MPI_ALLREDUCE, ompi_allreduce_f)
+FORTRAN_ENTRY(mpi_allreduce_f08_, mpi_allreduce_f08_)

@@ -1,11 +1,18 @@
-! interpose_f.f90 -- a Fortran `use mpi` program that knows nothing of gcomp, run by
-! interpose.sh under LD_PRELOAD=libgcomp_mpi.so. Open MPI's Fortran MPI_ALLREDUCE goes to
-! PMPI_Allreduce directly, past the C MPI_Allreduce; the interposer replaces the Fortran
-! entry points too, so a large MPI_REAL sum is compressed (in place too) and the rest passes
-! through. References come from PMPI_ALLREDUCE, which nobody replaces.
+! interpose_f.f90 -- a Fortran `use mpi` program (built with -cpp -DGCOMP_F08: `use mpi_f08`)
+! that knows nothing of gcomp, run by interpose.sh under LD_PRELOAD=libgcomp_mpi.so. Open
+! MPI's Fortran MPI_ALLREDUCE goes to PMPI_Allreduce directly, past the C MPI_Allreduce; the
+! interposer replaces the Fortran entry points too, so a large MPI_REAL sum is compressed (in
+! place too) and the rest passes through. References come from the program's own
+! PMPI_ALLREDUCE, which must pass through untouched: interpose.sh's count of compressed calls
+! would catch one that did not (in both bindings PMPI_ALLREDUCE and MPI_ALLREDUCE share Open
+! MPI's body, ompi_allreduce_f).
 ! usage: interpose_f exact|lossy  (lossy: GCOMP_CODEC is set)
 program interpose_f
+#ifdef GCOMP_F08
+  use mpi_f08
+#else
   use mpi
+#endif
   implicit none
   integer, parameter :: n = 40000, nsmall = 1000
   real, allocatable :: x(:), got(:), ref(:)
