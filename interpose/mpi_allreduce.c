@@ -31,14 +31,16 @@
  *
  * Error feedback: the residual key names what a buffer holds, chosen by
  * GCOMP_INTERPOSE_EF_KEY:
- *   - "buffer" (default): (communicator, receive buffer address, count). A trainer that
- *     reduces each gradient in its own long-lived buffer gets one residual per tensor. A
+ *   - "buffer" (default): (communicator, buffer addresses, count), the addresses being the
+ *     receive buffer's and, out of place, the send buffer's too (a program that reduces every
+ *     gradient into one scratch receive buffer names the tensor by its send buffer). A trainer
+ *     that reduces each gradient in its own long-lived buffer gets one residual per tensor. A
  *     buffer that comes back with a different count is a buffer whose contents change meaning
  *     (Horovod's fusion buffer: which tensors share a fused call varies from step to step):
  *     its residual would feed one tensor's error into another, so from then on that address
  *     is reduced without error feedback (still compressed), and the summary counts those
  *     calls. The same address and count holding other tensors is not seen.
- *   - "sequence": (communicator, receive buffer address, count, control context). The control
+ *   - "sequence": (communicator, buffer addresses, count, control context). The control
  *     context is a hash of the results of the control collectives that led to the call (the
  *     MPI_Allreduce, any op, and MPI_Bcast calls of predefined integer types on the same
  *     communicator since the last compressed call) and of the call's place among the
@@ -112,7 +114,8 @@ typedef struct ip_comm {
      * count, a fusion buffer: no error feedback); sequence mode, one per (address, count,
      * control context) */
     struct seen {
-        const void *buf;
+        const void *buf;  /* the receive buffer */
+        const void *send; /* the send buffer, NULL for MPI_IN_PLACE */
         size_t count;
         uint64_t context;
         int shared;
@@ -352,15 +355,16 @@ static uint64_t hash_bytes(uint64_t h, const void *p, size_t n)
     return h;
 }
 
-/* The entry for (buf, n, context) in c's table, added if new; NULL when the table is full
- * (or in sequence mode, when buf already has MAX_CONTEXTS contexts). Buffer mode looks up
- * the address alone (context is 0): the entry remembers the first count. */
-static struct seen *seen_entry(ip_comm *c, const void *buf, size_t n, uint64_t context)
+/* The entry for (send, buf, n, context) in c's table, added if new; NULL when the table is
+ * full (or in sequence mode, when the buffers already have MAX_CONTEXTS contexts). Buffer
+ * mode looks up the addresses alone (context is 0): the entry remembers the first count.
+ * send is NULL for MPI_IN_PLACE. */
+static struct seen *seen_entry(ip_comm *c, const void *send, const void *buf, size_t n, uint64_t context)
 {
     size_t contexts = 0;
     for (size_t i = 0; i < c->n_seen; i++) {
         struct seen *e = &c->seen[i];
-        if (e->buf != buf) continue;
+        if (e->buf != buf || e->send != send) continue;
         if (S.ef_key == EF_KEY_BUFFER || (e->count == n && e->context == context)) return e;
         contexts++;
     }
@@ -390,22 +394,22 @@ static struct seen *seen_entry(ip_comm *c, const void *buf, size_t n, uint64_t c
     struct seen *p = ip_room_for_one(c->seen, &c->cap_seen, c->n_seen, sizeof *p);
     if (!p) return NULL;
     c->seen = p;
-    c->seen[c->n_seen] = (struct seen){ buf, n, context, 0 };
+    c->seen[c->n_seen] = (struct seen){ buf, send, n, context, 0 };
     return &c->seen[c->n_seen++];
 }
 
 /* The residual key of a compressed call, or GCOMP_KEY_NONE for no error feedback (a buffer
- * whose count has changed in buffer mode, a full table). In sequence mode the context is
- * the control run before the call and the call's place after it (its index among the
- * compressed calls since the run's last control call: two fused calls of one Horovod cycle
- * differ by it). */
-static uint64_t residual_key(ip_comm *c, const void *buf, size_t n)
+ * whose count has changed in buffer mode, a full table). send is NULL for MPI_IN_PLACE. In
+ * sequence mode the context is the control run before the call and the call's place after
+ * it (its index among the compressed calls since the run's last control call: two fused
+ * calls of one Horovod cycle differ by it). */
+static uint64_t residual_key(ip_comm *c, const void *send, const void *buf, size_t n)
 {
     uint64_t context = 0, k;
     struct seen *s;
     /* no control call seen yet on this communicator: nothing to key by but the buffer */
     if (S.ef_key == EF_KEY_SEQUENCE && c->run_calls) context = mix64(c->run_hash ^ mix64(c->since + 1));
-    s = seen_entry(c, buf, n, context);
+    s = seen_entry(c, send, buf, n, context);
     if (!s) return GCOMP_KEY_NONE;
     if (!s->shared && s->count != n) {
         s->shared = 1;
@@ -417,7 +421,8 @@ static uint64_t residual_key(ip_comm *c, const void *buf, size_t n)
                     world_rank(), buf, s->count, n);
     }
     if (s->shared) return GCOMP_KEY_NONE;
-    k = mix64((uint64_t)(uintptr_t)buf) ^ mix64(n * 0x9e3779b97f4a7c15ull + context);
+    k = mix64((uint64_t)(uintptr_t)buf) ^ mix64(n * 0x9e3779b97f4a7c15ull + context) ^
+        mix64(~(uint64_t)(uintptr_t)send);
     return k == GCOMP_KEY_NONE ? 0 : k;
 }
 
@@ -497,7 +502,7 @@ static int classify(int n, MPI_Datatype type, MPI_Op op, MPI_Comm comm, int alia
 
 static int compressed_allreduce(ip_comm *c, const void *send, void *recv, int n)
 {
-    uint64_t key = residual_key(c, recv, (size_t)n);
+    uint64_t key = residual_key(c, send == MPI_IN_PLACE ? NULL : send, recv, (size_t)n);
     gcomp_result rc;
     if (S.debug)
         fprintf(stderr,

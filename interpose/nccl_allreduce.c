@@ -104,7 +104,8 @@ typedef struct ip_comm {
     int creating; /* its gcomp communicator is being made (under S.lock) */
     int aborting; /* ncclCommAbort came while it was in use: abort g as soon as it exists */
     struct seen {
-        const void *buf;
+        const void *buf;  /* the receive buffer */
+        const void *send; /* the send buffer (the same one in place) */
         size_t count;
         int shared;
     } * seen;
@@ -351,21 +352,24 @@ static ncclResult_t comm_gone(ncclComm_t comm, comm_fn *real, int is_abort)
     return real_done ? r : real(comm);
 }
 
-/* The residual key of a call, or GCOMP_KEY_NONE for a buffer whose count has changed. */
-static uint64_t residual_key(ip_comm *c, const void *buf, size_t n)
+/* The residual key of a call, or GCOMP_KEY_NONE for buffers whose count has changed. Out of
+ * place, the send buffer is part of the key: a program that reduces every gradient into one
+ * scratch receive buffer names the tensor by its send buffer. */
+static uint64_t residual_key(ip_comm *c, const void *send, const void *buf, size_t n)
 {
     struct seen *s = NULL;
     uint64_t k = ((uint64_t)(uintptr_t)c->comm * 0xff51afd7ed558ccdull) ^
-                 ((uint64_t)(uintptr_t)buf * 0x9e3779b97f4a7c15ull) ^ (uint64_t)n;
+                 ((uint64_t)(uintptr_t)buf * 0x9e3779b97f4a7c15ull) ^ (uint64_t)n ^
+                 (send == buf ? 0 : (uint64_t)(uintptr_t)send * 0xc4ceb9fe1a85ec53ull);
     for (size_t i = 0; i < c->n_seen && !s; i++)
-        if (c->seen[i].buf == buf) s = &c->seen[i];
+        if (c->seen[i].buf == buf && c->seen[i].send == send) s = &c->seen[i];
     if (!s) {
         if (c->n_seen == MAX_BUFFERS) return GCOMP_KEY_NONE;
         struct seen *p = ip_room_for_one(c->seen, &c->cap_seen, c->n_seen, sizeof *p);
         if (!p) return GCOMP_KEY_NONE;
         c->seen = p;
         s = &c->seen[c->n_seen++];
-        *s = (struct seen){ buf, n, 0 };
+        *s = (struct seen){ buf, send, n, 0 };
     } else if (!s->shared && s->count != n) {
         s->shared = 1;
         if (S.debug)
@@ -449,7 +453,7 @@ static void restore_device(int prev)
 static ncclResult_t compressed_allreduce(ip_comm *c, const void *send, void *recv, size_t count, ncclDataType_t type,
                                          ncclRedOp_t op, cudaStream_t stream)
 {
-    uint64_t key = residual_key(c, recv, count);
+    uint64_t key = residual_key(c, send, recv, count);
     gcomp_dtype dt = GCOMP_F32;
     gcomp_result rc;
     int prev;

@@ -11,8 +11,10 @@
  *   - the fusion buffer, reduced in place with MPI_FLOAT/MPI_SUM: tensors A and B packed as
  *     [A|B] or [B|A] (the same count either way: an address-and-count key cannot tell them
  *     apart), then unpacked;
- *   - tensor C in its own buffer, second in the round.
- * A's inputs are positive on every rank and B's negative. Top-k (GCOMP_CODEC=topk:...) sends
+ *   - tensor C in its own buffer, second in the round;
+ *   - tensors D and E, each reduced out of place from its own send buffer into one scratch
+ *     receive buffer (same count): the interposer must tell them apart by the send buffer.
+ * A's and D's inputs are positive on every rank, B's and E's negative. Top-k (GCOMP_CODEC=topk:...) sends
  * each kept element as input + residual and keeps the rest as the residual, so a residual
  * has the sign of the inputs it came from, and as long as every residual is fed back into
  * its own tensor each element of the sum keeps its sign. An element of A that comes out
@@ -27,6 +29,7 @@
  * error feedback, GCOMP_EF=0, top-k at ratio 0.1 gives about a quarter). With the default
  * (buffer) key the same-count fusion buffer is not detected (no_ef stays 0) and signs DO
  * flip: the program fails if none does, since then the test could not tell the two apart.
+ * D and E keep their signs under either key, and D carries at least half its input.
  * Without GCOMP_CODEC, or with a GCOMP_INTERPOSE_EF_KEY the interposer refuses, every call
  * passes through and the results are exact.
  */
@@ -60,13 +63,14 @@ static int control_and(MPI_Comm comm, long long bits)
 
 int main(int argc, char **argv)
 {
-    int steps = 120, passed = 0, flips = 0;
+    int steps = 120, passed = 0, flips = 0, scratch_flips = 0;
     const char *codec = getenv("GCOMP_CODEC"), *key = getenv("GCOMP_INTERPOSE_EF_KEY");
     int sequence = key && strcmp(key, "sequence") == 0;
     int bad_key = key && *key && !sequence && strcmp(key, "buffer") != 0;
     int lossy = codec && *codec && !bad_key;
     double in_a = 0, out_a = 0; /* accumulated: this rank's input of A x size, the result */
-    float *a, *b, *c, *fused, *ref;
+    double in_d = 0, out_d = 0; /* the same for D */
+    float *a, *b, *c, *d, *e, *scratch, *fused, *ref;
     MPI_Init(&argc, &argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
@@ -75,9 +79,12 @@ int main(int argc, char **argv)
     a = malloc(N_TENSOR * sizeof *a);
     b = malloc(N_TENSOR * sizeof *b);
     c = malloc(N_TENSOR * sizeof *c);
+    d = malloc(N_TENSOR * sizeof *d);
+    e = malloc(N_TENSOR * sizeof *e);
+    scratch = malloc(N_TENSOR * sizeof *scratch);
     fused = malloc(2 * N_TENSOR * sizeof *fused);
     ref = malloc(2 * N_TENSOR * sizeof *ref);
-    if (!a || !b || !c || !fused || !ref) MPI_Abort(MPI_COMM_WORLD, 2);
+    if (!a || !b || !c || !d || !e || !scratch || !fused || !ref) MPI_Abort(MPI_COMM_WORLD, 2);
 
     for (int t = 0; t < steps; t++) {
         /* an irregular layout sequence, the same on every rank */
@@ -108,6 +115,19 @@ int main(int argc, char **argv)
             flips += (a[i] < 0) + (b[i] > 0) + (c[i] < 0);
             out_a += a[i];
         }
+        /* D and E through one scratch receive buffer, out of place */
+        fill(d, N_TENSOR, 1.0f, 2.0f, 5u * (unsigned)(t * size + rank) + 3u);
+        fill(e, N_TENSOR, -0.2f, -0.1f, 5u * (unsigned)(t * size + rank) + 4u);
+        PMPI_Allreduce(d, ref, N_TENSOR, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+        for (int i = 0; i < N_TENSOR; i++) in_d += ref[i];
+        MPI_Allreduce(d, scratch, N_TENSOR, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+        if (!lossy) CHECK(memcmp(scratch, ref, N_TENSOR * sizeof *ref) == 0, "step %d: D not exact", t);
+        for (int i = 0; i < N_TENSOR; i++) {
+            scratch_flips += scratch[i] < 0;
+            out_d += scratch[i];
+        }
+        MPI_Allreduce(e, scratch, N_TENSOR, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+        for (int i = 0; i < N_TENSOR; i++) scratch_flips += scratch[i] > 0;
     }
 
     if (lossy && strncmp(codec, "topk", 4) != 0) {
@@ -121,12 +141,17 @@ int main(int argc, char **argv)
     } else {
         CHECK(flips == 0, "%d elements changed sign without compression", flips);
     }
-    printf("rank %d: %d steps, %d sign flips, A's result / input %.3f (%s key)\n", rank, steps, flips,
-           in_a ? out_a / in_a : 0.0, sequence ? "sequence" : "buffer");
-    /* compressed: the fused buffer and C each step; passed: the control allreduces */
-    printf("rank %d expects compressed=%d passed=%d no_ef=0\n", rank, lossy ? 2 * steps : 0,
-           lossy ? passed : passed + 2 * steps);
-    free(a), free(b), free(c), free(fused), free(ref);
+    CHECK(scratch_flips == 0, "%d elements of D and E (one scratch receive buffer) carried the other's error",
+          scratch_flips);
+    if (lossy)
+        CHECK(out_d >= 0.5 * in_d, "D's result carries %.3f of its input: error feedback not working", out_d / in_d);
+    printf("rank %d: %d steps, %d sign flips, A's result / input %.3f, D and E: %d sign flips, D's %.3f (%s key)\n",
+           rank, steps, flips, in_a ? out_a / in_a : 0.0, scratch_flips, in_d ? out_d / in_d : 0.0,
+           sequence ? "sequence" : "buffer");
+    /* compressed: the fused buffer, C, D and E each step; passed: the control allreduces */
+    printf("rank %d expects compressed=%d passed=%d no_ef=0\n", rank, lossy ? 4 * steps : 0,
+           lossy ? passed : passed + 4 * steps);
+    free(a), free(b), free(c), free(d), free(e), free(scratch), free(fused), free(ref);
     MPI_Finalize();
     return n_fail ? 1 : 0;
 }
