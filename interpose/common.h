@@ -14,6 +14,8 @@
 #include <string.h>
 #include <strings.h>
 
+#include "gcomp.h"
+
 /* A switch as gcomp's config.c reads one: set to any value but "" or "0". */
 static inline int ip_env_on(const char *name)
 {
@@ -36,6 +38,21 @@ static inline int ip_env_codec(char *codec, size_t cap)
     int on = v && *v;
     snprintf(codec, cap, "%s", on ? v : "");
     return on;
+}
+
+/* A program under an interposer expects MPI's and NCCL's own patience: a collective waits
+ * for a late peer (one rank checkpointing or evaluating for half an hour while the others
+ * wait at the next allreduce is normal), and the job's own watchdog, if any, decides when
+ * to give up (PyTorch's process-group timeout aborts through ncclCommAbort, which the NCCL
+ * interposer handles). So unless GCOMP_TIMEOUT_MS says otherwise, the interposers give
+ * gcomp a deadline of a week instead of gcomp's 300 s (finite: deadlines are doubles of
+ * seconds and some waits convert them back to milliseconds). */
+#define IP_DEFAULT_TIMEOUT_MS (7LL * 24 * 3600 * 1000)
+
+static inline int64_t ip_timeout_ms(void)
+{
+    const char *v = getenv("GCOMP_TIMEOUT_MS");
+    return v && *v ? GCOMP_UNSET /* gcomp reads (and checks) the variable */ : IP_DEFAULT_TIMEOUT_MS;
 }
 
 /* Counters that several threads may bump. */

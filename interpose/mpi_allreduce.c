@@ -315,6 +315,7 @@ static ip_comm *comm_state(MPI_Comm comm)
     if (!(c = calloc(1, sizeof *c))) return NULL;
     c->comm = comm;
     cfg.debug = S.debug; /* ours is any value but "0"; gcomp's own takes 0, 1, NONE, INFO */
+    cfg.timeout_ms = ip_timeout_ms();
     inside_gcomp++;
     if (gcomp_comm_create_mpi(comm, &cfg, &c->g) != GCOMP_SUCCESS) {
         /* the creation agrees across ranks: every rank lands here and passes through */

@@ -251,6 +251,7 @@ static void create_gcomp(ip_comm *c)
     gcomp_comm *g = NULL;
     ncclCommUserRank(c->comm, &c->rank);
     cfg.debug = S.debug; /* ours is any value but "0"; gcomp's own takes 0, 1, NONE, INFO */
+    cfg.timeout_ms = ip_timeout_ms();
     inside_gcomp++;
     if (gcomp_comm_create_nccl(c->comm, &cfg, &g) != GCOMP_SUCCESS) {
         /* the creation agrees across ranks: every rank lands here and passes through */

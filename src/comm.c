@@ -250,8 +250,9 @@ gcomp_result gcomp__comm_create(gcomp__transport *tp, const gcomp_config *cfg, g
         goto fail;
     }
     if (c->cfg.debug)
-        gcomp__log("rank %d/%d: codec %s, min_bytes %lld, ef %d, progress thread %s", tp->rank, tp->size,
-                   gcomp_codec_spec(c->codec), (long long)c->cfg.min_bytes, c->cfg.error_feedback,
+        gcomp__log("rank %d/%d: codec %s, min_bytes %lld, ef %d, timeout %lld ms, progress thread %s", tp->rank,
+                   tp->size, gcomp_codec_spec(c->codec), (long long)c->cfg.min_bytes, c->cfg.error_feedback,
+                   (long long)c->cfg.timeout_ms,
                    c->threads_ok ? "allowed" : "not allowed (nonblocking calls progress in gcomp_test/gcomp_wait)");
     *out = c;
     return GCOMP_SUCCESS;

@@ -21,6 +21,8 @@ env_args=(-x LD_PRELOAD="${asan:+$asan:}$lib" -x GCOMP_STATS_FILE="$out/stats_%r
 [ "$codec" != none ] && env_args+=(-x GCOMP_CODEC="$codec")
 # the residual key mode, when the test sets one (interpose_fusion.c)
 [ -n "${GCOMP_INTERPOSE_EF_KEY+set}" ] && env_args+=(-x GCOMP_INTERPOSE_EF_KEY="$GCOMP_INTERPOSE_EF_KEY")
+# a deadline, when the test sets one (else the interposer's default is checked below)
+[ -n "${GCOMP_TIMEOUT_MS:-}" ] && env_args+=(-x GCOMP_TIMEOUT_MS="$GCOMP_TIMEOUT_MS")
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 timeout 240 mpirun --oversubscribe -np "$np" "${env_args[@]}" "$@" >"$out/stdout" 2>"$out/stderr" || {
     echo "FAIL: mpirun exited with $?"; cat "$out/stdout" "$out/stderr"; exit 1; }
@@ -45,5 +47,15 @@ for ((r = 0; r < np; r++)); do
         grep -q "^gcomp_mpi: rank $r: " "$out/stderr" || { echo "FAIL: no GCOMP_DEBUG summary line from rank $r"; fail=1; }
     fi
 done
+# the interposers' deadline: a week unless GCOMP_TIMEOUT_MS is set (gcomp's own default is
+# 300 s); gcomp's INFO line of each communicator it made says which
+if [ "$codec" != none ] && [ "$debug" != NONE ] && grep -q "^gcomp: rank .*, timeout " "$out/stderr"; then
+    want=${GCOMP_TIMEOUT_MS:-604800000}
+    if grep "^gcomp: rank .*, timeout " "$out/stderr" | grep -v ", timeout $want ms,"; then
+        echo "FAIL: the gcomp communicators above do not have a $want ms deadline"; fail=1
+    else
+        echo "gcomp communicators: timeout $want ms (as expected)"
+    fi
+fi
 [ $fail -eq 0 ] && echo "PASS: $np ranks, codec $codec"
 exit $fail
