@@ -54,7 +54,11 @@ static staging_transport *st_of(gcomp__transport *t) { return (staging_transport
 static gcomp_result wait_stream(staging_transport *s)
 {
     double left_ms = 1e3 * (s->call_deadline - gcomp__now());
-    int64_t timeout_ms = s->call_deadline <= 0 ? -1 : left_ms > 0 ? (int64_t)left_ms : 0;
+    /* timeout_ms may be as large as INT64_MAX: a double that far out no longer fits an int64 */
+    int64_t timeout_ms = s->call_deadline <= 0 ? -1
+                         : left_ms >= 0x1p62 ? INT64_MAX
+                         : left_ms > 0       ? (int64_t)left_ms
+                                             : 0;
     gcomp_result rc = s->dev->wait(s->base.stream, timeout_ms);
     if (rc == GCOMP_ERR_TIMEOUT)
         return gcomp__fail(rc, "staging transport: the stream's work before the exchange was not done before the "
