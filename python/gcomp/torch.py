@@ -489,10 +489,9 @@ def _cuda_allreduce(state, tensor, key):
         raise ValueError("GcompHookState used after close()")
     fut = torch.futures.Future(devices=[tensor.device])
     with torch.cuda.device(tensor.device):
-        try:
-            state.comm.allreduce(tensor, op="avg", key=key)
-        except Exception as exc:  # noqa: B902 - DDP raises it from its wait on the future
-            fut.set_exception(exc)
-        else:
-            fut.set_result(tensor)
+        # a failure is raised here, on the caller's thread: DDP's reducer passes it on and
+        # backward() raises it (a RuntimeError holding the GcompError), where an exception set
+        # on the future would reach the reducer as a value ("Unable to cast ... to Tensor")
+        state.comm.allreduce(tensor, op="avg", key=key)
+        fut.set_result(tensor)
     return fut
