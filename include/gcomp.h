@@ -233,7 +233,7 @@ GCOMP_API gcomp_result gcomp_codec_sync(gcomp_codec *codec, struct CUstream_st *
 /* Residuals (error feedback). Copy a key's residual out (count must equal the key's
  * count; GCOMP_ERR_INVALID_ARG if the key has none), set it (creates or resizes the key; for
  * restoring checkpoints; a NaN or Inf in a host src is refused, GCOMP_ERR_INVALID_ARG, and the
- * key keeps its residual), or drop it. The residual is not the key's whole state: its step
+ * key keeps its residual; so is GCOMP_KEY_NONE, which holds none), or drop it. The residual is not the key's whole state: its step
  * count, which keys TernGrad's stochastic rounding, is not copied, so a TernGrad codec object
  * restored this way rounds differently from the one saved (fp16, bf16, top-k and none resume
  * bit for bit). A communicator's checkpoints (gcomp_comm_residuals_save) carry the steps. */

@@ -241,6 +241,9 @@ static gcomp_result walk_records(gcomp_comm *comm, const uint8_t *p, size_t byte
         count = gcomp_le_load_u64(p + pos + 8);
         step = gcomp_le_load_u64(p + pos + 16);
         pos += CKPT_RECORD;
+        if (key == GCOMP_KEY_NONE)
+            return gcomp__fail(GCOMP_ERR_CORRUPT,
+                               "residual checkpoint: a record for key GCOMP_KEY_NONE, which holds no residual");
         if (i > 0 && key <= prev)
             return gcomp__fail(GCOMP_ERR_CORRUPT, "residual checkpoint: keys out of order or repeated at key %llu",
                                (unsigned long long)key);

@@ -432,6 +432,9 @@ gcomp_result gcomp_codec_residual_set(gcomp_codec *c, uint64_t key, const float 
 {
     gcomp__residual *r;
     if (!c || (count && !src)) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_codec_residual_set: NULL argument");
+    if (key == GCOMP_KEY_NONE)
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG,
+                           "gcomp_codec_residual_set: key GCOMP_KEY_NONE means no error feedback and holds no residual");
     if (gcomp__codec_device_has_key(c->dev, key) || gcomp__codec_device_wanted(src, NULL))
         return gcomp__codec_device_residual_set(DEVICE_PARTS(c), key, src, count);
     /* a non-finite residual would make every later result of the key non-finite, and the

@@ -164,6 +164,10 @@ static void test_residual_lifetime(void **state)
     y = tu_roundtrip(c, GCOMP_KEY_NONE, x, 4, NULL);
     free(y);
     assert_int_equal(gcomp_codec_residual_get(c, GCOMP_KEY_NONE, r, 4), GCOMP_ERR_INVALID_ARG);
+    /* GCOMP_KEY_NONE is "no error feedback": a residual set under it would never be used */
+    assert_int_equal(gcomp_codec_residual_set(c, GCOMP_KEY_NONE, set, 4), GCOMP_ERR_INVALID_ARG);
+    assert_non_null(strstr(gcomp_last_error(), "GCOMP_KEY_NONE"));
+    assert_int_equal(gcomp_codec_residual_get(c, GCOMP_KEY_NONE, r, 4), GCOMP_ERR_INVALID_ARG);
     gcomp_codec_destroy(c);
 
     o.error_feedback = 0;

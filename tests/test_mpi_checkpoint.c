@@ -208,6 +208,12 @@ static void test_refusals(void)
         CHECK(strstr(gcomp_last_error(), "out of order or repeated") != NULL, "%s", gcomp_last_error());
 
         memcpy(copy, blob, bytes);
+        put_u64(copy + rec1, UINT64_MAX); /* the second record's key: GCOMP_KEY_NONE (still ascending) */
+        resum(copy, bytes);
+        expect_refused(c, copy, bytes, GCOMP_ERR_CORRUPT, "a record for GCOMP_KEY_NONE");
+        CHECK(strstr(gcomp_last_error(), "GCOMP_KEY_NONE") != NULL, "%s", gcomp_last_error());
+
+        memcpy(copy, blob, bytes);
         memcpy(copy + rec0 + 24 + 4 * 7, "\x00\x00\xc0\x7f", 4); /* element 7 of key 0: a NaN */
         resum(copy, bytes);
         expect_refused(c, copy, bytes, GCOMP_ERR_CORRUPT, "a NaN in a residual");
