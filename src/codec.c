@@ -435,15 +435,17 @@ gcomp_result gcomp_codec_residual_set(gcomp_codec *c, uint64_t key, const float 
     if (key == GCOMP_KEY_NONE)
         return gcomp__fail(GCOMP_ERR_INVALID_ARG,
                            "gcomp_codec_residual_set: key GCOMP_KEY_NONE means no error feedback and holds no residual");
+    /* a non-finite residual would make every later result of the key non-finite, and the
+     * key could never recover (a non-finite step keeps the residual as it is); a src in
+     * device memory is checked on its device (codec_device.c) */
+    if (!gcomp__codec_device_wanted(src, NULL))
+        for (size_t i = 0; i < count; i++)
+            if (!isfinite(src[i]))
+                return gcomp__fail(GCOMP_ERR_INVALID_ARG,
+                                   "gcomp_codec_residual_set: element %zu of key %llu's residual is not finite (%g)",
+                                   i, (unsigned long long)key, (double)src[i]);
     if (gcomp__codec_device_has_key(c->dev, key) || gcomp__codec_device_wanted(src, NULL))
         return gcomp__codec_device_residual_set(DEVICE_PARTS(c), key, src, count);
-    /* a non-finite residual would make every later result of the key non-finite, and the
-     * key could never recover (a non-finite step keeps the residual as it is) */
-    for (size_t i = 0; i < count; i++)
-        if (!isfinite(src[i]))
-            return gcomp__fail(GCOMP_ERR_INVALID_ARG,
-                               "gcomp_codec_residual_set: element %zu of key %llu's residual is not finite (%g)", i,
-                               (unsigned long long)key, (double)src[i]);
     GCOMP_CHECK(gcomp__residual_acquire(&c->residuals, key, count, 0, &r));
     if (count) memcpy(r->buf[r->cur], src, count * sizeof(float));
     return GCOMP_SUCCESS;

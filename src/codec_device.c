@@ -305,6 +305,29 @@ gcomp_result gcomp__codec_device_residual_get(const gcomp__codec_device *d, cons
     return d->ops->wait(NULL, -1);
 }
 
+/* Refuse a residual in device memory (src, count floats, ops its device's) that holds a NaN
+ * or an Inf, before anything changes: it would make every later result of the key non-finite
+ * for good (a non-finite step keeps the residual). One device pass and a 4-byte copy back;
+ * where in src is not looked for. */
+static gcomp_result device_src_finite(const gcomp__device_ops *ops, uint64_t key, const float *src, size_t count)
+{
+    uint32_t *flag = NULL, seen = 0;
+    gcomp_result rc;
+    if (!count) return GCOMP_SUCCESS;
+    GCOMP_CHECK(ops->alloc(sizeof *flag, (void **)&flag));
+    rc = ops->memset_async(flag, 0, sizeof *flag, NULL);
+    if (rc == GCOMP_SUCCESS) rc = ops->flag_nonfinite(src, count, GCOMP_F32, flag, NULL);
+    if (rc == GCOMP_SUCCESS) rc = ops->copy_async(&seen, flag, sizeof seen, NULL);
+    if (rc == GCOMP_SUCCESS) rc = ops->wait(NULL, -1);
+    ops->free(flag);
+    GCOMP_CHECK(rc);
+    if (seen)
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG,
+                           "gcomp_codec_residual_set: key %llu's residual (in %s memory) holds a NaN or an Inf",
+                           (unsigned long long)key, ops->name);
+    return GCOMP_SUCCESS;
+}
+
 gcomp_result gcomp__codec_device_residual_set(const gcomp__codec_parts *c, uint64_t key, const float *src, size_t count)
 {
     const gcomp__device_ops *ops = &gcomp__device_host;
@@ -315,6 +338,8 @@ gcomp_result gcomp__codec_device_residual_set(const gcomp__codec_parts *c, uint6
     if (count > GCOMP_MAX_COUNT)
         return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_codec_residual_set: count %zu is too large", count);
     if (src) GCOMP_CHECK(gcomp__device_for(src, &ops, NULL));
+    /* a host src was checked by the caller (codec.c), element by element */
+    if (src && ops->kind != GCOMP__DEVICE_HOST) GCOMP_CHECK(device_src_finite(ops, key, src, count));
     if (*c->dev) ops = (*c->dev)->ops;
     if (ops->kind == GCOMP__DEVICE_HOST)
         return gcomp__fail(GCOMP_ERR_INTERNAL, "gcomp_codec_residual_set: device path without a device");

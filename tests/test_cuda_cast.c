@@ -482,6 +482,22 @@ static void test_residual_get_set(void **state)
     d2h(pg, d_p, wg);
     same_bytes("payload after a device residual_set", "bf16", n, 3, pc, pg, wc);
 
+    /* a NaN or an Inf in device memory is refused, and the key keeps its residual */
+    {
+        float bad = (float)NAN, *before = hmalloc(n * 4);
+        OK(gcomp_codec_residual_get(gpu, KEY, before, n));
+        h2d(d_r + n - 1, &bad, 4);
+        EXPECT(gcomp_codec_residual_set(gpu, KEY, d_r, n), GCOMP_ERR_INVALID_ARG, "NaN or an Inf");
+        bad = (float)INFINITY;
+        h2d(d_r + 7, &bad, 4);
+        EXPECT(gcomp_codec_residual_set(gpu, KEY + 2, d_r, n), GCOMP_ERR_INVALID_ARG, "NaN or an Inf");
+        EXPECT(gcomp_codec_residual_get(gpu, KEY + 2, rg, n), GCOMP_ERR_INVALID_ARG, "no residual");
+        OK(gcomp_codec_residual_get(gpu, KEY, rg, n));
+        same_bytes("residual kept after a refused set", "bf16", n, 5, before, rg, n * 4);
+        free(before);
+        h2d(d_r, r, n * 4);
+    }
+
     /* a new key set from device memory lives on the device */
     OK(gcomp_codec_residual_set(gpu, KEY + 1, d_r, n));
     OK(gcomp_codec_residual_get(gpu, KEY + 1, rg, n));
