@@ -395,7 +395,7 @@ gcomp_result gcomp_codec_decode(gcomp_codec *c, const void *payload, size_t byte
                                 gcomp_dtype dtype)
 {
     float *acc = (float *)dst;
-    if (!c) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_codec_decode: codec is NULL");
+    if (!c || !payload) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_codec_decode: NULL codec or payload");
     GCOMP_CHECK(
         check_layout("gcomp_codec_decode", "payload", payload, bytes, 1, "dst", dst, count, gcomp_dtype_size(dtype)));
     if (gcomp__codec_device_wanted(payload, dst))
@@ -463,9 +463,10 @@ gcomp_result gcomp_codec_residual_reset(gcomp_codec *c, uint64_t key)
 gcomp_result gcomp_codec_encode_async(gcomp_codec *c, uint64_t key, const void *src, size_t count, gcomp_dtype dtype,
                                       void *dst, size_t dst_cap, size_t *written, struct CUstream_st *stream)
 {
+    if (!c) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_codec_encode_async: codec is NULL");
     GCOMP_CHECK(
         check_layout("gcomp_codec_encode_async", "src", src, count, gcomp_dtype_size(dtype), "dst", dst, dst_cap, 1));
-    if (c && written && gcomp__codec_device_wanted(src, dst))
+    if (written && gcomp__codec_device_wanted(src, dst))
         return gcomp__codec_device_encode(DEVICE_PARTS(c), key, src, count, dtype, dst, dst_cap, written, stream, 0);
     return gcomp_codec_encode(c, key, src, count, dtype, dst, dst_cap, written);
 }
@@ -473,9 +474,11 @@ gcomp_result gcomp_codec_encode_async(gcomp_codec *c, uint64_t key, const void *
 gcomp_result gcomp_codec_decode_add_async(gcomp_codec *c, const void *payload, size_t bytes, float *acc, size_t count,
                                           struct CUstream_st *stream)
 {
+    if (!c || !payload)
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_codec_decode_add_async: NULL codec or payload");
     GCOMP_CHECK(
         check_layout("gcomp_codec_decode_add_async", "payload", payload, bytes, 1, "acc", acc, count, sizeof(float)));
-    if (c && gcomp__codec_device_wanted(payload, acc))
+    if (gcomp__codec_device_wanted(payload, acc))
         return gcomp__codec_device_decode_add(DEVICE_PARTS(c), payload, bytes, acc, count, stream, 0);
     return gcomp_codec_decode_add(c, payload, bytes, acc, count);
 }
@@ -483,9 +486,10 @@ gcomp_result gcomp_codec_decode_add_async(gcomp_codec *c, const void *payload, s
 gcomp_result gcomp_codec_decode_async(gcomp_codec *c, const void *payload, size_t bytes, void *dst, size_t count,
                                       gcomp_dtype dtype, struct CUstream_st *stream)
 {
+    if (!c || !payload) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_codec_decode_async: NULL codec or payload");
     GCOMP_CHECK(check_layout("gcomp_codec_decode_async", "payload", payload, bytes, 1, "dst", dst, count,
                              gcomp_dtype_size(dtype)));
-    if (c && gcomp__codec_device_wanted(payload, dst))
+    if (gcomp__codec_device_wanted(payload, dst))
         return gcomp__codec_device_decode(DEVICE_PARTS(c), payload, bytes, dst, count, dtype, stream, 0);
     return gcomp_codec_decode(c, payload, bytes, dst, count, dtype);
 }

@@ -40,6 +40,8 @@ const char *gcomp_last_error(void) { return last_error; }
 
 void gcomp__error_clear(void) { last_error[0] = '\0'; }
 
+void gcomp__error_restore(const char *saved) { snprintf(last_error, sizeof last_error, "%s", saved); }
+
 static void log_line(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 static gcomp_result vfail(gcomp_result rc, const char *fmt, va_list ap)

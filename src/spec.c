@@ -175,6 +175,7 @@ static gcomp_result parse_value(const char *spec, const char *codec, const gcomp
     case GCOMP_PARAM_DOUBLE: {
         double v = 0;
         GCOMP_CHECK(parse_double(spec, codec, p, val, &v));
+        v += 0.0; /* -0 -> +0: the same value, so one canonical spelling (ranks compare specs) */
         memcpy(field, &v, sizeof v);
         break;
     }
@@ -266,9 +267,15 @@ static gcomp_result append_canonical(const char *spec, gcomp__chain *c, const gc
  * and the spec like every other spec error. */
 static gcomp_result check_params(const char *spec, const gcomp_codec_vtable *vt, const void *params)
 {
-    char msg[256] = "", reason[256], qm[4 * 200 + 8];
+    char msg[256] = "", reason[256], qm[4 * 200 + 8], saved[512];
+    /* the check may report through gcomp_codec_fail: clear the detail to see whether it did,
+     * and put back the caller's on success (a successful call leaves the last error alone) */
+    snprintf(saved, sizeof saved, "%s", gcomp_last_error());
     gcomp__error_clear();
-    if (vt->check_params(params, msg, sizeof msg) == GCOMP_SUCCESS) return GCOMP_SUCCESS;
+    if (vt->check_params(params, msg, sizeof msg) == GCOMP_SUCCESS) {
+        gcomp__error_restore(saved);
+        return GCOMP_SUCCESS;
+    }
     snprintf(reason, sizeof reason, "%s",
              msg[0]                  ? msg
              : gcomp_last_error()[0] ? gcomp_last_error()

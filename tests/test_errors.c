@@ -50,6 +50,10 @@ static void test_null_arguments(void **state)
     assert_int_equal(gcomp_codec_encode(c, 1, x, 4, (gcomp_dtype)9, buf, sizeof buf, &w), GCOMP_ERR_INVALID_ARG);
     assert_non_null(strstr(gcomp_last_error(), "dtype"));
     assert_int_equal(gcomp_codec_decode_add(c, NULL, 10, x, 4), GCOMP_ERR_INVALID_ARG);
+    assert_int_equal(gcomp_codec_decode(c, NULL, 0, NULL, 0, GCOMP_F32), GCOMP_ERR_INVALID_ARG);
+    assert_non_null(strstr(gcomp_last_error(), "gcomp_codec_decode: NULL codec or payload"));
+    assert_int_equal(gcomp_codec_decode_async(NULL, buf, 10, x, 4, GCOMP_F32, NULL), GCOMP_ERR_INVALID_ARG);
+    assert_non_null(strstr(gcomp_last_error(), "gcomp_codec_decode_async:"));
     assert_int_equal(gcomp_codec_decode_add(c, buf, 10, NULL, 4), GCOMP_ERR_INVALID_ARG);
     assert_int_equal(gcomp_codec_stats_get(c, NULL), GCOMP_ERR_INVALID_ARG);
     assert_int_equal(gcomp_codec_residual_get(c, 42, x, 4), GCOMP_ERR_INVALID_ARG);

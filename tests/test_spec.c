@@ -109,6 +109,9 @@ static void test_numbers(void **state)
     expect_error("terngrad:clip=-1e400", "out of range");
     expect_error("terngrad:clip=inf", "clip='inf' is not a finite number");
     expect_error("terngrad:clip=-nan", "is not a finite number");
+    /* -0 is 0: one canonical spelling, so ranks writing either agree on the codec */
+    expect_canonical("terngrad:clip=-0", "terngrad:bucket=0,clip=0");
+    expect_canonical("terngrad:clip=-0.0e5", "terngrad:bucket=0,clip=0");
 }
 
 /* Issue 13 item 12: the reason comes first, the quoted spec is shortened and escaped. */
@@ -227,6 +230,11 @@ static void test_check_params(void **state)
     expect_error("chk", "chk: its parameters were refused (no reason given) (spec 'chk')");
     chk_mode = 3;
     assert_int_equal(gcomp_codec_create("chk", NULL, &c), GCOMP_SUCCESS);
+    gcomp_codec_destroy(c);
+    /* a create whose codec has a parameter check (terngrad) leaves the last error alone */
+    expect_error("bogus", "unknown codec");
+    assert_int_equal(gcomp_codec_create("terngrad+zstd", NULL, &c), GCOMP_SUCCESS);
+    assert_non_null(strstr(gcomp_last_error(), "unknown codec 'bogus'"));
     gcomp_codec_destroy(c);
 }
 
