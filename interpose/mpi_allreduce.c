@@ -5,8 +5,9 @@
  *
  * The library defines MPI_Allreduce (C) and the Fortran entry points of Open MPI's mpif.h /
  * `use mpi` (mpi_allreduce_ and its spellings) and `use mpi_f08` (mpi_allreduce_f08_); a
- * program's own PMPI_Allreduce, in any language, is never touched. A call is compressed only when all of these hold, and each depends only on
- * the call's arguments and the environment, so every rank decides the same way:
+ * program's own PMPI_Allreduce, in any language, is never touched. A call is compressed only
+ * when all of these hold, and each depends only on the call's arguments and the environment,
+ * so every rank decides the same way:
  *   - GCOMP_CODEC is set and not empty (opt-in);
  *   - the datatype is predefined MPI_FLOAT (or Fortran's MPI_REAL / MPI_REAL4 of 4 bytes) and
  *     the op is predefined MPI_SUM;
