@@ -39,6 +39,9 @@ static gcomp_result spec_fail(gcomp_result rc, const char *spec, const char *fmt
 static void format_double(char *out, size_t cap, double v)
 {
     char *plus;
+    /* -0 is written 0: the same value, so one canonical spelling (ranks compare specs), for a
+     * value parsed from the spec and a registered default alike */
+    v += 0.0;
     for (int prec = 1; prec <= 17; prec++) {
         snprintf(out, cap, "%.*g", prec, v);
         if (strtod(out, NULL) == v) break;
@@ -175,7 +178,6 @@ static gcomp_result parse_value(const char *spec, const char *codec, const gcomp
     case GCOMP_PARAM_DOUBLE: {
         double v = 0;
         GCOMP_CHECK(parse_double(spec, codec, p, val, &v));
-        v += 0.0; /* -0 -> +0: the same value, so one canonical spelling (ranks compare specs) */
         memcpy(field, &v, sizeof v);
         break;
     }
