@@ -583,15 +583,22 @@ EXPORT int MPI_Finalize(void)
  * optional ierror as NULL when absent: the same arguments as the mpif.h entry. ---- */
 typedef void fortran_allreduce_fn(char *, char *, MPI_Fint *, MPI_Fint *, MPI_Fint *, MPI_Fint *, MPI_Fint *);
 
-/* Fortran's MPI_IN_PLACE is the address of a common block, under one of these names. */
+/* Fortran's MPI_IN_PLACE is the address of a common block, under one of these names: looked
+ * up at the first Fortran call (the block does not move; a call's path should not pay
+ * dlsym). Two threads resolving at once store the same addresses. */
 static int fortran_in_place(const void *p)
 {
     static const char *const names[] = { "mpi_fortran_in_place_", "mpi_fortran_in_place", "mpi_fortran_in_place__",
                                          "MPI_FORTRAN_IN_PLACE" };
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
-        void *s = dlsym(RTLD_DEFAULT, names[i]);
-        if (s && s == p) return 1;
+    enum { N_NAMES = sizeof names / sizeof names[0] };
+    static void *addr[N_NAMES];
+    static int resolved;
+    if (!__atomic_load_n(&resolved, __ATOMIC_ACQUIRE)) {
+        for (size_t i = 0; i < N_NAMES; i++) __atomic_store_n(&addr[i], dlsym(RTLD_DEFAULT, names[i]), __ATOMIC_RELAXED);
+        __atomic_store_n(&resolved, 1, __ATOMIC_RELEASE);
     }
+    for (size_t i = 0; i < N_NAMES; i++)
+        if (p && __atomic_load_n(&addr[i], __ATOMIC_RELAXED) == p) return 1;
     return 0;
 }
 
@@ -618,10 +625,10 @@ static void fortran_allreduce(fortran_allreduce_fn **real, const char *name, cha
 {
     MPI_Comm c_comm = PMPI_Comm_f2c(*comm);
     ip_comm *c = NULL;
-    int why =
-        classify((int)*n, PMPI_Type_f2c(*type), PMPI_Op_f2c(*op), c_comm, send == recv && !fortran_in_place(send), &c);
+    int in_place = fortran_in_place(send);
+    int why = classify((int)*n, PMPI_Type_f2c(*type), PMPI_Op_f2c(*op), c_comm, send == recv && !in_place, &c);
     if (why < 0) {
-        int rc = compressed_allreduce(c, fortran_in_place(send) ? MPI_IN_PLACE : send, recv, (int)*n);
+        int rc = compressed_allreduce(c, in_place ? MPI_IN_PLACE : send, recv, (int)*n);
         if (ierr) *ierr = (MPI_Fint)rc;
         return;
     }

@@ -50,6 +50,14 @@ static void free_buffers(gcomp__residual *r)
     r->count = 0;
 }
 
+/* An entry and its buffers (NULL is a no-op). */
+static void free_entry(gcomp__residual *r)
+{
+    if (!r) return;
+    free_buffers(r);
+    free(r);
+}
+
 /* Zeroed by the host's alloc_zeroed (calloc): the kernel hands out zero pages lazily, so a
  * large new residual costs nothing until the first encode touches it. */
 static gcomp_result alloc_zeroed(size_t count, float **out)
@@ -91,8 +99,7 @@ static gcomp_result fresh_residual(uint64_t key, size_t count, int double_buffer
     if (!r) return gcomp__fail(GCOMP_ERR_NOMEM, "cannot allocate a residual entry");
     r->key = key;
     if (alloc_buffers(r, count) != GCOMP_SUCCESS || (double_buffer && ensure_second(r) != GCOMP_SUCCESS)) {
-        free_buffers(r);
-        free(r);
+        free_entry(r);
         return GCOMP_ERR_NOMEM;
     }
     *out = r;
@@ -174,10 +181,7 @@ void gcomp__ef_end(gcomp__ef *ef, int nonfinite)
 /* A call that failed: a new entry is dropped (the key keeps its old residual and count). */
 void gcomp__ef_abandon(gcomp__ef *ef)
 {
-    if (ef->res && ef->fresh) {
-        free_buffers(ef->res);
-        free(ef->res);
-    }
+    if (ef->fresh) free_entry(ef->res);
     ef->res = NULL;
     ef->fresh = 0;
 }
@@ -189,8 +193,7 @@ void gcomp__residual_drop(gcomp__residual_store *s, uint64_t key)
     if (!s->cap) return;
     i = find_slot(s, key);
     if (!s->slots[i]) return;
-    free_buffers(s->slots[i]);
-    free(s->slots[i]);
+    free_entry(s->slots[i]);
     s->slots[i] = NULL;
     s->used--;
     for (j = (i + 1) & (s->cap - 1); s->slots[j]; j = (j + 1) & (s->cap - 1)) {
@@ -202,11 +205,7 @@ void gcomp__residual_drop(gcomp__residual_store *s, uint64_t key)
 
 void gcomp__residual_store_free(gcomp__residual_store *s)
 {
-    for (size_t i = 0; i < s->cap; i++) {
-        if (!s->slots[i]) continue;
-        free_buffers(s->slots[i]);
-        free(s->slots[i]);
-    }
+    for (size_t i = 0; i < s->cap; i++) free_entry(s->slots[i]);
     free(s->slots);
     memset(s, 0, sizeof *s);
 }
