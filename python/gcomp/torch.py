@@ -73,6 +73,7 @@ How it works
 """
 import atexit
 import numbers
+import os
 import queue
 import threading
 import weakref
@@ -102,6 +103,10 @@ class GcompHookState:
         default group).
     min_bytes, error_feedback, seed, timeout_ms: as gcomp.Comm (None: GCOMP_* environment,
         then library defaults). min_bytes defaults to 0 here so every bucket is compressed.
+        timeout_ms=None without GCOMP_TIMEOUT_MS in the environment: the process group's own
+        timeout (init_process_group(timeout=...); torch's default is 30 min for gloo), so a
+        rank that evaluates or checkpoints for longer than gcomp's 300 s default while the
+        others wait in backward() fails the job when DDP itself would, not sooner.
     backend: "mpi" (CPU buckets; CUDA ones staged through host memory) or "nccl" (CUDA
         buckets); None: "nccl" when process_group (default: the default group) has NCCL
         among its backends, else "mpi".
@@ -119,6 +124,9 @@ class GcompHookState:
         momentum = _momentum_arg("momentum", momentum)
         if backend is None:
             backend = _default_backend(process_group)
+        wait_ms = timeout_ms  # the argument itself is what a pickled state keeps
+        if wait_ms is None and "GCOMP_TIMEOUT_MS" not in os.environ:
+            wait_ms = _group_timeout_ms(process_group)
         self.start_iter = start_iter
         self.process_group = process_group
         self.iter = 0
@@ -130,12 +138,12 @@ class GcompHookState:
         if backend == "nccl":
             self.comm = gcomp.Comm(comm, codec=codec, min_bytes=min_bytes,
                                    error_feedback=error_feedback, seed=seed,
-                                   timeout_ms=timeout_ms, backend="nccl",
+                                   timeout_ms=wait_ms, backend="nccl",
                                    group=process_group if comm is None else None, device=device)
         else:
             self.comm = gcomp.Comm(comm, codec=codec, min_bytes=min_bytes,
                                    error_feedback=error_feedback, seed=seed,
-                                   timeout_ms=timeout_ms, backend=backend, device=device)
+                                   timeout_ms=wait_ms, backend=backend, device=device)
         self._config = dict(codec=codec, start_iter=start_iter, min_bytes=min_bytes,
                             error_feedback=error_feedback, seed=seed, timeout_ms=timeout_ms,
                             backend=self.comm.backend, momentum=momentum,
@@ -411,6 +419,27 @@ def _default_backend(process_group):
             "nccl" in str(dist.get_backend(process_group)).lower():
         return "nccl"
     return "mpi"
+
+
+def _group_timeout_ms(process_group):
+    """The timeout of process_group (None: the default group) in ms, or None where this torch
+    does not say (torch 1.13: the group's options; torch 2: its backends' options)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    pg = process_group if process_group is not None else dist.distributed_c10d._get_default_group()
+    found = []
+    try:
+        found.append(pg.options._timeout)
+    except (AttributeError, RuntimeError):
+        pass
+    for dev in ("cpu", "cuda"):
+        try:
+            found.append(pg._get_backend(torch.device(dev)).options._timeout)
+        except (AttributeError, RuntimeError, ValueError):
+            pass
+    ms = [int(t.total_seconds() * 1000) for t in found if hasattr(t, "total_seconds")]
+    ms = [m for m in ms if m > 0]
+    return max(ms) if ms else None
 
 
 def _momentum_arg(name, v):

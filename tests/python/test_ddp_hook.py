@@ -11,8 +11,10 @@ steps, and one resumed without the residuals does not (so the check can fail). M
 correction (momentum=0.9, optimizer without momentum): during plain iterations it matches
 SGD's own momentum to rounding (and plain SGD does not), with top-k the ranks stay identical
 and the loss falls, and a resume carries the velocities bit for bit; bad momentum values and
-a state dict of another momentum are refused.
+a state dict of another momentum are refused. The hook's deadline follows the process
+group's timeout unless timeout_ms or GCOMP_TIMEOUT_MS is given.
 """
+import datetime
 import os
 import pickle
 import sys
@@ -317,6 +319,33 @@ def device_mismatch_check():
     log("hook: bucket on another device than the state's -> ValueError")
 
 
+def timeout_check():
+    """The hook's deadline: the process group's own timeout unless timeout_ms or
+    GCOMP_TIMEOUT_MS says otherwise (gloo's default group: torch's 30 min, not gcomp's 300 s)."""
+    def made(**kw):
+        state = gcomp.torch.GcompHookState(codec="terngrad", **kw)
+        ms = state.comm.config()["timeout_ms"]
+        state.close()
+        return ms
+    group = dist.new_group(list(range(WORLD.size)), timeout=datetime.timedelta(seconds=77))
+    default_ms = int(dist.default_pg_timeout.total_seconds() * 1000)
+    assert made() == default_ms, (made(), default_ms)
+    assert made(process_group=group) == 77000, made(process_group=group)
+    assert made(process_group=group, timeout_ms=5000) == 5000
+    os.environ["GCOMP_TIMEOUT_MS"] = "45000"
+    try:
+        assert made(process_group=group) == 45000, made(process_group=group)
+    finally:
+        del os.environ["GCOMP_TIMEOUT_MS"]
+    state = gcomp.torch.GcompHookState(codec="terngrad", process_group=group, start_iter=0)
+    loaded = pickle.loads(pickle.dumps(state))  # over the default group, deriving its deadline
+    assert loaded._config["timeout_ms"] is None and loaded.comm.config()["timeout_ms"] == default_ms
+    loaded.close()
+    state.close()
+    log("hook: deadline = the process group's timeout (%d ms default, 77000 ms for a group of "
+        "77 s), timeout_ms and GCOMP_TIMEOUT_MS before it" % default_ms)
+
+
 def worker_error_check(rank):
     """A gcomp call that fails on the hook's worker thread (here: rank 1 comes 2.5 s late to a
     1 s deadline) is raised by DDP's backward() as that GcompError, on every rank."""
@@ -349,6 +378,7 @@ def main():
     momentum_plain_check(data)
     train_check("topk:ratio=0.05", data, momentum=0.9)
     resume_check("topk:ratio=0.05", data, momentum=0.9)
+    timeout_check()
     worker_error_check(rank)
     dist.destroy_process_group()
     log("test_ddp_hook: OK")
