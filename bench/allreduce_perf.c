@@ -175,7 +175,7 @@ static void usage(FILE *f, const char *prog)
             "            communicator (zero residual). Bounds per element, S = sum_r |x_r|,\n"
             "            M = max |x| over all elements and ranks:\n"
             "              none 1e-5 S;  fp16 (n+1) (1e-3 S + 2^-24);  bf16 (n+1) 8e-3 S;\n"
-            "              terngrad n M + S;  top-k S (each x1.00001); other codecs n M + S;\n"
+            "              terngrad n M + S;  top-k S + n 2^-24 (each x1.00001); other codecs n M + S;\n"
             "            divided by n for avg; half/bfloat16 data add one output rounding.\n"
             "  wire_B    bytes one rank sends per call (gcomp_comm_stats), max over ranks\n"
             "  cr        2(n-1)/n * size (what a plain ring sends per rank) / wire_B\n"

@@ -372,13 +372,15 @@ typedef struct gcomp_comm_stats {
  * re-encodes nothing.)
  * Accuracy of a call whose key holds a zero residual (its first; later calls also return what
  * earlier ones dropped), per element, with S = sum over ranks of |x_r| of that element and
- * M = the largest |x| of any element on any rank: |result - exact sum| <= 1e-5 S (none), (N+1)
- * (1e-3 S + 2^-24) (fp16), (N+1) 8e-3 S (bf16), 1.00001 (N M + S) (terngrad), 1.00001 S
- * (top-k; values=fp16 adds N 2^-24); a byte stage (+zstd) adds nothing. GCOMP_AVG: the exact
- * average and the bound are both divided by N. A GCOMP_F16 or GCOMP_BF16 result adds its own
- * rounding: 2^-11 (plus 2^-25 absolute) or 2^-8 of (S / N for AVG, S for SUM) + the bound.
- * bench/allreduce_perf -c 1 checks every element against these (ctest allreduce_bounds_np3 and
- * _np5: every codec, SUM and AVG, f32, f16 and bf16).
+ * M = the largest |x| of any element on any rank: |result - exact sum| <= 1e-5 S (none),
+ * (N+1) (1e-3 S + 2^-24) (fp16), (N+1) 8e-3 S (bf16), 1.00001 (N M + S) (terngrad),
+ * 1.00001 S + N 2^-24 (top-k: values=fp16 may store a kept value as a subnormal); a byte stage
+ * (+zstd) adds nothing. GCOMP_AVG: the exact average and the bound are both divided by N. A
+ * GCOMP_F16 or GCOMP_BF16 result adds its own rounding: u (S' + B) + 2^-25 (f16) or u (S' + B)
+ * (bf16), u = 2^-11 (f16) or 2^-8 (bf16), B the bound above, S' = S (SUM) or S / N (AVG).
+ * bench/allreduce_perf -c 1 checks every element of host buffers against these (ctest
+ * allreduce_bounds_np3 and _np5: every codec, SUM and AVG, f32, f16 and bf16; device buffers
+ * are not checked by them).
  * Every rank gets a bitwise-identical result. Blocking; returns when recv holds the result.
  * Errors (on every rank): GCOMP_ERR_UNSUPPORTED (a stream under CUDA graph capture; a codec
  * without CUDA kernels over NCCL), GCOMP_ERR_INVALID_ARG (NULL buffer with count > 0, bad dtype/op,

@@ -106,7 +106,8 @@ class GcompHookState:
         timeout_ms=None without GCOMP_TIMEOUT_MS in the environment: the process group's own
         timeout (init_process_group(timeout=...); torch's default is 30 min for gloo), so a
         rank that evaluates or checkpoints for longer than gcomp's 300 s default while the
-        others wait in backward() fails the job when DDP itself would, not sooner.
+        others wait in backward() fails the job when DDP itself would, not sooner (gcomp's
+        300 s where torch does not say, e.g. a process group of another library).
     backend: "mpi" (CPU buckets; CUDA ones staged through host memory) or "nccl" (CUDA
         buckets); None: "nccl" when process_group (default: the default group) has NCCL
         among its backends, else "mpi".
@@ -125,7 +126,7 @@ class GcompHookState:
         if backend is None:
             backend = _default_backend(process_group)
         wait_ms = timeout_ms  # the argument itself is what a pickled state keeps
-        if wait_ms is None and "GCOMP_TIMEOUT_MS" not in os.environ:
+        if wait_ms is None and not os.environ.get("GCOMP_TIMEOUT_MS"):  # empty: unset, as in C
             wait_ms = _group_timeout_ms(process_group)
         self.start_iter = start_iter
         self.process_group = process_group
@@ -423,18 +424,25 @@ def _default_backend(process_group):
 
 def _group_timeout_ms(process_group):
     """The timeout of process_group (None: the default group) in ms, or None where this torch
-    does not say (torch 1.13: the group's options; torch 2: its backends' options)."""
+    does not say (torch 1.13: the group's options; torch 2: its backends' options; under
+    TORCH_DISTRIBUTED_DEBUG=DETAIL either is a wrapper around the one that knows). None
+    leaves the deadline to gcomp's default (300 s)."""
     if not (dist.is_available() and dist.is_initialized()):
         return None
     pg = process_group if process_group is not None else dist.distributed_c10d._get_default_group()
+
+    def timeout_of(group):
+        group = getattr(group, "wrapped_pg", group)
+        return group.options._timeout
+
     found = []
     try:
-        found.append(pg.options._timeout)
+        found.append(timeout_of(pg))
     except (AttributeError, RuntimeError):
         pass
     for dev in ("cpu", "cuda"):
         try:
-            found.append(pg._get_backend(torch.device(dev)).options._timeout)
+            found.append(timeout_of(pg._get_backend(torch.device(dev))))
         except (AttributeError, RuntimeError, ValueError):
             pass
     ms = [int(t.total_seconds() * 1000) for t in found if hasattr(t, "total_seconds")]
