@@ -431,6 +431,7 @@ gcomp_result gcomp_codec_residual_get(const gcomp_codec *c, uint64_t key, float 
 gcomp_result gcomp_codec_residual_set(gcomp_codec *c, uint64_t key, const float *src, size_t count)
 {
     gcomp__residual *r;
+    int src_on_device;
     if (!c || (count && !src)) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_codec_residual_set: NULL argument");
     if (key == GCOMP_KEY_NONE)
         return gcomp__fail(GCOMP_ERR_INVALID_ARG,
@@ -438,13 +439,14 @@ gcomp_result gcomp_codec_residual_set(gcomp_codec *c, uint64_t key, const float 
     /* a non-finite residual would make every later result of the key non-finite, and the
      * key could never recover (a non-finite step keeps the residual as it is); a src in
      * device memory is checked on its device (codec_device.c) */
-    if (!gcomp__codec_device_wanted(src, NULL))
+    src_on_device = gcomp__codec_device_wanted(src, NULL);
+    if (!src_on_device)
         for (size_t i = 0; i < count; i++)
             if (!isfinite(src[i]))
                 return gcomp__fail(GCOMP_ERR_INVALID_ARG,
                                    "gcomp_codec_residual_set: element %zu of key %llu's residual is not finite (%g)",
                                    i, (unsigned long long)key, (double)src[i]);
-    if (gcomp__codec_device_has_key(c->dev, key) || gcomp__codec_device_wanted(src, NULL))
+    if (src_on_device || gcomp__codec_device_has_key(c->dev, key))
         return gcomp__codec_device_residual_set(DEVICE_PARTS(c), key, src, count);
     GCOMP_CHECK(gcomp__residual_acquire(&c->residuals, key, count, 0, &r));
     if (count) memcpy(r->buf[r->cur], src, count * sizeof(float));
