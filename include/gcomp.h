@@ -270,12 +270,14 @@ typedef enum gcomp_op {
 
 /* Which schedule a call ran (stats). */
 typedef enum gcomp_schedule {
-    GCOMP_SCHED_NONE = 0,           /* no call yet */
-    GCOMP_SCHED_BYPASS = 1,         /* plain allreduce: below min_bytes, or not compressible */
-    GCOMP_SCHED_DENSE = 2,          /* ring: decode, add in fp32, re-encode at each hop */
-    GCOMP_SCHED_INTEGER = 3,        /* terngrad: exact integer sums of codes under a shared scale */
-    GCOMP_SCHED_SPARSE = 4,         /* top-k: ring allgather of payloads, summed in rank order */
-    GCOMP_SCHED_SPARSE_AS_DENSE = 5 /* top-k whose gather would cost more than a dense ring */
+    GCOMP_SCHED_NONE = 0,            /* no call yet */
+    GCOMP_SCHED_BYPASS = 1,          /* plain allreduce: below min_bytes, or not compressible */
+    GCOMP_SCHED_DENSE = 2,           /* ring: decode, add in fp32, re-encode at each hop */
+    GCOMP_SCHED_INTEGER = 3,         /* terngrad: exact integer sums of codes under a shared scale */
+    GCOMP_SCHED_SPARSE = 4,          /* top-k: ring allgather of payloads, summed in rank order */
+    GCOMP_SCHED_SPARSE_AS_DENSE = 5, /* top-k whose gather would cost more than a dense ring */
+    GCOMP_SCHED_DOUBLING = 6         /* small dense calls at a power-of-two N >= 4: recursive
+                                      * doubling, log2 N exchanges of the whole payload */
 } gcomp_schedule;
 
 GCOMP_API const char *gcomp_schedule_name(gcomp_schedule s);
@@ -368,7 +370,8 @@ typedef struct gcomp_comm_stats {
  * Error feedback covers each rank's own encode of its input. On the dense ring
  * (GCOMP_SCHED_DENSE: fp16, bf16) the partial sums are decoded, added in fp32 and
  * re-encoded at every hop; the rounding of those re-encodes is not fed back to any
- * residual. (top-k's dense fallback, GCOMP_SCHED_SPARSE_AS_DENSE, sums in fp32 and
+ * residual. Recursive doubling (GCOMP_SCHED_DOUBLING) does the same at each of its log2 N
+ * exchanges, except the last, whose fp32 sum is the result. (top-k's dense fallback, GCOMP_SCHED_SPARSE_AS_DENSE, sums in fp32 and
  * re-encodes nothing.)
  * Accuracy of a call whose key holds a zero residual (its first; later calls also return what
  * earlier ones dropped), per element, with S = sum over ranks of |x_r| of that element and

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "comm.h"
+#include "ring.h"
 #include "transport_staging.h"
 
 static uint64_t fnv1a(uint64_t h, const void *data, size_t n)
@@ -401,6 +402,12 @@ int gcomp__comm_in_band(const gcomp_comm *c)
 {
     return c->tp->mem == GCOMP__MEM_HOST && c->tp->start_sendrecv_any &&
            !(gcomp__codec_chain(c->codec)->stages[0].vt->caps & GCOMP_CAP_INTEGER);
+}
+
+int gcomp__comm_butterfly(const gcomp_comm *c)
+{
+    return gcomp__comm_in_band(c) && !(gcomp__codec_chain(c->codec)->stages[0].vt->caps & GCOMP_CAP_SPARSE) &&
+           gcomp__ring_butterfly_steps(c->tp->size) > 0;
 }
 
 size_t gcomp__comm_in_band_block(gcomp_comm *c, gcomp__agreement *a, gcomp_result local, size_t count,

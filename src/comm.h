@@ -142,6 +142,13 @@ gcomp_result gcomp__comm_agree_call(gcomp_comm *c, gcomp_result local, size_t co
  * carries their shared scales, which the ring needs before its first message. The same
  * answer on every rank: it depends on the codec and the transport, agreed at creation. */
 int gcomp__comm_in_band(const gcomp_comm *c);
+/* The in-band agreement travels on the butterfly (ring.h) instead of the ring: an in-band
+ * communicator of a dense codec (no integer or sparse one) at N = 4, 8, 16, ... ranks, where
+ * small calls run recursive doubling. Every call's agreement then takes the butterfly's
+ * peers, whatever schedule it planned, so ranks that disagree on the call still exchange the
+ * same messages before the verdict. The same answer on every rank (the codec is agreed at
+ * creation). */
+int gcomp__comm_butterfly(const gcomp_comm *c);
 /* What the verdict needs of this rank's call (the block is built from the same). */
 typedef struct gcomp__agreement {
     gcomp_comm *c;

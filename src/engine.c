@@ -4,13 +4,15 @@
  *
  *   check   the arguments, locally (shared with the other ranks before anyone acts on them)
  *   plan    the schedule from the codec's capabilities and the byte counts (bypass, dense
- *           ring, integer ring, sparse gather, or sparse-as-dense: encode, decode, then the
- *           dense ring on the decoded input), the device of the buffers, the key's residual,
+ *           ring or, for small calls at N = 4, 8, ..., recursive doubling, integer ring,
+ *           sparse gather, or sparse-as-dense: encode, decode, then the dense ring on the
+ *           decoded input), the device of the buffers, the key's residual,
  *           and every workspace region the run will carve (sized now, so a failed
  *           allocation is an error on every rank instead of a hang)
  *   agree   the ranks agree on the call: on host transports (gcomp__comm_in_band) in the
- *           first N-1 messages of the call's ring (ring.h), or of a pass of its own when the
- *           call has no ring messages there (agree_in_band), with no collective; for the
+ *           first N-1 messages of the call's ring (ring.h) -- the first log2 N on a butterfly
+ *           communicator (recursive doubling's, gcomp__comm_butterfly) -- or of a pass of its
+ *           own when the call has no such messages there (agree_in_band), with no collective; for the
  *           integer ring and on NCCL in one allreduce (comm.c), in which TernGrad's shared
  *           scales ride on host fp32 buffers (up to GCOMP__AGREE_SCALES of them: the default
  *           spec has one), else they take one allreduce of their own in the integer ring
@@ -46,6 +48,7 @@ static const gcomp__sched *const schedules[] = {
     [GCOMP_SCHED_INTEGER] = &gcomp__sched_integer,
     [GCOMP_SCHED_SPARSE] = &gcomp__sched_sparse,
     [GCOMP_SCHED_SPARSE_AS_DENSE] = &sched_sparse_as_dense,
+    [GCOMP_SCHED_DOUBLING] = &gcomp__sched_doubling,
 };
 #define N_SCHEDULES (sizeof schedules / sizeof schedules[0])
 
@@ -121,6 +124,10 @@ typedef struct plan {
 
 static int needs_copy(gcomp_dtype dtype, float prescale) { return dtype != GCOMP_F32 || prescale != 1.0f; }
 
+/* AVG on the dense schedules scales each input by 1/N before its encode (so a partial sum
+ * in f16 or bf16 overflows no sooner than the average would); the others divide the sum. */
+static int sums_prescaled(gcomp_schedule s) { return s == GCOMP_SCHED_DENSE || s == GCOMP_SCHED_DOUBLING; }
+
 static gcomp_schedule pick_schedule(const gcomp_comm *c, size_t count, size_t raw_bytes)
 {
     uint32_t caps = gcomp__codec_chain(c->codec)->stages[0].vt->caps;
@@ -136,6 +143,9 @@ static gcomp_schedule pick_schedule(const gcomp_comm *c, size_t count, size_t ra
             return GCOMP_SCHED_SPARSE_AS_DENSE;
         return GCOMP_SCHED_SPARSE;
     }
+    /* small calls: fewer hops (log2 N) of the whole payload, where hops cost more than bytes
+     * (sched_doubling.c); again a function of (count, N, spec) only */
+    if (gcomp__ring_butterfly_steps(n) && count <= GCOMP__DOUBLING_MAX_COUNT) return GCOMP_SCHED_DOUBLING;
     return GCOMP_SCHED_DENSE;
 }
 
@@ -318,7 +328,7 @@ static gcomp_result prepare_call(gcomp_comm *c, gcomp__call *call, plan *p, cons
      * and is refused otherwise (NCCL), before the call, on every rank */
     if (call->on_device && p->sched != GCOMP_SCHED_BYPASS && gcomp__codec_device_usable(c->codec) != GCOMP_SUCCESS)
         GCOMP_CHECK(run_on_host_copies(c, call, p));
-    p->prescale = (op == GCOMP_AVG && p->sched == GCOMP_SCHED_DENSE) ? 1.0f / (float)c->tp->size : 1.0f;
+    p->prescale = (op == GCOMP_AVG && sums_prescaled(p->sched)) ? 1.0f / (float)c->tp->size : 1.0f;
     GCOMP_CHECK(layout(c, call, p, 1));
     GCOMP_CHECK(fit(call));
     if (p->sched == GCOMP_SCHED_BYPASS) return GCOMP_SUCCESS;
@@ -477,7 +487,7 @@ static gcomp_result run_compressed(gcomp_comm *c, gcomp__call *call, plan *p, co
     }
     GCOMP_CHECK(prepare_input(call, p, send, &call->x));
     call->result = p->dtype == GCOMP_F32 ? (float *)recv : p->result;
-    call->divisor = op == GCOMP_AVG && p->sched != GCOMP_SCHED_DENSE ? (float)c->tp->size : 1.0f;
+    call->divisor = op == GCOMP_AVG && !sums_prescaled(p->sched) ? (float)c->tp->size : 1.0f;
     if (p->sched == GCOMP_SCHED_SPARSE_AS_DENSE)
         rc = run_sparse_as_dense(c, call, p);
     else
@@ -533,12 +543,14 @@ static gcomp_result scales_for_agreement(gcomp__call *call, const plan *p, const
 }
 
 /* Host transports (gcomp__comm_in_band): the ranks agree on the call in its ring's first
- * N-1 messages (ring.h) instead of a collective before it. A call whose schedule sends no
- * ring messages on the communicator's transport -- bypassed, empty, on device buffers (or
- * host copies of them), or failed before it could plan one -- runs those N-1 messages on
- * their own first, so every rank, whatever it planned, sends and receives the same N-1
- * messages before the verdict. *carried: the schedule's messages carry the agreement
- * (call->ring is begun); else it is done when this returns. */
+ * N-1 messages (ring.h) instead of a collective before it -- on a butterfly communicator
+ * (gcomp__comm_butterfly) in the first log2 N messages, with the butterfly's partners, which
+ * only recursive doubling sends. A call whose schedule sends no such messages on the
+ * communicator's transport -- bypassed, empty, on device buffers (or host copies of them),
+ * failed before it could plan one, or a dense ring on a butterfly communicator -- runs
+ * those messages on their own first, so every rank, whatever it planned, sends and receives
+ * the same messages to the same peers before the verdict. *carried: the schedule's messages
+ * carry the agreement (call->ring is begun); else it is done when this returns. */
 static gcomp_result agree_in_band(gcomp_comm *c, gcomp__call *call, const plan *p, gcomp_result local,
                                   const gcomp__args *a, gcomp__agreement *ag, int *carried)
 {
@@ -549,10 +561,12 @@ static gcomp_result agree_in_band(gcomp_comm *c, gcomp__call *call, const plan *
     size_t n;
     /* host buffers, or host copies of device ones, on a transport with any-size receives;
      * whether it is so is in the fingerprint: ranks that differ in it stop at the verdict */
+    int butterfly = gcomp__comm_butterfly(c);
     *carried = local == GCOMP_SUCCESS && a->count > 0 && p->sched != GCOMP_SCHED_BYPASS && !call->on_device &&
-               tp->start_sendrecv_any;
+               tp->start_sendrecv_any && (!butterfly || p->sched == GCOMP_SCHED_DOUBLING);
     n = gcomp__comm_in_band_block(c, ag, local, a->count, a->dtype, a->op, call->on_device, *carried, block);
     gcomp__ring_begin(&call->ring, 1, c->call_seq++);
+    if (butterfly) gcomp__ring_use_butterfly(&call->ring);
     gcomp__ring_agree(&call->ring, block, n, gcomp__comm_in_band_verdict, ag);
     if (*carried) return GCOMP_SUCCESS;
     if (c->tp->size == 1) return local;
@@ -614,8 +628,14 @@ static gcomp_result run_call(gcomp_comm *c, const gcomp__args *a, gcomp__call *c
     if (count == 0) return GCOMP_SUCCESS;
     /* the outcome rides in the ring's messages when every rank's buffers are host memory
      * (ring.h); a rank with device buffers makes every rank use the end-of-call agreement */
-    if (p->sched != GCOMP_SCHED_BYPASS && !in_ring)
+    if (p->sched != GCOMP_SCHED_BYPASS && !in_ring) {
+        /* a failure this rank found in the agreement's own pass (a message without a valid
+         * trailer) reached only some ranks there: it goes on as this rank's failure in the
+         * schedule's messages (or its end-of-call agreement), so every rank hears of it */
+        gcomp_result found = call->ring.heard ? GCOMP_SUCCESS : call->ring.error;
         gcomp__ring_begin(&call->ring, !any_device && !call->on_device, c->call_seq++);
+        call->ring.error = found;
+    }
     if (p->via_host) { /* the device buffers' bytes to host memory, ordered after the stream's work */
         size_t bytes = count * gcomp_dtype_size(dtype);
         /* a local failure here is this rank's error in the run's outcome agreement (GCOMP_STEP),

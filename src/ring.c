@@ -34,9 +34,39 @@ void gcomp__ring_begin(gcomp__ring *r, int trailer, uint32_t seq)
     r->block_in_flight = 0;
     r->fail_at = r->nonfinite_at = NOT_SENT;
     r->agree_n = 0;
+    r->butterfly = 0;
+    r->reach = r->size - 1;
+    r->peer = gcomp__ring_left(r);
     r->verdict = NULL;
     r->verdict_ctx = NULL;
     r->stop = GCOMP_SUCCESS;
+}
+
+int gcomp__ring_butterfly_steps(int n)
+{
+    int k = 0;
+    if (n < 4 || (n & (n - 1))) return 0;
+    while ((1 << k) < n) k++;
+    return k;
+}
+
+void gcomp__ring_use_butterfly(gcomp__ring *r)
+{
+    int k = gcomp__ring_butterfly_steps(r->size);
+    if (k == 0 || r->msgs > 0) return;
+    r->butterfly = 1;
+    r->reach = k;
+}
+
+/* The peers of the message about to start: the neighbours, or the butterfly's partner. */
+static void next_peers(const gcomp__ring *r, int *to, int *from)
+{
+    if (r->butterfly) {
+        *to = *from = r->rank ^ (1 << (int)(r->msgs % (uint64_t)r->reach));
+        return;
+    }
+    *to = gcomp__ring_right(r);
+    *from = gcomp__ring_left(r);
 }
 
 void gcomp__ring_agree(gcomp__ring *r, const uint64_t *block, size_t n, gcomp__ring_verdict verdict, void *ctx)
@@ -56,8 +86,8 @@ static size_t trailer_len(int with_block)
     return GCOMP__RING_TRAILER_BASE + (with_block ? 8 * GCOMP__RING_AGREE_MAX : 0);
 }
 
-/* The next message carries the agreement block: one of the first N-1. */
-static int agreeing(const gcomp__ring *r) { return r->agree_n > 0 && r->msgs < (uint64_t)(r->size - 1); }
+/* The next message carries the agreement block: one of the first r->reach. */
+static int agreeing(const gcomp__ring *r) { return r->agree_n > 0 && r->msgs < (uint64_t)r->reach; }
 
 static void write_block(const gcomp__ring *r, uint8_t *p)
 {
@@ -113,7 +143,7 @@ static size_t read_trailer(gcomp__ring *r, const uint8_t *msg, size_t bytes, int
         GCOMP_STEP(r, gcomp__fail(GCOMP_ERR_CORRUPT,
                                   "ring message of %zu bytes from rank %d lacks this call's outcome trailer "
                                   "(truncated, or of another call)",
-                                  bytes, gcomp__ring_left(r)));
+                                  bytes, r->peer));
         return 0;
     }
     if (with_block) merge_block(r, msg + have - tlen);
@@ -128,7 +158,7 @@ static size_t read_trailer(gcomp__ring *r, const uint8_t *msg, size_t bytes, int
         GCOMP_STEP(r, gcomp__fail(GCOMP_ERR_CORRUPT,
                                   "ring message of %zu bytes from rank %d is longer than the %zu bytes this call "
                                   "can receive (do the ranks disagree on the call?)",
-                                  bytes, gcomp__ring_left(r), r->rcap));
+                                  bytes, r->peer, r->rcap));
         return 0;
     }
     return bytes - tlen;
@@ -136,7 +166,7 @@ static size_t read_trailer(gcomp__ring *r, const uint8_t *msg, size_t bytes, int
 
 gcomp_result gcomp__ring_start(gcomp__ring *r, void *sbuf, size_t sbytes, void *rbuf, size_t rcap)
 {
-    int block = agreeing(r);
+    int block = agreeing(r), to, from;
     if (r->stop) return r->stop; /* the agreement stopped the call on every rank */
     if (r->error) sbytes = 0;
     if (r->trailer) {
@@ -147,23 +177,27 @@ gcomp_result gcomp__ring_start(gcomp__ring *r, void *sbuf, size_t sbytes, void *
         sbytes += tlen;
         rcap += tlen;
     }
+    next_peers(r, &to, &from);
+    r->peer = from;
     r->rbuf = rbuf;
     r->rcap = rcap;
     r->block_in_flight = block;
     r->msgs++;
     r->st->wire_bytes += sbytes;
-    if (block)
-        return r->tp->start_sendrecv_any(r->tp, gcomp__ring_right(r), sbuf, sbytes, gcomp__ring_left(r), rbuf, rcap);
-    return r->tp->start_sendrecv(r->tp, gcomp__ring_right(r), sbuf, sbytes, gcomp__ring_left(r), rbuf, rcap);
+    if (block) return r->tp->start_sendrecv_any(r->tp, to, sbuf, sbytes, from, rbuf, rcap);
+    return r->tp->start_sendrecv(r->tp, to, sbuf, sbytes, from, rbuf, rcap);
 }
 
 gcomp_result gcomp__ring_start_sized(gcomp__ring *r, void *sbuf, size_t sbytes, void *rbuf, size_t rbytes)
 {
+    int to, from;
     if (r->trailer || !r->tp->start_sendrecv_sized) return gcomp__ring_start(r, sbuf, sbytes, rbuf, rbytes);
+    next_peers(r, &to, &from);
+    r->peer = from;
     r->block_in_flight = 0; /* no trailer: no agreement in the messages (gcomp__ring_agree) */
     r->msgs++;
     r->st->wire_bytes += sbytes;
-    return r->tp->start_sendrecv_sized(r->tp, gcomp__ring_right(r), sbuf, sbytes, gcomp__ring_left(r), rbuf, rbytes);
+    return r->tp->start_sendrecv_sized(r->tp, to, sbuf, sbytes, from, rbuf, rbytes);
 }
 
 gcomp_result gcomp__ring_finish(gcomp__ring *r, size_t *rbytes)
@@ -173,7 +207,7 @@ gcomp_result gcomp__ring_finish(gcomp__ring *r, size_t *rbytes)
     GCOMP_CHECK(r->tp->finish_sendrecv(r->tp, rbytes, r->deadline));
     r->st->comm_s += gcomp__now() - t0;
     if (r->trailer) *rbytes = read_trailer(r, r->rbuf, *rbytes, block);
-    if (block && r->msgs == (uint64_t)(r->size - 1)) { /* the agreement is complete: the same on every rank */
+    if (block && r->msgs == (uint64_t)r->reach) { /* the agreement is complete: the same on every rank */
         r->stop = r->verdict ? r->verdict(r->verdict_ctx, r->agree_mine, r->agree_all, r->agree_n) : GCOMP_SUCCESS;
         return r->stop;
     }
@@ -183,7 +217,7 @@ gcomp_result gcomp__ring_finish(gcomp__ring *r, size_t *rbytes)
 gcomp_result gcomp__ring_agree_pass(gcomp__ring *r, uint8_t *buf)
 {
     size_t got;
-    for (int s = 0; r->agree_n > 0 && s < r->size - 1; s++)
+    for (int s = 0; r->agree_n > 0 && s < r->reach; s++)
         GCOMP_CHECK(gcomp__ring_exchange(r, buf, 0, buf + GCOMP__RING_TRAILER, 0, &got));
     return GCOMP_SUCCESS;
 }
@@ -204,7 +238,7 @@ gcomp_result gcomp__ring_outcome_hop(gcomp__ring *r, uint8_t *buf)
 gcomp__ring_outcome gcomp__ring_outcome_get(const gcomp__ring *r)
 {
     gcomp__ring_outcome o;
-    uint64_t need = (uint64_t)(r->size - 1); /* hops to every other rank */
+    uint64_t need = (uint64_t)r->reach; /* hops to every other rank */
     o.fail = r->fail;
     o.nonfinite = (r->flags & GCOMP__RING_NONFINITE) != 0 || r->nonfinite;
     /* own news first sent in message m reaches every rank iff msgs - m >= N - 1; news never
@@ -223,14 +257,20 @@ uint64_t gcomp__ring_trailer_bytes(gcomp_schedule sched, int n)
 {
     uint64_t msgs;
     if (n <= 1 || sched == GCOMP_SCHED_BYPASS || sched == GCOMP_SCHED_NONE) return 0;
-    msgs = sched == GCOMP_SCHED_SPARSE ? (uint64_t)n : 2 * (uint64_t)(n - 1);
+    if (sched == GCOMP_SCHED_SPARSE)
+        msgs = (uint64_t)n;
+    else if (sched == GCOMP_SCHED_DOUBLING)
+        msgs = 2 * (uint64_t)gcomp__ring_butterfly_steps(n);
+    else
+        msgs = 2 * (uint64_t)(n - 1);
     return msgs * GCOMP__RING_TRAILER_BASE;
 }
 
-uint64_t gcomp__ring_agree_bytes(int n, int pass)
+uint64_t gcomp__ring_agree_bytes(int n, int butterfly, int pass)
 {
+    int k = butterfly ? gcomp__ring_butterfly_steps(n) : 0;
     if (n <= 1) return 0;
-    return (uint64_t)(n - 1) * (trailer_len(1) - (pass ? 0 : GCOMP__RING_TRAILER_BASE));
+    return (uint64_t)(k ? k : n - 1) * (trailer_len(1) - (pass ? 0 : GCOMP__RING_TRAILER_BASE));
 }
 
 void gcomp__ring_progress(gcomp__ring *r) { r->tp->progress(r->tp); }

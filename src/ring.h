@@ -4,6 +4,12 @@
  * while bytes travel), the agreement-sized collectives, and the accounting of wire bytes
  * and time. A ring sees a transport and a stats block, never a communicator or a codec.
  *
+ * The peers: message m goes to the right neighbour and comes from the left one -- or, on a
+ * butterfly (gcomp__ring_use_butterfly: a power-of-two N >= 4, for recursive doubling),
+ * both ways with rank ^ 2^(m mod log2 N). Everything below that counts hops counts them
+ * in r->reach, the messages after which a rank's news has reached every rank: N-1 on the
+ * ring, log2 N on the butterfly.
+ *
  * The local-failure convention: a rank whose call failed after the ranks agreed to run it
  * (a corrupt payload) keeps stepping the ring, sending empty messages, so nobody waits for
  * it. Without the trailer (device buffers) an empty message fails the receiver's checks in
@@ -17,7 +23,7 @@
  * value -- so the ranks decide the outcome (error, non-finite, commit) without a collective
  * of their own. Each rank ORs (max for the failure) what arrives into what it sends next:
  * news travels one hop per step, so what a rank knows when it sends message m reaches every
- * rank iff the call sends at least m + N - 1 messages. The schedules arrange that every
+ * rank iff the call sends at least m + reach messages. The schedules arrange that every
  * outcome that matters is known in time (sched_*.c say how); gcomp__ring_outcome tells the
  * engine when this rank's own news went out too late (only a payload corrupted in transit
  * late in the call: MPI guarantees integrity). A rank that hears of a failure stops its
@@ -69,9 +75,12 @@ typedef struct gcomp__ring {
     uint8_t *rbuf;         /* the receive in flight (its trailer is read at finish) */
     size_t rcap;           /* its capacity, trailer room included */
     int block_in_flight;   /* the messages in flight carry the agreement block */
-    /* the in-band agreement (gcomp__ring_agree): a block of agree_n uint64 that the first N-1
-     * messages carry before their trailer, each rank sending the max of its own and what it
-     * heard, so that after N-1 messages every rank holds the max over all ranks */
+    int butterfly;         /* messages go to the butterfly's partners (gcomp__ring_use_butterfly) */
+    int reach;             /* messages after which news reaches every rank: N-1, or log2 N */
+    int peer;              /* the rank the receive in flight (or the last one) comes from */
+    /* the in-band agreement (gcomp__ring_agree): a block of agree_n uint64 that the first
+     * `reach` messages carry before their trailer, each rank sending the max of its own and
+     * what it heard, so that after them every rank holds the max over all ranks */
     size_t agree_n;                     /* 0: no agreement in this call's messages */
     uint64_t agree_mine[GCOMP__RING_AGREE_MAX];
     uint64_t agree_all[GCOMP__RING_AGREE_MAX];
@@ -89,6 +98,8 @@ typedef struct gcomp__ring_outcome {
 
 static inline int gcomp__ring_right(const gcomp__ring *r) { return (r->rank + 1) % r->size; }
 static inline int gcomp__ring_left(const gcomp__ring *r) { return (r->rank + r->size - 1) % r->size; }
+/* log2 n when n is a power of two >= 4 (a butterfly's steps), else 0 */
+int gcomp__ring_butterfly_steps(int n);
 /* (r->rank + k) mod size for any k, negative included */
 static inline int gcomp__ring_rel(const gcomp__ring *r, int k) { return ((r->rank + k) % r->size + r->size) % r->size; }
 
@@ -104,13 +115,17 @@ void gcomp__chunk(size_t count, int n_chunks, int c, size_t align, size_t *lo, s
         }                                                            \
     } while (0)
 
-/* Prepare a ring for one call: no failure, no news, no message yet; trailer and seq as given. */
+/* Prepare a ring for one call: no failure, no news, no message yet; trailer and seq as given;
+ * messages to the neighbours (r->rank and r->size set before). */
 void gcomp__ring_begin(gcomp__ring *r, int trailer, uint32_t seq);
+/* Send this call's messages on the butterfly instead (reach log2 N); nothing when N is not a
+ * power of two >= 4 or a message was sent already. */
+void gcomp__ring_use_butterfly(gcomp__ring *r);
 
-/* The in-band agreement: this call's first N-1 messages carry block (n <= GCOMP__RING_AGREE_MAX
+/* The in-band agreement: this call's first r->reach messages carry block (n <= GCOMP__RING_AGREE_MAX
  * uint64, combined by max over ranks) after their payload, and their receives take a message
  * of any size (transport.h: start_sendrecv_any), so a neighbour that disagrees on the call
- * cannot overflow them. When the (N-1)th message is in, every rank holds the same max, and
+ * cannot overflow them. When the last of them is in, every rank holds the same max, and
  * verdict(ctx, mine, all, n) decides on every rank alike: a failure stops the call at that
  * point on every rank (gcomp__ring_finish returns it, and every later start), so ranks that
  * disagreed on the call never run their different schedules past it. (Alike given intact
@@ -119,19 +134,22 @@ void gcomp__ring_begin(gcomp__ring *r, int trailer, uint32_t seq);
  * only if they also disagree on this very call can that rank's verdict differ -- it goes on
  * and fails on its next message while the others stop, and the next call fails on every
  * rank on the messages it left: docs/RELIABILITY.md.)  Every schedule of a
- * host transport sends at least N-1 messages, all of them ring steps to the right; what
+ * host transport sends at least reach messages, with the same peers on every rank whatever
+ * it planned (the engine picks ring or butterfly per communicator, engine.c); what
  * runs before the verdict must be safe on a neighbour's payload of another call (the decoders
  * check sizes; an oversized message is a local failure). After ring_begin; host transports
- * with start_sendrecv_any only; n = 0 or one rank: no agreement. */
+ * with start_sendrecv_any only, after gcomp__ring_use_butterfly if at all; n = 0 or one
+ * rank: no agreement. */
 void gcomp__ring_agree(gcomp__ring *r, const uint64_t *block, size_t n, gcomp__ring_verdict verdict, void *ctx);
 /* The agreement alone, for a call whose schedule sends no ring messages on this transport
- * (bypassed, empty, device buffers, failed before it could plan): N-1 steps of trailers and
+ * (bypassed, empty, device buffers, failed before it could plan): reach steps of trailers and
  * blocks only. buf: 2 * GCOMP__RING_TRAILER bytes that outlive a timed-out exchange. Returns
  * the verdict (or a transport failure). */
 gcomp_result gcomp__ring_agree_pass(gcomp__ring *r, uint8_t *buf);
 
 /* One ring step: send sbytes to the right neighbour, receive at most rcap bytes from the
- * left one (0 bytes sent after a local failure). Counts wire bytes and time. With the
+ * left one (on a butterfly: both with this message's partner; 0 bytes sent after a local
+ * failure). Counts wire bytes and time. With the
  * trailer, sbuf and rbuf hold GCOMP__RING_TRAILER bytes more than sbytes and rcap; the
  * trailer counts as wire bytes, *rbytes is the payload's size, and a message without a valid
  * trailer is a local failure (GCOMP_ERR_CORRUPT) of the receiver, not an error returned. */
@@ -147,18 +165,20 @@ gcomp_result gcomp__ring_finish(gcomp__ring *r, size_t *rbytes);
  * entry this is gcomp__ring_start with rbytes as the capacity. */
 gcomp_result gcomp__ring_start_sized(gcomp__ring *r, void *sbuf, size_t sbytes, void *rbuf, size_t rbytes);
 /* One more step that carries only the trailer (a schedule whose last hops could otherwise
- * find news that never gets out: the sparse gather). buf: 2 * GCOMP__RING_TRAILER bytes of
+ * find news that never gets out: the sparse gather, recursive doubling). buf: 2 * GCOMP__RING_TRAILER bytes of
  * workspace (a timed-out MPI exchange may still use it). Nothing without the trailer. */
 gcomp_result gcomp__ring_outcome_hop(gcomp__ring *r, uint8_t *buf);
 /* At the end of a call with the trailer: what every rank knows of the outcome. */
 gcomp__ring_outcome gcomp__ring_outcome_get(const gcomp__ring *r);
 /* The trailer bytes one rank sends in a call of schedule `sched` over n ranks (host buffers):
  * one trailer per message, 2(n-1) messages on the rings, n on the sparse gather (its outcome
- * hop included), 0 at one rank or for a bypassed call. Agreement blocks not included: */
+ * hop included), 2 log2 n for recursive doubling (its outcome hops included), 0 at one rank
+ * or for a bypassed call. Agreement blocks not included: */
 uint64_t gcomp__ring_trailer_bytes(gcomp_schedule sched, int n);
-/* the bytes of the in-band agreement's blocks one rank sends in a call over n ranks (and of
- * the trailers of gcomp__ring_agree_pass, which has no schedule of its own: pass = 1). */
-uint64_t gcomp__ring_agree_bytes(int n, int pass);
+/* the bytes of the in-band agreement's blocks one rank sends in a call over n ranks, on the
+ * ring or (butterfly = 1, n a power of two >= 4) the butterfly (and of the trailers of
+ * gcomp__ring_agree_pass, which has no schedule of its own: pass = 1). */
+uint64_t gcomp__ring_agree_bytes(int n, int butterfly, int pass);
 /* Let the exchange in flight advance (between pieces of computation). */
 void gcomp__ring_progress(gcomp__ring *r);
 /* In-place max of n uint64 over all ranks, counted as 8n wire bytes and comm time. */

@@ -6,6 +6,7 @@
  * (the engine's planner composes sparse-as-dense from an encode and the dense schedule).
  *
  *   sched_dense.c    the dense ring (summable codecs: none, fp16, bf16; top-k as dense)
+ *   sched_doubling.c recursive doubling (small calls of the summable codecs, N = 4, 8, ...)
  *   sched_integer.c  the integer ring (GCOMP_CAP_INTEGER: the codec's int_* entries)
  *   sched_sparse.c   the sparse gather (GCOMP_CAP_SPARSE: sparse_* entries, or decode-add)
  */
@@ -63,6 +64,13 @@ typedef struct gcomp__sched {
 extern const gcomp__sched gcomp__sched_dense;
 extern const gcomp__sched gcomp__sched_integer;
 extern const gcomp__sched gcomp__sched_sparse;
+extern const gcomp__sched gcomp__sched_doubling;
+
+/* Recursive doubling's limit (engine.c): calls of at most this many elements (64 KiB of fp32)
+ * at a power-of-two N >= 4 are paid in hops more than in bytes. Doubling sends log2 N / (2(N-1)/N)
+ * times the ring's bytes (4/3 at N = 4): up to here that costs less than the 2(N-1) - log2 N
+ * hops it saves, on shared memory and on fast links; on a slow link it is about even. */
+#define GCOMP__DOUBLING_MAX_COUNT 16384
 
 /* ---- the element codec and memory on the call's device (sched_codec.c) ----
  * One function per thing a schedule does to element memory, for host and device buffers

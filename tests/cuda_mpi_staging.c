@@ -171,13 +171,22 @@ static void run_case(const char *spec, const variant *v, size_t count, cudaStrea
      * device buffers on host copies, trailers included. Besides TernGrad (whose agreement
      * is an allreduce) the ranks agree in 144-byte blocks of N-1 messages: the ring's own on
      * the host path and on host copies (+zstd), a pass of N-1 block-and-trailer messages
-     * before the device path (src/ring.h, docs/ARCHITECTURE.md "agree") */
+     * before the device path (src/ring.h, docs/ARCHITECTURE.md "agree"). Dense codecs at 4,
+     * 8, ... ranks agree on the butterfly, in log2 N messages: recursive doubling's own (2 log2 N
+     * messages with its outcome hops), or a pass before any other schedule */
     {
-        uint64_t msgs = hs.last_schedule == GCOMP_SCHED_SPARSE ? (uint64_t)size : 2 * (uint64_t)(size - 1);
         int copies = strstr(spec, "+zstd") != NULL, in_band = strstr(spec, "terngrad") == NULL;
+        int log2n = 0, doubling = hs.last_schedule == GCOMP_SCHED_DOUBLING;
+        while ((1 << log2n) < size) log2n++;
+        int bfly = in_band && strstr(spec, "topk") == NULL && size >= 4 && (1 << log2n) == size;
+        uint64_t agree_msgs = bfly ? (uint64_t)log2n : (uint64_t)(size - 1);
+        uint64_t msgs = doubling                               ? 2 * (uint64_t)log2n
+                        : hs.last_schedule == GCOMP_SCHED_SPARSE ? (uint64_t)size
+                                                                 : 2 * (uint64_t)(size - 1);
         uint64_t trailers = copies ? 0 : STEPS * 16 * msgs;
-        uint64_t host_agree = in_band ? STEPS * 144 * (uint64_t)(size - 1) : 0;
-        uint64_t dev_agree = in_band ? STEPS * (copies ? 144 : 144 + 16) * (uint64_t)(size - 1) : 0;
+        uint64_t host_agree = in_band ? STEPS * (bfly && !doubling ? 144 + 16 : 144) * agree_msgs : 0;
+        uint64_t dev_agree =
+            in_band ? STEPS * (copies ? (bfly && !doubling ? 144 + 16 : 144) : 144 + 16) * agree_msgs : 0;
         CHECK(hs.wire_bytes - host_agree == ds.wire_bytes - dev_agree + trailers,
               "%s %s: wire bytes %llu (host, %llu of them agreement) vs %llu (device, %llu of them agreement) + "
               "%llu (trailers)",

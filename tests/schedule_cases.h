@@ -23,20 +23,31 @@ typedef struct schedule_case {
     int64_t min_bytes;
     int integer_input;    /* inputs are small integers: every sum order gives the same bits */
     const char *schedule; /* gcomp_schedule_name of what runs at 2 ranks and more */
+    const char *pow2;     /* ... and at 4 and 8 ranks, when it differs (NULL: the same) */
 } schedule_case;
 
 #define SCHEDULE_STEPS 3
 
 static const schedule_case schedule_cases[] = {
-    { "dense_fp16", "fp16", 10007, GCOMP_SUM, 0, 0, "dense-ring" },
-    { "dense_none_avg", "none", 4099, GCOMP_AVG, 0, 0, "dense-ring" },
-    { "integer_terngrad_avg", "terngrad", 10007, GCOMP_AVG, 0, 0, "integer-ring" },
-    { "integer_terngrad_bucket", "terngrad:bucket=512", 5003, GCOMP_SUM, 0, 0, "integer-ring" },
-    { "sparse_topk", "topk:ratio=0.01", 10007, GCOMP_SUM, 0, 0, "sparse-gather" },
-    { "sparse_as_dense_topk", "topk:ratio=1", 3001, GCOMP_SUM, 0, 0, "sparse-as-dense-ring" },
-    { "bypass_small", "terngrad", 1000, GCOMP_SUM, 65536, 1, "bypass" },
+    { "dense_fp16", "fp16", 10007, GCOMP_SUM, 0, 0, "dense-ring", "dense-doubling" },
+    { "dense_none_avg", "none", 4099, GCOMP_AVG, 0, 0, "dense-ring", "dense-doubling" },
+    /* above recursive doubling's limit: the dense ring at every rank count */
+    { "dense_fp16_ring", "fp16", 40009, GCOMP_AVG, 0, 0, "dense-ring", NULL },
+    { "integer_terngrad_avg", "terngrad", 10007, GCOMP_AVG, 0, 0, "integer-ring", NULL },
+    { "integer_terngrad_bucket", "terngrad:bucket=512", 5003, GCOMP_SUM, 0, 0, "integer-ring", NULL },
+    { "sparse_topk", "topk:ratio=0.01", 10007, GCOMP_SUM, 0, 0, "sparse-gather", NULL },
+    { "sparse_as_dense_topk", "topk:ratio=1", 3001, GCOMP_SUM, 0, 0, "sparse-as-dense-ring", NULL },
+    { "bypass_small", "terngrad", 1000, GCOMP_SUM, 65536, 1, "bypass", NULL },
 };
 #define SCHEDULE_N_CASES (sizeof schedule_cases / sizeof schedule_cases[0])
+
+/* What case c runs at n ranks (one rank bypasses: the tests do not set the one-rank switch). */
+static inline const char *sc_schedule_at(const schedule_case *c, int n)
+{
+    if (n == 1) return "bypass";
+    if (c->pow2 && n >= 4 && (n & (n - 1)) == 0) return c->pow2;
+    return c->schedule;
+}
 
 static inline uint64_t sc_splitmix(uint64_t *s)
 {

@@ -82,7 +82,7 @@ static void test_every_schedule(void **state)
                 assert_int_equal(jobs[r].rc, GCOMP_SUCCESS);
                 /* bit-identical on every rank */
                 assert_true(jobs[r].hash == jobs[0].hash);
-                assert_string_equal(gcomp_schedule_name(jobs[r].sched), n == 1 ? "bypass" : c->schedule);
+                assert_string_equal(gcomp_schedule_name(jobs[r].sched), sc_schedule_at(c, n));
             }
             if (print) {
                 printf("    {\"%s\", %d, 0x%016llxull},\n", c->name, n, (unsigned long long)jobs[0].hash);
@@ -254,6 +254,8 @@ typedef struct plan_case {
                            * copies (+zstd) carry the agreement in their ring as host buffers
                            * do: rank 1 agrees with the others and the call succeeds */
     gcomp_result want;
+    int pass4; /* at 4 ranks every rank agrees in a pass (a dense ring on a butterfly
+                * communicator, engine.c): a hook's path is everyone's, and the call succeeds */
 } plan_case;
 
 typedef struct plan_job {
@@ -299,20 +301,24 @@ static void *run_plan(void *arg)
 static void test_disagreeing_plans(void **state)
 {
     static const plan_case cases[] = {
-        { "fp16", 20000, 400000, GCOMP_F32, 0, 0, GCOMP_ERR_MISMATCH },          /* larger messages */
-        { "fp16", 20000, 100, GCOMP_F32, 0, 0, GCOMP_ERR_MISMATCH },             /* rank 1 bypasses */
-        { "fp16", 20000, 0, GCOMP_F32, 0, 0, GCOMP_ERR_MISMATCH },               /* rank 1's call is empty */
-        { "fp16", 20000, 20000, GCOMP_BF16, 0, 0, GCOMP_ERR_MISMATCH },          /* another dtype */
-        { "fp16", 20000, 20000, GCOMP_F32, 1, 0, GCOMP_ERR_INVALID_ARG },        /* rank 1 cannot plan */
-        { "none", 20000, 20001, GCOMP_F32, 0, 0, GCOMP_ERR_MISMATCH },           /* one element more */
-        { "topk:ratio=0.01", 20000, 2000, GCOMP_F32, 0, 0, GCOMP_ERR_MISMATCH }, /* gather vs sparse-as-dense */
-        { "topk:ratio=0.01", 2000, 300000, GCOMP_F32, 0, 0, GCOMP_ERR_MISMATCH },
-        { "terngrad", 20000, 40000, GCOMP_F32, 0, 0, GCOMP_ERR_MISMATCH }, /* the collective agreement */
-        { "fp16", 20000, 20000, GCOMP_F32, 0, 1, GCOMP_ERR_MISMATCH },         /* staged: a pass */
-        { "fp16+zstd", 20000, 20000, GCOMP_F32, 0, 2, GCOMP_ERR_MISMATCH },    /* host copies, staged */
-        { "fp16+zstd", 20000, 20000, GCOMP_F32, 0, 3, GCOMP_SUCCESS },         /* host copies, in the ring */
-        { "topk:ratio=0.01+zstd", 20000, 20000, GCOMP_F32, 0, 3, GCOMP_SUCCESS },
-        { "fp16+zstd", 20000, 20001, GCOMP_F32, 0, 3, GCOMP_ERR_MISMATCH },
+        { "fp16", 20000, 400000, GCOMP_F32, 0, 0, GCOMP_ERR_MISMATCH, 0 },          /* larger messages */
+        { "fp16", 20000, 100, GCOMP_F32, 0, 0, GCOMP_ERR_MISMATCH, 0 },             /* rank 1 bypasses */
+        { "fp16", 20000, 0, GCOMP_F32, 0, 0, GCOMP_ERR_MISMATCH, 0 },               /* rank 1's call is empty */
+        { "fp16", 20000, 20000, GCOMP_BF16, 0, 0, GCOMP_ERR_MISMATCH, 0 },          /* another dtype */
+        { "fp16", 20000, 20000, GCOMP_F32, 1, 0, GCOMP_ERR_INVALID_ARG, 0 },        /* rank 1 cannot plan */
+        { "none", 20000, 20001, GCOMP_F32, 0, 0, GCOMP_ERR_MISMATCH, 0 },           /* one element more */
+        { "topk:ratio=0.01", 20000, 2000, GCOMP_F32, 0, 0, GCOMP_ERR_MISMATCH, 0 }, /* gather vs sparse-as-dense */
+        { "topk:ratio=0.01", 2000, 300000, GCOMP_F32, 0, 0, GCOMP_ERR_MISMATCH, 0 },
+        { "terngrad", 20000, 40000, GCOMP_F32, 0, 0, GCOMP_ERR_MISMATCH, 0 },  /* the collective agreement */
+        { "fp16", 20000, 20000, GCOMP_F32, 0, 1, GCOMP_ERR_MISMATCH, 1 },      /* staged: a pass */
+        { "fp16+zstd", 20000, 20000, GCOMP_F32, 0, 2, GCOMP_ERR_MISMATCH, 1 }, /* host copies, staged */
+        /* recursive doubling at 4 ranks against a pass and the dense ring, a bypass, a pass */
+        { "fp16", 5000, 20000, GCOMP_F32, 0, 0, GCOMP_ERR_MISMATCH, 0 },
+        { "fp16", 5000, 100, GCOMP_F32, 0, 0, GCOMP_ERR_MISMATCH, 0 },
+        { "fp16", 5000, 5000, GCOMP_F32, 0, 1, GCOMP_ERR_MISMATCH, 0 },
+        { "fp16+zstd", 20000, 20000, GCOMP_F32, 0, 3, GCOMP_SUCCESS, 0 }, /* host copies, in the ring */
+        { "topk:ratio=0.01+zstd", 20000, 20000, GCOMP_F32, 0, 3, GCOMP_SUCCESS, 0 },
+        { "fp16+zstd", 20000, 20001, GCOMP_F32, 0, 3, GCOMP_ERR_MISMATCH, 0 },
     };
     (void)state;
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
@@ -322,26 +328,28 @@ static void test_disagreeing_plans(void **state)
             memset(jobs, 0, sizeof jobs);
             for (int r = 0; r < n; r++) jobs[r].pc = &cases[k];
             loop_run_world(n, run_plan, jobs, sizeof jobs[0]);
+            gcomp_result want = cases[k].pass4 && n == 4 ? GCOMP_SUCCESS : cases[k].want;
             for (int r = 0; r < n; r++) {
                 if (jobs[r].rc == GCOMP_SUCCESS && jobs[r].sum != jobs[0].sum)
                     fail_msg("%s at %d ranks: rank %d's result differs from rank 0's", cases[k].spec, n, r);
-                if (jobs[r].rc != cases[k].want || jobs[r].again != GCOMP_SUCCESS)
+                if (jobs[r].rc != want || jobs[r].again != GCOMP_SUCCESS)
                     fail_msg("%s, count %zu (rank 1: %zu, dtype %d%s) at %d ranks: rank %d returned %s, then %s; "
                              "expected %s, then GCOMP_SUCCESS",
                              cases[k].spec, cases[k].count, cases[k].count1, (int)cases[k].dtype1,
                              cases[k].null1 ? ", recv NULL" : "", n, r, gcomp_result_name(jobs[r].rc),
-                             gcomp_result_name(jobs[r].again), gcomp_result_name(cases[k].want));
+                             gcomp_result_name(jobs[r].again), gcomp_result_name(want));
             }
             assert_true(gcomp__now() - t0 < 10.0); /* no rank waited for the 20 s deadline */
         }
-        printf("  %-16s count %6zu, rank 1 %6zu dtype %d%s: %s on every rank at 2-5 ranks%s\n", cases[k].spec,
+        printf("  %-16s count %6zu, rank 1 %6zu dtype %d%s: %s on every rank at 2-5 ranks%s%s\n", cases[k].spec,
                cases[k].count, cases[k].count1, (int)cases[k].dtype1,
                cases[k].null1       ? " recv NULL"
                : cases[k].hook1 == 1 ? " staged"
                : cases[k].hook1 == 2 ? " emulated device"
                : cases[k].hook1 == 3 ? " emulated device, unstaged"
                                      : "",
-               gcomp_result_name(cases[k].want), cases[k].hook1 ? "" : ", then success");
+               gcomp_result_name(cases[k].want), cases[k].pass4 ? " (4: success, all pass)" : "",
+               cases[k].hook1 ? "" : ", then success");
     }
 }
 
@@ -390,6 +398,7 @@ static void test_stopped_peer_times_out(void **state)
 typedef struct trunc_job {
     loop_rank at;
     const char *spec;
+    size_t count;
     gcomp_result rc[2]; /* the truncated call, the call after it */
     gcomp_schedule sched;
     uint64_t wire; /* of the call after it */
@@ -401,7 +410,7 @@ static void *run_truncated(void *arg)
     gcomp_config cfg = gcomp_config_default();
     gcomp_comm *comm = NULL;
     gcomp_comm_stats st;
-    size_t n = 20011;
+    size_t n = j->count;
     float *x = malloc(n * sizeof(float)), *y = malloc(n * sizeof(float));
     uint64_t s = 5 + (uint64_t)j->at.rank;
     for (size_t i = 0; i < n; i++) x[i] = (float)((double)(sc_splitmix(&s) >> 11) * 0x1p-53 - 0.5);
@@ -429,28 +438,36 @@ static void test_truncated_message(void **state)
 {
     static const struct {
         const char *spec;
-        gcomp_schedule sched; /* from 2 ranks */
+        size_t count;
+        gcomp_schedule sched, at4; /* from 2 ranks; at 4 */
     } cases[] = {
-        { "fp16", GCOMP_SCHED_DENSE },
-        { "terngrad", GCOMP_SCHED_INTEGER },
-        { "topk:ratio=0.01", GCOMP_SCHED_SPARSE },
-        { "topk:ratio=1", GCOMP_SCHED_SPARSE_AS_DENSE },
+        /* at 4 ranks: the agreement's own pass on the butterfly, then the dense ring */
+        { "fp16", 20011, GCOMP_SCHED_DENSE, GCOMP_SCHED_DENSE },
+        { "fp16", 5003, GCOMP_SCHED_DENSE, GCOMP_SCHED_DOUBLING },
+        { "terngrad", 20011, GCOMP_SCHED_INTEGER, GCOMP_SCHED_INTEGER },
+        { "topk:ratio=0.01", 20011, GCOMP_SCHED_SPARSE, GCOMP_SCHED_SPARSE },
+        { "topk:ratio=1", 20011, GCOMP_SCHED_SPARSE_AS_DENSE, GCOMP_SCHED_SPARSE_AS_DENSE },
     };
     (void)state;
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
         for (int n = 2; n <= 5; n++) {
             trunc_job jobs[MAX_RANKS];
             memset(jobs, 0, sizeof jobs);
-            for (int r = 0; r < n; r++) jobs[r].spec = cases[k].spec;
+            for (int r = 0; r < n; r++) {
+                jobs[r].spec = cases[k].spec;
+                jobs[r].count = cases[k].count;
+            }
             loop_run_world(n, run_truncated, jobs, sizeof jobs[0]);
             for (int r = 0; r < n; r++) {
                 if (jobs[r].rc[0] != GCOMP_ERR_CORRUPT || jobs[r].rc[1] != GCOMP_SUCCESS)
                     fail_msg("%s at %d ranks: rank %d returned %s, then %s (want CORRUPT, then SUCCESS)", cases[k].spec,
                              n, r, gcomp_result_name(jobs[r].rc[0]), gcomp_result_name(jobs[r].rc[1]));
-                assert_int_equal(jobs[r].sched, cases[k].sched);
-                assert_true(jobs[r].wire >= gcomp__ring_trailer_bytes(cases[k].sched, n)); /* counted */
+                gcomp_schedule want = n == 4 ? cases[k].at4 : cases[k].sched;
+                assert_int_equal(jobs[r].sched, want);
+                assert_true(jobs[r].wire >= gcomp__ring_trailer_bytes(want, n)); /* counted */
             }
-            print_message("    %-16s %d ranks: CORRUPT on every rank, then success\n", cases[k].spec, n);
+            print_message("    %-16s %5zu elements, %d ranks (%s): CORRUPT on every rank, then success\n",
+                          cases[k].spec, cases[k].count, n, gcomp_schedule_name(jobs[0].sched));
         }
 }
 

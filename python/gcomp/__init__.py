@@ -45,7 +45,7 @@ SUM, AVG = 0, 1
 KEY_NONE = (1 << 64) - 1
 library_path = _lib.path
 
-_SCHEDULES = {i: _lib.schedule_name(i).decode() for i in range(6)}
+_SCHEDULES = {i: _lib.schedule_name(i).decode() for i in range(7)}
 
 
 class GcompError(RuntimeError):

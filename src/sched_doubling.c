@@ -1,0 +1,127 @@
+/*
+ * sched_doubling.c — recursive doubling, for small calls of the summable codecs (none, fp16,
+ * bf16) at a power-of-two N >= 4 ranks: log2 N exchanges of the whole payload instead of
+ * the dense ring's 2(N-1) exchanges of a chunk. A small call is paid in hops, not bytes
+ * (each hop waits for a peer to be scheduled, and on shared memory Open MPI sends a message
+ * past its eager limit in a handshake), so fewer, larger messages win; a large one is paid
+ * in bytes, where the ring sends 2(N-1)/N of the payload and doubling log2 N times it: the
+ * engine picks this schedule up to GCOMP__DOUBLING_MAX_COUNT elements (schedule.h).
+ *
+ * Each rank encodes its whole input once (error feedback fused, as on the ring). Step k
+ * exchanges the current payload with partner rank ^ 2^k; both decode the two payloads in
+ * rank order (the lower rank's first) into the fp32 result, so the pair holds the same
+ * bits, and every step but the last re-encodes that partial sum for the next exchange.
+ * After log2 N steps every rank holds the same fp32 sum of all N inputs.
+ *
+ * Outcome (host buffers): the own encode runs before the first message, so its news (a
+ * failure, a non-finite value) reaches every rank over the log2 N exchanges; a payload that
+ * fails its checks is found after an exchange, so log2 N trailer-only hops follow, and news
+ * found at the last exchange reaches every rank too (ring.h: 2 log2 N messages in all). The
+ * in-band agreement rides in the log2 N exchanges (the engine sends every call's agreement on
+ * the butterfly at such N). Device buffers: the same steps through sched_codec.c, sizes known
+ * to both ends, the engine's end-of-call agreement.
+ *
+ * Wire bytes per rank: log2 N payloads of the whole count (headers included), and on host
+ * buffers 2 log2 N trailers.
+ */
+#include "schedule.h"
+
+typedef struct doubling_ctx {
+    gcomp__call *call;
+    size_t bound;    /* payload capacity of the whole count, 8-byte aligned */
+    size_t exact;    /* the codec's bound itself: a device payload's size on both ends */
+    uint8_t *mine;   /* this rank's payload of the current step (trailer room after it) */
+    uint8_t *theirs; /* the partner's */
+    uint8_t *hop;    /* the outcome hops' 2 trailers (host memory) */
+    /* device buffers only */
+    void *scratch;                /* the codec's encode scratch */
+    gcomp_cuda_residual *res;     /* the residual's block (device) */
+    gcomp_cuda_residual *res_tmp; /* the same, written on the host */
+} doubling_ctx;
+
+static void layout(gcomp__call *call, doubling_ctx *d)
+{
+    size_t stride;
+    d->call = call;
+    d->exact = gcomp_codec_max_encoded_bytes(call->codec, call->count);
+    d->bound = (d->exact + 7) & ~(size_t)7;
+    stride = d->bound + GCOMP__RING_TRAILER;
+    d->mine = gcomp__ws_take(call->ws, stride, "doubling: own payload");
+    d->theirs = gcomp__ws_take(call->ws, stride, "doubling: partner's payload");
+    d->hop = gcomp__ws_take(call->meta, 2 * GCOMP__RING_TRAILER, "doubling: outcome hops");
+    d->scratch = d->res = d->res_tmp = NULL;
+    if (!call->on_device) return;
+    d->scratch = gcomp__ws_take(call->ws, gcomp__call_scratch_bytes(call, call->count, 1), "doubling: codec scratch");
+    d->res = gcomp__ws_take(call->ws, sizeof(gcomp_cuda_residual), "doubling: residual block");
+    d->res_tmp = gcomp__ws_take(call->meta, sizeof(gcomp_cuda_residual), "doubling: residual block (host)");
+}
+
+static gcomp_result doubling_prepare(gcomp__call *call)
+{
+    doubling_ctx d;
+    layout(call, &d);
+    return GCOMP_SUCCESS;
+}
+
+/* mine = payload of src (the input with its residual when own, else the partial sum). */
+static gcomp_result encode(doubling_ctx *d, const float *src, int own, size_t *bytes)
+{
+    gcomp__call *call = d->call;
+    gcomp_encode_ctx ctx = gcomp__call_ctx(call, 0);
+    double t0 = gcomp__now();
+    GCOMP_CHECK(gcomp__call_encode(call, &ctx, src, 0, call->count, own, d->res, d->scratch, d->mine, d->bound, bytes));
+    call->ring.nonfinite |= own ? (int)ctx.nonfinite : 0;
+    call->ring.st->overflow_count += ctx.overflow;
+    call->ring.st->encode_s += gcomp__now() - t0;
+    return GCOMP_SUCCESS;
+}
+
+/* result = decode(first) + decode(second), in that order on both ranks of the pair. */
+static gcomp_result sum_pair(doubling_ctx *d, const uint8_t *first, size_t fbytes, const uint8_t *second, size_t sbytes)
+{
+    gcomp__call *call = d->call;
+    double t0 = gcomp__now();
+    GCOMP_CHECK(gcomp__call_zero(call, call->result, call->count * sizeof(float)));
+    GCOMP_CHECK(gcomp__call_decode_add(call, first, fbytes, call->result, call->count));
+    GCOMP_CHECK(gcomp__call_decode_add(call, second, sbytes, call->result, call->count));
+    call->ring.st->decode_s += gcomp__now() - t0;
+    return GCOMP_SUCCESS;
+}
+
+/* Start an exchange of mbytes of mine with this step's partner. Device buffers: both ends
+ * know the size (the codec's bound), also after a local failure. */
+static gcomp_result start_step(doubling_ctx *d, size_t mbytes)
+{
+    gcomp__ring *ring = &d->call->ring;
+    if (!d->call->on_device) return gcomp__ring_start(ring, d->mine, mbytes, d->theirs, d->bound);
+    return gcomp__ring_start_sized(ring, d->mine, d->exact, d->theirs, d->exact);
+}
+
+static gcomp_result doubling_run(gcomp__call *call)
+{
+    gcomp__ring *ring = &call->ring;
+    int steps = gcomp__ring_butterfly_steps(ring->size);
+    size_t mbytes = 0, tbytes = 0, lo = 0;
+    doubling_ctx d;
+    layout(call, &d);
+    GCOMP_CHECK(gcomp__ws_check(call->ws));
+    if (steps == 0) return gcomp__fail(GCOMP_ERR_INTERNAL, "recursive doubling needs a power of two >= 4 ranks");
+    gcomp__ring_use_butterfly(ring);
+    if (d.res) GCOMP_STEP(ring, gcomp__call_res_blocks(call, 1, &lo, d.res_tmp, d.res));
+    GCOMP_STEP(ring, encode(&d, call->x, !call->reencoded, &mbytes));
+    for (int k = 0; k < steps; k++) {
+        int lower = ring->rank < (ring->rank ^ (1 << k));
+        if (k > 0) GCOMP_STEP(ring, encode(&d, call->result, 0, &mbytes));
+        GCOMP_CHECK(start_step(&d, mbytes));
+        GCOMP_CHECK(gcomp__ring_finish(ring, &tbytes));
+        if (call->on_device) mbytes = tbytes = d.exact; /* sized exchanges */
+        if (lower)
+            GCOMP_STEP(ring, sum_pair(&d, d.mine, mbytes, d.theirs, tbytes));
+        else
+            GCOMP_STEP(ring, sum_pair(&d, d.theirs, tbytes, d.mine, mbytes));
+    }
+    for (int k = 0; k < steps; k++) GCOMP_CHECK(gcomp__ring_outcome_hop(ring, d.hop));
+    return GCOMP_SUCCESS;
+}
+
+const gcomp__sched gcomp__sched_doubling = { GCOMP_SCHED_DOUBLING, "dense-doubling", doubling_prepare, doubling_run };
