@@ -203,7 +203,12 @@ typedef struct gcomp_codec_vtable {
      * the header. When an input is NaN/Inf or the decoded result would be (fp16 overflow),
      * set ctx->nonfinite and make the body decode to a non-finite value somewhere; the
      * library then discards r_out, so the codec may leave it in any state -- unless the codec
-     * declares GCOMP_CAP_RESIDUAL_IN_PLACE, in which case it must not write r_out at all. */
+     * declares GCOMP_CAP_RESIDUAL_IN_PLACE, in which case it must not write r_out at all.
+     * GCOMP_CAP_SUMMABLE: an encode without residual (r_in and r_out NULL: a partial sum)
+     * must write the same bytes for the same g, params and ctx seed, step, offset and rank
+     * whatever ctx->state holds -- recursive doubling has every rank of a group that holds the
+     * same partial sum encode it, each with ctx->rank = the group's lowest rank, and the
+     * ranks' results are equal only if their payloads are. */
     gcomp_result (*encode)(const void *params, gcomp_encode_ctx *ctx, const float *g, const float *r_in, float *r_out,
                            size_t count, uint8_t *body, size_t cap, size_t *written, uint32_t *flags);
     /* acc[i] += decode(body)[i] for i < count. */

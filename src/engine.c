@@ -596,6 +596,7 @@ static gcomp_result run_call(gcomp_comm *c, const gcomp__args *a, gcomp__call *c
     plan *p = pp;
     gcomp_result local;
     int any_device = 0, carried = 0, scales_shared = 0, in_ring = 0;
+    gcomp_result found;
     gcomp__agreement ag;
     uint64_t scales[GCOMP__AGREE_SCALES] = { 0 };
     double t0 = gcomp__now(), t_agree;
@@ -626,16 +627,15 @@ static gcomp_result run_call(gcomp_comm *c, const gcomp__args *a, gcomp__call *c
     st.agree_s = gcomp__now() - t_agree;
     call->agreed_scales = scales_shared ? scales : NULL;
     if (count == 0) return GCOMP_SUCCESS;
+    /* a failure this rank found in the agreement's own pass (a message without a valid
+     * trailer) reached only some ranks there: it goes on as this rank's failure in the
+     * schedule's messages (or its end-of-call agreement), so every rank hears of it -- set
+     * after the host copies' regions are carved below, which a failure would skip */
+    found = call->ring.heard ? GCOMP_SUCCESS : call->ring.error;
     /* the outcome rides in the ring's messages when every rank's buffers are host memory
      * (ring.h); a rank with device buffers makes every rank use the end-of-call agreement */
-    if (p->sched != GCOMP_SCHED_BYPASS && !in_ring) {
-        /* a failure this rank found in the agreement's own pass (a message without a valid
-         * trailer) reached only some ranks there: it goes on as this rank's failure in the
-         * schedule's messages (or its end-of-call agreement), so every rank hears of it */
-        gcomp_result found = call->ring.heard ? GCOMP_SUCCESS : call->ring.error;
+    if (p->sched != GCOMP_SCHED_BYPASS && !in_ring)
         gcomp__ring_begin(&call->ring, !any_device && !call->on_device, c->call_seq++);
-        call->ring.error = found;
-    }
     if (p->via_host) { /* the device buffers' bytes to host memory, ordered after the stream's work */
         size_t bytes = count * gcomp_dtype_size(dtype);
         /* a local failure here is this rank's error in the run's outcome agreement (GCOMP_STEP),
@@ -650,6 +650,7 @@ static gcomp_result run_call(gcomp_comm *c, const gcomp__args *a, gcomp__call *c
         send = p->hsend;
         recv = p->hrecv;
     }
+    if (p->sched != GCOMP_SCHED_BYPASS && !in_ring && !call->ring.error) call->ring.error = found;
     st.calls = 1;
     st.raw_bytes = count * gcomp_dtype_size(dtype);
     st.baseline_bytes = (uint64_t)(2.0 * (c->tp->size - 1) / c->tp->size * (double)st.raw_bytes);

@@ -9,9 +9,15 @@
  *
  * Each rank encodes its whole input once (error feedback fused, as on the ring). Step k
  * exchanges the current payload with partner rank ^ 2^k; both decode the two payloads in
- * rank order (the lower rank's first) into the fp32 result, so the pair holds the same
- * bits, and every step but the last re-encodes that partial sum for the next exchange.
- * After log2 N steps every rank holds the same fp32 sum of all N inputs.
+ * rank order (the lower rank's first) into an fp32 partial sum, so the pair holds the same
+ * bits, and every step but the last re-encodes that sum for the next exchange. Every rank
+ * of the 2^k that hold the same sum re-encodes it with the same context (the rank in it is
+ * the group's lowest: gcomp_codec.h asks the same bytes of a summable codec for the same
+ * input and context), so the pairs of the next step exchange equal payloads. After log2 N
+ * steps every rank holds the same fp32 sum of all N inputs. The partial sums live in the
+ * workspace and only the last step writes the result: the last exchange completes the
+ * in-band agreement (below), so a call the ranks refuse leaves recv -- and, in place, the
+ * input -- untouched, as on the ring.
  *
  * Outcome (host buffers): the own encode runs before the first message, so its news (a
  * failure, a non-finite value) reaches every rank over the log2 N exchanges; a payload that
@@ -32,6 +38,7 @@ typedef struct doubling_ctx {
     size_t exact;    /* the codec's bound itself: a device payload's size on both ends */
     uint8_t *mine;   /* this rank's payload of the current step (trailer room after it) */
     uint8_t *theirs; /* the partner's */
+    float *acc;      /* the fp32 partial sum before the last step, count elements */
     uint8_t *hop;    /* the outcome hops' 2 trailers (host memory) */
     /* device buffers only */
     void *scratch;                /* the codec's encode scratch */
@@ -48,6 +55,7 @@ static void layout(gcomp__call *call, doubling_ctx *d)
     stride = d->bound + GCOMP__RING_TRAILER;
     d->mine = gcomp__ws_take(call->ws, stride, "doubling: own payload");
     d->theirs = gcomp__ws_take(call->ws, stride, "doubling: partner's payload");
+    d->acc = gcomp__ws_take(call->ws, call->count * sizeof(float), "doubling: partial sums");
     d->hop = gcomp__ws_take(call->meta, 2 * GCOMP__RING_TRAILER, "doubling: outcome hops");
     d->scratch = d->res = d->res_tmp = NULL;
     if (!call->on_device) return;
@@ -63,12 +71,15 @@ static gcomp_result doubling_prepare(gcomp__call *call)
     return GCOMP_SUCCESS;
 }
 
-/* mine = payload of src (the input with its residual when own, else the partial sum). */
-static gcomp_result encode(doubling_ctx *d, const float *src, int own, size_t *bytes)
+/* mine = payload of src: the input with its residual (step 0), else the partial sum that
+ * the 2^step ranks of this rank's group hold, encoded as the group's lowest rank would. */
+static gcomp_result encode(doubling_ctx *d, const float *src, int step, size_t *bytes)
 {
     gcomp__call *call = d->call;
     gcomp_encode_ctx ctx = gcomp__call_ctx(call, 0);
+    int own = step == 0 && !call->reencoded;
     double t0 = gcomp__now();
+    ctx.rank &= ~((1u << step) - 1u);
     GCOMP_CHECK(gcomp__call_encode(call, &ctx, src, 0, call->count, own, d->res, d->scratch, d->mine, d->bound, bytes));
     call->ring.nonfinite |= own ? (int)ctx.nonfinite : 0;
     call->ring.st->overflow_count += ctx.overflow;
@@ -76,14 +87,15 @@ static gcomp_result encode(doubling_ctx *d, const float *src, int own, size_t *b
     return GCOMP_SUCCESS;
 }
 
-/* result = decode(first) + decode(second), in that order on both ranks of the pair. */
-static gcomp_result sum_pair(doubling_ctx *d, const uint8_t *first, size_t fbytes, const uint8_t *second, size_t sbytes)
+/* sum = decode(first) + decode(second), in that order on both ranks of the pair. */
+static gcomp_result sum_pair(doubling_ctx *d, const uint8_t *first, size_t fbytes, const uint8_t *second, size_t sbytes,
+                             float *sum)
 {
     gcomp__call *call = d->call;
     double t0 = gcomp__now();
-    GCOMP_CHECK(gcomp__call_zero(call, call->result, call->count * sizeof(float)));
-    GCOMP_CHECK(gcomp__call_decode_add(call, first, fbytes, call->result, call->count));
-    GCOMP_CHECK(gcomp__call_decode_add(call, second, sbytes, call->result, call->count));
+    GCOMP_CHECK(gcomp__call_zero(call, sum, call->count * sizeof(float)));
+    GCOMP_CHECK(gcomp__call_decode_add(call, first, fbytes, sum, call->count));
+    GCOMP_CHECK(gcomp__call_decode_add(call, second, sbytes, sum, call->count));
     call->ring.st->decode_s += gcomp__now() - t0;
     return GCOMP_SUCCESS;
 }
@@ -108,17 +120,18 @@ static gcomp_result doubling_run(gcomp__call *call)
     if (steps == 0) return gcomp__fail(GCOMP_ERR_INTERNAL, "recursive doubling needs a power of two >= 4 ranks");
     gcomp__ring_use_butterfly(ring);
     if (d.res) GCOMP_STEP(ring, gcomp__call_res_blocks(call, 1, &lo, d.res_tmp, d.res));
-    GCOMP_STEP(ring, encode(&d, call->x, !call->reencoded, &mbytes));
+    GCOMP_STEP(ring, encode(&d, call->x, 0, &mbytes));
     for (int k = 0; k < steps; k++) {
         int lower = ring->rank < (ring->rank ^ (1 << k));
-        if (k > 0) GCOMP_STEP(ring, encode(&d, call->result, 0, &mbytes));
+        float *sum = k + 1 < steps ? d.acc : call->result;
+        if (k > 0) GCOMP_STEP(ring, encode(&d, d.acc, k, &mbytes));
         GCOMP_CHECK(start_step(&d, mbytes));
-        GCOMP_CHECK(gcomp__ring_finish(ring, &tbytes));
+        GCOMP_CHECK(gcomp__ring_finish(ring, &tbytes)); /* the last one: the agreement's verdict */
         if (call->on_device) mbytes = tbytes = d.exact; /* sized exchanges */
         if (lower)
-            GCOMP_STEP(ring, sum_pair(&d, d.mine, mbytes, d.theirs, tbytes));
+            GCOMP_STEP(ring, sum_pair(&d, d.mine, mbytes, d.theirs, tbytes, sum));
         else
-            GCOMP_STEP(ring, sum_pair(&d, d.theirs, tbytes, d.mine, mbytes));
+            GCOMP_STEP(ring, sum_pair(&d, d.theirs, tbytes, d.mine, mbytes, sum));
     }
     for (int k = 0; k < steps; k++) GCOMP_CHECK(gcomp__ring_outcome_hop(ring, d.hop));
     return GCOMP_SUCCESS;

@@ -242,6 +242,67 @@ static void test_mismatch(void **state)
  * every rank sends and receives the same N-1 messages and then stops with the same error,
  * well within the deadline, and the next call works everywhere (no message left over).
  * TernGrad agrees by a collective, as before. */
+/* A call the ranks refuse writes nothing the caller can see: not recv, and not the input of
+ * an in-place call, on every schedule that reaches the verdict after some of its own work
+ * (recursive doubling's last exchange is the verdict; the dense ring's first N-1 steps). */
+typedef struct refuse_job {
+    loop_rank at;
+    size_t count;
+    int in_place;
+    gcomp_result rc;
+    int touched; /* elements of recv (or of the in-place input) that changed */
+} refuse_job;
+
+static void *run_refused(void *arg)
+{
+    refuse_job *j = arg;
+    gcomp_config cfg = gcomp_config_default();
+    gcomp_comm *comm = NULL;
+    size_t n = j->count + 1;
+    float *x = calloc(n, sizeof(float)), *y = calloc(n, sizeof(float));
+    cfg.codec = "fp16";
+    cfg.min_bytes = 0;
+    cfg.timeout_ms = 20000;
+    for (size_t i = 0; i < n; i++) {
+        x[i] = (float)(j->at.rank + 1);
+        y[i] = -7.0f;
+    }
+    j->rc = gcomp__comm_create_loop(j->at.w, j->at.rank, &cfg, &comm);
+    if (j->rc == GCOMP_SUCCESS) {
+        size_t count = j->at.rank == j->at.size - 1 ? j->count + 1 : j->count; /* the last rank differs */
+        j->rc = gcomp_allreduce(comm, x, j->in_place ? x : y, count, GCOMP_F32, GCOMP_SUM, 1, NULL);
+    }
+    for (size_t i = 0; i < n; i++)
+        j->touched += j->in_place ? x[i] != (float)(j->at.rank + 1) : y[i] != -7.0f;
+    gcomp_comm_destroy(comm);
+    free(x);
+    free(y);
+    return NULL;
+}
+
+static void test_refused_call_writes_nothing(void **state)
+{
+    static const size_t counts[] = { 1000, 40000 }; /* recursive doubling at 4 ranks; the dense ring */
+    (void)state;
+    for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++)
+        for (int in_place = 0; in_place <= 1; in_place++)
+            for (int n = 2; n <= 5; n++) {
+                refuse_job jobs[MAX_RANKS];
+                memset(jobs, 0, sizeof jobs);
+                for (int r = 0; r < n; r++) {
+                    jobs[r].count = counts[k];
+                    jobs[r].in_place = in_place;
+                }
+                loop_run_world(n, run_refused, jobs, sizeof jobs[0]);
+                for (int r = 0; r < n; r++)
+                    if (jobs[r].rc != GCOMP_ERR_MISMATCH || jobs[r].touched)
+                        fail_msg("%zu elements%s at %d ranks: rank %d returned %s and changed %d elements of %s",
+                                 counts[k], in_place ? " in place" : "", n, r, gcomp_result_name(jobs[r].rc),
+                                 jobs[r].touched, in_place ? "its input" : "recv");
+            }
+    print_message("    fp16, 1000 and 40000 elements, in and out of place, 2-5 ranks: refused, nothing written\n");
+}
+
 typedef struct plan_case {
     const char *spec;
     size_t count, count1; /* rank 1's count */
@@ -399,6 +460,8 @@ typedef struct trunc_job {
     loop_rank at;
     const char *spec;
     size_t count;
+    int emulated; /* the buffers take the emulated device path (+zstd: on host copies) */
+    gcomp_op op;
     gcomp_result rc[2]; /* the truncated call, the call after it */
     gcomp_schedule sched;
     uint64_t wire; /* of the call after it */
@@ -419,10 +482,11 @@ static void *run_truncated(void *arg)
     cfg.timeout_ms = 20000;
     j->rc[0] = j->rc[1] = gcomp__comm_create_loop(j->at.w, j->at.rank, &cfg, &comm);
     if (j->rc[0] == GCOMP_SUCCESS) {
+        if (j->emulated) j->rc[0] = j->rc[1] = gcomp__comm_emulate_device(comm, "none", 0);
         if (j->at.rank == 0) gcomp__comm_inject_fault(comm, GCOMP__FAULT_TRUNCATE_WIRE);
-        j->rc[0] = gcomp_allreduce(comm, x, y, n, GCOMP_F32, GCOMP_SUM, 3, NULL);
+        if (j->rc[0] == GCOMP_SUCCESS) j->rc[0] = gcomp_allreduce(comm, x, y, n, GCOMP_F32, j->op, 3, NULL);
         (void)gcomp_comm_stats_reset(comm);
-        j->rc[1] = gcomp_allreduce(comm, x, y, n, GCOMP_F32, GCOMP_SUM, 3, NULL);
+        if (j->rc[1] == GCOMP_SUCCESS) j->rc[1] = gcomp_allreduce(comm, x, y, n, GCOMP_F32, j->op, 3, NULL);
         if (gcomp_comm_stats_get(comm, &st) == GCOMP_SUCCESS) {
             j->sched = st.last_schedule;
             j->wire = st.wire_bytes;
@@ -440,13 +504,19 @@ static void test_truncated_message(void **state)
         const char *spec;
         size_t count;
         gcomp_schedule sched, at4; /* from 2 ranks; at 4 */
+        int emulated;
+        gcomp_op op;
     } cases[] = {
         /* at 4 ranks: the agreement's own pass on the butterfly, then the dense ring */
-        { "fp16", 20011, GCOMP_SCHED_DENSE, GCOMP_SCHED_DENSE },
-        { "fp16", 5003, GCOMP_SCHED_DENSE, GCOMP_SCHED_DOUBLING },
-        { "terngrad", 20011, GCOMP_SCHED_INTEGER, GCOMP_SCHED_INTEGER },
-        { "topk:ratio=0.01", 20011, GCOMP_SCHED_SPARSE, GCOMP_SCHED_SPARSE },
-        { "topk:ratio=1", 20011, GCOMP_SCHED_SPARSE_AS_DENSE, GCOMP_SCHED_SPARSE_AS_DENSE },
+        { "fp16", 20011, GCOMP_SCHED_DENSE, GCOMP_SCHED_DENSE, 0, GCOMP_SUM },
+        { "fp16", 5003, GCOMP_SCHED_DENSE, GCOMP_SCHED_DOUBLING, 0, GCOMP_SUM },
+        { "terngrad", 20011, GCOMP_SCHED_INTEGER, GCOMP_SCHED_INTEGER, 0, GCOMP_SUM },
+        { "topk:ratio=0.01", 20011, GCOMP_SCHED_SPARSE, GCOMP_SCHED_SPARSE, 0, GCOMP_SUM },
+        { "topk:ratio=1", 20011, GCOMP_SCHED_SPARSE_AS_DENSE, GCOMP_SCHED_SPARSE_AS_DENSE, 0, GCOMP_SUM },
+        /* device buffers on host copies (+zstd), AVG (a pre-scaled copy of the input): the
+         * failure found in the pass goes on after the copies' regions are carved */
+        { "fp16+zstd", 40009, GCOMP_SCHED_DENSE, GCOMP_SCHED_DENSE, 1, GCOMP_AVG },
+        { "fp16+zstd", 5003, GCOMP_SCHED_DENSE, GCOMP_SCHED_DOUBLING, 1, GCOMP_AVG },
     };
     (void)state;
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
@@ -456,6 +526,8 @@ static void test_truncated_message(void **state)
             for (int r = 0; r < n; r++) {
                 jobs[r].spec = cases[k].spec;
                 jobs[r].count = cases[k].count;
+                jobs[r].emulated = cases[k].emulated;
+                jobs[r].op = cases[k].op;
             }
             loop_run_world(n, run_truncated, jobs, sizeof jobs[0]);
             for (int r = 0; r < n; r++) {
@@ -466,8 +538,9 @@ static void test_truncated_message(void **state)
                 assert_int_equal(jobs[r].sched, want);
                 assert_true(jobs[r].wire >= gcomp__ring_trailer_bytes(want, n)); /* counted */
             }
-            print_message("    %-16s %5zu elements, %d ranks (%s): CORRUPT on every rank, then success\n",
-                          cases[k].spec, cases[k].count, n, gcomp_schedule_name(jobs[0].sched));
+            print_message("    %-16s %5zu elements%s, %d ranks (%s): CORRUPT on every rank, then success\n",
+                          cases[k].spec, cases[k].count, cases[k].emulated ? " (device path)" : "", n,
+                          gcomp_schedule_name(jobs[0].sched));
         }
 }
 
@@ -511,6 +584,7 @@ int main(void)
         cmocka_unit_test(test_key_none_keeps_no_residual),
         cmocka_unit_test(test_mismatch),
         cmocka_unit_test(test_disagreeing_plans),
+        cmocka_unit_test(test_refused_call_writes_nothing),
         cmocka_unit_test(test_protocol_mismatch),
         cmocka_unit_test(test_local_failure_after_agreement),
         cmocka_unit_test(test_stopped_peer_times_out),

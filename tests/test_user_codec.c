@@ -940,6 +940,100 @@ static void test_user_integer_codec_ring(void **state)
     }
 }
 
+/* ---- a summable codec whose encode depends on the rank ----------------------------------
+ * "rknone": fp32 values whose lowest mantissa bit a hash of (seed, step, rank, element)
+ * flips, as a user's rank-keyed stochastic rounding would. Every rank must still get the
+ * same bits: the dense ring encodes each partial sum on one rank, and recursive doubling (4
+ * ranks, small calls) has every rank that holds a partial sum encode it as the lowest rank
+ * of its group (gcomp_codec.h, GCOMP_CAP_SUMMABLE). */
+static const gcomp_codec_vtable *rk_base;
+
+static gcomp_result rk_encode(const void *params, gcomp_encode_ctx *ctx, const float *g, const float *r_in,
+                              float *r_out, size_t count, uint8_t *body, size_t cap, size_t *written, uint32_t *flags)
+{
+    gcomp_result rc = rk_base->encode(params, ctx, g, r_in, r_out, count, body, cap, written, flags);
+    if (rc != GCOMP_SUCCESS) return rc;
+    for (size_t i = 0; i < count; i++) {
+        uint64_t h = ctx->seed ^ ctx->step * 0x9e3779b97f4a7c15ull ^ (uint64_t)ctx->rank * 0xd1b54a32d192ed03ull ^
+                     (ctx->offset + i);
+        h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ull; /* splitmix64's finaliser */
+        h = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
+        h ^= h >> 31;
+        body[4 * i] ^= (uint8_t)(h & 1); /* little-endian fp32: the lowest mantissa bit */
+    }
+    return GCOMP_SUCCESS;
+}
+
+typedef struct rk_job {
+    gcomp__loop_world *w;
+    int rank;
+    size_t count;
+    gcomp_result rc;
+    gcomp_schedule sched;
+    uint64_t hash;
+} rk_job;
+
+static void *rk_rank(void *arg)
+{
+    rk_job *j = arg;
+    gcomp_config cfg = gcomp_config_default();
+    gcomp_comm *comm = NULL;
+    gcomp_comm_stats st;
+    float *x = malloc(j->count * sizeof(float)), *y = calloc(j->count, sizeof(float));
+    cfg.codec = "rknone";
+    cfg.min_bytes = 0;
+    cfg.timeout_ms = 20000;
+    for (size_t i = 0; i < j->count; i++) x[i] = (float)((i * 7 + (size_t)j->rank * 13) % 101) / 7.0f;
+    j->rc = gcomp__comm_create_loop(j->w, j->rank, &cfg, &comm);
+    for (int t = 0; t < 2 && j->rc == GCOMP_SUCCESS; t++)
+        j->rc = gcomp_allreduce(comm, x, y, j->count, GCOMP_F32, GCOMP_SUM, 4, NULL);
+    if (j->rc == GCOMP_SUCCESS && gcomp_comm_stats_get(comm, &st) == GCOMP_SUCCESS) j->sched = st.last_schedule;
+    j->hash = 1469598103934665603ull;
+    for (size_t i = 0; i < j->count * sizeof(float); i++) j->hash = (j->hash ^ ((uint8_t *)y)[i]) * 1099511628211ull;
+    gcomp_comm_destroy(comm);
+    free(x);
+    free(y);
+    return NULL;
+}
+
+static void test_rank_keyed_summable_codec(void **state)
+{
+    static const size_t counts[] = { 1000, 40000 };
+    gcomp_codec_vtable vt;
+    (void)state;
+    rk_base = gcomp_codec_find("none");
+    vt = *rk_base;
+    vt.name = "rknone";
+    vt.wire_id = 210;
+    vt.encode = rk_encode;
+    vt.cuda = NULL;
+    assert_int_equal(gcomp_codec_register(&vt), GCOMP_SUCCESS);
+    for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++)
+        for (int n = 2; n <= 5; n++) {
+            rk_job jobs[5];
+            pthread_t th[5];
+            gcomp__loop_world *w = NULL;
+            assert_int_equal(gcomp__loop_world_create(n, &w), GCOMP_SUCCESS);
+            for (int r = 0; r < n; r++) {
+                memset(&jobs[r], 0, sizeof jobs[r]);
+                jobs[r].w = w;
+                jobs[r].rank = r;
+                jobs[r].count = counts[k];
+                assert_int_equal(pthread_create(&th[r], NULL, rk_rank, &jobs[r]), 0);
+            }
+            for (int r = 0; r < n; r++) pthread_join(th[r], NULL);
+            gcomp__loop_world_destroy(w);
+            for (int r = 0; r < n; r++) {
+                assert_int_equal(jobs[r].rc, GCOMP_SUCCESS);
+                if (jobs[r].hash != jobs[0].hash)
+                    fail_msg("rknone, %zu elements, %d ranks (%s): rank %d's result differs from rank 0's", counts[k], n,
+                             gcomp_schedule_name(jobs[0].sched), r);
+            }
+            print_message("    rknone %5zu elements, %d ranks (%s): the same bits on every rank\n", counts[k], n,
+                          gcomp_schedule_name(jobs[0].sched));
+        }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -950,6 +1044,7 @@ int main(void)
         cmocka_unit_test(test_register_param_tables),    cmocka_unit_test(test_register_valid_table),
         cmocka_unit_test(test_integer_entries_required), cmocka_unit_test(test_user_integer_codec_ring),
         cmocka_unit_test(test_register_spec_length),
+        cmocka_unit_test(test_rank_keyed_summable_codec),
     };
     return cmocka_run_group_tests(tests, group_setup, NULL);
 }
