@@ -102,7 +102,8 @@ typedef struct plan {
     gcomp__ef ef;      /* the key's residual, host buffers */
     gcomp__dev_ef def; /* the key's residual, device buffers */
     gcomp_dtype dtype;
-    float prescale; /* AVG on the dense ring: the wire never carries sums larger than the result */
+    float prescale; /* AVG on the dense schedules (sums_prescaled): the wire never carries sums
+                     * larger than the result */
     /* workspace regions of the engine itself (the schedule's follow them) */
     float *x;      /* fp32 input, when send is not one (f16/bf16, or pre-scaled) */
     float *result; /* fp32 result, when recv is not one */
@@ -352,7 +353,7 @@ static gcomp_result prepare_call(gcomp_comm *c, gcomp__call *call, plan *p, cons
     return begin_residual(c, call, p, in_place); /* device residuals: always double-buffered */
 }
 
-/* x = the fp32 view of send: widened by the device layer, pre-scaled for AVG on the dense ring. */
+/* x = the fp32 view of send: widened by the device layer, pre-scaled for AVG on the dense schedules. */
 static gcomp_result prepare_input(const gcomp__call *call, const plan *p, const void *send, const float **x)
 {
     size_t count = call->count;

@@ -241,7 +241,7 @@ gcomp__ring_outcome gcomp__ring_outcome_get(const gcomp__ring *r)
     uint64_t need = (uint64_t)r->reach; /* hops to every other rank */
     o.fail = r->fail;
     o.nonfinite = (r->flags & GCOMP__RING_NONFINITE) != 0 || r->nonfinite;
-    /* own news first sent in message m reaches every rank iff msgs - m >= N - 1; news never
+    /* own news first sent in message m reaches every rank iff msgs - m >= reach; news never
      * sent (found after the last message) reaches nobody */
     o.late = 0;
     if (r->error && !r->heard) {

@@ -133,9 +133,10 @@ void gcomp__ring_use_butterfly(gcomp__ring *r);
  * receiver, whose max then lacks blocks. When the ranks agree, a partial max is the same max;
  * only if they also disagree on this very call can that rank's verdict differ -- it goes on
  * and fails on its next message while the others stop, and the next call fails on every
- * rank on the messages it left: docs/RELIABILITY.md.)  Every schedule of a
- * host transport sends at least reach messages, with the same peers on every rank whatever
- * it planned (the engine picks ring or butterfly per communicator, engine.c); what
+ * rank on the messages it left: docs/RELIABILITY.md.)  Every call on a host transport sends
+ * reach such messages to the same peers on every rank whatever it planned: its schedule's
+ * first ones, or a pass before it (gcomp__ring_agree_pass: a bypass, device buffers, a dense
+ * ring on a butterfly communicator; engine.c picks ring or butterfly per communicator); what
  * runs before the verdict must be safe on a neighbour's payload of another call (the decoders
  * check sizes; an oversized message is a local failure). After ring_begin; host transports
  * with start_sendrecv_any only, after gcomp__ring_use_butterfly if at all; n = 0 or one

@@ -119,6 +119,8 @@ static gcomp_result doubling_run(gcomp__call *call)
     GCOMP_CHECK(gcomp__ws_check(call->ws));
     if (steps == 0) return gcomp__fail(GCOMP_ERR_INTERNAL, "recursive doubling needs a power of two >= 4 ranks");
     gcomp__ring_use_butterfly(ring);
+    if (!ring->butterfly) /* a message went out first: the partners below would not be its peers */
+        GCOMP_STEP(ring, gcomp__fail(GCOMP_ERR_INTERNAL, "recursive doubling began after a message of its call"));
     if (d.res) GCOMP_STEP(ring, gcomp__call_res_blocks(call, 1, &lo, d.res_tmp, d.res));
     GCOMP_STEP(ring, encode(&d, call->x, 0, &mbytes));
     for (int k = 0; k < steps; k++) {
@@ -126,8 +128,9 @@ static gcomp_result doubling_run(gcomp__call *call)
         float *sum = k + 1 < steps ? d.acc : call->result;
         if (k > 0) GCOMP_STEP(ring, encode(&d, d.acc, k, &mbytes));
         GCOMP_CHECK(start_step(&d, mbytes));
-        GCOMP_CHECK(gcomp__ring_finish(ring, &tbytes)); /* the last one: the agreement's verdict */
-        if (call->on_device) mbytes = tbytes = d.exact; /* sized exchanges */
+        /* host buffers: the last one completes the in-band agreement (its verdict), unless the
+         * engine ran it in a pass before */
+        GCOMP_CHECK(gcomp__ring_finish(ring, &tbytes));
         if (lower)
             GCOMP_STEP(ring, sum_pair(&d, d.mine, mbytes, d.theirs, tbytes, sum));
         else

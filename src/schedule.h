@@ -34,7 +34,7 @@ typedef struct gcomp__call {
     gcomp__device_tally *tally;   /* device buffers: what those steps found (errors, non-finite
                                    * encodes), read back once at the end of the call */
     uint64_t seed;
-    const float *x; /* fp32 input (pre-scaled for AVG on the dense ring) */
+    const float *x; /* fp32 input (pre-scaled for AVG on the dense ring and recursive doubling) */
     float *result;  /* fp32 output, count elements */
     size_t count;
     float *r_in, *r_out; /* residual of the key, NULL without error feedback */
@@ -67,9 +67,10 @@ extern const gcomp__sched gcomp__sched_sparse;
 extern const gcomp__sched gcomp__sched_doubling;
 
 /* Recursive doubling's limit (engine.c): calls of at most this many elements (64 KiB of fp32)
- * at a power-of-two N >= 4 are paid in hops more than in bytes. Doubling sends log2 N / (2(N-1)/N)
- * times the ring's bytes (4/3 at N = 4): up to here that costs less than the 2(N-1) - log2 N
- * hops it saves, on shared memory and on fast links; on a slow link it is about even. */
+ * at a power-of-two N >= 4. Doubling sends log2 N / (2(N-1)/N) times the ring's bytes (4/3 at
+ * N = 4, 12/7 at 8) and saves 2(N-1) - log2 N hops. Measured at N = 4 on shared memory only
+ * (docs/BENCHMARKS.md, "Round trips per call"): fp16 at 64 KiB gains, none about breaks even.
+ * On a slow link the extra bytes of the largest calls here can cost more than the hops. */
 #define GCOMP__DOUBLING_MAX_COUNT 16384
 
 /* ---- the element codec and memory on the call's device (sched_codec.c) ----

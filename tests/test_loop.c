@@ -131,9 +131,9 @@ static void *run_counted_calls(void *arg)
     return NULL;
 }
 
-/* A compressed call on host buffers of the dense ring or the sparse gather makes no
- * collective: the ranks agree in the ring's first messages (ring.h) and learn the outcome
- * from its trailers. TernGrad keeps one, the agreement that carries its shared scales when
+/* A compressed call on host buffers of the dense ring, recursive doubling or the sparse
+ * gather makes no collective, at 3 and 4 ranks: the ranks agree in the ring's first messages
+ * (ring.h; at 4, on the butterfly) and learn the outcome from its trailers. TernGrad keeps one, the agreement that carries its shared scales when
  * there are at most GCOMP__AGREE_SCALES of them and the buffers are fp32 (else the integer
  * ring's own scale allreduce is a second one). */
 static void test_collectives_per_call(void **state)
@@ -154,23 +154,26 @@ static void test_collectives_per_call(void **state)
         { "topk:ratio=0.01", GCOMP_F32, 200, 0 },              /* sparse-as-dense */
     };
     (void)state;
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        coll_job jobs[3];
-        memset(jobs, 0, sizeof jobs);
-        for (int r = 0; r < 3; r++) {
-            jobs[r].spec = cases[i].spec;
-            jobs[r].dtype = cases[i].dtype;
-            jobs[r].count = cases[i].count;
+    for (int n = 3; n <= 4; n++) /* 4: recursive doubling (1000), a pass and the dense ring (20000) */
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0] + 1; i++) {
+            int dbl = i == sizeof cases / sizeof cases[0]; /* one more case: fp16, 1000 elements */
+            coll_job jobs[4];
+            memset(jobs, 0, sizeof jobs);
+            for (int r = 0; r < n; r++) {
+                jobs[r].spec = dbl ? "fp16" : cases[i].spec;
+                jobs[r].dtype = dbl ? GCOMP_F32 : cases[i].dtype;
+                jobs[r].count = dbl ? 1000 : cases[i].count;
+            }
+            loop_run_world(n, run_counted_calls, jobs, sizeof jobs[0]);
+            for (int r = 0; r < n; r++) {
+                uint64_t want = dbl ? 0 : cases[i].want;
+                assert_int_equal(jobs[r].rc, GCOMP_SUCCESS);
+                if (jobs[r].total != 3 * want)
+                    fail_msg("%s, %zu elements of dtype %d at %d ranks: %llu collectives in 3 calls, expected %llu",
+                             jobs[r].spec, jobs[r].count, (int)jobs[r].dtype, n, (unsigned long long)jobs[r].total,
+                             (unsigned long long)(3 * want));
+            }
         }
-        loop_run_world(3, run_counted_calls, jobs, sizeof jobs[0]);
-        for (int r = 0; r < 3; r++) {
-            assert_int_equal(jobs[r].rc, GCOMP_SUCCESS);
-            if (jobs[r].total != 3 * cases[i].want)
-                fail_msg("%s, %zu elements of dtype %d: %llu collectives in 3 calls, expected %llu", cases[i].spec,
-                         cases[i].count, (int)cases[i].dtype, (unsigned long long)jobs[r].total,
-                         (unsigned long long)(3 * cases[i].want));
-        }
-    }
 }
 
 /* ---- agreement and failure paths -------------------------------------------------------- */
