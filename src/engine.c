@@ -596,7 +596,7 @@ static gcomp_result run_call(gcomp_comm *c, const gcomp__args *a, gcomp__call *c
     gcomp__call *call = callp;
     plan *p = pp;
     gcomp_result local;
-    int any_device = 0, carried = 0, scales_shared = 0, in_ring = 0;
+    int any_device = 0, carried = 0, scales_shared = 0, in_ring = 0, own_ring;
     gcomp_result found;
     gcomp__agreement ag;
     uint64_t scales[GCOMP__AGREE_SCALES] = { 0 };
@@ -633,9 +633,10 @@ static gcomp_result run_call(gcomp_comm *c, const gcomp__args *a, gcomp__call *c
      * schedule's messages (or its end-of-call agreement), so every rank hears of it -- set
      * after the host copies' regions are carved below, which a failure would skip */
     found = call->ring.heard ? GCOMP_SUCCESS : call->ring.error;
+    own_ring = p->sched != GCOMP_SCHED_BYPASS && !in_ring; /* the schedule's ring begins here */
     /* the outcome rides in the ring's messages when every rank's buffers are host memory
      * (ring.h); a rank with device buffers makes every rank use the end-of-call agreement */
-    if (p->sched != GCOMP_SCHED_BYPASS && !in_ring)
+    if (own_ring)
         gcomp__ring_begin(&call->ring, !any_device && !call->on_device, c->call_seq++);
     if (p->via_host) { /* the device buffers' bytes to host memory, ordered after the stream's work */
         size_t bytes = count * gcomp_dtype_size(dtype);
@@ -651,7 +652,7 @@ static gcomp_result run_call(gcomp_comm *c, const gcomp__args *a, gcomp__call *c
         send = p->hsend;
         recv = p->hrecv;
     }
-    if (p->sched != GCOMP_SCHED_BYPASS && !in_ring && !call->ring.error) call->ring.error = found;
+    if (own_ring && !call->ring.error) call->ring.error = found;
     st.calls = 1;
     st.raw_bytes = count * gcomp_dtype_size(dtype);
     st.baseline_bytes = (uint64_t)(2.0 * (c->tp->size - 1) / c->tp->size * (double)st.raw_bytes);

@@ -117,10 +117,9 @@ static gcomp_result doubling_run(gcomp__call *call)
     doubling_ctx d;
     layout(call, &d);
     GCOMP_CHECK(gcomp__ws_check(call->ws));
-    if (steps == 0) return gcomp__fail(GCOMP_ERR_INTERNAL, "recursive doubling needs a power of two >= 4 ranks");
     gcomp__ring_use_butterfly(ring);
-    if (!ring->butterfly) /* a message went out first: the partners below would not be its peers */
-        GCOMP_STEP(ring, gcomp__fail(GCOMP_ERR_INTERNAL, "recursive doubling began after a message of its call"));
+    if (!ring->butterfly) /* N not a power of two >= 4, or a message went out first: no partners */
+        GCOMP_STEP(ring, gcomp__fail(GCOMP_ERR_INTERNAL, "recursive doubling cannot run on this call's ring"));
     if (d.res) GCOMP_STEP(ring, gcomp__call_res_blocks(call, 1, &lo, d.res_tmp, d.res));
     GCOMP_STEP(ring, encode(&d, call->x, 0, &mbytes));
     for (int k = 0; k < steps; k++) {
