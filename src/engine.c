@@ -131,7 +131,8 @@ static int sums_prescaled(gcomp_schedule s) { return s == GCOMP_SCHED_DENSE || s
 
 static gcomp_schedule pick_schedule(const gcomp_comm *c, size_t count, size_t raw_bytes)
 {
-    uint32_t caps = gcomp__codec_chain(c->codec)->stages[0].vt->caps;
+    const gcomp__stage *el = &gcomp__codec_chain(c->codec)->stages[0];
+    uint32_t caps = el->vt->caps;
     int n = c->tp->size;
     if ((n == 1 && !c->cfg.compress_one_rank) || raw_bytes < (uint64_t)c->cfg.min_bytes) return GCOMP_SCHED_BYPASS;
     if (caps & GCOMP_CAP_INTEGER) return GCOMP_SCHED_INTEGER;
@@ -145,8 +146,10 @@ static gcomp_schedule pick_schedule(const gcomp_comm *c, size_t count, size_t ra
         return GCOMP_SCHED_SPARSE;
     }
     /* small calls: fewer hops (log2 N) of the whole payload, where hops cost more than bytes
-     * (sched_doubling.c); again a function of (count, N, spec) only */
-    if (gcomp__ring_butterfly_steps(n) && count <= GCOMP__DOUBLING_MAX_COUNT) return GCOMP_SCHED_DOUBLING;
+     * (sched_doubling.c); the limit is on the encoded elements (what each hop carries), again a
+     * function of (count, N, spec) only */
+    if (gcomp__ring_butterfly_steps(n) && el->vt->max_body_bytes(el->params, count) <= GCOMP__DOUBLING_MAX_BYTES)
+        return GCOMP_SCHED_DOUBLING;
     return GCOMP_SCHED_DENSE;
 }
 

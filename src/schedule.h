@@ -66,12 +66,15 @@ extern const gcomp__sched gcomp__sched_integer;
 extern const gcomp__sched gcomp__sched_sparse;
 extern const gcomp__sched gcomp__sched_doubling;
 
-/* Recursive doubling's limit (engine.c): calls of at most this many elements (64 KiB of fp32)
- * at a power-of-two N >= 4. Doubling sends log2 N / (2(N-1)/N) times the ring's bytes (4/3 at
- * N = 4, 12/7 at 8) and saves 2(N-1) - log2 N hops. Measured at N = 4 on shared memory only
- * (docs/BENCHMARKS.md, "Round trips per call"): fp16 at 64 KiB gains, none about breaks even.
- * On a slow link the extra bytes of the largest calls here can cost more than the hops. */
-#define GCOMP__DOUBLING_MAX_COUNT 16384
+/* Recursive doubling's limit (engine.c): calls whose elements encode to at most this many
+ * bytes (the element codec's body, headers aside: 16 Ki elements of fp16 or bf16, 8 Ki of
+ * none) at a power-of-two N >= 4. Doubling sends log2 N / (2(N-1)/N) times the ring's bytes
+ * (4/3 at N = 4, 12/7 at 8) and saves 2(N-1) - log2 N hops, so its gain depends on the link:
+ * measured at N = 4 (docs/BENCHMARKS.md, "Round trips per call"), a 32 KiB payload gains on
+ * shared memory, at 10 Gbit/s and at 1 Gbit/s, a 64 KiB one loses at 1 Gbit/s; on shared
+ * memory doubling wins up to 256 KiB. At more ranks it saves more hops per extra byte, so
+ * the limit measured at 4 is conservative there. */
+#define GCOMP__DOUBLING_MAX_BYTES 32768
 
 /* ---- the element codec and memory on the call's device (sched_codec.c) ----
  * One function per thing a schedule does to element memory, for host and device buffers

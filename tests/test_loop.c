@@ -105,6 +105,7 @@ typedef struct coll_job {
     size_t count;
     gcomp_result rc;
     uint64_t total; /* collectives of three calls, as this rank counted them */
+    gcomp_schedule sched; /* of the last call */
 } coll_job;
 
 static void *run_counted_calls(void *arg)
@@ -112,6 +113,7 @@ static void *run_counted_calls(void *arg)
     coll_job *j = arg;
     gcomp_config cfg = gcomp_config_default();
     gcomp_comm *comm = NULL;
+    gcomp_comm_stats st;
     size_t esize = gcomp_dtype_size(j->dtype);
     uint8_t *x = calloc(j->count, esize), *y = calloc(j->count, esize);
     uint64_t before;
@@ -125,6 +127,7 @@ static void *run_counted_calls(void *arg)
     for (int t = 0; t < 3 && j->rc == GCOMP_SUCCESS; t++)
         j->rc = gcomp_allreduce(comm, x, y, j->count, j->dtype, GCOMP_SUM, 5, NULL);
     j->total = gcomp__loop_world_collectives(j->at.w) - before;
+    if (j->rc == GCOMP_SUCCESS && gcomp_comm_stats_get(comm, &st) == GCOMP_SUCCESS) j->sched = st.last_schedule;
     gcomp_comm_destroy(comm);
     free(x);
     free(y);
@@ -172,6 +175,46 @@ static void test_collectives_per_call(void **state)
                     fail_msg("%s, %zu elements of dtype %d at %d ranks: %llu collectives in 3 calls, expected %llu",
                              jobs[r].spec, jobs[r].count, (int)jobs[r].dtype, n, (unsigned long long)jobs[r].total,
                              (unsigned long long)(3 * want));
+            }
+        }
+}
+
+/* Recursive doubling's limit is on the encoded elements (GCOMP__DOUBLING_MAX_BYTES, 32 KiB):
+ * 8 Ki elements of none, 16 Ki of fp16 or bf16 whatever the buffers' dtype, one more takes the
+ * dense ring; only at a power-of-two N >= 4. */
+static void test_doubling_limit(void **state)
+{
+    static const struct {
+        const char *spec;
+        gcomp_dtype dtype;
+        size_t count;
+        gcomp_schedule at_pow2; /* at 4 and 8 ranks; the dense ring at 3 and 5 */
+    } cases[] = {
+        { "none", GCOMP_F32, 8192, GCOMP_SCHED_DOUBLING },  { "none", GCOMP_F32, 8193, GCOMP_SCHED_DENSE },
+        { "fp16", GCOMP_F32, 16384, GCOMP_SCHED_DOUBLING }, { "fp16", GCOMP_F32, 16385, GCOMP_SCHED_DENSE },
+        { "bf16", GCOMP_F16, 16384, GCOMP_SCHED_DOUBLING }, { "bf16", GCOMP_F16, 16385, GCOMP_SCHED_DENSE },
+        { "fp16+zstd", GCOMP_F32, 16384, GCOMP_SCHED_DOUBLING }, /* the zstd stage's bound aside */
+    };
+    static const int ranks[] = { 3, 4, 5, 8 };
+    (void)state;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        for (size_t k = 0; k < sizeof ranks / sizeof ranks[0]; k++) {
+            int n = ranks[k];
+            gcomp_schedule want = n == 4 || n == 8 ? cases[i].at_pow2 : GCOMP_SCHED_DENSE;
+            coll_job jobs[MAX_RANKS];
+            memset(jobs, 0, sizeof jobs);
+            for (int r = 0; r < n; r++) {
+                jobs[r].spec = cases[i].spec;
+                jobs[r].dtype = cases[i].dtype;
+                jobs[r].count = cases[i].count;
+            }
+            loop_run_world(n, run_counted_calls, jobs, sizeof jobs[0]);
+            for (int r = 0; r < n; r++) {
+                assert_int_equal(jobs[r].rc, GCOMP_SUCCESS);
+                if (jobs[r].sched != want)
+                    fail_msg("%s, %zu elements of dtype %d at %d ranks: rank %d ran %s, expected %s", cases[i].spec,
+                             cases[i].count, (int)cases[i].dtype, n, r, gcomp_schedule_name(jobs[r].sched),
+                             gcomp_schedule_name(want));
             }
         }
 }
@@ -584,6 +627,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_schedule),
         cmocka_unit_test(test_collectives_per_call),
+        cmocka_unit_test(test_doubling_limit),
         cmocka_unit_test(test_key_none_keeps_no_residual),
         cmocka_unit_test(test_mismatch),
         cmocka_unit_test(test_disagreeing_plans),
