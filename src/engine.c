@@ -147,8 +147,10 @@ static gcomp_schedule pick_schedule(const gcomp_comm *c, size_t count, size_t ra
     }
     /* small calls: fewer hops (log2 N) of the whole payload, where hops cost more than bytes
      * (sched_doubling.c); the limit is on the encoded elements (what each hop carries), again a
-     * function of (count, N, spec) only */
-    if (gcomp__ring_butterfly_steps(n) && el->vt->max_body_bytes(el->params, count) <= GCOMP__DOUBLING_MAX_BYTES)
+     * function of (count, N, spec) only. The count cap comes first: check_args bounds count
+     * far below GCOMP_MAX_COUNT, which max_body_bytes may assume (gcomp_codec.h). */
+    if (gcomp__ring_butterfly_steps(n) && count <= GCOMP__DOUBLING_MAX_COUNT &&
+        el->vt->max_body_bytes(el->params, count) <= GCOMP__DOUBLING_MAX_BYTES)
         return GCOMP_SCHED_DOUBLING;
     return GCOMP_SCHED_DENSE;
 }

@@ -5,7 +5,8 @@
  * (each hop waits for a peer to be scheduled, and on shared memory Open MPI sends a message
  * past its eager limit in a handshake), so fewer, larger messages win; a large one is paid
  * in bytes, where the ring sends 2(N-1)/N of the payload and doubling log2 N times it: the
- * engine picks this schedule up to GCOMP__DOUBLING_MAX_BYTES of encoded elements (schedule.h).
+ * engine picks this schedule up to GCOMP__DOUBLING_MAX_BYTES of encoded elements and
+ * GCOMP__DOUBLING_MAX_COUNT elements (schedule.h).
  *
  * Each rank encodes its whole input once (error feedback fused, as on the ring). Step k
  * exchanges the current payload with partner rank ^ 2^k; both decode the two payloads in

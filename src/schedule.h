@@ -70,11 +70,14 @@ extern const gcomp__sched gcomp__sched_doubling;
  * bytes (the element codec's body, headers aside: 16 Ki elements of fp16 or bf16, 8 Ki of
  * none) at a power-of-two N >= 4. Doubling sends log2 N / (2(N-1)/N) times the ring's bytes
  * (4/3 at N = 4, 12/7 at 8) and saves 2(N-1) - log2 N hops, so its gain depends on the link:
- * measured at N = 4 (docs/BENCHMARKS.md, "Round trips per call"), a 32 KiB payload gains on
- * shared memory, at 10 Gbit/s and at 1 Gbit/s, a 64 KiB one loses at 1 Gbit/s; on shared
- * memory doubling wins up to 256 KiB. At more ranks it saves more hops per extra byte, so
- * the limit measured at 4 is conservative there. */
+ * measured at N = 4 (docs/BENCHMARKS.md, "Round trips per call"), exchanges of 32 KiB gain on
+ * shared memory, at 10 Gbit/s and at 1 Gbit/s, of 64 KiB lose at 1 Gbit/s; on shared memory
+ * doubling wins up to 128 KiB exchanges. At more ranks it saves more hops per extra byte, so
+ * the limit measured at 4 is conservative there. The element cap keeps a codec of few bits
+ * per element (a user's summable codec) off doubling for large counts: each step decodes and
+ * re-encodes the whole count, which costs CPU where the ring handles a chunk. */
 #define GCOMP__DOUBLING_MAX_BYTES 32768
+#define GCOMP__DOUBLING_MAX_COUNT 16384
 
 /* ---- the element codec and memory on the call's device (sched_codec.c) ----
  * One function per thing a schedule does to element memory, for host and device buffers

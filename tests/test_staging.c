@@ -356,7 +356,8 @@ static void test_staging_golden(void **state)
 /* ---- the device path on host memory against the host path ---- */
 
 static const run_case EMU_CASES[] = {
-    { "emu_none", 10007, GCOMP_F32, GCOMP_AVG, -1 },
+    { "emu_none", 10007, GCOMP_F32, GCOMP_AVG, -1 }, /* a dense ring at 4 ranks (40 KB encoded) */
+    { "emu_none", 5003, GCOMP_F32, GCOMP_AVG, 1 },   /* recursive doubling at 4 ranks */
     { "emu_fp16", 10007, GCOMP_F32, GCOMP_SUM, 2 },
     { "emu_fp16", 5003, GCOMP_F16, GCOMP_AVG, -1 },
     { "emu_fp16", 40009, GCOMP_F32, GCOMP_AVG, 1 }, /* a dense ring at 4 ranks (above doubling's limit) */
