@@ -134,6 +134,18 @@ static void *run_counted_calls(void *arg)
     return NULL;
 }
 
+/* n loopback ranks each running run_counted_calls on the same call; jobs: MAX_RANKS. */
+static void run_counted_world(int n, const char *spec, gcomp_dtype dtype, size_t count, coll_job *jobs)
+{
+    memset(jobs, 0, MAX_RANKS * sizeof *jobs);
+    for (int r = 0; r < n; r++) {
+        jobs[r].spec = spec;
+        jobs[r].dtype = dtype;
+        jobs[r].count = count;
+    }
+    loop_run_world(n, run_counted_calls, jobs, sizeof jobs[0]);
+}
+
 /* A compressed call on host buffers of the dense ring, recursive doubling or the sparse
  * gather makes no collective, at 3 and 4 ranks: the ranks agree in the ring's first messages
  * (ring.h; at 4, on the butterfly) and learn the outcome from its trailers. TernGrad keeps one, the agreement that carries its shared scales when
@@ -160,14 +172,9 @@ static void test_collectives_per_call(void **state)
     for (int n = 3; n <= 4; n++) /* 4: recursive doubling (1000), a pass and the dense ring (20000) */
         for (size_t i = 0; i < sizeof cases / sizeof cases[0] + 1; i++) {
             int dbl = i == sizeof cases / sizeof cases[0]; /* one more case: fp16, 1000 elements */
-            coll_job jobs[4];
-            memset(jobs, 0, sizeof jobs);
-            for (int r = 0; r < n; r++) {
-                jobs[r].spec = dbl ? "fp16" : cases[i].spec;
-                jobs[r].dtype = dbl ? GCOMP_F32 : cases[i].dtype;
-                jobs[r].count = dbl ? 1000 : cases[i].count;
-            }
-            loop_run_world(n, run_counted_calls, jobs, sizeof jobs[0]);
+            coll_job jobs[MAX_RANKS];
+            run_counted_world(n, dbl ? "fp16" : cases[i].spec, dbl ? GCOMP_F32 : cases[i].dtype,
+                              dbl ? 1000 : cases[i].count, jobs);
             for (int r = 0; r < n; r++) {
                 uint64_t want = dbl ? 0 : cases[i].want;
                 assert_int_equal(jobs[r].rc, GCOMP_SUCCESS);
@@ -179,9 +186,9 @@ static void test_collectives_per_call(void **state)
         }
 }
 
-/* Recursive doubling's limit is on the encoded elements (GCOMP__DOUBLING_MAX_BYTES, 32 KiB):
- * 8 Ki elements of none, 16 Ki of fp16 or bf16 whatever the buffers' dtype, one more takes the
- * dense ring; only at a power-of-two N >= 4. */
+/* Recursive doubling's limit is on the encoded elements (GCOMP__DOUBLING_MAX_BYTES, 32 KiB,
+ * beside the 16 Ki element cap): 8 Ki elements of none, 16 Ki of fp16 or bf16 whatever the
+ * buffers' dtype, one more takes the dense ring; only at a power-of-two N >= 4. */
 static void test_doubling_limit(void **state)
 {
     static const struct {
@@ -202,13 +209,7 @@ static void test_doubling_limit(void **state)
             int n = ranks[k];
             gcomp_schedule want = n == 4 || n == 8 ? cases[i].at_pow2 : GCOMP_SCHED_DENSE;
             coll_job jobs[MAX_RANKS];
-            memset(jobs, 0, sizeof jobs);
-            for (int r = 0; r < n; r++) {
-                jobs[r].spec = cases[i].spec;
-                jobs[r].dtype = cases[i].dtype;
-                jobs[r].count = cases[i].count;
-            }
-            loop_run_world(n, run_counted_calls, jobs, sizeof jobs[0]);
+            run_counted_world(n, cases[i].spec, cases[i].dtype, cases[i].count, jobs);
             for (int r = 0; r < n; r++) {
                 assert_int_equal(jobs[r].rc, GCOMP_SUCCESS);
                 if (jobs[r].sched != want)
