@@ -15,8 +15,13 @@ ip netns del "$probe"
 
 np=3
 yield_line='Open MPI yields when idle'
-namespaces() { ip netns list | grep -c '^gcomp' || true; }
-before=$(namespaces)
+# netem.sh names its namespaces gcomp<its PID>-hub and -r<rank>; the header names the hub
+left_behind() { # output of a run: its namespaces still present, if any
+    local tag
+    tag=$(echo "$1" | sed -n 's/.* in netns \(gcomp[0-9]*\)-hub.*/\1/p' | head -n 1)
+    [ -n "$tag" ] || fail "netem.sh printed no namespace names"
+    ip netns list | awk '{print $1}' | grep -E "^$tag-(hub|r[0-9]+)\$" || true
+}
 
 run() { # extra env assignments for netem.sh, if any
     env "$@" ALLREDUCE_PERF="$perf" timeout 240 bash "$root/bench/netem.sh" 1gbit "$np" 16K -- \
@@ -25,6 +30,7 @@ run() { # extra env assignments for netem.sh, if any
 
 out=$(run) || fail "netem.sh failed: $out"
 echo "$out"
+[ -z "$(left_behind "$out")" ] || fail "namespaces left behind: $(left_behind "$out")"
 rows=$(echo "$out" | grep -E '^ +[0-9]+ +[0-9]+ ' || true)
 [ "$(echo "$rows" | grep -c .)" -eq 4 ] || fail "expected 4 result rows (2 sizes x 2 codecs)"
 echo "$rows" | awk '$9 != "0" { bad = 1 } END { exit bad }' || fail "a row has #wrong != 0"
@@ -38,6 +44,5 @@ fi
 out=$(run OMPI_MCA_mpi_yield_when_idle=0) || fail "netem.sh with OMPI_MCA_mpi_yield_when_idle=0 failed: $out"
 echo "$out" | grep -q "$yield_line" && fail "OMPI_MCA_mpi_yield_when_idle=0 was overridden"
 echo "$out" | grep -qE '^ +16384 ' || fail "no result rows with OMPI_MCA_mpi_yield_when_idle=0"
-
-[ "$(namespaces)" -eq "$before" ] || fail "network namespaces left behind: $(ip netns list)"
+[ -z "$(left_behind "$out")" ] || fail "namespaces left behind: $(left_behind "$out")"
 echo "netem_ci: ok"
