@@ -33,7 +33,7 @@
 # Environment: ALLREDUCE_PERF=path to the binary (default: build/bench/allreduce_perf of this
 # checkout); TBF_BURST (default 256kb) and TBF_LATENCY (default 50ms, the longest a
 # packet may wait in a token bucket: its queue holds RATE * TBF_LATENCY bytes) tune the links;
-# OMPI_MCA_* variables reach every rank (OMPI_MCA_mpi_yield_when_idle=0 keeps Open MPI spinning
+# OMPI_MCA_* variables reach every rank (OMPI_MCA_mpi_yield_when_idle=0 keeps Open MPI spinning,
 # where the script would make it yield; see the launch below). Requires root, iproute2 (ip, tc) and Open MPI's mpirun.
 # Open MPI's rsh launcher may warn "setpgid(...) failed in parent ... Permission denied": a
 # harmless race with the agent's exec.
@@ -239,18 +239,20 @@ run_mpirun_watched() {
     done
     die "Open MPI did not start all $NP ranks in 3 attempts"
 }
-# Every "host" holds one rank and one slot, so Open MPI does not know that the ranks share
-# this machine's cores, and its blocking calls (MPI_Allreduce, MPI_Wait) spin without ever
-# yielding. With more ranks than cores a spinning rank then takes the core from the rank it
-# waits for: a 16 KiB MPI_Allreduce at 4 ranks over 1 Gbit/s took 12 ms instead of 0.2 ms,
-# and 64 MiB at 10 Gbit/s 405 ms instead of 252 ms, which made every comparison with it too
-# kind to gcomp (whose waits yield). On one real host with more ranks than cores mpirun sets
-# mpi_yield_when_idle itself; here we set it when NP exceeds the cores (unless the
-# environment already chooses it).
+# Every "host" holds one rank and one slot, so Open MPI does not know that its ranks share
+# this machine's cores -- with each other, with their daemons and with the kernel's work for
+# the emulated links -- and its blocking calls (MPI_Allreduce, MPI_Wait) spin without ever
+# yielding. A spinning rank then takes the core from the one it waits for, or from the
+# network: a 16 KiB MPI_Allreduce at 4 ranks over 1 Gbit/s took 12 ms instead of 0.2 ms on a
+# 2-core machine, and 64 MiB at 10 Gbit/s at 2 ranks 210 ms instead of 147 ms, which made every
+# comparison with it too kind to gcomp (whose waits yield; yielding speeds up gcomp's own
+# small calls too). On one real host with more ranks than cores mpirun sets
+# mpi_yield_when_idle itself; here it is always set, unless the environment chooses (with a
+# core to spare, a yield with nothing else to run returns at once).
 YIELD=()
-if [ -z "${OMPI_MCA_mpi_yield_when_idle:-}" ] && [ "$NP" -gt "$(nproc)" ]; then
+if [ -z "${OMPI_MCA_mpi_yield_when_idle+set}" ]; then
     YIELD=(--mca mpi_yield_when_idle 1)
-    echo "# $NP ranks on $(nproc) cores: Open MPI yields when idle (mpi_yield_when_idle 1), as mpirun does on one oversubscribed host"
+    echo "# Open MPI yields when idle (mpi_yield_when_idle 1): the emulated hosts share this machine's cores"
 fi
 run_mpirun_watched --hostfile "$TMP/hosts" --map-by node "${YIELD[@]}" \
     --mca plm rsh --mca plm_rsh_agent "$TMP/agent" --mca plm_rsh_no_tree_spawn 1 \
