@@ -278,12 +278,12 @@ CAST_GLUE(none, CAST_F32)
 CAST_GLUE(fp16, CAST_F16)
 CAST_GLUE(bf16, CAST_BF16)
 
-#define CAST_VTABLE(lower, ID)                        \
+#define CAST_VTABLE(lower, ID, CAPS)                  \
     const gcomp_codec_vtable gcomp__codec_##lower = { \
         .abi_version = GCOMP_CODEC_ABI_VERSION,       \
         .name = #lower,                               \
         .wire_id = ID,                                \
-        .caps = GCOMP_CAP_SUMMABLE,                   \
+        .caps = CAPS,                                 \
         .params_size = sizeof(gcomp_cast_params),     \
         .max_body_bytes = lower##_max_body,           \
         .encode = lower##_encode,                     \
@@ -291,6 +291,7 @@ CAST_GLUE(bf16, CAST_BF16)
         .cuda = GCOMP_CUDA_OPS(lower),                \
     };
 
-CAST_VTABLE(none, GCOMP_WIRE_ID_NONE)
-CAST_VTABLE(fp16, GCOMP_WIRE_ID_FP16)
-CAST_VTABLE(bf16, GCOMP_WIRE_ID_BF16)
+/* fp32 stored as fp32 drops nothing: "none" keeps no residual (GCOMP_CAP_EXACT) */
+CAST_VTABLE(none, GCOMP_WIRE_ID_NONE, GCOMP_CAP_SUMMABLE | GCOMP_CAP_EXACT)
+CAST_VTABLE(fp16, GCOMP_WIRE_ID_FP16, GCOMP_CAP_SUMMABLE)
+CAST_VTABLE(bf16, GCOMP_WIRE_ID_BF16, GCOMP_CAP_SUMMABLE)

@@ -47,7 +47,11 @@ enum {
     GCOMP_CAP_BYTE_STAGE = 1u << 4, /* lossless byte stage after an element codec */
     /* encode writes r_out only when the whole result is finite (it knows before writing),
      * so the library may pass r_out == r_in and skip the second residual buffer */
-    GCOMP_CAP_RESIDUAL_IN_PLACE = 1u << 5
+    GCOMP_CAP_RESIDUAL_IN_PLACE = 1u << 5,
+    /* encode is exact (decode gives back every value encoded, bit for bit): it never drops
+     * anything, so a communicator keeps no residual for its keys (it would stay zero) and
+     * skips reading and writing one on every call */
+    GCOMP_CAP_EXACT = 1u << 6
 };
 
 /* ---- parameters: one table per codec, parsed by the library for every codec ---------- */

@@ -338,8 +338,10 @@ static gcomp_result prepare_call(gcomp_comm *c, gcomp__call *call, plan *p, cons
     GCOMP_CHECK(layout(c, call, p, 1));
     GCOMP_CHECK(fit(call));
     if (p->sched == GCOMP_SCHED_BYPASS) return GCOMP_SUCCESS;
-    if (!c->cfg.error_feedback || key == GCOMP_KEY_NONE) {
-        /* GCOMP_KEY_NONE means no error feedback, as for a codec object (gcomp.h). The
+    if (!c->cfg.error_feedback || key == GCOMP_KEY_NONE || (call->vt->caps & GCOMP_CAP_EXACT)) {
+        /* GCOMP_KEY_NONE means no error feedback, as for a codec object (gcomp.h); an exact
+         * codec ("none") drops nothing, so its residual would stay zero while costing a
+         * buffer the size of the gradient and a read and a write of it on every call. The
          * stochastic rounding must still move on every call, or the same input rounds the same
          * way forever and the average over steps never converges */
         call->step = key == GCOMP_KEY_NONE ? c->nokey_step++ : p->key->step++;

@@ -623,6 +623,65 @@ static void test_key_none_keeps_no_residual(void **state)
     expect_every_rank(run_key_none, GCOMP_SUCCESS, "two calls without a key (INTERNAL: the second call differed)");
 }
 
+/* An exact codec ("none", GCOMP_CAP_EXACT) keeps no residual with error feedback on (gcomp.h):
+ * its checkpoint after keyed calls is as small as before them (a record would add the key's
+ * count of floats), and its results are the exact sums; fp16 shows that the check sees
+ * records. The device path's: test_staging's test_emulated_device. */
+typedef struct exact_job {
+    loop_rank at;
+    int lossy;
+    gcomp_result rc;
+    size_t grew; /* checkpoint bytes after the calls minus before */
+} exact_job;
+
+static void *run_exact_codec(void *arg)
+{
+    exact_job *j = arg;
+    gcomp_config cfg = gcomp_config_default();
+    gcomp_comm *comm = NULL;
+    size_t counts[] = { 20000, 4096 }, before = 0, after = 0;
+    float *x = malloc(20000 * sizeof(float)), *y = malloc(20000 * sizeof(float));
+    float ranks_sum = 0.25f * (float)(j->at.size * (j->at.size + 1) / 2);
+    for (size_t i = 0; i < 20000; i++) x[i] = (float)(j->at.rank + 1) * 0.25f * (float)(i % 7); /* exact sums */
+    cfg.codec = j->lossy ? "fp16" : "none";
+    cfg.min_bytes = 0;
+    cfg.error_feedback = 1;
+    cfg.timeout_ms = 20000;
+    j->rc = gcomp__comm_create_loop(j->at.w, j->at.rank, &cfg, &comm);
+    if (j->rc == GCOMP_SUCCESS) j->rc = gcomp_comm_residuals_save(comm, NULL, 0, &before);
+    for (size_t k = 0; k < 2 && j->rc == GCOMP_SUCCESS; k++) {
+        j->rc = gcomp_allreduce(comm, x, y, counts[k], GCOMP_F32, GCOMP_SUM, 7 + k, NULL);
+        for (size_t i = 0; i < counts[k] && j->rc == GCOMP_SUCCESS && !j->lossy; i++)
+            if (y[i] != ranks_sum * (float)(i % 7)) j->rc = GCOMP_ERR_INTERNAL;
+    }
+    if (j->rc == GCOMP_SUCCESS) j->rc = gcomp_comm_residuals_save(comm, NULL, 0, &after);
+    if (j->rc != GCOMP_SUCCESS) fprintf(stderr, "rank %d: %s\n", j->at.rank, gcomp_last_error());
+    j->grew = after - before;
+    gcomp_comm_destroy(comm);
+    free(x);
+    free(y);
+    return NULL;
+}
+
+static void test_exact_codec_keeps_no_residual(void **state)
+{
+    (void)state;
+    for (int lossy = 0; lossy <= 1; lossy++)
+        for (int n = 2; n <= 5; n++) {
+            exact_job jobs[MAX_RANKS];
+            memset(jobs, 0, sizeof jobs);
+            for (int r = 0; r < n; r++) jobs[r].lossy = lossy;
+            loop_run_world(n, run_exact_codec, jobs, sizeof jobs[0]);
+            for (int r = 0; r < n; r++) {
+                assert_int_equal(jobs[r].rc, GCOMP_SUCCESS);
+                if (lossy)
+                    assert_true(jobs[r].grew >= (20000 + 4096) * sizeof(float)); /* two records */
+                else
+                    assert_int_equal(jobs[r].grew, 0); /* no record */
+            }
+        }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -630,6 +689,7 @@ int main(void)
         cmocka_unit_test(test_collectives_per_call),
         cmocka_unit_test(test_doubling_limit),
         cmocka_unit_test(test_key_none_keeps_no_residual),
+        cmocka_unit_test(test_exact_codec_keeps_no_residual),
         cmocka_unit_test(test_mismatch),
         cmocka_unit_test(test_disagreeing_plans),
         cmocka_unit_test(test_refused_call_writes_nothing),
