@@ -367,10 +367,10 @@ typedef struct gcomp_comm_stats {
  * CUDA graph is GCOMP_ERR_UNSUPPORTED (the call waits on the host between its steps), before
  * anything is enqueued, on every rank. The calling thread's current device is the same when
  * the call returns.
- * Error feedback covers each rank's own encode of its input; a codec whose encode drops
- * nothing ("none": GCOMP_CAP_EXACT in gcomp_codec.h) keeps no residual at all (a checkpoint
- * of it holds no keys). On the dense ring
- * (GCOMP_SCHED_DENSE: fp16, bf16) the partial sums are decoded, added in fp32 and
+ * Error feedback covers each rank's own encode of its input; the calls of a codec whose
+ * encode drops nothing ("none": GCOMP_CAP_EXACT in gcomp_codec.h) neither make nor read a
+ * residual (its checkpoints name no keys but those a loaded checkpoint brought). On the
+ * dense ring (GCOMP_SCHED_DENSE: fp16, bf16) the partial sums are decoded, added in fp32 and
  * re-encoded at every hop; the rounding of those re-encodes is not fed back to any
  * residual. Recursive doubling (GCOMP_SCHED_DOUBLING) does the same at each of its log2 N
  * exchanges, except the last, whose fp32 sum is the result. (top-k's dense fallback, GCOMP_SCHED_SPARSE_AS_DENSE, sums in fp32 and
