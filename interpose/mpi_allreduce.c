@@ -128,6 +128,8 @@ typedef struct ip_comm {
     uint64_t run_sig;   /* call, datatype, op and count of the call that opened the run */
     uint64_t run_calls; /* control calls in the run (0: none yet on this communicator) */
     uint64_t since;     /* compressed calls since the run's last control call */
+    float *copy;        /* the aligned copy of misaligned buffers, kept for the next call */
+    size_t copy_cap;    /* its floats */
     struct ip_comm *prev, *next;
 } ip_comm;
 
@@ -188,6 +190,7 @@ static int comm_delete(MPI_Comm comm, int keyval, void *val, void *extra)
     gcomp_comm_destroy(c->g);
     inside_gcomp--;
     free(c->seen);
+    free(c->copy);
     free(c);
     return MPI_SUCCESS;
 }
@@ -502,6 +505,18 @@ static int classify(int n, MPI_Datatype type, MPI_Op op, MPI_Comm comm, int alia
     return -1;
 }
 
+/* c's aligned copy of at least n floats, grown as needed and kept for the next call (a
+ * program that reduces a misaligned buffer does so every step); NULL without memory. */
+static float *aligned_copy(ip_comm *c, size_t n)
+{
+    if (n > c->copy_cap) {
+        free(c->copy);
+        c->copy = malloc(n * sizeof(float));
+        c->copy_cap = c->copy ? n : 0;
+    }
+    return c->copy;
+}
+
 static int compressed_allreduce(ip_comm *c, const void *send, void *recv, int n)
 {
     uint64_t key = residual_key(c, send == MPI_IN_PLACE ? NULL : send, recv, (size_t)n);
@@ -520,11 +535,10 @@ static int compressed_allreduce(ip_comm *c, const void *send, void *recv, int n)
         /* MPI takes floats at any address, gcomp only aligned ones: reduce an aligned copy
          * (same key). Without memory for it, NULL buffers make gcomp report the failure on
          * every rank instead of leaving the others waiting. */
-        float *tmp = malloc((size_t)n * sizeof(float));
+        float *tmp = aligned_copy(c, (size_t)n);
         if (tmp) memcpy(tmp, send, (size_t)n * sizeof(float));
         rc = gcomp_allreduce(c->g, tmp, tmp, (size_t)n, GCOMP_F32, GCOMP_SUM, key, NULL);
         if (rc == GCOMP_SUCCESS) memcpy(recv, tmp, (size_t)n * sizeof(float));
-        free(tmp);
     }
     inside_gcomp--;
     if (rc == GCOMP_SUCCESS) {
