@@ -369,8 +369,8 @@ typedef struct gcomp_comm_stats {
  * the call returns.
  * Error feedback covers each rank's own encode of its input; the calls of a codec whose
  * encode drops nothing ("none": GCOMP_CAP_EXACT in gcomp_codec.h) neither make nor read a
- * residual (its checkpoints name no keys but those a loaded checkpoint brought). On the
- * dense ring (GCOMP_SCHED_DENSE: fp16, bf16) the partial sums are decoded, added in fp32 and
+ * residual (its checkpoints name no keys; a loaded one is checked and its records dropped).
+ * On the dense ring (GCOMP_SCHED_DENSE: fp16, bf16) the partial sums are decoded, added in fp32 and
  * re-encoded at every hop; the rounding of those re-encodes is not fed back to any
  * residual. Recursive doubling (GCOMP_SCHED_DOUBLING) does the same at each of its log2 N
  * exchanges, except the last, whose fp32 sum is the result. (top-k's dense fallback, GCOMP_SCHED_SPARSE_AS_DENSE, sums in fp32 and

@@ -50,7 +50,8 @@ enum {
     GCOMP_CAP_RESIDUAL_IN_PLACE = 1u << 5,
     /* encode is exact (decode gives back every value encoded, bit for bit): it never drops
      * anything, so a communicator keeps no residual for its keys (it would stay zero) and
-     * skips reading and writing one on every call */
+     * skips reading and writing one on every call; ctx->step then counts the key's calls
+     * but is not part of a residual checkpoint */
     GCOMP_CAP_EXACT = 1u << 6
 };
 

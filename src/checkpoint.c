@@ -227,7 +227,11 @@ static gcomp_result check_header(gcomp_comm *comm, const uint8_t *p, size_t byte
 static gcomp_result walk_records(gcomp_comm *comm, const uint8_t *p, size_t bytes, size_t pos, int apply)
 {
     gcomp__residual_store *s = gcomp__codec_residuals(comm->codec);
-    int in_place = (gcomp__codec_chain(comm->codec)->stages[0].vt->caps & GCOMP_CAP_RESIDUAL_IN_PLACE) != 0;
+    uint32_t caps = gcomp__codec_chain(comm->codec)->stages[0].vt->caps;
+    int in_place = (caps & GCOMP_CAP_RESIDUAL_IN_PLACE) != 0;
+    /* an exact codec's calls use no residual (engine.c): its records -- zeros, saved before
+     * it kept none -- are checked like any and then dropped, not kept as dead memory */
+    int keep = !(caps & GCOMP_CAP_EXACT);
     size_t end = bytes - 8;
     uint64_t n = gcomp_le_load_u64(p + pos), prev = 0;
     pos += 8;
@@ -260,7 +264,7 @@ static gcomp_result walk_records(gcomp_comm *comm, const uint8_t *p, size_t byte
             if (!isfinite(gcomp_bits_f32(gcomp_le_load_u32(p + pos + 4 * j))))
                 return gcomp__fail(GCOMP_ERR_CORRUPT, "residual checkpoint: element %zu of key %llu is not finite", j,
                                    (unsigned long long)key);
-        if (apply) {
+        if (apply && keep) {
             gcomp__residual *r;
             GCOMP_CHECK(gcomp__residual_acquire(s, key, (size_t)count, !in_place, &r));
             for (size_t j = 0; j < count; j++) r->buf[r->cur][j] = gcomp_bits_f32(gcomp_le_load_u32(p + pos + 4 * j));

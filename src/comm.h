@@ -18,8 +18,9 @@
 typedef struct gcomp__key {
     uint64_t key;
     size_t count;
-    /* calls without error feedback so far: keys the stochastic rounding then (with error
-     * feedback the residual's own step does, and is checkpointed with it) */
+    /* calls without a residual so far (error feedback off, or an exact codec): keys the
+     * stochastic rounding then (with a residual, the residual's own step does, and is
+     * checkpointed with it; this one is not) */
     uint64_t step;
     gcomp_comm_stats stats;
     struct gcomp__key *next;

@@ -682,6 +682,97 @@ static void test_exact_codec_keeps_no_residual(void **state)
         }
 }
 
+/* A checkpoint with records for an exact codec (saved before it kept no residual; made here
+ * from an fp16 one whose spec is rewritten to "none", checksum redone) loads, and its records
+ * are dropped: the next save is a fresh communicator's, and the key still works. */
+static uint64_t blob_fnv1a(const uint8_t *p, size_t n) /* checkpoint.c's checksum */
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+}
+
+typedef struct load_job {
+    loop_rank at;
+    gcomp_result rc;
+    uint8_t *blob; /* the fp16 checkpoint, respecified as "none" */
+    size_t bytes, fresh, after;
+} load_job;
+
+static gcomp_comm *loop_comm(load_job *j, const char *codec)
+{
+    gcomp_config cfg = gcomp_config_default();
+    gcomp_comm *c = NULL;
+    cfg.codec = codec;
+    cfg.min_bytes = 0;
+    cfg.timeout_ms = 20000;
+    j->rc = gcomp__comm_create_loop(j->at.w, j->at.rank, &cfg, &c);
+    return c;
+}
+
+static void fill_exact(float *x, size_t n, int rank)
+{
+    for (size_t i = 0; i < n; i++) x[i] = 0.1f * (float)(i % 13) + (float)rank;
+}
+
+/* An fp16 communicator's checkpoint after one keyed call, respecified as "none". */
+static void *run_lossy_save(void *arg)
+{
+    load_job *j = arg;
+    gcomp_comm *c = loop_comm(j, "fp16");
+    size_t n = 20000;
+    float *x = malloc(n * sizeof(float));
+    uint64_t h;
+    fill_exact(x, n, j->at.rank);
+    if (j->rc == GCOMP_SUCCESS) j->rc = gcomp_allreduce(c, x, x, n, GCOMP_F32, GCOMP_SUM, 7, NULL);
+    if (j->rc == GCOMP_SUCCESS) j->rc = gcomp_comm_residuals_save(c, NULL, 0, &j->bytes);
+    if (j->rc == GCOMP_SUCCESS && !(j->blob = malloc(j->bytes))) j->rc = GCOMP_ERR_NOMEM;
+    if (j->rc == GCOMP_SUCCESS) j->rc = gcomp_comm_residuals_save(c, j->blob, j->bytes, &j->bytes);
+    if (j->rc == GCOMP_SUCCESS && memcmp(j->blob + 28, "fp16", 4) != 0) j->rc = GCOMP_ERR_INTERNAL; /* the spec */
+    if (j->rc == GCOMP_SUCCESS) {
+        memcpy(j->blob + 28, "none", 4);
+        h = blob_fnv1a(j->blob, j->bytes - 8);
+        for (int b = 0; b < 8; b++) j->blob[j->bytes - 8 + b] = (uint8_t)(h >> (8 * b));
+    }
+    gcomp_comm_destroy(c);
+    free(x);
+    return NULL;
+}
+
+static void *run_exact_load(void *arg)
+{
+    load_job *j = arg;
+    gcomp_comm *c = loop_comm(j, "none");
+    size_t n = 20000;
+    float *x = malloc(n * sizeof(float));
+    fill_exact(x, n, j->at.rank);
+    if (j->rc == GCOMP_SUCCESS) j->rc = gcomp_comm_residuals_save(c, NULL, 0, &j->fresh);
+    if (j->rc == GCOMP_SUCCESS) j->rc = gcomp_comm_residuals_load(c, j->blob, j->bytes);
+    if (j->rc == GCOMP_SUCCESS) j->rc = gcomp_comm_residuals_save(c, NULL, 0, &j->after);
+    if (j->rc == GCOMP_SUCCESS) j->rc = gcomp_allreduce(c, x, x, n, GCOMP_F32, GCOMP_SUM, 7, NULL);
+    if (j->rc == GCOMP_SUCCESS && x[12] != 1.2f + 1.2f + 1.0f) j->rc = GCOMP_ERR_INTERNAL; /* exact at 2 ranks */
+    if (j->rc != GCOMP_SUCCESS) fprintf(stderr, "rank %d: %s\n", j->at.rank, gcomp_last_error());
+    gcomp_comm_destroy(c);
+    free(x);
+    return NULL;
+}
+
+static void test_exact_codec_drops_loaded_residuals(void **state)
+{
+    load_job jobs[MAX_RANKS];
+    (void)state;
+    memset(jobs, 0, sizeof jobs);
+    loop_run_world(2, run_lossy_save, jobs, sizeof jobs[0]);
+    for (int r = 0; r < 2; r++) assert_int_equal(jobs[r].rc, GCOMP_SUCCESS);
+    loop_run_world(2, run_exact_load, jobs, sizeof jobs[0]);
+    for (int r = 0; r < 2; r++) {
+        assert_int_equal(jobs[r].rc, GCOMP_SUCCESS);
+        assert_true(jobs[r].bytes > jobs[r].fresh + 20000 * sizeof(float)); /* the blob held the record */
+        assert_int_equal(jobs[r].after, jobs[r].fresh);                     /* dropped */
+        free(jobs[r].blob);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -690,6 +781,7 @@ int main(void)
         cmocka_unit_test(test_doubling_limit),
         cmocka_unit_test(test_key_none_keeps_no_residual),
         cmocka_unit_test(test_exact_codec_keeps_no_residual),
+        cmocka_unit_test(test_exact_codec_drops_loaded_residuals),
         cmocka_unit_test(test_mismatch),
         cmocka_unit_test(test_disagreeing_plans),
         cmocka_unit_test(test_refused_call_writes_nothing),

@@ -373,6 +373,7 @@ static const run_case EMU_CASES[] = {
     { "emu_topk:ratio=1", 3001, GCOMP_F32, GCOMP_SUM, -1 }, /* sparse-as-dense from 2 ranks */
     /* a byte stage runs on host copies of device buffers */
     { "emu_fp16+zstd", 5003, GCOMP_F32, GCOMP_SUM, 2 },
+    { "emu_none+zstd", 5003, GCOMP_F32, GCOMP_AVG, -1 }, /* exact: no residual on either path */
     { "emu_terngrad+zstd", 5003, GCOMP_F16, GCOMP_AVG, -1 },
 };
 
