@@ -15,6 +15,7 @@
 #include <strings.h>
 
 #include "gcomp.h"
+#include "gcomp_codec.h"
 
 /* A switch as gcomp's config.c reads one: set to any value but "" or "0". */
 static inline int ip_env_on(const char *name)
@@ -38,6 +39,22 @@ static inline int ip_env_codec(char *codec, size_t cap)
     int on = v && *v;
     snprintf(codec, cap, "%s", on ? v : "");
     return on;
+}
+
+/* 1 when the spec's first stage is an exact codec ("none", "none+zstd": GCOMP_CAP_EXACT),
+ * which keeps no residual: the interposers then give its calls no residual key
+ * (GCOMP_KEY_NONE), so their summaries count them as without error feedback and hold no
+ * residual keys. An unknown name: 0 (gcomp refuses the spec at creation and says why). */
+static inline int ip_codec_exact(const char *spec)
+{
+    char name[64];
+    size_t n = strcspn(spec, ":+");
+    const gcomp_codec_vtable *vt;
+    if (n >= sizeof name) return 0;
+    memcpy(name, spec, n);
+    name[n] = 0;
+    vt = gcomp_codec_find(name);
+    return vt && (vt->caps & GCOMP_CAP_EXACT);
 }
 
 /* A program under an interposer expects MPI's and NCCL's own patience: a collective waits

@@ -141,6 +141,7 @@ static struct {
     int ready;            /* keyvals created, finalize hook set */
     int finalizing;
     int enabled, debug;
+    int exact;  /* the codec keeps no residual (ip_codec_exact): no keys */
     int ef_key; /* EF_KEY_BUFFER or EF_KEY_SEQUENCE */
     const char *stats_file;
     int comm_keyval, self_keyval;
@@ -271,6 +272,7 @@ static int setup(void)
     pthread_mutex_lock(&S.lock);
     if (!S.ready) {
         S.enabled = ip_env_codec(S.codec, sizeof S.codec);
+        S.exact = S.enabled && ip_codec_exact(S.codec);
         S.debug = ip_env_debug();
         S.stats_file = getenv("GCOMP_STATS_FILE");
         S.ef_key = ef_key_mode(getenv("GCOMP_INTERPOSE_EF_KEY"));
@@ -412,6 +414,7 @@ static uint64_t residual_key(ip_comm *c, const void *send, const void *buf, size
 {
     uint64_t context = 0, k;
     struct seen *s;
+    if (S.exact) return GCOMP_KEY_NONE; /* nothing to keep: no key, no table entry */
     /* no control call seen yet on this communicator: nothing to key by but the buffer */
     if (S.ef_key == EF_KEY_SEQUENCE && c->run_calls) context = mix64(c->run_hash ^ mix64(c->since + 1));
     s = seen_entry(c, send, buf, n, context);

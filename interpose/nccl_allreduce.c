@@ -119,6 +119,7 @@ static struct {
     pthread_mutex_t lock;
     pthread_cond_t idle; /* an ip_comm's users or creating went down */
     int ready, enabled, debug, one_rank;
+    int exact; /* the codec keeps no residual (ip_codec_exact): no keys */
     const char *stats_file;
     char codec[256];
     allreduce_fn *allreduce;
@@ -148,6 +149,7 @@ static void setup(void)
     pthread_mutex_lock(&S.lock);
     if (!S.ready) {
         S.enabled = ip_env_codec(S.codec, sizeof S.codec);
+        S.exact = S.enabled && ip_codec_exact(S.codec);
         S.debug = ip_env_debug();
         S.one_rank = ip_env_on("GCOMP_TEST_COMPRESS_ONE_RANK");
         S.stats_file = getenv("GCOMP_STATS_FILE");
@@ -362,6 +364,7 @@ static uint64_t residual_key(ip_comm *c, const void *send, const void *buf, size
     uint64_t k = ((uint64_t)(uintptr_t)c->comm * 0xff51afd7ed558ccdull) ^
                  ((uint64_t)(uintptr_t)buf * 0x9e3779b97f4a7c15ull) ^ (uint64_t)n ^
                  (send == buf ? 0 : (uint64_t)(uintptr_t)send * 0xc4ceb9fe1a85ec53ull);
+    if (S.exact) return GCOMP_KEY_NONE; /* nothing to keep: no key, no table entry */
     for (size_t i = 0; i < c->n_seen && !s; i++)
         if (c->seen[i].buf == buf && c->seen[i].send == send) s = &c->seen[i];
     if (!s) {
