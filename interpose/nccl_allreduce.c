@@ -361,10 +361,11 @@ static ncclResult_t comm_gone(ncclComm_t comm, comm_fn *real, int is_abort)
 static uint64_t residual_key(ip_comm *c, const void *send, const void *buf, size_t n)
 {
     struct seen *s = NULL;
-    uint64_t k = ((uint64_t)(uintptr_t)c->comm * 0xff51afd7ed558ccdull) ^
-                 ((uint64_t)(uintptr_t)buf * 0x9e3779b97f4a7c15ull) ^ (uint64_t)n ^
-                 (send == buf ? 0 : (uint64_t)(uintptr_t)send * 0xc4ceb9fe1a85ec53ull);
+    uint64_t k;
     if (S.exact) return GCOMP_KEY_NONE; /* nothing to keep: no key, no table entry */
+    k = ((uint64_t)(uintptr_t)c->comm * 0xff51afd7ed558ccdull) ^
+        ((uint64_t)(uintptr_t)buf * 0x9e3779b97f4a7c15ull) ^ (uint64_t)n ^
+        (send == buf ? 0 : (uint64_t)(uintptr_t)send * 0xc4ceb9fe1a85ec53ull);
     for (size_t i = 0; i < c->n_seen && !s; i++)
         if (c->seen[i].buf == buf && c->seen[i].send == send) s = &c->seen[i];
     if (!s) {

@@ -19,6 +19,7 @@
 #include <stdarg.h>
 #include <cmocka.h>
 
+#include "codecs/common.h" /* gcomp_le_store_u64 */
 #include "comm.h"
 #include "ring.h"
 #include "loop_world.h"
@@ -634,20 +635,27 @@ typedef struct exact_job {
     size_t grew; /* checkpoint bytes after the calls minus before */
 } exact_job;
 
+/* A loopback communicator of codec for this rank (error feedback on, every size compressed);
+ * NULL with *rc set on failure. */
+static gcomp_comm *loop_comm(const loop_rank *at, const char *codec, gcomp_result *rc)
+{
+    gcomp_config cfg = gcomp_config_default();
+    gcomp_comm *c = NULL;
+    cfg.codec = codec;
+    cfg.min_bytes = 0;
+    cfg.timeout_ms = 20000;
+    *rc = gcomp__comm_create_loop(at->w, at->rank, &cfg, &c);
+    return c;
+}
+
 static void *run_exact_codec(void *arg)
 {
     exact_job *j = arg;
-    gcomp_config cfg = gcomp_config_default();
-    gcomp_comm *comm = NULL;
+    gcomp_comm *comm = loop_comm(&j->at, j->lossy ? "fp16" : "none", &j->rc);
     size_t counts[] = { 20000, 4096 }, before = 0, after = 0;
     float *x = malloc(20000 * sizeof(float)), *y = malloc(20000 * sizeof(float));
     float ranks_sum = 0.25f * (float)(j->at.size * (j->at.size + 1) / 2);
     for (size_t i = 0; i < 20000; i++) x[i] = (float)(j->at.rank + 1) * 0.25f * (float)(i % 7); /* exact sums */
-    cfg.codec = j->lossy ? "fp16" : "none";
-    cfg.min_bytes = 0;
-    cfg.error_feedback = 1;
-    cfg.timeout_ms = 20000;
-    j->rc = gcomp__comm_create_loop(j->at.w, j->at.rank, &cfg, &comm);
     if (j->rc == GCOMP_SUCCESS) j->rc = gcomp_comm_residuals_save(comm, NULL, 0, &before);
     for (size_t k = 0; k < 2 && j->rc == GCOMP_SUCCESS; k++) {
         j->rc = gcomp_allreduce(comm, x, y, counts[k], GCOMP_F32, GCOMP_SUM, 7 + k, NULL);
@@ -683,14 +691,9 @@ static void test_exact_codec_keeps_no_residual(void **state)
 }
 
 /* A checkpoint with records for an exact codec (saved before it kept no residual; made here
- * from an fp16 one whose spec is rewritten to "none", checksum redone) loads, and its records
- * are dropped: the next save is a fresh communicator's, and the key still works. */
-static uint64_t blob_fnv1a(const uint8_t *p, size_t n) /* checkpoint.c's checksum */
-{
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
-    return h;
-}
+ * from an fp16 one whose spec is rewritten to "none", checksum redone: checkpoint.c's FNV-1a
+ * is sc_hash) loads, and its records are dropped: the next save is a fresh communicator's,
+ * and the key still works. */
 
 typedef struct load_job {
     loop_rank at;
@@ -698,17 +701,6 @@ typedef struct load_job {
     uint8_t *blob; /* the fp16 checkpoint, respecified as "none" */
     size_t bytes, fresh, after;
 } load_job;
-
-static gcomp_comm *loop_comm(load_job *j, const char *codec)
-{
-    gcomp_config cfg = gcomp_config_default();
-    gcomp_comm *c = NULL;
-    cfg.codec = codec;
-    cfg.min_bytes = 0;
-    cfg.timeout_ms = 20000;
-    j->rc = gcomp__comm_create_loop(j->at.w, j->at.rank, &cfg, &c);
-    return c;
-}
 
 static void fill_exact(float *x, size_t n, int rank)
 {
@@ -719,10 +711,9 @@ static void fill_exact(float *x, size_t n, int rank)
 static void *run_lossy_save(void *arg)
 {
     load_job *j = arg;
-    gcomp_comm *c = loop_comm(j, "fp16");
+    gcomp_comm *c = loop_comm(&j->at, "fp16", &j->rc);
     size_t n = 20000;
     float *x = malloc(n * sizeof(float));
-    uint64_t h;
     fill_exact(x, n, j->at.rank);
     if (j->rc == GCOMP_SUCCESS) j->rc = gcomp_allreduce(c, x, x, n, GCOMP_F32, GCOMP_SUM, 7, NULL);
     if (j->rc == GCOMP_SUCCESS) j->rc = gcomp_comm_residuals_save(c, NULL, 0, &j->bytes);
@@ -731,8 +722,7 @@ static void *run_lossy_save(void *arg)
     if (j->rc == GCOMP_SUCCESS && memcmp(j->blob + 28, "fp16", 4) != 0) j->rc = GCOMP_ERR_INTERNAL; /* the spec */
     if (j->rc == GCOMP_SUCCESS) {
         memcpy(j->blob + 28, "none", 4);
-        h = blob_fnv1a(j->blob, j->bytes - 8);
-        for (int b = 0; b < 8; b++) j->blob[j->bytes - 8 + b] = (uint8_t)(h >> (8 * b));
+        gcomp_le_store_u64(j->blob + j->bytes - 8, sc_hash(SC_HASH_INIT, j->blob, j->bytes - 8));
     }
     gcomp_comm_destroy(c);
     free(x);
@@ -742,7 +732,7 @@ static void *run_lossy_save(void *arg)
 static void *run_exact_load(void *arg)
 {
     load_job *j = arg;
-    gcomp_comm *c = loop_comm(j, "none");
+    gcomp_comm *c = loop_comm(&j->at, "none", &j->rc);
     size_t n = 20000;
     float *x = malloc(n * sizeof(float));
     fill_exact(x, n, j->at.rank);
