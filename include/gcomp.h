@@ -276,8 +276,9 @@ typedef enum gcomp_schedule {
     GCOMP_SCHED_INTEGER = 3,         /* terngrad: exact integer sums of codes under a shared scale */
     GCOMP_SCHED_SPARSE = 4,          /* top-k: ring allgather of payloads, summed in rank order */
     GCOMP_SCHED_SPARSE_AS_DENSE = 5, /* top-k whose gather would cost more than a dense ring */
-    GCOMP_SCHED_DOUBLING = 6         /* small dense calls at a power-of-two N >= 4: recursive
-                                      * doubling, log2 N exchanges of the whole payload */
+    GCOMP_SCHED_DOUBLING = 6         /* dense calls at 2 ranks, small ones at a power-of-two
+                                      * N >= 4: recursive doubling, log2 N exchanges of the
+                                      * whole payload */
 } gcomp_schedule;
 
 GCOMP_API const char *gcomp_schedule_name(gcomp_schedule s);
@@ -373,7 +374,8 @@ typedef struct gcomp_comm_stats {
  * On the dense ring (GCOMP_SCHED_DENSE: fp16, bf16) the partial sums are decoded, added in fp32 and
  * re-encoded at every hop; the rounding of those re-encodes is not fed back to any
  * residual. Recursive doubling (GCOMP_SCHED_DOUBLING) does the same at each of its log2 N
- * exchanges, except the last, whose fp32 sum is the result. (top-k's dense fallback, GCOMP_SCHED_SPARSE_AS_DENSE, sums in fp32 and
+ * exchanges, except the last, whose fp32 sum is the result: at 2 ranks (one exchange) no sum
+ * is re-encoded, so an fp16 sum past 65504 of two finite inputs stays finite there. (top-k's dense fallback, GCOMP_SCHED_SPARSE_AS_DENSE, sums in fp32 and
  * re-encodes nothing.)
  * Accuracy of a call whose key holds a zero residual (its first; later calls also return what
  * earlier ones dropped), per element, with S = sum over ranks of |x_r| of that element and

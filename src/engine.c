@@ -145,6 +145,10 @@ static gcomp_schedule pick_schedule(const gcomp_comm *c, size_t count, size_t ra
             return GCOMP_SCHED_SPARSE_AS_DENSE;
         return GCOMP_SCHED_SPARSE;
     }
+    /* Two ranks: one exchange of the whole payload sends what the ring's two steps of half
+     * of it send, with one encode of the input instead of the ring's one and a half (its sum
+     * is not re-encoded) and no hop between (sched_doubling.c), whatever the size. */
+    if (n == 2) return GCOMP_SCHED_DOUBLING;
     /* small calls: fewer hops (log2 N) of the whole payload, where hops cost more than bytes
      * (sched_doubling.c); the limit is on the encoded elements (what each hop carries), again a
      * function of (count, N, spec) only. The count cap comes first: check_args bounds count

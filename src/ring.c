@@ -50,6 +50,8 @@ int gcomp__ring_butterfly_steps(int n)
     return k;
 }
 
+int gcomp__ring_doubling_steps(int n) { return n == 2 ? 1 : gcomp__ring_butterfly_steps(n); }
+
 void gcomp__ring_use_butterfly(gcomp__ring *r)
 {
     int k = gcomp__ring_butterfly_steps(r->size);
@@ -260,7 +262,7 @@ uint64_t gcomp__ring_trailer_bytes(gcomp_schedule sched, int n)
     if (sched == GCOMP_SCHED_SPARSE)
         msgs = (uint64_t)n;
     else if (sched == GCOMP_SCHED_DOUBLING)
-        msgs = 2 * (uint64_t)gcomp__ring_butterfly_steps(n);
+        msgs = 2 * (uint64_t)gcomp__ring_doubling_steps(n);
     else
         msgs = 2 * (uint64_t)(n - 1);
     return msgs * GCOMP__RING_TRAILER_BASE;

@@ -100,6 +100,9 @@ static inline int gcomp__ring_right(const gcomp__ring *r) { return (r->rank + 1)
 static inline int gcomp__ring_left(const gcomp__ring *r) { return (r->rank + r->size - 1) % r->size; }
 /* log2 n when n is a power of two >= 4 (a butterfly's steps), else 0 */
 int gcomp__ring_butterfly_steps(int n);
+/* Recursive doubling's exchanges: log2 n at a power-of-two n >= 2, else 0. At n = 2 its one
+ * partner is the ring's neighbour, so it runs on the plain ring (no butterfly). */
+int gcomp__ring_doubling_steps(int n);
 /* (r->rank + k) mod size for any k, negative included */
 static inline int gcomp__ring_rel(const gcomp__ring *r, int k) { return ((r->rank + k) % r->size + r->size) % r->size; }
 

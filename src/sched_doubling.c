@@ -1,12 +1,18 @@
 /*
- * sched_doubling.c — recursive doubling, for small calls of the summable codecs (none, fp16,
- * bf16) at a power-of-two N >= 4 ranks: log2 N exchanges of the whole payload instead of
- * the dense ring's 2(N-1) exchanges of a chunk. A small call is paid in hops, not bytes
- * (each hop waits for a peer to be scheduled, and on shared memory Open MPI sends a message
- * past its eager limit in a handshake), so fewer, larger messages win; a large one is paid
- * in bytes, where the ring sends 2(N-1)/N of the payload and doubling log2 N times it: the
- * engine picks this schedule up to GCOMP__DOUBLING_MAX_BYTES of encoded elements and
- * GCOMP__DOUBLING_MAX_COUNT elements (schedule.h).
+ * sched_doubling.c — recursive doubling, for the summable codecs (none, fp16, bf16): every
+ * call at 2 ranks, small calls at a power-of-two N >= 4: log2 N exchanges of the whole
+ * payload instead of the dense ring's 2(N-1) exchanges of a chunk. At 2 ranks that is one
+ * exchange of what the ring's two steps send, with one encode of the input instead of the
+ * ring's three of half of it (own chunk, partner's chunk, the sum) and an fp32 sum that is
+ * never re-encoded, so it is the schedule there at every size. At N >= 4 a small call is
+ * paid in hops, not bytes (each hop waits for a peer to be scheduled, and on shared memory
+ * Open MPI sends a message past its eager limit in a handshake), so fewer, larger messages
+ * win; a large one is paid
+ * in bytes, where the ring sends 2(N-1)/N of the payload and doubling log2 N times it: at
+ * N >= 4 the engine picks this schedule up to GCOMP__DOUBLING_MAX_BYTES of encoded elements
+ * and GCOMP__DOUBLING_MAX_COUNT elements (schedule.h). At 2 ranks the partner is the ring's
+ * neighbour, so the call runs on the plain ring (no butterfly) and agrees in-band like any
+ * ring call.
  *
  * Each rank encodes its whole input once (error feedback fused, as on the ring). Step k
  * exchanges the current payload with partner rank ^ 2^k; both decode the two payloads in
@@ -56,7 +62,9 @@ static void layout(gcomp__call *call, doubling_ctx *d)
     stride = d->bound + GCOMP__RING_TRAILER;
     d->mine = gcomp__ws_take(call->ws, stride, "doubling: own payload");
     d->theirs = gcomp__ws_take(call->ws, stride, "doubling: partner's payload");
-    d->acc = gcomp__ws_take(call->ws, call->count * sizeof(float), "doubling: partial sums");
+    /* one exchange (2 ranks) sums straight into the result */
+    d->acc = NULL;
+    if (call->ring.size > 2) d->acc = gcomp__ws_take(call->ws, call->count * sizeof(float), "doubling: partial sums");
     d->hop = gcomp__ws_take(call->meta, 2 * GCOMP__RING_TRAILER, "doubling: outcome hops");
     d->scratch = d->res = d->res_tmp = NULL;
     if (!call->on_device) return;
@@ -113,13 +121,13 @@ static gcomp_result start_step(doubling_ctx *d, size_t mbytes)
 static gcomp_result doubling_run(gcomp__call *call)
 {
     gcomp__ring *ring = &call->ring;
-    int steps = gcomp__ring_butterfly_steps(ring->size);
+    int steps = gcomp__ring_doubling_steps(ring->size);
     size_t mbytes = 0, tbytes = 0, lo = 0;
     doubling_ctx d;
     layout(call, &d);
     GCOMP_CHECK(gcomp__ws_check(call->ws));
-    gcomp__ring_use_butterfly(ring);
-    if (!ring->butterfly) /* N not a power of two >= 4, or a message went out first: no partners */
+    if (ring->size > 2) gcomp__ring_use_butterfly(ring); /* at 2 ranks the ring's neighbour is the partner */
+    if (steps == 0 || (ring->size > 2 && !ring->butterfly)) /* N not a power of two, or a message went out first */
         GCOMP_STEP(ring, gcomp__fail(GCOMP_ERR_INTERNAL, "recursive doubling cannot run on this call's ring"));
     if (d.res) GCOMP_STEP(ring, gcomp__call_res_blocks(call, 1, &lo, d.res_tmp, d.res));
     GCOMP_STEP(ring, encode(&d, call->x, 0, &mbytes));

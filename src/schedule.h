@@ -6,7 +6,7 @@
  * (the engine's planner composes sparse-as-dense from an encode and the dense schedule).
  *
  *   sched_dense.c    the dense ring (summable codecs: none, fp16, bf16; top-k as dense)
- *   sched_doubling.c recursive doubling (small calls of the summable codecs, N = 4, 8, ...)
+ *   sched_doubling.c recursive doubling (summable codecs: every call at N = 2, small ones at 4, 8, ...)
  *   sched_integer.c  the integer ring (GCOMP_CAP_INTEGER: the codec's int_* entries)
  *   sched_sparse.c   the sparse gather (GCOMP_CAP_SPARSE: sparse_* entries, or decode-add)
  */
@@ -66,9 +66,9 @@ extern const gcomp__sched gcomp__sched_integer;
 extern const gcomp__sched gcomp__sched_sparse;
 extern const gcomp__sched gcomp__sched_doubling;
 
-/* Recursive doubling's limit (engine.c): calls whose elements encode to at most this many
- * bytes (the element codec's body, headers aside: 16 Ki elements of fp16 or bf16, 8 Ki of
- * none) at a power-of-two N >= 4. Doubling sends log2 N / (2(N-1)/N) times the ring's bytes
+/* Recursive doubling's limit (engine.c) at a power-of-two N >= 4 (at 2 ranks it takes every
+ * dense call: sched_doubling.c): calls whose elements encode to at most this many bytes (the
+ * element codec's body, headers aside: 16 Ki elements of fp16 or bf16, 8 Ki of none). Doubling sends log2 N / (2(N-1)/N) times the ring's bytes
  * (4/3 at N = 4, 12/7 at 8) and saves 2(N-1) - log2 N hops, so its gain depends on the link:
  * measured at N = 4 (docs/BENCHMARKS.md, "Round trips per call"), exchanges of 32 KiB gain on
  * shared memory, at 10 Gbit/s and at 1 Gbit/s, of 64 KiB lose at 1 Gbit/s; on shared memory

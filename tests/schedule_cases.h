@@ -22,22 +22,24 @@ typedef struct schedule_case {
     gcomp_op op;
     int64_t min_bytes;
     int integer_input;    /* inputs are small integers: every sum order gives the same bits */
-    const char *schedule; /* gcomp_schedule_name of what runs at 2 ranks and more */
+    const char *schedule; /* gcomp_schedule_name of what runs at 3 ranks and more */
     const char *pow2;     /* ... and at 4 and 8 ranks, when it differs (NULL: the same) */
+    const char *pair;     /* ... and at 2 ranks, when it differs (NULL: the same) */
 } schedule_case;
 
 #define SCHEDULE_STEPS 3
 
 static const schedule_case schedule_cases[] = {
-    { "dense_fp16", "fp16", 10007, GCOMP_SUM, 0, 0, "dense-ring", "dense-doubling" },
-    { "dense_none_avg", "none", 4099, GCOMP_AVG, 0, 0, "dense-ring", "dense-doubling" },
-    /* above recursive doubling's limit: the dense ring at every rank count */
-    { "dense_fp16_ring", "fp16", 40009, GCOMP_AVG, 0, 0, "dense-ring", NULL },
-    { "integer_terngrad_avg", "terngrad", 10007, GCOMP_AVG, 0, 0, "integer-ring", NULL },
-    { "integer_terngrad_bucket", "terngrad:bucket=512", 5003, GCOMP_SUM, 0, 0, "integer-ring", NULL },
-    { "sparse_topk", "topk:ratio=0.01", 10007, GCOMP_SUM, 0, 0, "sparse-gather", NULL },
-    { "sparse_as_dense_topk", "topk:ratio=1", 3001, GCOMP_SUM, 0, 0, "sparse-as-dense-ring", NULL },
-    { "bypass_small", "terngrad", 1000, GCOMP_SUM, 65536, 1, "bypass", NULL },
+    /* recursive doubling at 2 ranks (every size: one exchange) and, small calls, at 4 and 8 */
+    { "dense_fp16", "fp16", 10007, GCOMP_SUM, 0, 0, "dense-ring", "dense-doubling", "dense-doubling" },
+    { "dense_none_avg", "none", 4099, GCOMP_AVG, 0, 0, "dense-ring", "dense-doubling", "dense-doubling" },
+    /* above recursive doubling's limit: the dense ring at every rank count but 2 */
+    { "dense_fp16_ring", "fp16", 40009, GCOMP_AVG, 0, 0, "dense-ring", NULL, "dense-doubling" },
+    { "integer_terngrad_avg", "terngrad", 10007, GCOMP_AVG, 0, 0, "integer-ring", NULL, NULL },
+    { "integer_terngrad_bucket", "terngrad:bucket=512", 5003, GCOMP_SUM, 0, 0, "integer-ring", NULL, NULL },
+    { "sparse_topk", "topk:ratio=0.01", 10007, GCOMP_SUM, 0, 0, "sparse-gather", NULL, NULL },
+    { "sparse_as_dense_topk", "topk:ratio=1", 3001, GCOMP_SUM, 0, 0, "sparse-as-dense-ring", NULL, NULL },
+    { "bypass_small", "terngrad", 1000, GCOMP_SUM, 65536, 1, "bypass", NULL, NULL },
 };
 #define SCHEDULE_N_CASES (sizeof schedule_cases / sizeof schedule_cases[0])
 
@@ -45,6 +47,7 @@ static const schedule_case schedule_cases[] = {
 static inline const char *sc_schedule_at(const schedule_case *c, int n)
 {
     if (n == 1) return "bypass";
+    if (c->pair && n == 2) return c->pair;
     if (c->pow2 && n >= 4 && (n & (n - 1)) == 0) return c->pow2;
     return c->schedule;
 }
