@@ -177,15 +177,23 @@ F16C_TARGET static size_t f16c_encode(const float *g, const float *r_in, float *
     return done;
 }
 
-/* acc[i] += the half at body[2i], for the first n & ~7 elements; returns how many. */
-F16C_TARGET static size_t f16c_decode_add(const uint8_t *body, float *acc, size_t n)
+/* acc[i] += the half at body[2i] (add), or acc[i] = 0 + it (the bits of adding to zeros:
+ * -0 becomes +0), for the first n & ~7 elements; returns how many. */
+static inline __attribute__((always_inline)) F16C_TARGET size_t f16c_decode_loop(const uint8_t *body, float *acc,
+                                                                                 size_t n, int add)
 {
     size_t m = n & ~(size_t)7;
     for (size_t i = 0; i < m; i += 8) {
         __m256 y = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(body + 2 * i)));
-        _mm256_storeu_ps(acc + i, _mm256_add_ps(_mm256_loadu_ps(acc + i), y));
+        __m256 base = add ? _mm256_loadu_ps(acc + i) : _mm256_setzero_ps();
+        _mm256_storeu_ps(acc + i, _mm256_add_ps(base, y));
     }
     return m;
+}
+
+F16C_TARGET static size_t f16c_decode(const uint8_t *body, float *acc, size_t n, int add)
+{
+    return add ? f16c_decode_loop(body, acc, n, 1) : f16c_decode_loop(body, acc, n, 0);
 }
 #else
 static int have_f16c(void) { return 0; }
@@ -195,9 +203,9 @@ static size_t f16c_encode(const float *g, const float *r_in, float *r_out, size_
     (void)g, (void)r_in, (void)r_out, (void)n, (void)body, (void)nonfinite, (void)overflow;
     return 0;
 }
-static size_t f16c_decode_add(const uint8_t *body, float *acc, size_t n)
+static size_t f16c_decode(const uint8_t *body, float *acc, size_t n, int add)
 {
-    (void)body, (void)acc, (void)n;
+    (void)body, (void)acc, (void)n, (void)add;
     return 0;
 }
 #endif
@@ -236,20 +244,31 @@ GCOMP_SIMD_CLONES static gcomp_result cast_encode(cast_kind kind, gcomp_encode_c
     return GCOMP_SUCCESS;
 }
 
-GCOMP_SIMD_CLONES static gcomp_result cast_decode_add(cast_kind kind, const char *name, uint32_t flags,
-                                                      const uint8_t *body, size_t bytes, float *acc, size_t n)
+/* acc[i] += decoded element i (add), or acc[i] = 0 + it: the bits of zeroing acc first (-0
+ * becomes +0, as there), in one pass instead of two. add is a constant at each call site. */
+static inline __attribute__((always_inline)) void decode_loop(cast_kind kind, const uint8_t *body, float *acc,
+                                                              size_t n, int add)
+{
+    size_t done = kind == CAST_F16 && gcomp__cast_f16c_active() ? f16c_decode(body, acc, n, add) : 0;
+    for (size_t i = done; i < n; i++) {
+        float y = kind == CAST_F32   ? load_f32(body + 4 * i)
+                  : kind == CAST_F16 ? gcomp_f16_to_f32_inline(load_u16(body + 2 * i))
+                                     : gcomp_bf16_to_f32_inline(load_u16(body + 2 * i));
+        acc[i] = (add ? acc[i] : 0.0f) + y;
+    }
+}
+
+GCOMP_SIMD_CLONES static gcomp_result cast_decode(cast_kind kind, const char *name, uint32_t flags,
+                                                  const uint8_t *body, size_t bytes, float *acc, size_t n, int add)
 {
     if (flags != 0) return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "%s: unknown flags 0x%x", name, flags);
     if (bytes != n * width_of(kind))
         return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "%s: body of %zu bytes for %zu elements (expected %zu)", name, bytes,
                                 n, n * width_of(kind));
-    if (kind == CAST_F32)
-        for (size_t i = 0; i < n; i++) acc[i] += load_f32(body + 4 * i);
-    else if (kind == CAST_F16) {
-        size_t done = gcomp__cast_f16c_active() ? f16c_decode_add(body, acc, n) : 0;
-        for (size_t i = done; i < n; i++) acc[i] += gcomp_f16_to_f32_inline(load_u16(body + 2 * i));
-    } else
-        for (size_t i = 0; i < n; i++) acc[i] += gcomp_bf16_to_f32_inline(load_u16(body + 2 * i));
+    if (add)
+        decode_loop(kind, body, acc, n, 1);
+    else
+        decode_loop(kind, body, acc, n, 0);
     return GCOMP_SUCCESS;
 }
 
@@ -271,7 +290,7 @@ GCOMP_SIMD_CLONES static gcomp_result cast_decode_add(cast_kind kind, const char
                                            float *acc, size_t n)                                                \
     {                                                                                                           \
         (void)p;                                                                                                \
-        return cast_decode_add(KIND, #lower, flags, body, bytes, acc, n);                                       \
+        return cast_decode(KIND, #lower, flags, body, bytes, acc, n, 1);                                        \
     }
 
 CAST_GLUE(none, CAST_F32)
@@ -295,3 +314,13 @@ CAST_GLUE(bf16, CAST_BF16)
 CAST_VTABLE(none, GCOMP_WIRE_ID_NONE, GCOMP_CAP_SUMMABLE | GCOMP_CAP_EXACT)
 CAST_VTABLE(fp16, GCOMP_WIRE_ID_FP16, GCOMP_CAP_SUMMABLE)
 CAST_VTABLE(bf16, GCOMP_WIRE_ID_BF16, GCOMP_CAP_SUMMABLE)
+
+/* The engine's overwriting decode (cast.h): dst = 0 + decoded, one pass. */
+gcomp_result gcomp__cast_decode_set(const gcomp_codec_vtable *vt, uint32_t flags, const uint8_t *body, size_t bytes,
+                                    float *dst, size_t n)
+{
+    if (vt == &gcomp__codec_none) return cast_decode(CAST_F32, "none", flags, body, bytes, dst, n, 0);
+    if (vt == &gcomp__codec_fp16) return cast_decode(CAST_F16, "fp16", flags, body, bytes, dst, n, 0);
+    if (vt == &gcomp__codec_bf16) return cast_decode(CAST_BF16, "bf16", flags, body, bytes, dst, n, 0);
+    return GCOMP_ERR_UNSUPPORTED;
+}

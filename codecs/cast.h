@@ -43,6 +43,13 @@ extern int gcomp__cast_reference_only;
 /* Nonzero when the fp16 loops run on F16C (the CPU has it and the switch is 0). */
 int gcomp__cast_f16c_active(void);
 
+/* Not in the codec ABI: dst[0..n) = 0 + each decoded element of a cast codec's body, the bits
+ * that zeroing dst and decode_add give (-0 becomes +0), in one pass instead of two; for
+ * gcomp_codec_decode and the engine's schedules. GCOMP_ERR_UNSUPPORTED, with no message, when
+ * vt is not none, fp16 or bf16; a malformed body fails as decode_add does. */
+gcomp_result gcomp__cast_decode_set(const gcomp_codec_vtable *vt, uint32_t flags, const uint8_t *body, size_t bytes,
+                                    float *dst, size_t n);
+
 extern const gcomp_codec_vtable gcomp__codec_none;
 extern const gcomp_codec_vtable gcomp__codec_fp16;
 extern const gcomp_codec_vtable gcomp__codec_bf16;

@@ -13,6 +13,7 @@
 #include "codec_device.h"
 #include "codec_internal.h"
 #include "device.h"
+#include "codecs/cast.h"
 #include "codecs/topk.h"
 
 struct gcomp_codec {
@@ -391,6 +392,29 @@ gcomp_result gcomp_codec_decode_add(gcomp_codec *c, const void *payload, size_t 
     return GCOMP_SUCCESS;
 }
 
+/* acc = decode(payload) on the host: the cast codecs write it in one pass (cast.h), the others
+ * add into zeros; the same bits either way, and zeros after a failure either way. */
+static gcomp_result decode_f32(gcomp_codec *c, const void *payload, size_t bytes, float *acc, size_t count)
+{
+    const gcomp__stage *el = &c->chain.stages[0];
+    const uint8_t *body;
+    size_t body_bytes;
+    uint32_t flags;
+    gcomp_result rc;
+    if (el->vt != &gcomp__codec_none && el->vt != &gcomp__codec_fp16 && el->vt != &gcomp__codec_bf16) {
+        if (count) memset(acc, 0, count * sizeof(float));
+        return gcomp_codec_decode_add(c, payload, bytes, acc, count);
+    }
+    rc = gcomp__codec_element_body(c, payload, bytes, count, &body, &body_bytes, &flags);
+    if (rc == GCOMP_SUCCESS) rc = gcomp__cast_decode_set(el->vt, flags, body, body_bytes, acc, count);
+    if (rc != GCOMP_SUCCESS) {
+        if (count) memset(acc, 0, count * sizeof(float));
+        return rc;
+    }
+    c->stats.decode_calls++;
+    return GCOMP_SUCCESS;
+}
+
 gcomp_result gcomp_codec_decode(gcomp_codec *c, const void *payload, size_t bytes, void *dst, size_t count,
                                 gcomp_dtype dtype)
 {
@@ -407,8 +431,7 @@ gcomp_result gcomp_codec_decode(gcomp_codec *c, const void *payload, size_t byte
         GCOMP_CHECK(scratch_reserve(&c->widen, &c->widen_cap, count * sizeof(float)));
         acc = c->widen;
     }
-    if (count) memset(acc, 0, count * sizeof(float));
-    GCOMP_CHECK(gcomp_codec_decode_add(c, payload, bytes, acc, count));
+    GCOMP_CHECK(decode_f32(c, payload, bytes, acc, count));
     if (dtype != GCOMP_F32) GCOMP_CHECK(gcomp__device_host.narrow(acc, count, dtype, dst, NULL));
     return GCOMP_SUCCESS;
 }

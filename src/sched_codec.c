@@ -51,6 +51,13 @@ gcomp_result gcomp__call_decode_add(gcomp__call *call, const void *payload, size
                                        call->stream);
 }
 
+gcomp_result gcomp__call_decode(gcomp__call *call, const void *payload, size_t bytes, float *dst, size_t n)
+{
+    if (!call->on_device) return gcomp_codec_decode(call->codec, payload, bytes, dst, n, GCOMP_F32);
+    GCOMP_CHECK(gcomp__call_zero(call, dst, n * sizeof(float)));
+    return gcomp__call_decode_add(call, payload, bytes, dst, n);
+}
+
 gcomp_result gcomp__call_zero(gcomp__call *call, void *dst, size_t bytes)
 {
     return call->dev->memset_async(dst, 0, bytes, call->stream);

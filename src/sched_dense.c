@@ -135,8 +135,10 @@ static gcomp_result decode_chunk(dense_ctx *d, const uint8_t *payload, size_t by
     size_t lo, hi;
     double t0 = gcomp__now();
     chunk_of(d, j, &lo, &hi);
-    if (!add) GCOMP_CHECK(gcomp__call_zero(d->call, dst + lo, (hi - lo) * sizeof(float)));
-    GCOMP_CHECK(gcomp__call_decode_add(d->call, payload, bytes, dst + lo, hi - lo));
+    if (add)
+        GCOMP_CHECK(gcomp__call_decode_add(d->call, payload, bytes, dst + lo, hi - lo));
+    else
+        GCOMP_CHECK(gcomp__call_decode(d->call, payload, bytes, dst + lo, hi - lo));
     d->call->ring.st->decode_s += gcomp__now() - t0;
     return GCOMP_SUCCESS;
 }

@@ -105,6 +105,9 @@ gcomp_result gcomp__call_encode(gcomp__call *call, gcomp_encode_ctx *ctx, const 
                                 size_t cap, size_t *bytes);
 /* acc[0..n) += decode(payload of `bytes` bytes). */
 gcomp_result gcomp__call_decode_add(gcomp__call *call, const void *payload, size_t bytes, float *acc, size_t n);
+/* dst[0..n) = decode(payload): the bits of zeroing dst and decode-adding, in one pass for the
+ * cast codecs on host buffers (gcomp_codec_decode). */
+gcomp_result gcomp__call_decode(gcomp__call *call, const void *payload, size_t bytes, float *dst, size_t n);
 /* bytes of dst := 0. */
 gcomp_result gcomp__call_zero(gcomp__call *call, void *dst, size_t bytes);
 /* Copies between the buffers' memory and the call's host memory: to_host waits for the
