@@ -375,7 +375,8 @@ typedef struct gcomp_comm_stats {
  * re-encoded at every hop; the rounding of those re-encodes is not fed back to any
  * residual. Recursive doubling (GCOMP_SCHED_DOUBLING) does the same at each of its log2 N
  * exchanges, except the last, whose fp32 sum is the result: at 2 ranks (one exchange) no sum
- * is re-encoded, so an fp16 sum past 65504 of two finite inputs stays finite there. (top-k's dense fallback, GCOMP_SCHED_SPARSE_AS_DENSE, sums in fp32 and
+ * is re-encoded, so an fp16 sum past 65504 of two finite inputs stays finite there (in f32
+ * or bf16 buffers; narrowed to f16 buffers it is +-inf, counted as non-finite). (top-k's dense fallback, GCOMP_SCHED_SPARSE_AS_DENSE, sums in fp32 and
  * re-encodes nothing.)
  * Accuracy of a call whose key holds a zero residual (its first; later calls also return what
  * earlier ones dropped), per element, with S = sum over ranks of |x_r| of that element and

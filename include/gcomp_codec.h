@@ -202,8 +202,9 @@ typedef struct gcomp_codec_vtable {
      * a codec that needs more must saturate at SIZE_MAX (the library then reports that no
      * buffer can hold the payload). A byte stage's stage_bound likewise returns SIZE_MAX
      * when in_bytes is past what it can bound. For a SUMMABLE codec it also picks the
-     * schedule of small calls (recursive doubling when the body is at most 32 KiB), so it
-     * must depend on params and count only, the same on every rank. */
+     * schedule of small calls at 4, 8, ... ranks (recursive doubling when the body is at
+     * most 32 KiB) and of the largest at 2 (one message or two), so it must depend on params
+     * and count only, the same on every rank. */
     size_t (*max_body_bytes)(const void *params, size_t count);
     /* x = g + r_in (r_in NULL: x = g); body = encode(x); if r_out != NULL:
      * r_out = x - decode(body). r_out may alias r_in. *flags: a codec-defined word stored in

@@ -145,12 +145,13 @@ static void field_differences(const uint64_t *mine, const uint64_t *got, char *o
 }
 
 /* What ranks exchange, numbered: 2 the vote of AGREE_N = 28 uint64 (TernGrad's scales in
- * the call's agreement), 3 the call's agreement in the ring on host transports (ring.h).
+ * the call's agreement), 3 the call's agreement in the ring on host transports (ring.h), 4
+ * recursive doubling for the dense calls at 2 ranks (one whole payload, not two chunks).
  * Creation compares it (with the library version), so ranks whose libraries would run
  * different protocols get GCOMP_ERR_MISMATCH there instead of timing out in their first
  * call. (A library older than protocol 3 does not compare it: its ranks pass creation and
  * time out in the first call while the newer ones return the error.) */
-#define PROTOCOL 3
+#define PROTOCOL 4
 _Thread_local int gcomp__protocol_skew; /* test hook (comm.h) */
 
 static uint64_t version_field(void) { return (uint64_t)GCOMP_VERSION << 16 | (uint64_t)(PROTOCOL + gcomp__protocol_skew); }

@@ -4,7 +4,7 @@
  *
  *   check   the arguments, locally (shared with the other ranks before anyone acts on them)
  *   plan    the schedule from the codec's capabilities and the byte counts (bypass, dense
- *           ring or, for small calls at N = 4, 8, ..., recursive doubling, integer ring,
+ *           ring or -- at N = 2, and for small calls at N = 4, 8, ... -- recursive doubling, integer ring,
  *           sparse gather, or sparse-as-dense: encode, decode, then the dense ring on the
  *           decoded input), the device of the buffers, the key's residual,
  *           and every workspace region the run will carve (sized now, so a failed
@@ -147,8 +147,9 @@ static gcomp_schedule pick_schedule(const gcomp_comm *c, size_t count, size_t ra
     }
     /* Two ranks: one exchange of the whole payload sends what the ring's two steps of half
      * of it send, with one encode of the input instead of the ring's one and a half (its sum
-     * is not re-encoded) and no hop between (sched_doubling.c), whatever the size. */
-    if (n == 2) return GCOMP_SCHED_DOUBLING;
+     * is not re-encoded) and no hop between (sched_doubling.c), at every size that one
+     * message can carry (GCOMP__PAIR_MAX_BYTES; a function of (count, spec) only). */
+    if (n == 2 && gcomp_codec_max_encoded_bytes(c->codec, count) <= GCOMP__PAIR_MAX_BYTES) return GCOMP_SCHED_DOUBLING;
     /* small calls: fewer hops (log2 N) of the whole payload, where hops cost more than bytes
      * (sched_doubling.c); the limit is on the encoded elements (what each hop carries), again a
      * function of (count, N, spec) only. The count cap comes first: check_args bounds count

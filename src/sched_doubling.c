@@ -22,16 +22,16 @@
  * the group's lowest: gcomp_codec.h asks the same bytes of a summable codec for the same
  * input and context), so the pairs of the next step exchange equal payloads. After log2 N
  * steps every rank holds the same fp32 sum of all N inputs. The partial sums live in the
- * workspace and only the last step writes the result: the last exchange completes the
- * in-band agreement (below), so a call the ranks refuse leaves recv -- and, in place, the
- * input -- untouched, as on the ring.
+ * workspace (none at 2 ranks: one step) and only the last step writes the result: the last
+ * exchange completes the in-band agreement (below), so a call the ranks refuse leaves recv
+ * -- and, in place, the input -- untouched, as on the ring.
  *
  * Outcome (host buffers): the own encode runs before the first message, so its news (a
  * failure, a non-finite value) reaches every rank over the log2 N exchanges; a payload that
  * fails its checks is found after an exchange, so log2 N trailer-only hops follow, and news
  * found at the last exchange reaches every rank too (ring.h: 2 log2 N messages in all). The
  * in-band agreement rides in the log2 N exchanges (the engine sends every call's agreement on
- * the butterfly at such N). Device buffers: the same steps through sched_codec.c, sizes known
+ * the butterfly at N >= 4; at 2 on the ring, whose first message is the exchange). Device buffers: the same steps through sched_codec.c, sizes known
  * to both ends, the engine's end-of-call agreement.
  *
  * Wire bytes per rank: log2 N payloads of the whole count (headers included), and on host
@@ -45,7 +45,7 @@ typedef struct doubling_ctx {
     size_t exact;    /* the codec's bound itself: a device payload's size on both ends */
     uint8_t *mine;   /* this rank's payload of the current step (trailer room after it) */
     uint8_t *theirs; /* the partner's */
-    float *acc;      /* the fp32 partial sum before the last step, count elements */
+    float *acc;      /* the fp32 partial sum before the last step, count elements (NULL at 2 ranks) */
     uint8_t *hop;    /* the outcome hops' 2 trailers (host memory) */
     /* device buffers only */
     void *scratch;                /* the codec's encode scratch */

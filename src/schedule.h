@@ -13,6 +13,7 @@
 #ifndef GCOMP_SCHEDULE_H
 #define GCOMP_SCHEDULE_H
 
+#include <limits.h>
 #include <string.h>
 
 #include "codec_internal.h"
@@ -78,6 +79,10 @@ extern const gcomp__sched gcomp__sched_doubling;
  * re-encodes the whole count, which costs CPU where the ring handles a chunk. */
 #define GCOMP__DOUBLING_MAX_BYTES 32768
 #define GCOMP__DOUBLING_MAX_COUNT 16384
+/* At 2 ranks doubling sends the whole payload in one message, and an MPI message holds at
+ * most INT_MAX bytes (its count is an int): larger payloads (over a billion fp16 elements)
+ * take the dense ring, whose messages carry half of it. */
+#define GCOMP__PAIR_MAX_BYTES ((size_t)INT_MAX - GCOMP__RING_TRAILER - 8)
 
 /* ---- the element codec and memory on the call's device (sched_codec.c) ----
  * One function per thing a schedule does to element memory, for host and device buffers

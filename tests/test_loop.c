@@ -189,7 +189,8 @@ static void test_collectives_per_call(void **state)
 
 /* Recursive doubling's limit is on the encoded elements (GCOMP__DOUBLING_MAX_BYTES, 32 KiB,
  * beside the 16 Ki element cap): 8 Ki elements of none, 16 Ki of fp16 or bf16 whatever the
- * buffers' dtype, one more takes the dense ring; only at a power-of-two N >= 4. */
+ * buffers' dtype, one more takes the dense ring; only at a power-of-two N >= 4. At 2 ranks
+ * every one of these calls takes doubling (one exchange: no limit but a message's). */
 static void test_doubling_limit(void **state)
 {
     static const struct {
@@ -203,12 +204,12 @@ static void test_doubling_limit(void **state)
         { "bf16", GCOMP_F16, 16384, GCOMP_SCHED_DOUBLING }, { "bf16", GCOMP_F16, 16385, GCOMP_SCHED_DENSE },
         { "fp16+zstd", GCOMP_F32, 16384, GCOMP_SCHED_DOUBLING }, /* the zstd stage's bound aside */
     };
-    static const int ranks[] = { 3, 4, 5, 8 };
+    static const int ranks[] = { 2, 3, 4, 5, 8 };
     (void)state;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         for (size_t k = 0; k < sizeof ranks / sizeof ranks[0]; k++) {
             int n = ranks[k];
-            gcomp_schedule want = n == 4 || n == 8 ? cases[i].at_pow2 : GCOMP_SCHED_DENSE;
+            gcomp_schedule want = n == 2 ? GCOMP_SCHED_DOUBLING : n == 4 || n == 8 ? cases[i].at_pow2 : GCOMP_SCHED_DENSE;
             coll_job jobs[MAX_RANKS];
             run_counted_world(n, cases[i].spec, cases[i].dtype, cases[i].count, jobs);
             for (int r = 0; r < n; r++) {
@@ -330,7 +331,7 @@ static void *run_refused(void *arg)
 
 static void test_refused_call_writes_nothing(void **state)
 {
-    static const size_t counts[] = { 1000, 40000 }; /* recursive doubling at 4 ranks; the dense ring */
+    static const size_t counts[] = { 1000, 40000 }; /* recursive doubling at 2 and 4 ranks; at 2 only */
     (void)state;
     for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++)
         for (int in_place = 0; in_place <= 1; in_place++)
