@@ -195,6 +195,18 @@ F16C_TARGET static size_t f16c_decode(const uint8_t *body, float *acc, size_t n,
 {
     return add ? f16c_decode_loop(body, acc, n, 1) : f16c_decode_loop(body, acc, n, 0);
 }
+
+/* dst[i] = (0 + the half at a[2i]) + the half at b[2i], for the first n & ~7; returns how many. */
+F16C_TARGET static size_t f16c_sum2(const uint8_t *a, const uint8_t *b, float *dst, size_t n)
+{
+    size_t m = n & ~(size_t)7;
+    for (size_t i = 0; i < m; i += 8) {
+        __m256 ya = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(a + 2 * i)));
+        __m256 yb = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(b + 2 * i)));
+        _mm256_storeu_ps(dst + i, _mm256_add_ps(_mm256_add_ps(_mm256_setzero_ps(), ya), yb));
+    }
+    return m;
+}
 #else
 static int have_f16c(void) { return 0; }
 static size_t f16c_encode(const float *g, const float *r_in, float *r_out, size_t n, uint8_t *body,
@@ -206,6 +218,11 @@ static size_t f16c_encode(const float *g, const float *r_in, float *r_out, size_
 static size_t f16c_decode(const uint8_t *body, float *acc, size_t n, int add)
 {
     (void)body, (void)acc, (void)n, (void)add;
+    return 0;
+}
+static size_t f16c_sum2(const uint8_t *a, const uint8_t *b, float *dst, size_t n)
+{
+    (void)a, (void)b, (void)dst, (void)n;
     return 0;
 }
 #endif
@@ -244,27 +261,36 @@ GCOMP_SIMD_CLONES static gcomp_result cast_encode(cast_kind kind, gcomp_encode_c
     return GCOMP_SUCCESS;
 }
 
+static inline float decoded_at(cast_kind kind, const uint8_t *body, size_t i)
+{
+    return kind == CAST_F32   ? load_f32(body + 4 * i)
+           : kind == CAST_F16 ? gcomp_f16_to_f32_inline(load_u16(body + 2 * i))
+                              : gcomp_bf16_to_f32_inline(load_u16(body + 2 * i));
+}
+
 /* acc[i] += decoded element i (add), or acc[i] = 0 + it: the bits of zeroing acc first (-0
  * becomes +0, as there), in one pass instead of two. add is a constant at each call site. */
 static inline __attribute__((always_inline)) void decode_loop(cast_kind kind, const uint8_t *body, float *acc,
                                                               size_t n, int add)
 {
     size_t done = kind == CAST_F16 && gcomp__cast_f16c_active() ? f16c_decode(body, acc, n, add) : 0;
-    for (size_t i = done; i < n; i++) {
-        float y = kind == CAST_F32   ? load_f32(body + 4 * i)
-                  : kind == CAST_F16 ? gcomp_f16_to_f32_inline(load_u16(body + 2 * i))
-                                     : gcomp_bf16_to_f32_inline(load_u16(body + 2 * i));
-        acc[i] = (add ? acc[i] : 0.0f) + y;
-    }
+    for (size_t i = done; i < n; i++) acc[i] = (add ? acc[i] : 0.0f) + decoded_at(kind, body, i);
 }
 
-GCOMP_SIMD_CLONES static gcomp_result cast_decode(cast_kind kind, const char *name, uint32_t flags,
-                                                  const uint8_t *body, size_t bytes, float *acc, size_t n, int add)
+static gcomp_result check_body(cast_kind kind, const char *name, uint32_t flags, size_t bytes, size_t n)
 {
     if (flags != 0) return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "%s: unknown flags 0x%x", name, flags);
     if (bytes != n * width_of(kind))
         return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "%s: body of %zu bytes for %zu elements (expected %zu)", name, bytes,
                                 n, n * width_of(kind));
+    return GCOMP_SUCCESS;
+}
+
+GCOMP_SIMD_CLONES static gcomp_result cast_decode(cast_kind kind, const char *name, uint32_t flags,
+                                                  const uint8_t *body, size_t bytes, float *acc, size_t n, int add)
+{
+    gcomp_result rc = check_body(kind, name, flags, bytes, n);
+    if (rc != GCOMP_SUCCESS) return rc;
     if (add)
         decode_loop(kind, body, acc, n, 1);
     else
@@ -322,5 +348,28 @@ gcomp_result gcomp__cast_decode_set(const gcomp_codec_vtable *vt, uint32_t flags
     if (vt == &gcomp__codec_none) return cast_decode(CAST_F32, "none", flags, body, bytes, dst, n, 0);
     if (vt == &gcomp__codec_fp16) return cast_decode(CAST_F16, "fp16", flags, body, bytes, dst, n, 0);
     if (vt == &gcomp__codec_bf16) return cast_decode(CAST_BF16, "bf16", flags, body, bytes, dst, n, 0);
+    return GCOMP_ERR_UNSUPPORTED;
+}
+
+/* dst[i] = (0 + decoded a[i]) + decoded b[i]: zeroing dst, then two decode_adds, in one pass. */
+GCOMP_SIMD_CLONES static gcomp_result cast_sum2(cast_kind kind, const char *name, const gcomp__cast_body *a,
+                                                const gcomp__cast_body *b, float *dst, size_t n)
+{
+    size_t done;
+    gcomp_result rc = check_body(kind, name, a->flags, a->bytes, n);
+    if (rc == GCOMP_SUCCESS) rc = check_body(kind, name, b->flags, b->bytes, n);
+    if (rc != GCOMP_SUCCESS) return rc;
+    done = kind == CAST_F16 && gcomp__cast_f16c_active() ? f16c_sum2(a->body, b->body, dst, n) : 0;
+    for (size_t i = done; i < n; i++) dst[i] = (0.0f + decoded_at(kind, a->body, i)) + decoded_at(kind, b->body, i);
+    return GCOMP_SUCCESS;
+}
+
+/* The engine's pair sum (cast.h). */
+gcomp_result gcomp__cast_decode_sum2(const gcomp_codec_vtable *vt, const gcomp__cast_body *a, const gcomp__cast_body *b,
+                                     float *dst, size_t n)
+{
+    if (vt == &gcomp__codec_none) return cast_sum2(CAST_F32, "none", a, b, dst, n);
+    if (vt == &gcomp__codec_fp16) return cast_sum2(CAST_F16, "fp16", a, b, dst, n);
+    if (vt == &gcomp__codec_bf16) return cast_sum2(CAST_BF16, "bf16", a, b, dst, n);
     return GCOMP_ERR_UNSUPPORTED;
 }

@@ -50,6 +50,18 @@ int gcomp__cast_f16c_active(void);
 gcomp_result gcomp__cast_decode_set(const gcomp_codec_vtable *vt, uint32_t flags, const uint8_t *body, size_t bytes,
                                     float *dst, size_t n);
 
+/* A cast codec's body as a payload holds it (after its header). */
+typedef struct gcomp__cast_body {
+    const uint8_t *body;
+    size_t bytes;
+    uint32_t flags;
+} gcomp__cast_body;
+/* Not in the codec ABI either: dst[i] = (0 + decoded a[i]) + decoded b[i], the bits of zeroing
+ * dst and decode-adding a, then b, in one pass instead of three (recursive doubling's sum of
+ * a pair). GCOMP_ERR_UNSUPPORTED, with no message, when vt is not a cast codec. */
+gcomp_result gcomp__cast_decode_sum2(const gcomp_codec_vtable *vt, const gcomp__cast_body *a, const gcomp__cast_body *b,
+                                     float *dst, size_t n);
+
 extern const gcomp_codec_vtable gcomp__codec_none;
 extern const gcomp_codec_vtable gcomp__codec_fp16;
 extern const gcomp_codec_vtable gcomp__codec_bf16;

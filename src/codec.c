@@ -392,6 +392,11 @@ gcomp_result gcomp_codec_decode_add(gcomp_codec *c, const void *payload, size_t 
     return GCOMP_SUCCESS;
 }
 
+static int is_cast(const gcomp_codec_vtable *vt)
+{
+    return vt == &gcomp__codec_none || vt == &gcomp__codec_fp16 || vt == &gcomp__codec_bf16;
+}
+
 /* acc = decode(payload) on the host: the cast codecs write it in one pass (cast.h), the others
  * add into zeros; the same bits either way, and zeros after a failure either way. */
 static gcomp_result decode_f32(gcomp_codec *c, const void *payload, size_t bytes, float *acc, size_t count)
@@ -401,7 +406,7 @@ static gcomp_result decode_f32(gcomp_codec *c, const void *payload, size_t bytes
     size_t body_bytes;
     uint32_t flags;
     gcomp_result rc;
-    if (el->vt != &gcomp__codec_none && el->vt != &gcomp__codec_fp16 && el->vt != &gcomp__codec_bf16) {
+    if (!is_cast(el->vt)) {
         if (count) memset(acc, 0, count * sizeof(float));
         return gcomp_codec_decode_add(c, payload, bytes, acc, count);
     }
@@ -412,6 +417,28 @@ static gcomp_result decode_f32(gcomp_codec *c, const void *payload, size_t bytes
         return rc;
     }
     c->stats.decode_calls++;
+    return GCOMP_SUCCESS;
+}
+
+gcomp_result gcomp__codec_decode_sum2(gcomp_codec *c, const void *first, size_t fbytes, const void *second,
+                                      size_t sbytes, float *dst, size_t count)
+{
+    const gcomp__stage *el = &c->chain.stages[0];
+    gcomp__cast_body a, b;
+    gcomp_result rc;
+    /* byte stages undo each payload into the codec's one scratch: the two-pass way then */
+    if (c->chain.n_stages > 1 || !is_cast(el->vt)) {
+        GCOMP_CHECK(decode_f32(c, first, fbytes, dst, count));
+        return gcomp_codec_decode_add(c, second, sbytes, dst, count);
+    }
+    rc = gcomp__codec_element_body(c, first, fbytes, count, &a.body, &a.bytes, &a.flags);
+    if (rc == GCOMP_SUCCESS) rc = gcomp__codec_element_body(c, second, sbytes, count, &b.body, &b.bytes, &b.flags);
+    if (rc == GCOMP_SUCCESS) rc = gcomp__cast_decode_sum2(el->vt, &a, &b, dst, count);
+    if (rc != GCOMP_SUCCESS) {
+        if (count) memset(dst, 0, count * sizeof(float));
+        return rc;
+    }
+    c->stats.decode_calls += 2;
     return GCOMP_SUCCESS;
 }
 

@@ -107,6 +107,11 @@ gcomp__residual_store *gcomp__codec_residuals(gcomp_codec *c);
  * is valid until the next call on this codec object). */
 gcomp_result gcomp__codec_element_body(gcomp_codec *c, const void *payload, size_t bytes, size_t count,
                                        const uint8_t **body, size_t *body_bytes, uint32_t *flags);
+/* dst = decode(first) + decode(second) on the host, first's added first: the bits of zeroing
+ * dst and two gcomp_codec_decode_adds, in one pass for a cast codec without byte stages;
+ * zeros after a failure. */
+gcomp_result gcomp__codec_decode_sum2(gcomp_codec *c, const void *first, size_t fbytes, const void *second,
+                                      size_t sbytes, float *dst, size_t count);
 
 /* ---- the codec object on device buffers, for the engine (codec.c -> codec_device.c) ----
  * ops: the device layer's ops of the call's buffers (device.h, an incomplete type here);

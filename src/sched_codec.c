@@ -58,6 +58,14 @@ gcomp_result gcomp__call_decode(gcomp__call *call, const void *payload, size_t b
     return gcomp__call_decode_add(call, payload, bytes, dst, n);
 }
 
+gcomp_result gcomp__call_decode_sum2(gcomp__call *call, const void *first, size_t fbytes, const void *second,
+                                     size_t sbytes, float *dst, size_t n)
+{
+    if (!call->on_device) return gcomp__codec_decode_sum2(call->codec, first, fbytes, second, sbytes, dst, n);
+    GCOMP_CHECK(gcomp__call_decode(call, first, fbytes, dst, n));
+    return gcomp__call_decode_add(call, second, sbytes, dst, n);
+}
+
 gcomp_result gcomp__call_zero(gcomp__call *call, void *dst, size_t bytes)
 {
     return call->dev->memset_async(dst, 0, bytes, call->stream);

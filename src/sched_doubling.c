@@ -102,8 +102,7 @@ static gcomp_result sum_pair(doubling_ctx *d, const uint8_t *first, size_t fbyte
 {
     gcomp__call *call = d->call;
     double t0 = gcomp__now();
-    GCOMP_CHECK(gcomp__call_decode(call, first, fbytes, sum, call->count));
-    GCOMP_CHECK(gcomp__call_decode_add(call, second, sbytes, sum, call->count));
+    GCOMP_CHECK(gcomp__call_decode_sum2(call, first, fbytes, second, sbytes, sum, call->count));
     call->ring.st->decode_s += gcomp__now() - t0;
     return GCOMP_SUCCESS;
 }

@@ -113,6 +113,10 @@ gcomp_result gcomp__call_decode_add(gcomp__call *call, const void *payload, size
 /* dst[0..n) = decode(payload): the bits of zeroing dst and decode-adding, in one pass for the
  * cast codecs on host buffers (gcomp_codec_decode). */
 gcomp_result gcomp__call_decode(gcomp__call *call, const void *payload, size_t bytes, float *dst, size_t n);
+/* dst[0..n) = decode(first) + decode(second), first's added first: one pass for the cast
+ * codecs on host buffers (gcomp__codec_decode_sum2), else zero and two decode-adds. */
+gcomp_result gcomp__call_decode_sum2(gcomp__call *call, const void *first, size_t fbytes, const void *second,
+                                     size_t sbytes, float *dst, size_t n);
 /* bytes of dst := 0. */
 gcomp_result gcomp__call_zero(gcomp__call *call, void *dst, size_t bytes);
 /* Copies between the buffers' memory and the call's host memory: to_host waits for the

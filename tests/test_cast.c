@@ -374,18 +374,30 @@ static void test_f16c_no_traps(void **state)
     }
 }
 
-/* The engine's one-pass decode (gcomp__cast_decode_set, and gcomp_codec_decode through it)
- * gives the bits of zeroing and decode_add -- -0 becomes +0, NaN payloads stay -- for every
- * cast codec, on F16C and on the reference loops, lengths around multiples of 8, bodies at
- * odd addresses, random bit patterns (every 16-bit one for fp16/bf16 in the first trial); a
+/* The engine's one-pass decodes give the bits of zeroing and decode_add -- -0 becomes +0,
+ * NaN payloads stay: gcomp__cast_decode_set (gcomp_codec_decode's) against zero + decode_add,
+ * and gcomp__cast_decode_sum2 (recursive doubling's pair) against zero + decode_add of one
+ * body then of another (the same body reversed, so that -0 + -0, NaN + x and x + NaN occur;
+ * NaN + NaN may keep either payload).
+ * Every cast codec, on F16C and on the reference loops, lengths around multiples of 8, bodies
+ * at odd addresses, random bit patterns (every 16-bit one for fp16/bf16 at 65536 elements); a
  * malformed body fails the same way. */
+/* Equal bits, except that a NaN + NaN keeps either payload (cast.h: the compiler orders the
+ * add's operands): then both must be NaN. */
+static int same_sums(const float *x, const float *y, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (memcmp(&x[i], &y[i], sizeof(float)) != 0 && !(x[i] != x[i] && y[i] != y[i])) return 0;
+    return 1;
+}
+
 static void test_decode_set_matches_decode_add(void **state)
 {
     static const gcomp_codec_vtable *const vts[] = { &gcomp__codec_none, &gcomp__codec_fp16, &gcomp__codec_bf16 };
     static const size_t lengths[] = { 0, 1, 7, 8, 9, 17, 1003, 65536 };
     enum { MAX_N = 65536 };
     uint64_t seed = 11;
-    uint8_t *body = malloc(4 * MAX_N + 3);
+    uint8_t *body = malloc(4 * MAX_N + 3), *rev = malloc(4 * MAX_N + 3);
     float *set = malloc(MAX_N * sizeof(float)), *add = malloc(MAX_N * sizeof(float));
     (void)state;
     for (int reference_only = 0; reference_only < 2; reference_only++) {
@@ -410,6 +422,23 @@ static void test_decode_set_matches_decode_add(void **state)
                     if (memcmp(set, add, n * sizeof(float)) != 0)
                         fail_msg("%s, %zu elements at offset %zu%s: one-pass decode differs from zero + decode_add",
                                  vts[v]->name, n, off, reference_only ? " (reference loops)" : "");
+                    for (size_t i = 0; i < n; i++) memcpy(rev + 3 - off + i * w, b + (n - 1 - i) * w, w);
+                    {
+                        gcomp__cast_body first = { b, n * w, 0 }, second = { rev + 3 - off, n * w, 0 };
+                        for (size_t i = 0; i < n; i++) set[i] = (float)i + 0.5f;
+                        assert_int_equal(vts[v]->decode_add(NULL, 0, second.body, n * w, add, n), GCOMP_SUCCESS);
+                        assert_int_equal(gcomp__cast_decode_sum2(vts[v], &first, &second, set, n), GCOMP_SUCCESS);
+                        if (!same_sums(set, add, n))
+                            fail_msg("%s, %zu elements at offset %zu%s: one-pass pair sum differs from zero + two "
+                                     "decode_adds",
+                                     vts[v]->name, n, off, reference_only ? " (reference loops)" : "");
+                        if (n) {
+                            second.bytes--;
+                            assert_int_equal(gcomp__cast_decode_sum2(vts[v], &first, &second, set, n), GCOMP_ERR_CORRUPT);
+                            second.bytes++, first.flags = 1;
+                            assert_int_equal(gcomp__cast_decode_sum2(vts[v], &first, &second, set, n), GCOMP_ERR_CORRUPT);
+                        }
+                    }
                     if (n) {
                         assert_int_equal(gcomp__cast_decode_set(vts[v], 0, b, n * w - 1, set, n), GCOMP_ERR_CORRUPT);
                         assert_int_equal(gcomp__cast_decode_set(vts[v], 1, b, n * w, set, n), GCOMP_ERR_CORRUPT);
@@ -418,7 +447,7 @@ static void test_decode_set_matches_decode_add(void **state)
     }
     gcomp__cast_reference_only = 0;
     assert_int_equal(gcomp__cast_decode_set(gcomp_codec_find("terngrad"), 0, body, 0, set, 0), GCOMP_ERR_UNSUPPORTED);
-    free(body), free(set), free(add);
+    free(body), free(rev), free(set), free(add);
 }
 
 int main(void)
