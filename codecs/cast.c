@@ -261,7 +261,7 @@ GCOMP_SIMD_CLONES static gcomp_result cast_encode(cast_kind kind, gcomp_encode_c
     return GCOMP_SUCCESS;
 }
 
-static inline float decoded_at(cast_kind kind, const uint8_t *body, size_t i)
+static inline __attribute__((always_inline)) float decoded_at(cast_kind kind, const uint8_t *body, size_t i)
 {
     return kind == CAST_F32   ? load_f32(body + 4 * i)
            : kind == CAST_F16 ? gcomp_f16_to_f32_inline(load_u16(body + 2 * i))
@@ -269,12 +269,24 @@ static inline float decoded_at(cast_kind kind, const uint8_t *body, size_t i)
 }
 
 /* acc[i] += decoded element i (add), or acc[i] = 0 + it: the bits of zeroing acc first (-0
- * becomes +0, as there), in one pass instead of two. add is a constant at each call site. */
+ * becomes +0, as there), in one pass instead of two. kind and add are constants at each call
+ * site (decode_dispatch), so every instantiation is a straight loop the compiler vectorises. */
 static inline __attribute__((always_inline)) void decode_loop(cast_kind kind, const uint8_t *body, float *acc,
                                                               size_t n, int add)
 {
     size_t done = kind == CAST_F16 && gcomp__cast_f16c_active() ? f16c_decode(body, acc, n, add) : 0;
     for (size_t i = done; i < n; i++) acc[i] = (add ? acc[i] : 0.0f) + decoded_at(kind, body, i);
+}
+
+static inline __attribute__((always_inline)) void decode_dispatch(cast_kind kind, const uint8_t *body, float *acc,
+                                                                  size_t n, int add)
+{
+    if (kind == CAST_F32)
+        add ? decode_loop(CAST_F32, body, acc, n, 1) : decode_loop(CAST_F32, body, acc, n, 0);
+    else if (kind == CAST_F16)
+        add ? decode_loop(CAST_F16, body, acc, n, 1) : decode_loop(CAST_F16, body, acc, n, 0);
+    else
+        add ? decode_loop(CAST_BF16, body, acc, n, 1) : decode_loop(CAST_BF16, body, acc, n, 0);
 }
 
 static gcomp_result check_body(cast_kind kind, const char *name, uint32_t flags, size_t bytes, size_t n)
@@ -291,10 +303,7 @@ GCOMP_SIMD_CLONES static gcomp_result cast_decode(cast_kind kind, const char *na
 {
     gcomp_result rc = check_body(kind, name, flags, bytes, n);
     if (rc != GCOMP_SUCCESS) return rc;
-    if (add)
-        decode_loop(kind, body, acc, n, 1);
-    else
-        decode_loop(kind, body, acc, n, 0);
+    decode_dispatch(kind, body, acc, n, add);
     return GCOMP_SUCCESS;
 }
 
@@ -351,6 +360,14 @@ gcomp_result gcomp__cast_decode_set(const gcomp_codec_vtable *vt, uint32_t flags
     return GCOMP_ERR_UNSUPPORTED;
 }
 
+/* dst[i] = (0 + decoded a[i]) + decoded b[i] from element `from` on; kind is a constant at
+ * each call site (as in decode_dispatch), so each is a straight, vectorised loop. */
+static inline __attribute__((always_inline)) void sum2_loop(cast_kind kind, const uint8_t *a, const uint8_t *b,
+                                                            float *dst, size_t from, size_t n)
+{
+    for (size_t i = from; i < n; i++) dst[i] = (0.0f + decoded_at(kind, a, i)) + decoded_at(kind, b, i);
+}
+
 /* dst[i] = (0 + decoded a[i]) + decoded b[i]: zeroing dst, then two decode_adds, in one pass. */
 GCOMP_SIMD_CLONES static gcomp_result cast_sum2(cast_kind kind, const char *name, const gcomp__cast_body *a,
                                                 const gcomp__cast_body *b, float *dst, size_t n)
@@ -360,7 +377,12 @@ GCOMP_SIMD_CLONES static gcomp_result cast_sum2(cast_kind kind, const char *name
     if (rc == GCOMP_SUCCESS) rc = check_body(kind, name, b->flags, b->bytes, n);
     if (rc != GCOMP_SUCCESS) return rc;
     done = kind == CAST_F16 && gcomp__cast_f16c_active() ? f16c_sum2(a->body, b->body, dst, n) : 0;
-    for (size_t i = done; i < n; i++) dst[i] = (0.0f + decoded_at(kind, a->body, i)) + decoded_at(kind, b->body, i);
+    if (kind == CAST_F32)
+        sum2_loop(CAST_F32, a->body, b->body, dst, done, n);
+    else if (kind == CAST_F16)
+        sum2_loop(CAST_F16, a->body, b->body, dst, done, n);
+    else
+        sum2_loop(CAST_BF16, a->body, b->body, dst, done, n);
     return GCOMP_SUCCESS;
 }
 

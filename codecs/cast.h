@@ -58,7 +58,10 @@ typedef struct gcomp__cast_body {
 } gcomp__cast_body;
 /* Not in the codec ABI either: dst[i] = (0 + decoded a[i]) + decoded b[i], the bits of zeroing
  * dst and decode-adding a, then b, in one pass instead of three (recursive doubling's sum of
- * a pair). GCOMP_ERR_UNSUPPORTED, with no message, when vt is not a cast codec. */
+ * a pair) -- except that where both a[i] and b[i] are NaN the sum keeps either one's payload
+ * (the loops' operand order is the compiler's; the device path's decode-adds keep a's). A
+ * non-finite result fails the call's finite check anyway. GCOMP_ERR_UNSUPPORTED, with no
+ * message, when vt is not a cast codec. */
 gcomp_result gcomp__cast_decode_sum2(const gcomp_codec_vtable *vt, const gcomp__cast_body *a, const gcomp__cast_body *b,
                                      float *dst, size_t n);
 

@@ -276,9 +276,9 @@ typedef enum gcomp_schedule {
     GCOMP_SCHED_INTEGER = 3,         /* terngrad: exact integer sums of codes under a shared scale */
     GCOMP_SCHED_SPARSE = 4,          /* top-k: ring allgather of payloads, summed in rank order */
     GCOMP_SCHED_SPARSE_AS_DENSE = 5, /* top-k whose gather would cost more than a dense ring */
-    GCOMP_SCHED_DOUBLING = 6         /* dense calls at 2 ranks, small ones at a power-of-two
-                                      * N >= 4: recursive doubling, log2 N exchanges of the
-                                      * whole payload */
+    GCOMP_SCHED_DOUBLING = 6         /* dense calls at 2 ranks (up to 2 GiB of payload), small
+                                      * ones at a power-of-two N >= 4: recursive doubling,
+                                      * log2 N exchanges of the whole payload */
 } gcomp_schedule;
 
 GCOMP_API const char *gcomp_schedule_name(gcomp_schedule s);

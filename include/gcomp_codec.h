@@ -203,8 +203,9 @@ typedef struct gcomp_codec_vtable {
      * buffer can hold the payload). A byte stage's stage_bound likewise returns SIZE_MAX
      * when in_bytes is past what it can bound. For a SUMMABLE codec it also picks the
      * schedule of small calls at 4, 8, ... ranks (recursive doubling when the body is at
-     * most 32 KiB) and of the largest at 2 (one message or two), so it must depend on params
-     * and count only, the same on every rank. */
+     * most 32 KiB), and through the whole payload's bound (gcomp_codec_max_encoded_bytes,
+     * byte stages included) that of the largest at 2 (one message or two), so it must depend
+     * on params and count only, the same on every rank. */
     size_t (*max_body_bytes)(const void *params, size_t count);
     /* x = g + r_in (r_in NULL: x = g); body = encode(x); if r_out != NULL:
      * r_out = x - decode(body). r_out may alias r_in. *flags: a codec-defined word stored in

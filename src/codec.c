@@ -3,7 +3,8 @@
  * reusable scratch. Writes and checks the payload headers so codecs only see bodies.
  *
  * Encode: [f16/bf16 -> f32 widen] -> element codec (residual fused) -> byte stages.
- * Decode: byte stages peeled from the outside in -> element decode_add.
+ * Decode: byte stages peeled from the outside in -> element decode_add (the cast codecs'
+ * one-pass decode and pair sum for the engine: cast.h).
  */
 #include <stdint.h>
 #include <math.h>
@@ -428,8 +429,10 @@ gcomp_result gcomp__codec_decode_sum2(gcomp_codec *c, const void *first, size_t 
     gcomp_result rc;
     /* byte stages undo each payload into the codec's one scratch: the two-pass way then */
     if (c->chain.n_stages > 1 || !is_cast(el->vt)) {
-        GCOMP_CHECK(decode_f32(c, first, fbytes, dst, count));
-        return gcomp_codec_decode_add(c, second, sbytes, dst, count);
+        rc = decode_f32(c, first, fbytes, dst, count);
+        if (rc == GCOMP_SUCCESS) rc = gcomp_codec_decode_add(c, second, sbytes, dst, count);
+        if (rc != GCOMP_SUCCESS && count) memset(dst, 0, count * sizeof(float));
+        return rc;
     }
     rc = gcomp__codec_element_body(c, first, fbytes, count, &a.body, &a.bytes, &a.flags);
     if (rc == GCOMP_SUCCESS) rc = gcomp__codec_element_body(c, second, sbytes, count, &b.body, &b.bytes, &b.flags);

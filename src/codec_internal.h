@@ -104,12 +104,13 @@ gcomp_result gcomp__codec_stages_decode(gcomp_codec *c, const void *in, size_t n
                                         size_t *written);
 gcomp__residual_store *gcomp__codec_residuals(gcomp_codec *c);
 /* The element codec's body inside a payload, after the byte stages are undone (the pointer
- * is valid until the next call on this codec object). */
+ * is valid until the next call on this codec object; without byte stages it points into the
+ * payload itself, so two of them can be held at once). */
 gcomp_result gcomp__codec_element_body(gcomp_codec *c, const void *payload, size_t bytes, size_t count,
                                        const uint8_t **body, size_t *body_bytes, uint32_t *flags);
 /* dst = decode(first) + decode(second) on the host, first's added first: the bits of zeroing
- * dst and two gcomp_codec_decode_adds, in one pass for a cast codec without byte stages;
- * zeros after a failure. */
+ * dst and two gcomp_codec_decode_adds (but a NaN + NaN may keep either payload: cast.h), in
+ * one pass for a cast codec without byte stages; zeros after a failure. */
 gcomp_result gcomp__codec_decode_sum2(gcomp_codec *c, const void *first, size_t fbytes, const void *second,
                                       size_t sbytes, float *dst, size_t count);
 

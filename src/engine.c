@@ -149,7 +149,10 @@ static gcomp_schedule pick_schedule(const gcomp_comm *c, size_t count, size_t ra
      * of it send, with one encode of the input instead of the ring's one and a half (its sum
      * is not re-encoded) and no hop between (sched_doubling.c), at every size that one
      * message can carry (GCOMP__PAIR_MAX_BYTES; a function of (count, spec) only). */
-    if (n == 2 && gcomp_codec_max_encoded_bytes(c->codec, count) <= GCOMP__PAIR_MAX_BYTES) return GCOMP_SCHED_DOUBLING;
+    if (n == 2) {
+        size_t whole = gcomp_codec_max_encoded_bytes(c->codec, count); /* 0: no bound (a user codec) */
+        if (whole > 0 && whole <= GCOMP__PAIR_MAX_BYTES) return GCOMP_SCHED_DOUBLING;
+    }
     /* small calls: fewer hops (log2 N) of the whole payload, where hops cost more than bytes
      * (sched_doubling.c); the limit is on the encoded elements (what each hop carries), again a
      * function of (count, N, spec) only. The count cap comes first: check_args bounds count

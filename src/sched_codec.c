@@ -3,7 +3,8 @@
  * encode, decode-add, zero and copy, through the codec object's CPU path and plain memory for
  * host buffers, or the codec's CUDA ops and the device layer on the caller's stream for
  * device buffers. The schedules' arithmetic order is the same either way, so device results
- * equal the host's bit for bit (the kernels equal the CPU reference per element).
+ * equal the host's bit for bit (the kernels equal the CPU reference per element), but for the
+ * payload of a NaN + NaN in a pair sum (gcomp__call_decode_sum2: cast.h).
  */
 #include <string.h>
 

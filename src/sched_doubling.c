@@ -1,6 +1,6 @@
 /*
  * sched_doubling.c — recursive doubling, for the summable codecs (none, fp16, bf16): every
- * call at 2 ranks, small calls at a power-of-two N >= 4: log2 N exchanges of the whole
+ * call at 2 ranks whose payload one message holds, small calls at a power-of-two N >= 4: log2 N exchanges of the whole
  * payload instead of the dense ring's 2(N-1) exchanges of a chunk. At 2 ranks that is one
  * exchange of what the ring's two steps send, with one encode of the input instead of the
  * ring's three of half of it (own chunk, partner's chunk, the sum) and an fp32 sum that is

@@ -68,7 +68,7 @@ extern const gcomp__sched gcomp__sched_sparse;
 extern const gcomp__sched gcomp__sched_doubling;
 
 /* Recursive doubling's limit (engine.c) at a power-of-two N >= 4 (at 2 ranks it takes every
- * dense call: sched_doubling.c): calls whose elements encode to at most this many bytes (the
+ * dense call up to GCOMP__PAIR_MAX_BYTES: sched_doubling.c): calls whose elements encode to at most this many bytes (the
  * element codec's body, headers aside: 16 Ki elements of fp16 or bf16, 8 Ki of none). Doubling sends log2 N / (2(N-1)/N) times the ring's bytes
  * (4/3 at N = 4, 12/7 at 8) and saves 2(N-1) - log2 N hops, so its gain depends on the link:
  * measured at N = 4 (docs/BENCHMARKS.md, "Round trips per call"), exchanges of 32 KiB gain on
