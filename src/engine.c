@@ -4,8 +4,8 @@
  *
  *   check   the arguments, locally (shared with the other ranks before anyone acts on them)
  *   plan    the schedule from the codec's capabilities and the byte counts (bypass, dense
- *           ring or -- at N = 2, and for small calls at N = 4, 8, ... -- recursive doubling, integer ring,
- *           sparse gather, or sparse-as-dense: encode, decode, then the dense ring on the
+ *           ring or -- at N = 2, and for small calls at N = 4, 8, ... -- recursive doubling,
+ *           integer ring, sparse gather, or sparse-as-dense: encode, decode, then the dense ring on the
  *           decoded input), the device of the buffers, the key's residual,
  *           and every workspace region the run will carve (sized now, so a failed
  *           allocation is an error on every rank instead of a hang)

@@ -1,16 +1,16 @@
 /*
  * sched_doubling.c — recursive doubling, for the summable codecs (none, fp16, bf16): every
- * call at 2 ranks whose payload one message holds, small calls at a power-of-two N >= 4: log2 N exchanges of the whole
- * payload instead of the dense ring's 2(N-1) exchanges of a chunk. At 2 ranks that is one
- * exchange of what the ring's two steps send, with one encode of the input instead of the
- * ring's three of half of it (own chunk, partner's chunk, the sum) and an fp32 sum that is
- * never re-encoded, so it is the schedule there at every size. At N >= 4 a small call is
- * paid in hops, not bytes (each hop waits for a peer to be scheduled, and on shared memory
- * Open MPI sends a message past its eager limit in a handshake), so fewer, larger messages
- * win; a large one is paid
- * in bytes, where the ring sends 2(N-1)/N of the payload and doubling log2 N times it: at
- * N >= 4 the engine picks this schedule up to GCOMP__DOUBLING_MAX_BYTES of encoded elements
- * and GCOMP__DOUBLING_MAX_COUNT elements (schedule.h). At 2 ranks the partner is the ring's
+ * call at 2 ranks whose payload one message holds, small calls at a power-of-two N >= 4:
+ * log2 N exchanges of the whole payload instead of the dense ring's 2(N-1) exchanges of a
+ * chunk. At 2 ranks that is one exchange of what the ring's two steps send, with one encode
+ * of the input instead of the ring's three of half of it (own chunk, partner's chunk, the
+ * sum) and an fp32 sum that is never re-encoded, so it is the schedule there at every size.
+ * At N >= 4 a small call is paid in hops, not bytes (each hop waits for a peer to be
+ * scheduled, and on shared memory Open MPI sends a message past its eager limit in a
+ * handshake), so fewer, larger messages win; a large one is paid in bytes, where the ring
+ * sends 2(N-1)/N of the payload and doubling log2 N times it: at N >= 4 the engine picks
+ * this schedule up to GCOMP__DOUBLING_MAX_BYTES of encoded elements and
+ * GCOMP__DOUBLING_MAX_COUNT elements (schedule.h). At 2 ranks the partner is the ring's
  * neighbour, so the call runs on the plain ring (no butterfly) and agrees in-band like any
  * ring call.
  *
@@ -31,8 +31,9 @@
  * fails its checks is found after an exchange, so log2 N trailer-only hops follow, and news
  * found at the last exchange reaches every rank too (ring.h: 2 log2 N messages in all). The
  * in-band agreement rides in the log2 N exchanges (the engine sends every call's agreement on
- * the butterfly at N >= 4; at 2 on the ring, whose first message is the exchange). Device buffers: the same steps through sched_codec.c, sizes known
- * to both ends, the engine's end-of-call agreement.
+ * the butterfly at N >= 4; at 2 on the ring, whose first message is the exchange). Device
+ * buffers: the same steps through sched_codec.c, sizes known to both ends, the engine's
+ * end-of-call agreement.
  *
  * Wire bytes per rank: log2 N payloads of the whole count (headers included), and on host
  * buffers 2 log2 N trailers.
