@@ -124,7 +124,9 @@ GCOMP_API gcomp_codec_options gcomp_codec_options_default(void);
  * The first stage must be an element codec (none, fp16, bf16, terngrad, topk or a
  * registered one); later stages must be byte stages (zstd).
  * top-k keeps k = ceil(ratio * count) elements (at least 1, at most count) of each tensor,
- * or exactly k when k > 0 is given; the canonical spec's "k=0" means "k from ratio".
+ * the product taken in double precision on the double nearest the spec's ratio (ratio=0.07
+ * of 100 keeps 8: that double is a little above 0.07, the product above 7), or exactly k
+ * when k > 0 is given; the canonical spec's "k=0" means "k from ratio".
  * opts may be NULL (defaults). On success *out owns the object; free with
  * gcomp_codec_destroy. Errors: GCOMP_ERR_INVALID_ARG (NULL spec/out),
  * GCOMP_ERR_INVALID_SPEC (unknown codec or key, malformed or out-of-range value; the
@@ -383,7 +385,11 @@ typedef struct gcomp_comm_stats {
  * M = the largest |x| of any element on any rank: |result - exact sum| <= 1e-5 S (none),
  * (N+1) (1e-3 S + 2^-24) (fp16), (N+1) 8e-3 S (bf16), 1.00001 (N M + S) (terngrad),
  * 1.00001 S + N 2^-24 (top-k: values=fp16 may store a kept value as a subnormal); a byte stage
- * (+zstd) adds nothing. GCOMP_AVG: the exact average and the bound are both divided by N. A
+ * (+zstd) adds nothing. GCOMP_AVG: the exact average and the bound are both divided by N; the
+ * dense ring, recursive doubling and the bypass scale each input by 1/N before the sum (as
+ * ncclAvg does), while the integer ring (terngrad), the sparse gather and its dense fallback
+ * (top-k) divide the sum, so where the fp32 sum of N finite inputs overflows their AVG is
+ * +-inf there (a non-finite call) although the exact average is finite. A
  * GCOMP_F16 or GCOMP_BF16 result adds its own rounding: u (S' + B) + 2^-25 (f16) or u (S' + B)
  * (bf16), u = 2^-11 (f16) or 2^-8 (bf16), B the bound above, S' = S (SUM) or S / N (AVG).
  * bench/allreduce_perf -c 1 checks every element of host buffers against these (ctest

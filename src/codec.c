@@ -191,6 +191,23 @@ static gcomp_result check_layout(const char *fn, const char *in_name, const void
     return GCOMP_SUCCESS;
 }
 
+/* What one of a codec's entries reported (entry: its name in the vtable), checked before
+ * anything reads or sends the bytes: a user codec may return a value that is no gcomp_result,
+ * or report more bytes written than the capacity it was given, and either would otherwise
+ * reach the caller, or the ring, as if it were true (a payload past its buffer's end). */
+static gcomp_result codec_reported(const gcomp_codec_vtable *vt, const char *entry, gcomp_result rc, size_t wrote,
+                                   size_t cap)
+{
+    if (rc != GCOMP_SUCCESS && !gcomp__result_known(rc))
+        return gcomp__fail(GCOMP_ERR_INTERNAL, "codec '%s': %s returned %d, which is not a gcomp_result", vt->name,
+                           entry, (int)rc);
+    if (rc != GCOMP_SUCCESS) return rc;
+    if (wrote > cap)
+        return gcomp__fail(GCOMP_ERR_INTERNAL, "codec '%s': %s reported %zu bytes written into a buffer of %zu",
+                           vt->name, entry, wrote, cap);
+    return GCOMP_SUCCESS;
+}
+
 /* Element stage: header + body straight into out. */
 static gcomp_result encode_element(gcomp_codec *c, gcomp_encode_ctx *ctx, const float *x, const float *r_in,
                                    float *r_out, size_t count, gcomp_dtype dtype, uint8_t *out, size_t cap,
@@ -199,11 +216,13 @@ static gcomp_result encode_element(gcomp_codec *c, gcomp_encode_ctx *ctx, const 
     const gcomp__stage *el = &c->chain.stages[0];
     gcomp_header h = { 0 };
     size_t body = 0;
+    gcomp_result rc;
     if (cap < GCOMP_HEADER_BYTES)
         return gcomp__fail(GCOMP_ERR_BUFFER_TOO_SMALL, "output of %zu bytes cannot hold the header", cap);
     ctx->state = el->state;
-    GCOMP_CHECK(el->vt->encode(el->params, ctx, x, r_in, r_out, count, out + GCOMP_HEADER_BYTES,
-                               cap - GCOMP_HEADER_BYTES, &body, &h.flags));
+    rc = el->vt->encode(el->params, ctx, x, r_in, r_out, count, out + GCOMP_HEADER_BYTES, cap - GCOMP_HEADER_BYTES,
+                        &body, &h.flags);
+    GCOMP_CHECK(codec_reported(el->vt, "encode", rc, body, cap - GCOMP_HEADER_BYTES));
     h.dtype = (uint8_t)dtype;
     h.wire_id = el->vt->wire_id;
     h.count = count;
@@ -218,10 +237,12 @@ static gcomp_result encode_stage(gcomp__stage *st, const uint8_t *in, size_t in_
 {
     gcomp_header h = { 0 };
     size_t body = 0;
+    gcomp_result rc;
     if (cap < GCOMP_HEADER_BYTES)
         return gcomp__fail(GCOMP_ERR_BUFFER_TOO_SMALL, "output of %zu bytes cannot hold the header", cap);
-    GCOMP_CHECK(st->vt->stage_encode(st->params, st->state, in, in_bytes, out + GCOMP_HEADER_BYTES,
-                                     cap - GCOMP_HEADER_BYTES, &body, &h.flags));
+    rc = st->vt->stage_encode(st->params, st->state, in, in_bytes, out + GCOMP_HEADER_BYTES, cap - GCOMP_HEADER_BYTES,
+                              &body, &h.flags);
+    GCOMP_CHECK(codec_reported(st->vt, "stage_encode", rc, body, cap - GCOMP_HEADER_BYTES));
     h.dtype = (uint8_t)dtype;
     h.wire_id = st->vt->wire_id;
     h.count = count;
@@ -362,8 +383,9 @@ gcomp_result gcomp__codec_element_body(gcomp_codec *c, const void *payload, size
         GCOMP_CHECK(gcomp_header_read(p, bytes, &h));
         GCOMP_CHECK(expect_header(st->vt, &h, count));
         GCOMP_CHECK(scratch_reserve(&c->stage_buf[i & 1], &c->stage_cap[i & 1], inner_cap));
-        GCOMP_CHECK(st->vt->stage_decode(st->params, st->state, h.flags, p + GCOMP_HEADER_BYTES, h.body_bytes,
-                                         c->stage_buf[i & 1], inner_cap, &inner));
+        gcomp_result rc = st->vt->stage_decode(st->params, st->state, h.flags, p + GCOMP_HEADER_BYTES, h.body_bytes,
+                                               c->stage_buf[i & 1], inner_cap, &inner);
+        GCOMP_CHECK(codec_reported(st->vt, "stage_decode", rc, inner, inner_cap));
         p = c->stage_buf[i & 1];
         bytes = inner;
     }
@@ -388,7 +410,8 @@ gcomp_result gcomp_codec_decode_add(gcomp_codec *c, const void *payload, size_t 
     GCOMP_CHECK(check_buffers("gcomp_codec_decode_add", payload, acc, count));
     GCOMP_CHECK(gcomp__codec_element_body(c, payload, bytes, count, &body, &body_bytes, &flags));
     el = &c->chain.stages[0];
-    GCOMP_CHECK(el->vt->decode_add(el->params, flags, body, body_bytes, acc, count));
+    GCOMP_CHECK(
+        codec_reported(el->vt, "decode_add", el->vt->decode_add(el->params, flags, body, body_bytes, acc, count), 0, 0));
     c->stats.decode_calls++;
     return GCOMP_SUCCESS;
 }
@@ -629,8 +652,9 @@ gcomp_result gcomp__codec_stages_decode(gcomp_codec *c, const void *in, size_t n
         o_cap = last ? cap : c->stage_cap[i & 1];
         GCOMP_CHECK(gcomp_header_read(p, bytes, &h));
         GCOMP_CHECK(expect_header(st->vt, &h, count));
-        GCOMP_CHECK(st->vt->stage_decode(st->params, st->state, h.flags, p + GCOMP_HEADER_BYTES, h.body_bytes, o, o_cap,
-                                         &inner));
+        gcomp_result rc = st->vt->stage_decode(st->params, st->state, h.flags, p + GCOMP_HEADER_BYTES, h.body_bytes, o,
+                                               o_cap, &inner);
+        GCOMP_CHECK(codec_reported(st->vt, "stage_decode", rc, inner, o_cap));
         p = o;
         bytes = inner;
     }

@@ -382,7 +382,10 @@ static gcomp_result prepare_input(const gcomp__call *call, const plan *p, const 
     return GCOMP_SUCCESS;
 }
 
-/* The uncompressed path: exact fp32 sum through the transport's own allreduce. */
+/* The uncompressed path: exact fp32 sum through the transport's own allreduce. AVG scales
+ * each input by 1/N first, as the dense schedules do (and ncclAvg): the sum that travels is
+ * never larger than the result, so finite inputs whose average is finite never give +-inf
+ * where a sum of N of them would overflow. */
 static gcomp_result run_bypass(gcomp_comm *c, gcomp__call *call, const plan *p, const void *send, void *recv,
                                gcomp_op op)
 {
@@ -394,8 +397,8 @@ static gcomp_result run_bypass(gcomp_comm *c, gcomp__call *call, const plan *p, 
     } else {
         GCOMP_CHECK(call->dev->widen(send, p->dtype, count, buf, call->stream));
     }
+    if (op == GCOMP_AVG) GCOMP_CHECK(call->dev->scale(buf, count, 1.0f / (float)tp->size, call->stream));
     GCOMP_CHECK(gcomp__comm_transport_failed(c, tp->allreduce_sum_f32(tp, buf, count, call->ring.deadline)));
-    if (op == GCOMP_AVG) GCOMP_CHECK(call->dev->divide(buf, count, (float)tp->size, call->stream));
     if (p->dtype != GCOMP_F32) GCOMP_CHECK(call->dev->narrow(buf, count, p->dtype, recv, call->stream));
     return call->dev->flag_nonfinite(recv, count, p->dtype, p->flag, call->stream);
 }

@@ -34,6 +34,18 @@ const char *gcomp_result_name(gcomp_result rc)
     return "GCOMP_ERR_UNKNOWN";
 }
 
+int gcomp__result_known(gcomp_result rc)
+{
+    switch (rc) {
+#define GCOMP_X_KNOWN(name, value, msg) \
+    case name:                          \
+        return 1;
+        GCOMP_RESULT_LIST(GCOMP_X_KNOWN)
+#undef GCOMP_X_KNOWN
+    }
+    return 0;
+}
+
 static _Thread_local char last_error[512];
 
 const char *gcomp_last_error(void) { return last_error; }

@@ -18,6 +18,8 @@ void gcomp__log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 int gcomp__debug_enabled(void);
 /* Empty this thread's gcomp_last_error(), so a caller can tell whether a callee recorded one. */
 void gcomp__error_clear(void);
+/* 1 when rc is a value of gcomp_result (a user codec's entry may return anything). */
+int gcomp__result_known(gcomp_result rc);
 /* Put back a detail saved from gcomp_last_error() (a call that succeeds leaves it as it was). */
 void gcomp__error_restore(const char *saved);
 /* s made safe to echo in a message: control/non-ASCII bytes as \xNN, at most max_chars

@@ -9,6 +9,7 @@
  * GCOMP_LOOP_PRINT=1 prints the hash table instead of checking it (to regenerate
  * tests/golden/schedules_expected.h after an intended change of a schedule's arithmetic).
  */
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -693,6 +694,61 @@ static void test_exact_codec_keeps_no_residual(void **state)
         }
 }
 
+/* GCOMP_AVG of inputs whose sum overflows fp32 but whose average does not (2e38 on every
+ * rank): the bypass and the dense schedules scale each input by 1/N before the sum (gcomp.h),
+ * so the result is finite, within the bound, and no call is counted non-finite. */
+typedef struct huge_job {
+    loop_rank at;
+    int bypass;
+    gcomp_result rc;
+    float got;
+    uint64_t nonfinite;
+} huge_job;
+
+static void *run_huge_avg(void *arg)
+{
+    huge_job *j = arg;
+    enum { N = 5003 }; /* doubling at 2 and 4 ranks, the dense ring at 3 and 5 */
+    gcomp_config cfg = gcomp_config_default();
+    gcomp_comm *comm = NULL;
+    gcomp_comm_stats st;
+    float *x = malloc(N * sizeof(float)), *y = malloc(N * sizeof(float));
+    for (size_t i = 0; i < N; i++) x[i] = i % 2 ? -2e38f : 2e38f;
+    cfg.codec = "none";
+    cfg.min_bytes = j->bypass ? 1 << 30 : 0;
+    cfg.timeout_ms = 20000;
+    j->rc = gcomp__comm_create_loop(j->at.w, j->at.rank, &cfg, &comm);
+    if (j->rc == GCOMP_SUCCESS) j->rc = gcomp_allreduce(comm, x, y, N, GCOMP_F32, GCOMP_AVG, 1, NULL);
+    j->got = 0.0f;
+    for (size_t i = 0; i < N && j->rc == GCOMP_SUCCESS; i++) /* the largest error, relative to 2e38 */
+        if (fabsf(fabsf(y[i]) - 2e38f) / 2e38f > j->got || !isfinite(y[i]))
+            j->got = isfinite(y[i]) ? fabsf(fabsf(y[i]) - 2e38f) / 2e38f : INFINITY;
+    if (j->rc == GCOMP_SUCCESS && gcomp_comm_stats_get(comm, &st) == GCOMP_SUCCESS) j->nonfinite = st.nonfinite_calls;
+    gcomp_comm_destroy(comm);
+    free(x);
+    free(y);
+    return NULL;
+}
+
+static void test_avg_of_huge_inputs(void **state)
+{
+    (void)state;
+    for (int bypass = 0; bypass <= 1; bypass++)
+        for (int n = 2; n <= 5; n++) {
+            huge_job jobs[MAX_RANKS];
+            memset(jobs, 0, sizeof jobs);
+            for (int r = 0; r < n; r++) jobs[r].bypass = bypass;
+            loop_run_world(n, run_huge_avg, jobs, sizeof jobs[0]);
+            for (int r = 0; r < n; r++) {
+                assert_int_equal(jobs[r].rc, GCOMP_SUCCESS);
+                if (!(jobs[r].got <= 1e-5f) || jobs[r].nonfinite != 0) /* none's bound: 1e-5 S / N */
+                    fail_msg("%s at %d ranks, rank %d: relative error %g, %llu non-finite calls",
+                             bypass ? "bypass" : "dense", n, r, (double)jobs[r].got,
+                             (unsigned long long)jobs[r].nonfinite);
+            }
+        }
+}
+
 /* A checkpoint with records for an exact codec (saved before it kept no residual; made here
  * from an fp16 one whose spec is rewritten to "none", checksum redone: checkpoint.c's FNV-1a
  * is sc_hash) loads, and its records are dropped: the next save is a fresh communicator's,
@@ -782,6 +838,7 @@ int main(void)
         cmocka_unit_test(test_local_failure_after_agreement),
         cmocka_unit_test(test_stopped_peer_times_out),
         cmocka_unit_test(test_truncated_message),
+        cmocka_unit_test(test_avg_of_huge_inputs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

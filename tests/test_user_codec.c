@@ -8,6 +8,7 @@
  */
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -999,7 +1000,7 @@ static void *rk_rank(void *arg)
 static void test_rank_keyed_summable_codec(void **state)
 {
     static const size_t counts[] = { 1000, 40000 };
-    gcomp_codec_vtable vt;
+    static gcomp_codec_vtable vt; /* the registry keeps the pointer: it must outlive the test */
     (void)state;
     rk_base = gcomp_codec_find("none");
     vt = *rk_base;
@@ -1034,6 +1035,143 @@ static void test_rank_keyed_summable_codec(void **state)
         }
 }
 
+/* ---- a codec that breaks its contract ------------------------------------------------------
+ * "liar" is "none" whose encode, when told to, reports more body bytes than the capacity it
+ * was given, or returns a value that is no gcomp_result; "liarstage" is xormask whose decode
+ * reports more bytes than its output holds. The library must stop there with
+ * GCOMP_ERR_INTERNAL naming the codec: not hand the caller a payload larger than its buffer,
+ * and not send one (the ring writes its trailer after the payload). */
+static const gcomp_codec_vtable *liar_base;
+static _Atomic int liar_mode; /* 0: honest, 1: over-reports its body, 2: returns 99 */
+
+static gcomp_result liar_encode(const void *params, gcomp_encode_ctx *ctx, const float *g, const float *r_in,
+                                float *r_out, size_t count, uint8_t *body, size_t cap, size_t *written, uint32_t *flags)
+{
+    gcomp_result rc = liar_base->encode(params, ctx, g, r_in, r_out, count, body, cap, written, flags);
+    if (rc != GCOMP_SUCCESS) return rc;
+    if (liar_mode == 1) *written = cap + 100;
+    if (liar_mode == 2) return (gcomp_result)99;
+    return GCOMP_SUCCESS;
+}
+
+static gcomp_result liar_stage_decode(const void *params, void *state, uint32_t flags, const uint8_t *in, size_t n,
+                                      uint8_t *out, size_t cap, size_t *written)
+{
+    gcomp_result rc = xor_decode(params, state, flags, in, n, out, cap, written);
+    if (rc == GCOMP_SUCCESS) *written = cap + 1;
+    return rc;
+}
+
+static void expect_internal(gcomp_result rc, const char *what, const char *name, const char *words)
+{
+    if (rc != GCOMP_ERR_INTERNAL) fail_msg("%s: %s, expected GCOMP_ERR_INTERNAL", what, gcomp_result_name(rc));
+    if (!strstr(gcomp_last_error(), name) || !strstr(gcomp_last_error(), words))
+        fail_msg("%s: the message '%s' names neither '%s' nor '%s'", what, gcomp_last_error(), name, words);
+}
+
+typedef struct liar_job {
+    gcomp__loop_world *w;
+    int rank;
+    gcomp_result rc[2];
+    _Atomic int first_done;
+} liar_job;
+
+/* One lying call, then an honest one on the same communicator. */
+static void *liar_rank(void *arg)
+{
+    liar_job *j = arg;
+    enum { N = 3000 }; /* 12 KB: recursive doubling at 2 and 4 ranks, the ring at 3 and 5 */
+    gcomp_config cfg = gcomp_config_default();
+    gcomp_comm *comm = NULL;
+    float *x = calloc(N, sizeof(float)), *y = calloc(N, sizeof(float));
+    cfg.codec = "liar";
+    cfg.min_bytes = 0;
+    cfg.timeout_ms = 20000;
+    j->rc[0] = j->rc[1] = gcomp__comm_create_loop(j->w, j->rank, &cfg, &comm);
+    if (j->rc[0] != GCOMP_SUCCESS) j->first_done = 1;
+    if (j->rc[0] == GCOMP_SUCCESS) {
+        j->rc[0] = gcomp_allreduce(comm, x, y, N, GCOMP_F32, GCOMP_SUM, 1, NULL);
+        j->first_done = 1;
+        while (liar_mode != 0) sched_yield(); /* the main thread turns honest after every rank's first call */
+        j->rc[1] = gcomp_allreduce(comm, x, y, N, GCOMP_F32, GCOMP_SUM, 1, NULL);
+    }
+    gcomp_comm_destroy(comm);
+    free(x);
+    free(y);
+    return NULL;
+}
+
+static void test_codec_breaking_its_contract(void **state)
+{
+    static gcomp_codec_vtable vt, st; /* the registry keeps the pointers */
+    gcomp_codec *c;
+    float x[64] = { 1.0f }, acc[64] = { 0 };
+    size_t cap, bytes = 0;
+    uint8_t *buf, *payload;
+    (void)state;
+    liar_base = gcomp_codec_find("none");
+    vt = *liar_base;
+    vt.name = "liar";
+    vt.wire_id = 211;
+    vt.encode = liar_encode;
+    vt.cuda = NULL;
+    assert_int_equal(gcomp_codec_register(&vt), GCOMP_SUCCESS);
+    st = xormask_vt;
+    st.name = "liarstage";
+    st.wire_id = 212;
+    st.stage_decode = liar_stage_decode;
+    assert_int_equal(gcomp_codec_register(&st), GCOMP_SUCCESS);
+
+    c = codec_with("liar", 1, 0);
+    cap = gcomp_codec_max_encoded_bytes(c, 64);
+    buf = malloc(cap);
+    liar_mode = 1;
+    expect_internal(gcomp_codec_encode(c, 1, x, 64, GCOMP_F32, buf, cap, &bytes), "encode over-reporting", "liar",
+                    "bytes written");
+    liar_mode = 2;
+    expect_internal(gcomp_codec_encode(c, 1, x, 64, GCOMP_F32, buf, cap, &bytes), "encode returning 99", "liar",
+                    "not a gcomp_result");
+    liar_mode = 0;
+    gcomp_codec_destroy(c);
+    free(buf);
+
+    c = codec_with("none+liarstage", 1, 0);
+    payload = encode_with(c, 1, x, 64, &bytes);
+    expect_internal(gcomp_codec_decode_add(c, payload, bytes, acc, 64), "stage_decode over-reporting", "liarstage",
+                    "bytes written");
+    gcomp_codec_destroy(c);
+    free(payload);
+
+    /* through the engine: every rank fails the lying call (the ring sends nothing past its
+     * buffers: ASan would see it) and the next call works */
+    for (int n = 2; n <= 5; n++) {
+        liar_job jobs[5];
+        pthread_t th[5];
+        gcomp__loop_world *w = NULL;
+        assert_int_equal(gcomp__loop_world_create(n, &w), GCOMP_SUCCESS);
+        liar_mode = 1;
+        for (int r = 0; r < n; r++) {
+            memset(&jobs[r], 0, sizeof jobs[r]);
+            jobs[r].w = w;
+            jobs[r].rank = r;
+            assert_int_equal(pthread_create(&th[r], NULL, liar_rank, &jobs[r]), 0);
+        }
+        for (int r = 0; r < n; r++) /* every rank's first call has returned (each ends by its timeout) */
+            while (!jobs[r].first_done) sched_yield();
+        liar_mode = 0;
+        for (int r = 0; r < n; r++) pthread_join(th[r], NULL);
+        gcomp__loop_world_destroy(w);
+        for (int r = 0; r < n; r++) {
+            if (jobs[r].rc[0] != GCOMP_ERR_INTERNAL)
+                fail_msg("%d ranks, rank %d: the lying call gave %s, expected GCOMP_ERR_INTERNAL", n, r,
+                         gcomp_result_name(jobs[r].rc[0]));
+            if (jobs[r].rc[1] != GCOMP_SUCCESS)
+                fail_msg("%d ranks, rank %d: the honest call after it gave %s", n, r, gcomp_result_name(jobs[r].rc[1]));
+        }
+        print_message("    liar, %d ranks: GCOMP_ERR_INTERNAL on every rank, then the next call works\n", n);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1045,6 +1183,7 @@ int main(void)
         cmocka_unit_test(test_integer_entries_required), cmocka_unit_test(test_user_integer_codec_ring),
         cmocka_unit_test(test_register_spec_length),
         cmocka_unit_test(test_rank_keyed_summable_codec),
+        cmocka_unit_test(test_codec_breaking_its_contract),
     };
     return cmocka_run_group_tests(tests, group_setup, NULL);
 }
