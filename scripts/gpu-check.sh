@@ -27,14 +27,17 @@
 #   GPU_CHECK_MPI=auto|off  auto (default): MPI on with .gpu-deps/openmpi when it is there
 #                           (through scripts/gpu-mpi-env.sh), else with the machine's own
 #                           mpicc if any, else off; off: MPI off, the mpi step skips
-#   GPU_CHECK_TIMEOUT_{TEST,SANITIZE,PERF,TORCH,MPI}=S  limits in seconds (300 300 180 120
-#                           180): a step that runs past its limit fails (status 124) and the
-#                           next one runs, so the summary comes within the ~10 minutes one
-#                           command may take there. Split the run if needed: "env deps build
-#                           test mpi nccl", then "sanitize perf torch" (the build directory
-#                           must survive between).
+#   GPU_CHECK_TIMEOUT_{TEST,SANITIZE,PERF,TORCH,MPI,NCCL}=S  each step's limit in seconds
+#                           (300 300 180 120 180 240): a step that runs past it fails (status
+#                           124) and the next one runs
+#   GPU_CHECK_BUDGET=S      the whole run's limit in seconds (default 560): every limit above
+#                           is cut to what is left of it, and a step that finds less than 15 s
+#                           left is not run (a failure in the summary), so the summary comes
+#                           within the ~10 minutes one command may take there. Split the run
+#                           if needed: "env deps build test mpi nccl", then "sanitize perf
+#                           torch" (the build directory must survive between).
 # The tests read GCOMP_TEST_QUICK=1 (set here for the sanitizer run only): they then skip their
-# largest (64 Mi element) cases, which memcheck would make slow.
+# sizes above 4 Mi elements, which memcheck would make slow.
 #
 # Libraries: the build needs libzstd and the tests cmocka. When pkg-config does not find them,
 # the script uses .gpu-deps/ (Debian packages unpacked by scripts/gpu-deps.sh on a machine with
@@ -59,11 +62,20 @@ T_SANITIZE=${GPU_CHECK_TIMEOUT_SANITIZE:-300}
 T_PERF=${GPU_CHECK_TIMEOUT_PERF:-180}
 T_TORCH=${GPU_CHECK_TIMEOUT_TORCH:-120}
 T_MPI=${GPU_CHECK_TIMEOUT_MPI:-180}
+T_NCCL=${GPU_CHECK_TIMEOUT_NCCL:-240}
+BUDGET=${GPU_CHECK_BUDGET:-560}
 MPI_CMAKE_ARGS=(-DGCOMP_WITH_MPI=OFF) # set by the deps step when an Open MPI is found
 ALL_STEPS=(env deps build test mpi nccl sanitize perf torch)
 STEPS=("$@")
 [ ${#STEPS[@]} -eq 0 ] && STEPS=("${ALL_STEPS[@]}")
 T_START=$SECONDS
+
+# limit S: S seconds, or what is left of the whole run's budget if that is less (at least 1)
+limit() {
+  local left=$((T_START + BUDGET - SECONDS))
+  [ "$left" -lt 1 ] && left=1
+  echo $(($1 < left ? $1 : left))
+}
 
 declare -a SUMMARY=()
 STEP_NO=0
@@ -76,6 +88,11 @@ step() {
   local log; log=$(printf '%s/%02d-%s.log' "$LOGS" "$STEP_NO" "$name")
   local t0=$SECONDS rc
   echo
+  if [ $((T_START + BUDGET - SECONDS)) -lt 15 ]; then
+    SUMMARY+=("$(printf '%-9s %-22s %4s   %s' "$name" "FAIL (not run)" "-" "under 15 s left of GPU_CHECK_BUDGET=$BUDGET s")")
+    echo "==== [$STEP_NO] $name: not run, under 15 s left of GPU_CHECK_BUDGET=$BUDGET s ===="
+    return 1
+  fi
   echo "==== [$STEP_NO] $name ($(date -u +%H:%M:%S) UTC) ===="
   "$@" 2>&1 | tee "$log"
   rc=${PIPESTATUS[0]}
@@ -209,8 +226,8 @@ do_test() {
   local out=$BUILD/ctest-cuda.out rc
   # the cuda;mpi tests need mpirun: the mpi step runs them
   # GPU_CHECK_TEST_EXCLUDE=REGEX leaves out tests already run on the same code (ctest -E)
-  (cd "$BUILD" && timeout "$T_TEST" ctest -L cuda -LE '^mpi$' -E "${GPU_CHECK_TEST_EXCLUDE:-^\$}" -j "$JOBS" \
-    --output-on-failure --timeout "$T_TEST") 2>&1 | tee "$out"
+  (cd "$BUILD" && timeout "$(limit "$T_TEST")" ctest -L cuda -LE '^mpi$' -E "${GPU_CHECK_TEST_EXCLUDE:-^\$}" \
+    -j "$JOBS" --output-on-failure --timeout "$(limit "$T_TEST")") 2>&1 | tee "$out"
   rc=${PIPESTATUS[0]}
   # On a GPU machine a skipped cuda test means the test did not find the device: a failure.
   if grep -q -e '\*\*\*Skipped' -e 'Not Run' "$out"; then
@@ -242,7 +259,7 @@ for t in json.load(sys.stdin).get("tests", []):
 # that skips (no device seen) fails, as in the test step.
 do_mpi() {
   [ -n "$MPIEXEC" ] || { echo "no MPI in this build (see the deps step)"; return 77; }
-  local deadline=$((SECONDS + T_MPI)) rc=0 r t0 left name own dir cmdline np
+  local deadline=$((SECONDS + $(limit "$T_MPI"))) rc=0 r t0 left name own dir cmdline np
   local -a argv nps results=()
   command -v ompi_info >/dev/null && ompi_info --path prefix 2>/dev/null | sed 's/^ */Open MPI /'
   # the launcher alone first, so that an Open MPI that cannot start is not taken for a test
@@ -305,7 +322,7 @@ do_sanitize() {
     local api=()
     case $name in *nccl*) api=(--report-api-errors no) ;; esac
     echo "+ GCOMP_TEST_QUICK=1 compute-sanitizer --tool memcheck ${api[*]} --error-exitcode=1 ${t#"$ROOT"/}"
-    ( GCOMP_TEST_QUICK=1 timeout "$T_SANITIZE" compute-sanitizer --tool memcheck "${api[@]}" \
+    ( GCOMP_TEST_QUICK=1 timeout "$(limit "$T_SANITIZE")" compute-sanitizer --tool memcheck "${api[@]}" \
         --error-exitcode=1 --leak-check no "$t" >"$BUILD/sanitize/$name.log" 2>&1
       echo $? >"$BUILD/sanitize/$name.rc" ) &
     running=$((running + 1))
@@ -369,7 +386,7 @@ PY
 # its timeout case, the ncclAllReduce interposer under a program calling NCCL directly (per
 # codec, and off), and allreduce_perf --device cuda at one rank for every codec (#wrong).
 do_nccl() {
-  local rc=0 t=${GPU_CHECK_TIMEOUT_NCCL:-240} name codec
+  local rc=0 name codec
   local bin=$BUILD/tests/test_cuda_nccl prog=$BUILD/tests/cuda_nccl_interpose
   local lib=$BUILD/interpose/libgcomp_nccl.so perf=$BUILD/bench/allreduce_perf
   grep -q '^GCOMP_WITH_NCCL:.*=\(AUTO\|ON\)' "$BUILD/CMakeCache.txt" 2>/dev/null &&
@@ -378,23 +395,23 @@ do_nccl() {
   echo "NCCL library: $(sed -n 's/^NCCL_LIBRARY:[A-Z]*=//p' "$BUILD/CMakeCache.txt")"
   [ -x "$bin" ] || { echo "$bin not built"; return 1; }
   echo "+ tests/test_cuda_nccl"
-  timeout "$t" "$bin" || rc=1
+  timeout "$(limit "$T_NCCL")" "$bin" || rc=1
   echo "+ tests/test_cuda_nccl --timeout"
-  timeout 120 "$bin" --timeout || rc=1
+  timeout "$(limit 120)" "$bin" --timeout || rc=1
   for codec in off none fp16 bf16 terngrad topk:ratio=0.01; do
     name=${codec%%:*}
     echo "+ GCOMP_CODEC=$codec LD_PRELOAD=libgcomp_nccl.so tests/cuda_nccl_interpose --codec $codec"
     rm -f "$RESULTS/nccl_interpose_${name}_0.json"
     if [ "$codec" = off ]; then
-      env LD_PRELOAD="$lib" GCOMP_TEST_COMPRESS_ONE_RANK=1 timeout 120 "$prog" --codec off || rc=1
+      env LD_PRELOAD="$lib" GCOMP_TEST_COMPRESS_ONE_RANK=1 timeout "$(limit 120)" "$prog" --codec off || rc=1
     else
       env LD_PRELOAD="$lib" GCOMP_CODEC="$codec" GCOMP_TEST_COMPRESS_ONE_RANK=1 GCOMP_DEBUG=INFO \
-        GCOMP_STATS_FILE="$RESULTS/nccl_interpose_${name}_%r.json" timeout 120 "$prog" --codec "$codec" || rc=1
+        GCOMP_STATS_FILE="$RESULTS/nccl_interpose_${name}_%r.json" timeout "$(limit 120)" "$prog" --codec "$codec" || rc=1
     fi
   done
   if [ -x "$perf" ] && [ -n "$MPIEXEC" ]; then
     echo "+ mpirun -np 1 -x GCOMP_TEST_COMPRESS_ONE_RANK=1 bench/allreduce_perf --device cuda -b 1M -e 256M -f 4 (every codec)"
-    timeout "$t" "$MPIEXEC" -np 1 -x GCOMP_TEST_COMPRESS_ONE_RANK=1 "$perf" --device cuda -b 1M -e 256M -f 4 \
+    timeout "$(limit "$T_NCCL")" "$MPIEXEC" -np 1 -x GCOMP_TEST_COMPRESS_ONE_RANK=1 "$perf" --device cuda -b 1M -e 256M -f 4 \
       -n 10 -w 3 --codec none --codec fp16 --codec bf16 --codec terngrad --codec topk:ratio=0.01 \
       -J "$RESULTS/allreduce_perf_cuda.json" || rc=1
   else
@@ -408,7 +425,7 @@ do_perf() {
   [ -x "$bin" ] || { echo "$bin not built"; return 1; }
   # shellcheck disable=SC2086 # GPU_CHECK_PERF_ARGS is a list of words
   echo "+ build-gpu/bench/codec_perf --device cuda --json-out ${RESULTS#"$ROOT"/}/codec_perf_cuda.json ${GPU_CHECK_PERF_ARGS:-}"
-  timeout "$T_PERF" "$bin" --device cuda --json-out "$RESULTS/codec_perf_cuda.json" ${GPU_CHECK_PERF_ARGS:-} || rc=$?
+  timeout "$(limit "$T_PERF")" "$bin" --device cuda --json-out "$RESULTS/codec_perf_cuda.json" ${GPU_CHECK_PERF_ARGS:-} || rc=$?
   return "$rc"
 }
 
@@ -428,7 +445,7 @@ do_torch() {
   lib=$BUILD/libgcomp.so
   [ -e "$lib" ] || { echo "$lib not built"; return 1; }
   echo "+ $py bench/torch_peers.py --lib ${lib#"$ROOT"/} --json ${RESULTS#"$ROOT"/}/torch_peers.json"
-  PYTHONUNBUFFERED=1 timeout "$T_TORCH" "$py" "$ROOT/bench/torch_peers.py" --lib "$lib" --json "$RESULTS/torch_peers.json"
+  PYTHONUNBUFFERED=1 timeout "$(limit "$T_TORCH")" "$py" "$ROOT/bench/torch_peers.py" --lib "$lib" --json "$RESULTS/torch_peers.json"
 }
 
 do_cpu() {
