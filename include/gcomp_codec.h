@@ -298,7 +298,8 @@ typedef struct gcomp_codec_vtable {
 } gcomp_codec_vtable;
 
 /* Register a codec. The vtable must outlive every use (normally a static const).
- * Thread-safe. Errors: GCOMP_ERR_INVALID_ARG (NULL, wrong ABI version, missing functions,
+ * Thread-safe. Errors: GCOMP_ERR_INVALID_ARG (NULL, wrong ABI version, capability bits that
+ * are no GCOMP_CAP_* or more than one of SUMMABLE, INTEGER and SPARSE, missing functions,
  * bad name, a built-in wire id, or a parameter table that breaks a rule of gcomp_param_def;
  * the message names the entry), GCOMP_ERR_EXISTS (name or wire id taken), GCOMP_ERR_NOMEM. */
 GCOMP_API gcomp_result gcomp_codec_register(const gcomp_codec_vtable *vt);

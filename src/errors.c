@@ -98,13 +98,18 @@ gcomp_result gcomp__fail(gcomp_result rc, const char *fmt, ...)
     return rc;
 }
 
-/* The codecs' name for gcomp__fail: the same recording and logging (vfail). */
+/* The codecs' name for gcomp__fail, for text the library did not write: a user codec's
+ * message may hold anything, so its control and non-ASCII bytes become \xNN (gcomp__quote)
+ * as user text in the library's own messages does (gcomp.h, gcomp_last_error). */
 gcomp_result gcomp_codec_fail(gcomp_result rc, const char *fmt, ...)
 {
+    char raw[sizeof last_error];
     va_list ap;
     va_start(ap, fmt);
-    vfail(rc, fmt, ap);
+    vsnprintf(raw, sizeof raw, fmt, ap);
     va_end(ap);
+    gcomp__quote(last_error, sizeof last_error, raw, sizeof raw);
+    if (gcomp__debug_enabled()) log_line("%s: %s", gcomp_result_name(rc), last_error);
     return rc;
 }
 

@@ -211,6 +211,25 @@ static gcomp_result check_integer_entries(const gcomp_codec_vtable *vt)
     return GCOMP_SUCCESS;
 }
 
+/* Bits the library knows, and one schedule at most: pick_schedule reads SPARSE before
+ * SUMMABLE, so a codec claiming both would silently get the gather; a bit of a later ABI
+ * (or 1u << 3, ABI 1's CAP_CUDA) would be ignored. */
+static gcomp_result check_caps(const gcomp_codec_vtable *vt)
+{
+    const uint32_t known = GCOMP_CAP_SUMMABLE | GCOMP_CAP_INTEGER | GCOMP_CAP_SPARSE | GCOMP_CAP_BYTE_STAGE |
+                           GCOMP_CAP_RESIDUAL_IN_PLACE | GCOMP_CAP_EXACT;
+    const uint32_t schedules = vt->caps & (GCOMP_CAP_SUMMABLE | GCOMP_CAP_INTEGER | GCOMP_CAP_SPARSE);
+    if (vt->caps & ~known)
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "codec '%s': capability bits 0x%x are not GCOMP_CAP_* of ABI %u",
+                           vt->name, (unsigned)(vt->caps & ~known), GCOMP_CODEC_ABI_VERSION);
+    if (schedules & (schedules - 1))
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG,
+                           "codec '%s' claims more than one of GCOMP_CAP_SUMMABLE, GCOMP_CAP_INTEGER and "
+                           "GCOMP_CAP_SPARSE (each picks its own schedule)",
+                           vt->name);
+    return GCOMP_SUCCESS;
+}
+
 static gcomp_result check_vtable(const gcomp_codec_vtable *vt)
 {
     if (vt->abi_version != GCOMP_CODEC_ABI_VERSION)
@@ -218,6 +237,7 @@ static gcomp_result check_vtable(const gcomp_codec_vtable *vt)
                            GCOMP_CODEC_ABI_VERSION);
     if (!valid_name(vt->name)) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "codec name must be 1-32 chars of [a-z0-9_]");
     if (vt->wire_id == 0) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "codec '%s': wire id 0 is invalid", vt->name);
+    GCOMP_CHECK(check_caps(vt));
     if (vt->n_params && !vt->params)
         return gcomp__fail(GCOMP_ERR_INVALID_ARG, "codec '%s': n_params > 0 but no table", vt->name);
     if (vt->caps & GCOMP_CAP_BYTE_STAGE) {

@@ -269,7 +269,7 @@ static gcomp_result append_canonical(const char *spec, gcomp__chain *c, const gc
  * and the spec like every other spec error. */
 static gcomp_result check_params(const char *spec, const gcomp_codec_vtable *vt, const void *params)
 {
-    char msg[256] = "", reason[256], qm[4 * 200 + 8], saved[512];
+    char msg[256] = "", qm[4 * 200 + 8], saved[512];
     /* the check may report through gcomp_codec_fail: clear the detail to see whether it did,
      * and put back the caller's on success (a successful call leaves the last error alone) */
     snprintf(saved, sizeof saved, "%s", gcomp_last_error());
@@ -278,11 +278,15 @@ static gcomp_result check_params(const char *spec, const gcomp_codec_vtable *vt,
         gcomp__error_restore(saved);
         return GCOMP_SUCCESS;
     }
-    snprintf(reason, sizeof reason, "%s",
-             msg[0]                  ? msg
-             : gcomp_last_error()[0] ? gcomp_last_error()
-                                     : "its parameters were refused (no reason given)");
-    return spec_fail(GCOMP_ERR_INVALID_SPEC, spec, "%s: %s", vt->name, gcomp__quote(qm, sizeof qm, reason, 200));
+    /* a reason given through gcomp_codec_fail is escaped already (errors.c); one written into
+     * msg is escaped here. Either is cut at 200 characters. */
+    if (msg[0])
+        gcomp__quote(qm, sizeof qm, msg, 200);
+    else if (gcomp_last_error()[0])
+        snprintf(qm, sizeof qm, "%.200s%s", gcomp_last_error(), strlen(gcomp_last_error()) > 200 ? "..." : "");
+    else
+        snprintf(qm, sizeof qm, "its parameters were refused (no reason given)");
+    return spec_fail(GCOMP_ERR_INVALID_SPEC, spec, "%s: %s", vt->name, qm);
 }
 
 static gcomp_result parse_stage(const char *spec, const char *base, char *text, size_t idx, gcomp__chain *c)

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "test_util.h"
+#include "gcomp_codec.h"
 #include "config.h"
 #include "transport_loop.h"
 
@@ -213,6 +214,35 @@ static void test_failed_encode_writes_nothing(void **state)
 /* Issue 13 item 12 (configuration): a bad value names where it came from -- the
  * gcomp_config field when the struct set it, the environment variable otherwise -- and an
  * environment value is echoed escaped. */
+/* A codec's own message may hold anything: gcomp_codec_fail escapes control and non-ASCII
+ * bytes as the library's messages do (gcomp.h), once (not again when the spec parser
+ * reports a check_params refusal it carried). */
+static gcomp_result esc_check(const void *params, char *msg, size_t cap)
+{
+    (void)params;
+    (void)msg;
+    (void)cap;
+    return gcomp_codec_fail(GCOMP_ERR_INVALID_ARG, "bad\x01mix\n");
+}
+
+static void test_codec_fail_escapes(void **state)
+{
+    static gcomp_codec_vtable vt; /* the registry keeps the pointer */
+    gcomp_codec *c = NULL;
+    (void)state;
+    assert_int_equal(gcomp_codec_fail(GCOMP_ERR_CORRUPT, "hello\x01\n%s", "\xff"), GCOMP_ERR_CORRUPT);
+    assert_string_equal(gcomp_last_error(), "hello\\x01\\x0a\\xff");
+    vt = *gcomp_codec_find("none");
+    vt.name = "escapes";
+    vt.wire_id = 220;
+    vt.check_params = esc_check;
+    vt.cuda = NULL;
+    assert_int_equal(gcomp_codec_register(&vt), GCOMP_SUCCESS);
+    assert_int_equal(gcomp_codec_create("escapes", NULL, &c), GCOMP_ERR_INVALID_SPEC);
+    if (!strstr(gcomp_last_error(), "escapes: bad\\x01mix\\x0a"))
+        fail_msg("check_params' reason escaped twice or not at all: '%s'", gcomp_last_error());
+}
+
 static void test_config_messages(void **state)
 {
     gcomp_config cfg = gcomp_config_default();
@@ -342,7 +372,7 @@ int main(void)
         cmocka_unit_test(test_half_dtypes),       cmocka_unit_test(test_zero_count),
         cmocka_unit_test(test_bound_overflow),    cmocka_unit_test(test_failed_encode_writes_nothing),
         cmocka_unit_test(test_config_messages),   cmocka_unit_test(test_debug_env_words),
-        cmocka_unit_test(test_config_debug_logs),
+        cmocka_unit_test(test_config_debug_logs), cmocka_unit_test(test_codec_fail_escapes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -406,6 +406,20 @@ static void test_register_errors(void **state)
     v.wire_id = 303;
     v.stage_decode = NULL;
     assert_int_equal(gcomp_codec_register(&v), GCOMP_ERR_INVALID_ARG);
+    /* capability bits: unknown ones (ABI 1's CAP_CUDA, a future bit), two schedules at once */
+    {
+        static const uint32_t caps[] = { 1u << 3, 1u << 20, GCOMP_CAP_SUMMABLE | GCOMP_CAP_SPARSE,
+                                         GCOMP_CAP_SUMMABLE | GCOMP_CAP_INTEGER, GCOMP_CAP_INTEGER | GCOMP_CAP_SPARSE };
+        for (size_t i = 0; i < sizeof caps / sizeof caps[0]; i++) {
+            v = randk_vt;
+            v.name = "fresh";
+            v.wire_id = 303;
+            v.caps |= caps[i];
+            if (gcomp_codec_register(&v) != GCOMP_ERR_INVALID_ARG) fail_msg("caps 0x%x accepted", (unsigned)v.caps);
+            if (!strstr(gcomp_last_error(), i < 2 ? "capability bits" : "more than one"))
+                fail_msg("caps 0x%x: message '%s'", (unsigned)v.caps, gcomp_last_error());
+        }
+    }
     /* none of the refused ones was registered */
     assert_null(gcomp_codec_find("fresh"));
     assert_null(gcomp_codec_find("randk_copy"));
