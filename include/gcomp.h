@@ -387,9 +387,10 @@ typedef struct gcomp_comm_stats {
  * 1.00001 S + N 2^-24 (top-k: values=fp16 may store a kept value as a subnormal); a byte stage
  * (+zstd) adds nothing. GCOMP_AVG: the exact average and the bound are both divided by N; the
  * dense ring, recursive doubling and the bypass scale each input by 1/N before the sum (as
- * ncclAvg does), while the integer ring (terngrad), the sparse gather and its dense fallback
- * (top-k) divide the sum, so where the fp32 sum of N finite inputs overflows their AVG is
- * +-inf there (a non-finite call) although the exact average is finite. A
+ * ncclAvg does; a subnormal input then loses bits: add N 2^-150 to their bound), while the
+ * integer ring (terngrad), the sparse gather and its dense fallback (top-k) divide the sum,
+ * so where the fp32 sum of N finite inputs overflows their AVG is +-inf there (a non-finite
+ * call) although the exact average is finite. A
  * GCOMP_F16 or GCOMP_BF16 result adds its own rounding: u (S' + B) + 2^-25 (f16) or u (S' + B)
  * (bf16), u = 2^-11 (f16) or 2^-8 (bf16), B the bound above, S' = S (SUM) or S / N (AVG).
  * bench/allreduce_perf -c 1 checks every element of host buffers against these (ctest

@@ -64,6 +64,10 @@ T_TORCH=${GPU_CHECK_TIMEOUT_TORCH:-120}
 T_MPI=${GPU_CHECK_TIMEOUT_MPI:-180}
 T_NCCL=${GPU_CHECK_TIMEOUT_NCCL:-240}
 BUDGET=${GPU_CHECK_BUDGET:-560}
+for v in "$T_TEST" "$T_SANITIZE" "$T_PERF" "$T_TORCH" "$T_MPI" "$T_NCCL" "$BUDGET"; do
+  # whole seconds: the limits are compared and subtracted in bash, and timeout 0 means none
+  [[ $v =~ ^[1-9][0-9]*$ ]] || { echo "gpu-check: time limits are whole seconds > 0, got '$v'" >&2; exit 2; }
+done
 MPI_CMAKE_ARGS=(-DGCOMP_WITH_MPI=OFF) # set by the deps step when an Open MPI is found
 ALL_STEPS=(env deps build test mpi nccl sanitize perf torch)
 STEPS=("$@")
@@ -89,7 +93,8 @@ step() {
   local t0=$SECONDS rc
   echo
   if [ $((T_START + BUDGET - SECONDS)) -lt 15 ]; then
-    SUMMARY+=("$(printf '%-9s %-22s %4s   %s' "$name" "FAIL (not run)" "-" "under 15 s left of GPU_CHECK_BUDGET=$BUDGET s")")
+    SUMMARY+=("$(printf '%-9s %-22s %4s   %s' "$name" "FAIL (not run)" "-" \
+      "under 15 s left of GPU_CHECK_BUDGET=$BUDGET s")")
     echo "==== [$STEP_NO] $name: not run, under 15 s left of GPU_CHECK_BUDGET=$BUDGET s ===="
     return 1
   fi
@@ -219,7 +224,7 @@ do_build() {
   # keep going past a failing target: the steps after this one use whatever did build (each
   # checks for its own binaries), so one broken test does not hide the benches
   local keep=(-k); [ ${#gen[@]} -gt 0 ] && keep=(-k 0)
-  cmake --build "$BUILD" -j"$(nproc)" -- "${keep[@]}"
+  timeout "$(limit "$BUDGET")" cmake --build "$BUILD" -j"$(nproc)" -- "${keep[@]}"
 }
 
 do_test() {
@@ -406,12 +411,14 @@ do_nccl() {
       env LD_PRELOAD="$lib" GCOMP_TEST_COMPRESS_ONE_RANK=1 timeout "$(limit 120)" "$prog" --codec off || rc=1
     else
       env LD_PRELOAD="$lib" GCOMP_CODEC="$codec" GCOMP_TEST_COMPRESS_ONE_RANK=1 GCOMP_DEBUG=INFO \
-        GCOMP_STATS_FILE="$RESULTS/nccl_interpose_${name}_%r.json" timeout "$(limit 120)" "$prog" --codec "$codec" || rc=1
+        GCOMP_STATS_FILE="$RESULTS/nccl_interpose_${name}_%r.json" timeout "$(limit 120)" "$prog" --codec "$codec" ||
+        rc=1
     fi
   done
   if [ -x "$perf" ] && [ -n "$MPIEXEC" ]; then
     echo "+ mpirun -np 1 -x GCOMP_TEST_COMPRESS_ONE_RANK=1 bench/allreduce_perf --device cuda -b 1M -e 256M -f 4 (every codec)"
-    timeout "$(limit "$T_NCCL")" "$MPIEXEC" -np 1 -x GCOMP_TEST_COMPRESS_ONE_RANK=1 "$perf" --device cuda -b 1M -e 256M -f 4 \
+    timeout "$(limit "$T_NCCL")" "$MPIEXEC" -np 1 -x GCOMP_TEST_COMPRESS_ONE_RANK=1 "$perf" --device cuda \
+      -b 1M -e 256M -f 4 \
       -n 10 -w 3 --codec none --codec fp16 --codec bf16 --codec terngrad --codec topk:ratio=0.01 \
       -J "$RESULTS/allreduce_perf_cuda.json" || rc=1
   else
@@ -425,7 +432,8 @@ do_perf() {
   [ -x "$bin" ] || { echo "$bin not built"; return 1; }
   # shellcheck disable=SC2086 # GPU_CHECK_PERF_ARGS is a list of words
   echo "+ build-gpu/bench/codec_perf --device cuda --json-out ${RESULTS#"$ROOT"/}/codec_perf_cuda.json ${GPU_CHECK_PERF_ARGS:-}"
-  timeout "$(limit "$T_PERF")" "$bin" --device cuda --json-out "$RESULTS/codec_perf_cuda.json" ${GPU_CHECK_PERF_ARGS:-} || rc=$?
+  timeout "$(limit "$T_PERF")" "$bin" --device cuda --json-out "$RESULTS/codec_perf_cuda.json" \
+    ${GPU_CHECK_PERF_ARGS:-} || rc=$?
   return "$rc"
 }
 
@@ -445,7 +453,8 @@ do_torch() {
   lib=$BUILD/libgcomp.so
   [ -e "$lib" ] || { echo "$lib not built"; return 1; }
   echo "+ $py bench/torch_peers.py --lib ${lib#"$ROOT"/} --json ${RESULTS#"$ROOT"/}/torch_peers.json"
-  PYTHONUNBUFFERED=1 timeout "$(limit "$T_TORCH")" "$py" "$ROOT/bench/torch_peers.py" --lib "$lib" --json "$RESULTS/torch_peers.json"
+  PYTHONUNBUFFERED=1 timeout "$(limit "$T_TORCH")" "$py" "$ROOT/bench/torch_peers.py" --lib "$lib" \
+    --json "$RESULTS/torch_peers.json"
 }
 
 do_cpu() {

@@ -403,6 +403,7 @@ gcomp_result gcomp_codec_decode_add(gcomp_codec *c, const void *payload, size_t 
     const uint8_t *body;
     size_t body_bytes;
     uint32_t flags;
+    gcomp_result rc;
     if (!c || !payload) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_codec_decode_add: NULL codec or payload");
     GCOMP_CHECK(check_layout("gcomp_codec_decode_add", "payload", payload, bytes, 1, "acc", acc, count, sizeof(float)));
     if (gcomp__codec_device_wanted(payload, acc))
@@ -410,8 +411,8 @@ gcomp_result gcomp_codec_decode_add(gcomp_codec *c, const void *payload, size_t 
     GCOMP_CHECK(check_buffers("gcomp_codec_decode_add", payload, acc, count));
     GCOMP_CHECK(gcomp__codec_element_body(c, payload, bytes, count, &body, &body_bytes, &flags));
     el = &c->chain.stages[0];
-    GCOMP_CHECK(
-        codec_reported(el->vt, "decode_add", el->vt->decode_add(el->params, flags, body, body_bytes, acc, count), 0, 0));
+    rc = el->vt->decode_add(el->params, flags, body, body_bytes, acc, count);
+    GCOMP_CHECK(codec_reported(el->vt, "decode_add", rc, 0, 0));
     c->stats.decode_calls++;
     return GCOMP_SUCCESS;
 }

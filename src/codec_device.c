@@ -439,6 +439,10 @@ gcomp_result gcomp__codec_device_encode(const gcomp__codec_parts *c, uint64_t ke
     body_max = el->vt->max_body_bytes(el->params, count);
     if (dst_cap < GCOMP_HEADER_BYTES)
         return gcomp__fail(GCOMP_ERR_BUFFER_TOO_SMALL, "%s: output of %zu bytes cannot hold the header", fn, dst_cap);
+    if (fixed && dst_cap - GCOMP_HEADER_BYTES < body_max) /* every body of a fixed-size codec is body_max bytes */
+        return gcomp__fail(GCOMP_ERR_BUFFER_TOO_SMALL,
+                           "%s: a %s payload of %zu elements is %zu bytes, the output holds %zu", fn, el->vt->name,
+                           count, GCOMP_HEADER_BYTES + body_max, dst_cap);
     GCOMP_CHECK(ensure_dev(c, ops, &d));
 
     widen_bytes = dtype == GCOMP_F32 ? 0 : ALIGN_UP(count * sizeof(float));
@@ -476,6 +480,9 @@ gcomp_result gcomp__codec_device_encode(const gcomp__codec_parts *c, uint64_t ke
         gcomp_cuda_status st;
         GCOMP_CHECK(ops->copy_async(&st, d->status, sizeof st, stream));
         GCOMP_CHECK(ops->wait(stream, -1));
+        if (st.body_bytes > dst_cap - GCOMP_HEADER_BYTES) /* a faulty user codec: as codec.c on the host */
+            return gcomp__fail(GCOMP_ERR_INTERNAL, "%s: codec '%s' reports a body of %llu bytes, more than %zu", fn,
+                               el->vt->name, (unsigned long long)st.body_bytes, dst_cap - GCOMP_HEADER_BYTES);
         *written = GCOMP_HEADER_BYTES + (size_t)st.body_bytes;
     }
     if (blocking) GCOMP_CHECK(gcomp__codec_device_sync(c, stream));

@@ -211,9 +211,6 @@ static void test_failed_encode_writes_nothing(void **state)
     free(x);
 }
 
-/* Issue 13 item 12 (configuration): a bad value names where it came from -- the
- * gcomp_config field when the struct set it, the environment variable otherwise -- and an
- * environment value is echoed escaped. */
 /* A codec's own message may hold anything: gcomp_codec_fail escapes control and non-ASCII
  * bytes as the library's messages do (gcomp.h), once (not again when the spec parser
  * reports a check_params refusal it carried). */
@@ -243,6 +240,9 @@ static void test_codec_fail_escapes(void **state)
         fail_msg("check_params' reason escaped twice or not at all: '%s'", gcomp_last_error());
 }
 
+/* Issue 13 item 12 (configuration): a bad value names where it came from -- the
+ * gcomp_config field when the struct set it, the environment variable otherwise -- and an
+ * environment value is echoed escaped. */
 static void test_config_messages(void **state)
 {
     gcomp_config cfg = gcomp_config_default();

@@ -703,6 +703,7 @@ typedef struct huge_job {
     gcomp_result rc;
     float got;
     uint64_t nonfinite;
+    gcomp_schedule sched;
 } huge_job;
 
 static void *run_huge_avg(void *arg)
@@ -723,7 +724,10 @@ static void *run_huge_avg(void *arg)
     for (size_t i = 0; i < N && j->rc == GCOMP_SUCCESS; i++) /* the largest error, relative to 2e38 */
         if (fabsf(fabsf(y[i]) - 2e38f) / 2e38f > j->got || !isfinite(y[i]))
             j->got = isfinite(y[i]) ? fabsf(fabsf(y[i]) - 2e38f) / 2e38f : INFINITY;
-    if (j->rc == GCOMP_SUCCESS && gcomp_comm_stats_get(comm, &st) == GCOMP_SUCCESS) j->nonfinite = st.nonfinite_calls;
+    if (j->rc == GCOMP_SUCCESS && gcomp_comm_stats_get(comm, &st) == GCOMP_SUCCESS) {
+        j->nonfinite = st.nonfinite_calls;
+        j->sched = st.last_schedule;
+    }
     gcomp_comm_destroy(comm);
     free(x);
     free(y);
@@ -741,6 +745,9 @@ static void test_avg_of_huge_inputs(void **state)
             loop_run_world(n, run_huge_avg, jobs, sizeof jobs[0]);
             for (int r = 0; r < n; r++) {
                 assert_int_equal(jobs[r].rc, GCOMP_SUCCESS);
+                assert_int_equal(jobs[r].sched, bypass       ? GCOMP_SCHED_BYPASS
+                                                : n % 2 == 0 ? GCOMP_SCHED_DOUBLING
+                                                             : GCOMP_SCHED_DENSE);
                 if (!(jobs[r].got <= 1e-5f) || jobs[r].nonfinite != 0) /* none's bound: 1e-5 S / N */
                     fail_msg("%s at %d ranks, rank %d: relative error %g, %llu non-finite calls",
                              bypass ? "bypass" : "dense", n, r, (double)jobs[r].got,

@@ -7,8 +7,6 @@
  * (payload bytes XOR 0x5a) to show a user stage in a chain.
  */
 #include <math.h>
-#include <pthread.h>
-#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -18,6 +16,7 @@
 
 #include "randk_codec.h"
 #include "transport_loop.h"
+#include "loop_world.h"
 
 #define XORMASK_WIRE_ID 201
 
@@ -408,13 +407,14 @@ static void test_register_errors(void **state)
     assert_int_equal(gcomp_codec_register(&v), GCOMP_ERR_INVALID_ARG);
     /* capability bits: unknown ones (ABI 1's CAP_CUDA, a future bit), two schedules at once */
     {
-        static const uint32_t caps[] = { 1u << 3, 1u << 20, GCOMP_CAP_SUMMABLE | GCOMP_CAP_SPARSE,
-                                         GCOMP_CAP_SUMMABLE | GCOMP_CAP_INTEGER, GCOMP_CAP_INTEGER | GCOMP_CAP_SPARSE };
+        static const uint32_t caps[] = { GCOMP_CAP_SPARSE | 1u << 3, GCOMP_CAP_SPARSE | 1u << 20,
+                                         GCOMP_CAP_SUMMABLE | GCOMP_CAP_SPARSE, GCOMP_CAP_SUMMABLE | GCOMP_CAP_INTEGER,
+                                         GCOMP_CAP_INTEGER | GCOMP_CAP_SPARSE };
         for (size_t i = 0; i < sizeof caps / sizeof caps[0]; i++) {
             v = randk_vt;
             v.name = "fresh";
             v.wire_id = 303;
-            v.caps |= caps[i];
+            v.caps = caps[i];
             if (gcomp_codec_register(&v) != GCOMP_ERR_INVALID_ARG) fail_msg("caps 0x%x accepted", (unsigned)v.caps);
             if (!strstr(gcomp_last_error(), i < 2 ? "capability bits" : "more than one"))
                 fail_msg("caps 0x%x: message '%s'", (unsigned)v.caps, gcomp_last_error());
@@ -870,8 +870,7 @@ static void test_integer_entries_required(void **state)
 #define TERN1_MAX_RANKS 4
 
 typedef struct tern1_job {
-    gcomp__loop_world *w;
-    int rank;
+    loop_rank at; /* first: loop_run_world fills it */
     gcomp_op op;
     gcomp_result rc;
     gcomp_schedule sched;
@@ -893,9 +892,9 @@ static void *tern1_rank(void *arg)
     cfg.codec = "tern1";
     cfg.min_bytes = 0;
     cfg.timeout_ms = 20000;
-    j->rc = gcomp__comm_create_loop(j->w, j->rank, &cfg, &comm);
+    j->rc = gcomp__comm_create_loop(j->at.w, j->at.rank, &cfg, &comm);
     for (int t = 0; t < TERN1_STEPS && j->rc == GCOMP_SUCCESS; t++) {
-        for (size_t i = 0; i < TERN1_N; i++) x[i] = tern1_input(j->rank, t, i);
+        for (size_t i = 0; i < TERN1_N; i++) x[i] = tern1_input(j->at.rank, t, i);
         j->rc = gcomp_allreduce(comm, x, j->out[t], TERN1_N, GCOMP_F32, j->op, 5, NULL);
     }
     if (j->rc == GCOMP_SUCCESS && gcomp_comm_stats_get(comm, &st) == GCOMP_SUCCESS) j->sched = st.last_schedule;
@@ -913,18 +912,9 @@ static void test_user_integer_codec_ring(void **state)
     assert_int_equal(gcomp_codec_register(&tern1_vt), GCOMP_SUCCESS);
     for (int n = 2; n <= TERN1_MAX_RANKS; n++) {
         for (int op = 0; op < 2; op++) {
-            pthread_t th[TERN1_MAX_RANKS];
-            gcomp__loop_world *w = NULL;
             memset(tern1_calls, 0, sizeof tern1_calls);
-            assert_int_equal(gcomp__loop_world_create(n, &w), GCOMP_SUCCESS);
-            for (int k = 0; k < n; k++) {
-                jobs[k].w = w;
-                jobs[k].rank = k;
-                jobs[k].op = op ? GCOMP_AVG : GCOMP_SUM;
-                assert_int_equal(pthread_create(&th[k], NULL, tern1_rank, &jobs[k]), 0);
-            }
-            for (int k = 0; k < n; k++) pthread_join(th[k], NULL);
-            gcomp__loop_world_destroy(w);
+            for (int k = 0; k < n; k++) jobs[k].op = op ? GCOMP_AVG : GCOMP_SUM;
+            loop_run_world(n, tern1_rank, jobs, sizeof jobs[0]);
             assert_true(tern1_calls[0] > 0 && tern1_calls[1] > 0 && tern1_calls[2] > 0);
             memset(r, 0, sizeof r);
             for (int t = 0; t < TERN1_STEPS; t++) {
@@ -955,6 +945,21 @@ static void test_user_integer_codec_ring(void **state)
     }
 }
 
+/* Register *vt (static: the registry keeps the pointer) as "none" under another name and
+ * wire id, with its encode replaced; returns "none"'s vtable, whose encode the new one wraps. */
+static const gcomp_codec_vtable *register_none_variant(gcomp_codec_vtable *vt, const char *name, uint16_t wire_id,
+                                                       __typeof__(vt->encode) encode)
+{
+    const gcomp_codec_vtable *none = gcomp_codec_find("none");
+    *vt = *none;
+    vt->name = name;
+    vt->wire_id = wire_id;
+    vt->encode = encode;
+    vt->cuda = NULL;
+    assert_int_equal(gcomp_codec_register(vt), GCOMP_SUCCESS);
+    return none;
+}
+
 /* ---- a summable codec whose encode depends on the rank ----------------------------------
  * "rknone": fp32 values whose lowest mantissa bit a hash of (seed, step, rank, element)
  * flips, as a user's rank-keyed stochastic rounding would. Every rank must still get the
@@ -980,8 +985,7 @@ static gcomp_result rk_encode(const void *params, gcomp_encode_ctx *ctx, const f
 }
 
 typedef struct rk_job {
-    gcomp__loop_world *w;
-    int rank;
+    loop_rank at; /* first: loop_run_world fills it */
     size_t count;
     gcomp_result rc;
     gcomp_schedule sched;
@@ -998,8 +1002,8 @@ static void *rk_rank(void *arg)
     cfg.codec = "rknone";
     cfg.min_bytes = 0;
     cfg.timeout_ms = 20000;
-    for (size_t i = 0; i < j->count; i++) x[i] = (float)((i * 7 + (size_t)j->rank * 13) % 101) / 7.0f;
-    j->rc = gcomp__comm_create_loop(j->w, j->rank, &cfg, &comm);
+    for (size_t i = 0; i < j->count; i++) x[i] = (float)((i * 7 + (size_t)j->at.rank * 13) % 101) / 7.0f;
+    j->rc = gcomp__comm_create_loop(j->at.w, j->at.rank, &cfg, &comm);
     for (int t = 0; t < 2 && j->rc == GCOMP_SUCCESS; t++)
         j->rc = gcomp_allreduce(comm, x, y, j->count, GCOMP_F32, GCOMP_SUM, 4, NULL);
     if (j->rc == GCOMP_SUCCESS && gcomp_comm_stats_get(comm, &st) == GCOMP_SUCCESS) j->sched = st.last_schedule;
@@ -1016,33 +1020,18 @@ static void test_rank_keyed_summable_codec(void **state)
     static const size_t counts[] = { 1000, 40000 };
     static gcomp_codec_vtable vt; /* the registry keeps the pointer: it must outlive the test */
     (void)state;
-    rk_base = gcomp_codec_find("none");
-    vt = *rk_base;
-    vt.name = "rknone";
-    vt.wire_id = 210;
-    vt.encode = rk_encode;
-    vt.cuda = NULL;
-    assert_int_equal(gcomp_codec_register(&vt), GCOMP_SUCCESS);
+    rk_base = register_none_variant(&vt, "rknone", 210, rk_encode);
     for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++)
         for (int n = 2; n <= 5; n++) {
             rk_job jobs[5];
-            pthread_t th[5];
-            gcomp__loop_world *w = NULL;
-            assert_int_equal(gcomp__loop_world_create(n, &w), GCOMP_SUCCESS);
-            for (int r = 0; r < n; r++) {
-                memset(&jobs[r], 0, sizeof jobs[r]);
-                jobs[r].w = w;
-                jobs[r].rank = r;
-                jobs[r].count = counts[k];
-                assert_int_equal(pthread_create(&th[r], NULL, rk_rank, &jobs[r]), 0);
-            }
-            for (int r = 0; r < n; r++) pthread_join(th[r], NULL);
-            gcomp__loop_world_destroy(w);
+            memset(jobs, 0, sizeof jobs);
+            for (int r = 0; r < n; r++) jobs[r].count = counts[k];
+            loop_run_world(n, rk_rank, jobs, sizeof jobs[0]);
             for (int r = 0; r < n; r++) {
                 assert_int_equal(jobs[r].rc, GCOMP_SUCCESS);
                 if (jobs[r].hash != jobs[0].hash)
-                    fail_msg("rknone, %zu elements, %d ranks (%s): rank %d's result differs from rank 0's", counts[k], n,
-                             gcomp_schedule_name(jobs[0].sched), r);
+                    fail_msg("rknone, %zu elements, %d ranks (%s): rank %d's result differs from rank 0's", counts[k],
+                             n, gcomp_schedule_name(jobs[0].sched), r);
             }
             print_message("    rknone %5zu elements, %d ranks (%s): the same bits on every rank\n", counts[k], n,
                           gcomp_schedule_name(jobs[0].sched));
@@ -1056,14 +1045,17 @@ static void test_rank_keyed_summable_codec(void **state)
  * GCOMP_ERR_INTERNAL naming the codec: not hand the caller a payload larger than its buffer,
  * and not send one (the ring writes its trailer after the payload). */
 static const gcomp_codec_vtable *liar_base;
-static _Atomic int liar_mode; /* 0: honest, 1: over-reports its body, 2: returns 99 */
+/* 0: honest; 1: over-reports its body; 2: returns 99; 3: rank 0 over-reports on a key's
+ * first call (ctx->step 0: every encode of the engine's first call of the key) */
+static _Atomic int liar_mode;
+static _Thread_local int liar_thread_rank = -1; /* the loopback rank of this thread (not ctx->rank: doubling sets it) */
 
 static gcomp_result liar_encode(const void *params, gcomp_encode_ctx *ctx, const float *g, const float *r_in,
                                 float *r_out, size_t count, uint8_t *body, size_t cap, size_t *written, uint32_t *flags)
 {
     gcomp_result rc = liar_base->encode(params, ctx, g, r_in, r_out, count, body, cap, written, flags);
     if (rc != GCOMP_SUCCESS) return rc;
-    if (liar_mode == 1) *written = cap + 100;
+    if (liar_mode == 1 || (liar_mode == 3 && ctx->step == 0 && liar_thread_rank == 0)) *written = cap + 100;
     if (liar_mode == 2) return (gcomp_result)99;
     return GCOMP_SUCCESS;
 }
@@ -1084,16 +1076,15 @@ static void expect_internal(gcomp_result rc, const char *what, const char *name,
 }
 
 typedef struct liar_job {
-    gcomp__loop_world *w;
-    int rank;
+    loop_rank at; /* first: loop_run_world fills it */
     gcomp_result rc[2];
-    _Atomic int first_done;
 } liar_job;
 
-/* One lying call, then an honest one on the same communicator. */
+/* The key's first call lies on rank 0 (liar_mode 3), its second is honest. */
 static void *liar_rank(void *arg)
 {
     liar_job *j = arg;
+    liar_thread_rank = j->at.rank;
     enum { N = 3000 }; /* 12 KB: recursive doubling at 2 and 4 ranks, the ring at 3 and 5 */
     gcomp_config cfg = gcomp_config_default();
     gcomp_comm *comm = NULL;
@@ -1101,14 +1092,9 @@ static void *liar_rank(void *arg)
     cfg.codec = "liar";
     cfg.min_bytes = 0;
     cfg.timeout_ms = 20000;
-    j->rc[0] = j->rc[1] = gcomp__comm_create_loop(j->w, j->rank, &cfg, &comm);
-    if (j->rc[0] != GCOMP_SUCCESS) j->first_done = 1;
-    if (j->rc[0] == GCOMP_SUCCESS) {
-        j->rc[0] = gcomp_allreduce(comm, x, y, N, GCOMP_F32, GCOMP_SUM, 1, NULL);
-        j->first_done = 1;
-        while (liar_mode != 0) sched_yield(); /* the main thread turns honest after every rank's first call */
-        j->rc[1] = gcomp_allreduce(comm, x, y, N, GCOMP_F32, GCOMP_SUM, 1, NULL);
-    }
+    j->rc[0] = j->rc[1] = gcomp__comm_create_loop(j->at.w, j->at.rank, &cfg, &comm);
+    for (int t = 0; t < 2 && j->rc[0] == GCOMP_SUCCESS; t++)
+        j->rc[t] = gcomp_allreduce(comm, x, y, N, GCOMP_F32, GCOMP_SUM, 1, NULL);
     gcomp_comm_destroy(comm);
     free(x);
     free(y);
@@ -1123,13 +1109,7 @@ static void test_codec_breaking_its_contract(void **state)
     size_t cap, bytes = 0;
     uint8_t *buf, *payload;
     (void)state;
-    liar_base = gcomp_codec_find("none");
-    vt = *liar_base;
-    vt.name = "liar";
-    vt.wire_id = 211;
-    vt.encode = liar_encode;
-    vt.cuda = NULL;
-    assert_int_equal(gcomp_codec_register(&vt), GCOMP_SUCCESS);
+    liar_base = register_none_variant(&vt, "liar", 211, liar_encode);
     st = xormask_vt;
     st.name = "liarstage";
     st.wire_id = 212;
@@ -1156,25 +1136,14 @@ static void test_codec_breaking_its_contract(void **state)
     gcomp_codec_destroy(c);
     free(payload);
 
-    /* through the engine: every rank fails the lying call (the ring sends nothing past its
-     * buffers: ASan would see it) and the next call works */
+    /* through the engine: rank 0 lies, every rank fails that call (the ring sends nothing past
+     * its buffers: ASan would see it; the others learn it from rank 0's messages), and the
+     * next call works */
+    liar_mode = 3;
     for (int n = 2; n <= 5; n++) {
         liar_job jobs[5];
-        pthread_t th[5];
-        gcomp__loop_world *w = NULL;
-        assert_int_equal(gcomp__loop_world_create(n, &w), GCOMP_SUCCESS);
-        liar_mode = 1;
-        for (int r = 0; r < n; r++) {
-            memset(&jobs[r], 0, sizeof jobs[r]);
-            jobs[r].w = w;
-            jobs[r].rank = r;
-            assert_int_equal(pthread_create(&th[r], NULL, liar_rank, &jobs[r]), 0);
-        }
-        for (int r = 0; r < n; r++) /* every rank's first call has returned (each ends by its timeout) */
-            while (!jobs[r].first_done) sched_yield();
-        liar_mode = 0;
-        for (int r = 0; r < n; r++) pthread_join(th[r], NULL);
-        gcomp__loop_world_destroy(w);
+        memset(jobs, 0, sizeof jobs);
+        loop_run_world(n, liar_rank, jobs, sizeof jobs[0]);
         for (int r = 0; r < n; r++) {
             if (jobs[r].rc[0] != GCOMP_ERR_INTERNAL)
                 fail_msg("%d ranks, rank %d: the lying call gave %s, expected GCOMP_ERR_INTERNAL", n, r,
@@ -1184,6 +1153,7 @@ static void test_codec_breaking_its_contract(void **state)
         }
         print_message("    liar, %d ranks: GCOMP_ERR_INTERNAL on every rank, then the next call works\n", n);
     }
+    liar_mode = 0;
 }
 
 int main(void)
