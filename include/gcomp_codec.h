@@ -218,9 +218,9 @@ typedef struct gcomp_codec_vtable {
      * whatever ctx->state holds -- recursive doubling has every rank of a group that holds the
      * same partial sum encode it, each with ctx->rank = the group's lowest rank, and the
      * ranks' results are equal only if their payloads are. *written <= cap (so too for
-     * stage_encode and stage_decode): the library checks it, and that encode, decode_add and
-     * the stage entries return a gcomp_result; a codec that breaks either rule gets
-     * GCOMP_ERR_INTERNAL naming it. */
+     * stage_encode and stage_decode): the library checks it, and that every entry returning a
+     * gcomp_result (CUDA ops included) returns one of its values; a codec that breaks either
+     * rule gets GCOMP_ERR_INTERNAL naming it and the entry. */
     gcomp_result (*encode)(const void *params, gcomp_encode_ctx *ctx, const float *g, const float *r_in, float *r_out,
                            size_t count, uint8_t *body, size_t cap, size_t *written, uint32_t *flags);
     /* acc[i] += decode(body)[i] for i < count. */

@@ -198,10 +198,7 @@ static gcomp_result check_layout(const char *fn, const char *in_name, const void
 static gcomp_result codec_reported(const gcomp_codec_vtable *vt, const char *entry, gcomp_result rc, size_t wrote,
                                    size_t cap)
 {
-    if (rc != GCOMP_SUCCESS && !gcomp__result_known(rc))
-        return gcomp__fail(GCOMP_ERR_INTERNAL, "codec '%s': %s returned %d, which is not a gcomp_result", vt->name,
-                           entry, (int)rc);
-    if (rc != GCOMP_SUCCESS) return rc;
+    GCOMP_CHECK(gcomp__codec_entry_rc(vt->name, entry, rc));
     if (wrote > cap)
         return gcomp__fail(GCOMP_ERR_INTERNAL, "codec '%s': %s reported %zu bytes written into a buffer of %zu",
                            vt->name, entry, wrote, cap);

@@ -462,9 +462,10 @@ gcomp_result gcomp__codec_device_encode(const gcomp__codec_parts *c, uint64_t ke
         GCOMP_CHECK(ops->widen(src, dtype, count, (float *)scratch, stream));
         x = (const float *)scratch;
     }
-    GCOMP_CHECK(el->vt->cuda->encode(el->params, &ctx, x, res, count, (uint8_t *)dst + GCOMP_HEADER_BYTES,
-                                     dst_cap - GCOMP_HEADER_BYTES, codec_scratch ? scratch + widen_bytes : NULL,
-                                     d->status, stream));
+    GCOMP_CHECK(GCOMP_CODEC_CALL(el->vt, cuda->encode,
+                                 (el->params, &ctx, x, res, count, (uint8_t *)dst + GCOMP_HEADER_BYTES,
+                                  dst_cap - GCOMP_HEADER_BYTES, codec_scratch ? scratch + widen_bytes : NULL, d->status,
+                                  stream)));
     memset(&h, 0, sizeof h);
     h.dtype = (uint8_t)dtype;
     h.wire_id = el->vt->wire_id;
@@ -495,7 +496,8 @@ static gcomp_result decode_add_steps(const gcomp__codec_parts *c, gcomp__codec_d
     const gcomp__stage *el = &c->chain->stages[0];
     GCOMP_CHECK(d->ops->memset_async(d->status, 0, sizeof *d->status, stream));
     GCOMP_CHECK(d->ops->header_check(payload, bytes, el->vt->wire_id, count, d->status, stream));
-    GCOMP_CHECK(el->vt->cuda->decode_add(el->params, payload, bytes, acc, count, d->status, stream));
+    GCOMP_CHECK(
+        GCOMP_CODEC_CALL(el->vt, cuda->decode_add, (el->params, payload, bytes, acc, count, d->status, stream)));
     return d->ops->status_fold(d->status, d->tally, stream);
 }
 
@@ -681,8 +683,9 @@ gcomp_result gcomp__codec_device_encode_block(const gcomp__chain *chain, const g
     if (cap < GCOMP_HEADER_BYTES)
         return gcomp__fail(GCOMP_ERR_BUFFER_TOO_SMALL, "device encode: output of %zu bytes cannot hold the header", cap);
     GCOMP_CHECK(ops->memset_async(st, 0, sizeof *st, stream));
-    GCOMP_CHECK(el->vt->cuda->encode(el->params, ctx, x, res, count, dst + GCOMP_HEADER_BYTES,
-                                     cap - GCOMP_HEADER_BYTES, scratch, st, stream));
+    GCOMP_CHECK(GCOMP_CODEC_CALL(
+        el->vt, cuda->encode,
+        (el->params, ctx, x, res, count, dst + GCOMP_HEADER_BYTES, cap - GCOMP_HEADER_BYTES, scratch, st, stream)));
     memset(&h, 0, sizeof h);
     h.dtype = GCOMP_F32;
     h.wire_id = el->vt->wire_id;
@@ -710,7 +713,7 @@ gcomp_result gcomp__codec_device_decode_block(const gcomp__chain *chain, const g
     const gcomp__stage *el = &chain->stages[0];
     GCOMP_CHECK(ops->memset_async(st, 0, sizeof *st, stream));
     GCOMP_CHECK(ops->header_check(payload, bytes, el->vt->wire_id, count, st, stream));
-    GCOMP_CHECK(el->vt->cuda->decode_add(el->params, payload, bytes, acc, count, st, stream));
+    GCOMP_CHECK(GCOMP_CODEC_CALL(el->vt, cuda->decode_add, (el->params, payload, bytes, acc, count, st, stream)));
     return ops->status_fold(st, tally, stream);
 }
 

@@ -554,7 +554,8 @@ static gcomp_result scales_for_agreement(gcomp__call *call, const plan *p, const
         return GCOMP_SUCCESS;
     nb = call->vt->num_scales(call->params, call->count);
     if (nb == 0 || nb > GCOMP__AGREE_SCALES) return GCOMP_SUCCESS;
-    GCOMP_CHECK(call->vt->local_scales(call->params, &ctx, (const float *)send, call->r_in, call->count, s));
+    GCOMP_CHECK(GCOMP_CODEC_CALL(call->vt, local_scales,
+                                 (call->params, &ctx, (const float *)send, call->r_in, call->count, s)));
     gcomp__scale_bits(s, nb, bits);
     call->ring.st->encode_s += gcomp__now() - t0;
     *carried = 1;

@@ -46,6 +46,14 @@ int gcomp__result_known(gcomp_result rc)
     return 0;
 }
 
+gcomp_result gcomp__codec_entry_rc(const char *codec, const char *entry, gcomp_result rc)
+{
+    if (rc != GCOMP_SUCCESS && !gcomp__result_known(rc))
+        return gcomp__fail(GCOMP_ERR_INTERNAL, "codec '%s': %s returned %d, which is not a gcomp_result", codec, entry,
+                           (int)rc);
+    return rc;
+}
+
 static _Thread_local char last_error[512];
 
 const char *gcomp_last_error(void) { return last_error; }

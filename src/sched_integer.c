@@ -148,11 +148,13 @@ static gcomp_result local_scale_bits(int_ctx *d)
     if (call->on_device) { /* on the device, then the nb scales to the host (one wait) */
         size_t zero = 0;
         GCOMP_CHECK(gcomp__call_res_blocks(call, 1, &zero, d->res_tmp, d->res));
-        GCOMP_CHECK(call->vt->cuda->local_scales(call->params, call->x, call->r_in ? d->res : NULL, call->count,
-                                                 d->scales, d->dscratch, call->stream));
+        GCOMP_CHECK(GCOMP_CODEC_CALL(
+            call->vt, cuda->local_scales,
+            (call->params, call->x, call->r_in ? d->res : NULL, call->count, d->scales, d->dscratch, call->stream)));
         GCOMP_CHECK(gcomp__call_to_host(call, d->hscales, d->scales, d->nb * sizeof(float)));
     } else {
-        GCOMP_CHECK(call->vt->local_scales(call->params, &ctx, call->x, call->r_in, call->count, d->scales));
+        GCOMP_CHECK(GCOMP_CODEC_CALL(call->vt, local_scales,
+                                     (call->params, &ctx, call->x, call->r_in, call->count, d->scales)));
     }
     call->ring.st->encode_s += gcomp__now() - t0;
     gcomp__scale_bits(d->hscales, d->nb, d->keys);
@@ -193,11 +195,13 @@ static gcomp_result ternarise_chunk(int_ctx *d, int j)
         size_t m = hi - a < d->piece ? hi - a : d->piece;
         gcomp_encode_ctx ctx = gcomp__call_ctx(call, a);
         if (call->on_device) /* a non-finite scale: the kernel leaves the residual alone */
-            GCOMP_CHECK(call->vt->cuda->ternarise(call->params, &ctx, call->x, call->r_in ? d->res : NULL, m,
-                                                  d->scales, d->t + (a - lo), call->status, call->stream));
+            GCOMP_CHECK(GCOMP_CODEC_CALL(call->vt, cuda->ternarise,
+                                         (call->params, &ctx, call->x, call->r_in ? d->res : NULL, m, d->scales,
+                                          d->t + (a - lo), call->status, call->stream)));
         else
-            GCOMP_CHECK(call->vt->int_ternarise(call->params, &ctx, call->x, call->r_in,
-                                                d->write_residual ? call->r_out : NULL, m, d->scales, d->t + (a - lo)));
+            GCOMP_CHECK(GCOMP_CODEC_CALL(call->vt, int_ternarise,
+                                         (call->params, &ctx, call->x, call->r_in,
+                                          d->write_residual ? call->r_out : NULL, m, d->scales, d->t + (a - lo))));
         gcomp__ring_progress(&call->ring);
     }
     call->ring.st->encode_s += gcomp__now() - t0;
@@ -221,7 +225,8 @@ static gcomp_result hop_device(int_ctx *d, int j, size_t n, const uint8_t *in, s
     gcomp__call *call = d->call;
     if (m_in) GCOMP_CHECK(check_sums_size(d, n, m_in, in_bytes));
     GCOMP_CHECK(call->dev->memset_async(call->status, 0, sizeof *call->status, call->stream));
-    GCOMP_CHECK(call->vt->cuda->sums_add_pack(in, m_in, d->t, n, slot(d, j), call->status, call->stream));
+    GCOMP_CHECK(
+        GCOMP_CODEC_CALL(call->vt, cuda->sums_add_pack, (in, m_in, d->t, n, slot(d, j), call->status, call->stream)));
     d->slot_bytes[j] = call->vt->int_sum_bytes(call->params, n, m_in + 1);
     return call->dev->status_fold(call->status, call->tally, call->stream);
 }
@@ -232,8 +237,9 @@ static gcomp_result finish_device(int_ctx *d, size_t lo, size_t n, const uint8_t
     uint32_t m = (uint32_t)call->ring.size;
     GCOMP_CHECK(check_sums_size(d, n, m, bytes));
     GCOMP_CHECK(call->dev->memset_async(call->status, 0, sizeof *call->status, call->stream));
-    GCOMP_CHECK(call->vt->cuda->sums_values(call->params, src, lo, n, m, d->scales, call->divisor, call->result + lo,
-                                            call->status, call->stream));
+    GCOMP_CHECK(GCOMP_CODEC_CALL(
+        call->vt, cuda->sums_values,
+        (call->params, src, lo, n, m, d->scales, call->divisor, call->result + lo, call->status, call->stream)));
     return call->dev->status_fold(call->status, call->tally, call->stream);
 }
 
@@ -261,7 +267,7 @@ static gcomp_result hop(int_ctx *d, int j, const uint8_t *in, size_t in_bytes, u
     }
     raw_bytes = call->vt->int_sum_bytes(call->params, n, m_in + 1);
     dst = d->staged ? d->raw_out : slot(d, j);
-    GCOMP_CHECK(call->vt->int_sums_add_pack(call->params, src, in_bytes, m_in, d->t, n, dst));
+    GCOMP_CHECK(GCOMP_CODEC_CALL(call->vt, int_sums_add_pack, (call->params, src, in_bytes, m_in, d->t, n, dst)));
     if (d->staged)
         GCOMP_CHECK(gcomp__codec_stages_encode(codec, d->raw_out, raw_bytes, n, slot(d, j), d->msg_cap, &raw_bytes));
     d->slot_bytes[j] = raw_bytes;
@@ -287,8 +293,9 @@ static gcomp_result finish(int_ctx *d, int j)
     if (call->on_device)
         GCOMP_CHECK(finish_device(d, lo, hi - lo, src, bytes));
     else
-        GCOMP_CHECK(call->vt->int_sums_values(call->params, src, bytes, lo, hi - lo, n_ranks, d->scales,
-                                              call->divisor, call->result + lo, d->scratch));
+        GCOMP_CHECK(GCOMP_CODEC_CALL(
+            call->vt, int_sums_values,
+            (call->params, src, bytes, lo, hi - lo, n_ranks, d->scales, call->divisor, call->result + lo, d->scratch)));
     gcomp__ring_progress(&call->ring);
     call->divided = 1;
     call->ring.st->decode_s += gcomp__now() - t0;

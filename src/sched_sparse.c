@@ -141,8 +141,9 @@ static gcomp_result sum_on_device(sparse_ctx *d)
         d->ptrs_tmp[j] = slot(d, j);
     }
     GCOMP_CHECK(gcomp__call_to_device(call, d->ptrs, d->ptrs_tmp, (size_t)n * sizeof *d->ptrs));
-    GCOMP_CHECK(call->vt->cuda->sum_payloads(call->params, d->ptrs, n, d->bound, call->result, call->count,
-                                             call->divisor, d->scratch, call->status, call->stream));
+    GCOMP_CHECK(GCOMP_CODEC_CALL(call->vt, cuda->sum_payloads,
+                                 (call->params, d->ptrs, n, d->bound, call->result, call->count, call->divisor,
+                                  d->scratch, call->status, call->stream)));
     GCOMP_CHECK(dev->status_fold(call->status, call->tally, call->stream));
     call->divided = 1;
     call->ring.st->decode_s += gcomp__now() - t0;
@@ -161,7 +162,8 @@ static gcomp_result unpack_pairs(sparse_ctx *d, int j)
     double t0 = gcomp__now();
     GCOMP_CHECK(
         gcomp__codec_element_body(call->codec, slot(d, j), d->bytes[j], call->count, &body, &body_bytes, &flags));
-    GCOMP_CHECK(call->vt->sparse_pairs(call->params, flags, body, body_bytes, call->count, d->k, idx, val, &got));
+    GCOMP_CHECK(GCOMP_CODEC_CALL(call->vt, sparse_pairs,
+                                 (call->params, flags, body, body_bytes, call->count, d->k, idx, val, &got)));
     if (got != d->k)
         return gcomp__fail(GCOMP_ERR_CORRUPT, "%s payload of rank %d holds %zu pairs, expected %zu", call->vt->name, j,
                            got, d->k);
@@ -177,8 +179,9 @@ static void sum_pairs(sparse_ctx *d)
 {
     gcomp__call *call = d->call;
     double t0 = gcomp__now();
-    GCOMP_STEP(&call->ring, call->vt->sparse_sum_pairs(call->params, d->lists, call->ring.size, call->result,
-                                                       call->count, call->divisor));
+    GCOMP_STEP(&call->ring,
+               GCOMP_CODEC_CALL(call->vt, sparse_sum_pairs,
+                                (call->params, d->lists, call->ring.size, call->result, call->count, call->divisor)));
     call->divided = 1;
     call->ring.st->decode_s += gcomp__now() - t0;
 }

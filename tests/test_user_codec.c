@@ -1156,6 +1156,61 @@ static void test_codec_breaking_its_contract(void **state)
     liar_mode = 0;
 }
 
+/* The same through the integer ring's own entries: "tern99" is tern1 whose int_sums_add_pack
+ * returns 99 on rank 0. Every rank gets GCOMP_ERR_INTERNAL, rank 0's message names the entry. */
+static gcomp_result tern99_sums_add_pack(const void *params, const uint8_t *in, size_t in_bytes, uint32_t m_in,
+                                         const int8_t *t, size_t n, uint8_t *out)
+{
+    gcomp_result rc = tern1_int_sums_add_pack(params, in, in_bytes, m_in, t, n, out);
+    return rc == GCOMP_SUCCESS && liar_thread_rank == 0 ? (gcomp_result)99 : rc;
+}
+
+typedef struct tern99_job {
+    loop_rank at; /* first: loop_run_world fills it */
+    gcomp_result rc;
+    char msg[512];
+} tern99_job;
+
+static void *tern99_rank(void *arg)
+{
+    tern99_job *j = arg;
+    gcomp_config cfg = gcomp_config_default();
+    gcomp_comm *comm = NULL;
+    static _Thread_local float x[TERN1_N], y[TERN1_N];
+    liar_thread_rank = j->at.rank;
+    cfg.codec = "tern99";
+    cfg.min_bytes = 0;
+    cfg.timeout_ms = 20000;
+    for (size_t i = 0; i < TERN1_N; i++) x[i] = tern1_input(j->at.rank, 0, i);
+    j->rc = gcomp__comm_create_loop(j->at.w, j->at.rank, &cfg, &comm);
+    if (j->rc == GCOMP_SUCCESS) j->rc = gcomp_allreduce(comm, x, y, TERN1_N, GCOMP_F32, GCOMP_SUM, 1, NULL);
+    snprintf(j->msg, sizeof j->msg, "%s", gcomp_last_error());
+    gcomp_comm_destroy(comm);
+    return NULL;
+}
+
+static void test_integer_entry_breaking_its_contract(void **state)
+{
+    static gcomp_codec_vtable vt; /* the registry keeps the pointer */
+    (void)state;
+    vt = tern1_vt;
+    vt.name = "tern99";
+    vt.wire_id = 213;
+    vt.int_sums_add_pack = tern99_sums_add_pack;
+    assert_int_equal(gcomp_codec_register(&vt), GCOMP_SUCCESS);
+    for (int n = 2; n <= 4; n++) {
+        tern99_job jobs[4];
+        memset(jobs, 0, sizeof jobs);
+        loop_run_world(n, tern99_rank, jobs, sizeof jobs[0]);
+        for (int r = 0; r < n; r++)
+            if (jobs[r].rc != GCOMP_ERR_INTERNAL)
+                fail_msg("%d ranks, rank %d: %s (%s), expected GCOMP_ERR_INTERNAL", n, r, gcomp_result_name(jobs[r].rc),
+                         jobs[r].msg);
+        if (!strstr(jobs[0].msg, "int_sums_add_pack returned 99"))
+            fail_msg("%d ranks: rank 0's message '%s' does not name the entry", n, jobs[0].msg);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1168,6 +1223,7 @@ int main(void)
         cmocka_unit_test(test_register_spec_length),
         cmocka_unit_test(test_rank_keyed_summable_codec),
         cmocka_unit_test(test_codec_breaking_its_contract),
+        cmocka_unit_test(test_integer_entry_breaking_its_contract),
     };
     return cmocka_run_group_tests(tests, group_setup, NULL);
 }
