@@ -323,7 +323,7 @@ gcomp_result gcomp_comm_residuals_save_file(gcomp_comm *comm, const char *path)
     void *buf;
     FILE *f;
     gcomp_result rc;
-    if (!path) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_residuals_save_file: NULL path");
+    if (!comm || !path) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_residuals_save_file: NULL comm or path");
     if (strlen(path) > sizeof tmp - 48) /* room for create_beside's ".PID.N.tmp" */
         return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_residuals_save_file: path is too long");
     GCOMP_CHECK(gcomp_comm_residuals_save(comm, NULL, 0, &bytes));
@@ -356,7 +356,7 @@ gcomp_result gcomp_comm_residuals_load_file(gcomp_comm *comm, const char *path)
     size_t len;
     void *buf = NULL;
     gcomp_result rc;
-    if (!path) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_residuals_load_file: NULL path");
+    if (!comm || !path) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_residuals_load_file: NULL comm or path");
     /* O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer, forever;
      * the regular-file check below refuses it (a regular file's reads ignore the flag) */
     fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);

@@ -57,6 +57,11 @@ static void test_null_arguments(void **state)
     assert_non_null(strstr(gcomp_last_error(), "gcomp_codec_decode_async:"));
     assert_int_equal(gcomp_codec_decode_add(c, buf, 10, NULL, 4), GCOMP_ERR_INVALID_ARG);
     assert_int_equal(gcomp_codec_stats_get(c, NULL), GCOMP_ERR_INVALID_ARG);
+    /* the file forms of the checkpoint calls name themselves, not the buffer forms */
+    assert_int_equal(gcomp_comm_residuals_save_file(NULL, "/tmp/gcomp_never_written"), GCOMP_ERR_INVALID_ARG);
+    assert_non_null(strstr(gcomp_last_error(), "gcomp_comm_residuals_save_file: NULL comm"));
+    assert_int_equal(gcomp_comm_residuals_load_file(NULL, "/tmp/gcomp_never_written"), GCOMP_ERR_INVALID_ARG);
+    assert_non_null(strstr(gcomp_last_error(), "gcomp_comm_residuals_load_file: NULL comm"));
     assert_int_equal(gcomp_codec_residual_get(c, 42, x, 4), GCOMP_ERR_INVALID_ARG);
     assert_int_equal(gcomp_codec_max_encoded_bytes(NULL, 10), 0);
     gcomp_codec_destroy(c);
