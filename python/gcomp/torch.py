@@ -20,6 +20,10 @@ How it works
     DDP issued them (the same on every rank: DDP launches buckets in index order) with the GIL
     released (ctypes), and completes each bucket's torch.futures.Future; so communication
     overlaps the rest of the backward pass. The result is the average over ranks (GCOMP_AVG).
+    That thread calls MPI, so it needs MPI_THREAD_MULTIPLE (mpi4py's default); with a lower
+    thread level the calls run on DDP's own thread when it hands over each bucket, without
+    overlap. The gcomp communicator must hold DDP's processes in DDP's rank order (checked
+    when the state is built: ValueError).
   - Later CUDA buckets are reduced on the caller's thread, on the caller's current stream (the
     stream the autograd engine computed the bucket's gradients on), with no worker thread:
     gcomp orders its device work on that stream after the gradients and before whatever is
@@ -150,9 +154,14 @@ class GcompHookState:
                             backend=self.comm.backend, momentum=momentum,
                             device=None if self.comm.device is None else str(self.comm.device))
         self._ef = self.comm.config()["error_feedback"]
+        try:
+            _check_same_group(self.comm, process_group)
+        except Exception:
+            self.comm.close()
+            raise
         self._closed = False
         _live_states.add(self)
-        if self.comm.device is None:  # CPU buckets (MPI): the worker thread
+        if self.comm.device is None and _mpi_thread_multiple():  # CPU buckets (MPI): the worker
             self._queue = queue.Queue()
             self._thread = threading.Thread(target=self._work, name="gcomp-ddp-hook",
                                             daemon=True)
@@ -179,6 +188,12 @@ class GcompHookState:
         if self._closed:
             raise ValueError("GcompHookState used after close()")
         fut = torch.futures.Future()
+        if self._thread is None:  # no worker (MPI below MPI_THREAD_MULTIPLE): on this thread
+            try:
+                fut.set_result(fn())
+            except Exception as exc:  # noqa: B902 - as the worker hands it on
+                fut.set_exception(exc)
+            return fut
         self._queue.put((fn, fut))
         return fut
 
@@ -470,6 +485,31 @@ def _plain_allreduce(state, tensor):
     return fut.then(lambda f: f.value()[0].div_(n))
 
 
+def _mpi_thread_multiple():
+    """Whether MPI may be called from the hook's worker thread: only under
+    MPI_THREAD_MULTIPLE (mpi4py's default). Below it the hook runs each CPU bucket's allreduce
+    on DDP's own thread instead, without overlap (what gcomp's C library does: gcomp.h)."""
+    from mpi4py import MPI
+    return MPI.Query_thread() >= MPI.THREAD_MULTIPLE
+
+
+def _check_same_group(comm, process_group):
+    """The gcomp communicator must hold DDP's processes in DDP's rank order: each averages
+    the buckets over its own processes, so a mismatch (e.g. ranks started by
+    torch.multiprocessing, each its own one-rank MPI job) would let the replicas drift apart
+    without an error once compression starts."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    size, rank = dist.get_world_size(process_group), dist.get_rank(process_group)
+    if (comm.size, comm.rank) != (size, rank):
+        raise ValueError(
+            "gcomp.torch.GcompHookState: the gcomp communicator has %d ranks and this process "
+            "is its rank %d, but DDP's process group has %d ranks and this process is its rank "
+            "%d; they must hold the same processes in the same order (launch every rank with "
+            "mpirun -np N, and pass comm= for a group that is not the world)"
+            % (comm.size, comm.rank, size, rank))
+
+
 def hook(state, bucket):
     """DDP communication hook: average the bucket over ranks with gcomp; returns a
     torch.futures.Future holding the averaged bucket tensor."""
@@ -477,6 +517,8 @@ def hook(state, bucket):
         raise TypeError("gcomp.torch.hook: the state must be a gcomp.torch.GcompHookState, got %s "
                         "(model.register_comm_hook(GcompHookState(...), hook))"
                         % type(state).__name__)
+    if state._closed:  # the plain iterations too, not only once compression starts
+        raise ValueError("GcompHookState used after close()")
     tensor = bucket.buffer()
     if str(tensor.dtype) not in _buffers.TORCH_DTYPES:
         # refused from the first step, not only once compression starts (start_iter)

@@ -373,6 +373,39 @@ def worker_error_check(rank):
     log("hook: a call failing on the worker thread -> backward() raises its GcompError")
 
 
+def group_mismatch_check(rank, size):
+    """A gcomp communicator that does not hold DDP's processes in DDP's order is refused when
+    the state is built, on every rank (before: each process averaged over its own
+    communicator, and replicas launched as separate one-rank MPI jobs drifted apart silently)."""
+    reversed_order = WORLD.Split(0, size - 1 - rank)
+    for comm, what in ((MPI.COMM_SELF, "a one-rank communicator"), (reversed_order, "the reversed rank order")):
+        try:
+            gcomp.torch.GcompHookState(codec="terngrad", comm=comm).close()
+        except ValueError as e:
+            assert "same processes in the same order" in str(e), str(e)
+        else:
+            raise AssertionError("a hook state over %s was accepted" % what)
+    reversed_order.Free()
+    log("hook: a gcomp communicator of other processes or another rank order than DDP's -> ValueError")
+
+
+def closed_plain_check():
+    """A closed state is refused in the plain iterations too (start_iter not reached), not only
+    once compression starts."""
+    ddp = DDP(torch.nn.Linear(16, 16))
+    state = gcomp.torch.GcompHookState(codec="terngrad", start_iter=5)
+    ddp.register_comm_hook(state, gcomp.torch.hook)
+    state.close()
+    try:
+        ddp(torch.randn(4, 16)).sum().backward()
+    except (RuntimeError, ValueError) as e:
+        assert "used after close" in str(e), str(e)
+    else:
+        raise AssertionError("a closed state ran a plain iteration")
+    WORLD.Barrier()
+    log("hook: a closed state -> refused from its first iteration")
+
+
 def main():
     rank, size = init_dist(WORLD)
     if "--timeout-only" in sys.argv:  # ctest python_ddp_hook_timeout_detail: wrapped groups
@@ -393,6 +426,8 @@ def main():
     resume_check("topk:ratio=0.05", data, momentum=0.9)
     timeout_check()
     worker_error_check(rank)
+    group_mismatch_check(rank, size)
+    closed_plain_check()
     dist.destroy_process_group()
     log("test_ddp_hook: OK")
 
