@@ -399,7 +399,8 @@ typedef struct gcomp_comm_stats {
  * Every rank gets a bitwise-identical result. Blocking; returns when recv holds the result.
  * Errors (on every rank): GCOMP_ERR_UNSUPPORTED (a stream under CUDA graph capture; a codec
  * without CUDA kernels over NCCL), GCOMP_ERR_INVALID_ARG (NULL buffer with count > 0, bad dtype/op,
- * a misaligned buffer, send and recv partly overlapping, count > 2^40 elements; on any rank), GCOMP_ERR_MISMATCH
+ * a misaligned buffer, send and recv partly overlapping, count > 2^40 elements; on any rank;
+ * a call of an MPI communicator kept past MPI_Finalize, where MPI itself would abort), GCOMP_ERR_MISMATCH
  * (ranks disagree on count, dtype, op, codec, min_bytes, host or device buffers, or library
  * version; the message
  * names which), GCOMP_ERR_TIMEOUT (a peer did not answer within timeout_ms; the communicator is

@@ -163,6 +163,18 @@ static gcomp_result check_bytes(size_t bytes)
     return gcomp__fail(GCOMP_ERR_UNSUPPORTED, "MPI transport: message of %zu bytes exceeds 2 GiB", bytes);
 }
 
+/* A call after MPI_Finalize (a communicator the program kept): an error, where any MPI call
+ * would abort the process. MPI_Finalized may be called at any time, and is cheap. */
+static gcomp_result check_live(void)
+{
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized)
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "MPI transport: MPI is finalized (MPI_Finalize was called); "
+                                                  "destroy gcomp communicators before it");
+    return GCOMP_SUCCESS;
+}
+
 /* The exchange's send, as ring[1]; call between quiet_begin and quiet_end. */
 static int post_send(mpi_transport *m, int to, const void *sbuf, size_t sbytes)
 {
@@ -176,6 +188,7 @@ static gcomp_result mpi_start(gcomp__transport *t, int to, const void *sbuf, siz
     quiet q;
     gcomp_result rc = GCOMP_SUCCESS;
     int err;
+    GCOMP_CHECK(check_live());
     GCOMP_CHECK(check_bytes(sbytes > rcap ? sbytes : rcap));
     q = quiet_begin(MPI_COMM_WORLD);
     err = MPI_Irecv(rbuf, (int)rcap, MPI_BYTE, from, GCOMP_TAG, m->comm, &m->ring[0]);
@@ -198,6 +211,7 @@ static gcomp_result mpi_start_any(gcomp__transport *t, int to, const void *sbuf,
     mpi_transport *m = (mpi_transport *)t;
     quiet q;
     int err;
+    GCOMP_CHECK(check_live());
     GCOMP_CHECK(check_bytes(sbytes));
     m->ring[0] = MPI_REQUEST_NULL;
     m->any = m->probing = 1;
@@ -321,6 +335,7 @@ static gcomp_result mpi_allreduce(mpi_transport *m, void *vals, size_t n, size_t
     quiet q;
     int err;
     if (n > INT_MAX) return gcomp__fail(GCOMP_ERR_UNSUPPORTED, "MPI transport: %zu elements exceed INT_MAX", n);
+    GCOMP_CHECK(check_live());
     if (m->abandoned) return gcomp__fail(GCOMP_ERR_COMM_INVALID, "an earlier collective timed out");
     GCOMP_CHECK(gcomp__reserve(&m->coll, &m->coll_cap, n * esize));
     memcpy(m->coll, vals, n * esize);

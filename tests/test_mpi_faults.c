@@ -504,6 +504,7 @@ static void test_killed_rank(void)
 int main(int argc, char **argv)
 {
     int fail_any;
+    gcomp_comm *kept = NULL;
     const char *mode = argc > 1 ? argv[1] : "";
     MPI_Init(&argc, &argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -528,14 +529,33 @@ int main(int argc, char **argv)
         if (!getenv("GCOMP_TEST_UNDER_VALGRIND")) test_mismatched_collectives();
     }
     fail_any = mpi_test_finish("mpi_faults", mode);
+    if (!mode[0]) { /* a communicator kept past MPI_Finalize, used once before it */
+        gcomp_config cfg = gcomp_config_default();
+        float x[64] = { 1.0f }, y[64];
+        cfg.codec = "fp16";
+        cfg.min_bytes = 0;
+        if (gcomp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &kept) != GCOMP_SUCCESS ||
+            gcomp_allreduce(kept, x, y, 64, GCOMP_F32, GCOMP_SUM, 1, NULL) != GCOMP_SUCCESS) {
+            fprintf(stderr, "rank %d: FAIL: the call before MPI_Finalize: %s\n", rank, gcomp_last_error());
+            fail_any = 1;
+        }
+    }
     MPI_Finalize();
-    if (!mode[0]) { /* creation after MPI_Finalize: an error, not an abort */
+    if (!mode[0]) { /* creation after MPI_Finalize, and a call of a kept communicator: errors, not aborts */
         gcomp_comm *c = NULL;
+        float x[64] = { 1.0f }, y[64];
         gcomp_result rc = gcomp_comm_create_mpi(MPI_COMM_WORLD, NULL, &c);
         if (rc != GCOMP_ERR_INVALID_ARG || c) {
             fprintf(stderr, "rank %d: FAIL: creation after MPI_Finalize -> %s\n", rank, gcomp_result_name(rc));
             fail_any = 1;
         }
+        rc = kept ? gcomp_allreduce(kept, x, y, 64, GCOMP_F32, GCOMP_SUM, 1, NULL) : GCOMP_ERR_INVALID_ARG;
+        if (rc != GCOMP_ERR_INVALID_ARG || !strstr(gcomp_last_error(), "MPI is finalized")) {
+            fprintf(stderr, "rank %d: FAIL: a call after MPI_Finalize -> %s (%s)\n", rank, gcomp_result_name(rc),
+                    gcomp_last_error());
+            fail_any = 1;
+        }
+        gcomp_comm_destroy(kept);
     }
     return fail_any ? 1 : 0;
 }
