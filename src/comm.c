@@ -170,12 +170,18 @@ static void call_fields(const gcomp_comm *c, size_t count, gcomp_dtype dtype, gc
     fields[F_PATH] = in_ring != 0;
 }
 
+static const char *dtype_name(gcomp_dtype d)
+{
+    return d == GCOMP_F32 ? "f32" : d == GCOMP_F16 ? "f16" : d == GCOMP_BF16 ? "bf16" : "invalid";
+}
+
 static gcomp_result call_mismatch(const gcomp_comm *c, const char *diff, size_t count, gcomp_dtype dtype, gcomp_op op)
 {
     return gcomp__fail(GCOMP_ERR_MISMATCH,
-                       "ranks disagree on the call's %s (this rank: count %zu dtype %d op %d min_bytes %lld codec "
+                       "ranks disagree on the call's %s (this rank: count %zu dtype %s op %s min_bytes %lld codec "
                        "'%s')",
-                       diff, count, (int)dtype, (int)op, (long long)c->cfg.min_bytes, gcomp_codec_spec(c->codec));
+                       diff, count, dtype_name(dtype), op == GCOMP_SUM ? "sum" : op == GCOMP_AVG ? "avg" : "invalid",
+                       (long long)c->cfg.min_bytes, gcomp_codec_spec(c->codec));
 }
 
 #define CREATE_TIMEOUT_MS 300000 /* the agreement's deadline when the configuration is unknown */
