@@ -123,18 +123,25 @@ static inline void ip_json_calls(FILE *f, uint64_t compressed, uint64_t no_ef, c
     fputc('}', f);
 }
 
-/* GCOMP_STATS_FILE's file for this rank, open for writing: %r in pattern becomes the rank,
- * else ".rank<N>" is appended. NULL (after a line on stderr, who: the library) when it
+/* GCOMP_STATS_FILE's file for this rank, open for writing: every %r in pattern becomes the
+ * rank, else ".rank<N>" is appended. NULL (after a line on stderr, who: the library) when it
  * cannot be written. */
 static inline FILE *ip_open_stats_file(const char *who, const char *pattern, int rank)
 {
     char path[4096];
-    const char *r = strstr(pattern, "%r");
+    size_t o = 0;
     FILE *f;
-    if (r)
-        snprintf(path, sizeof path, "%.*s%d%s", (int)(r - pattern), pattern, rank, r + 2);
-    else
-        snprintf(path, sizeof path, "%s.rank%d", pattern, rank);
+    for (const char *p = pattern; *p && o + 1 < sizeof path;) {
+        if (p[0] == '%' && p[1] == 'r') {
+            int w = snprintf(path + o, sizeof path - o, "%d", rank);
+            o = w > 0 && (size_t)w < sizeof path - o ? o + (size_t)w : sizeof path - 1;
+            p += 2;
+        } else {
+            path[o++] = *p++;
+        }
+    }
+    path[o] = '\0';
+    if (!strstr(pattern, "%r")) snprintf(path + o, sizeof path - o, ".rank%d", rank);
     if (!(f = fopen(path, "w"))) fprintf(stderr, "%s: cannot write GCOMP_STATS_FILE '%s'\n", who, path);
     return f;
 }

@@ -62,7 +62,7 @@
  * configure the communicator as usual), GCOMP_INTERPOSE_EF_KEY (above), GCOMP_DEBUG (any value
  * but "0" or "NONE": one summary line per rank on stderr at MPI_Finalize, and one line per compressed
  * call with its buffer, count and key), GCOMP_STATS_FILE (the same as JSON, one file per rank:
- * %r in the path becomes the MPI_COMM_WORLD rank, else ".rank<N>" is appended).
+ * every %r in the path becomes the MPI_COMM_WORLD rank, else ".rank<N>" is appended).
  *
  * Uses gcomp's public API only.
  */
@@ -142,7 +142,8 @@ static struct {
     int finalizing;
     int enabled, debug;
     int exact;  /* the codec keeps no residual (ip_codec_exact): no keys */
-    int ef_key; /* EF_KEY_BUFFER or EF_KEY_SEQUENCE */
+    int ef_key;      /* EF_KEY_BUFFER or EF_KEY_SEQUENCE */
+    int bad_setting; /* GCOMP_INTERPOSE_EF_KEY was refused: no communicator compresses */
     const char *stats_file;
     int comm_keyval, self_keyval;
     ip_comm *live;
@@ -277,13 +278,16 @@ static int setup(void)
         S.stats_file = getenv("GCOMP_STATS_FILE");
         S.ef_key = ef_key_mode(getenv("GCOMP_INTERPOSE_EF_KEY"));
         if (S.enabled && S.ef_key < 0) {
-            /* as for a bad GCOMP_* value at communicator creation: every rank says why and
-             * compresses nothing (each reads the same environment, so all decide alike) */
+            /* as for a bad GCOMP_* value at communicator creation: this rank says why, and no
+             * communicator compresses. The rank stays enabled so that it still joins each
+             * communicator's creation and its check (agree_settings), where the others learn it:
+             * a rank that alone went straight to PMPI_Allreduce would leave them waiting */
             fprintf(stderr,
                     "gcomp_mpi: rank %d: GCOMP_INTERPOSE_EF_KEY='%s' is neither 'buffer' nor 'sequence': "
                     "no compression\n",
                     world_rank(), getenv("GCOMP_INTERPOSE_EF_KEY"));
-            S.enabled = 0;
+            S.bad_setting = 1;
+            S.ef_key = EF_KEY_BUFFER;
         }
         PMPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, comm_delete, &S.comm_keyval, NULL);
         PMPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, self_delete, &S.self_keyval, NULL);
@@ -296,15 +300,23 @@ static int setup(void)
 
 /* Ranks with different GCOMP_MIN_BYTES would take different branches for the same call (one
  * compressing, one in PMPI_Allreduce) and hang: check once, at creation, and compress nothing
- * on this communicator if they differ. gcomp itself already refuses different codecs. */
-static void agree_min_bytes(ip_comm *c)
+ * on this communicator if they differ, or if any rank has a setting of the interposer's own
+ * that it refused (S.bad_setting). gcomp itself already refuses different codecs. */
+static void agree_settings(ip_comm *c)
 {
-    long long mine[2] = { c->min_bytes, -c->min_bytes }, all[2];
-    if (PMPI_Allreduce(mine, all, 2, MPI_LONG_LONG, MPI_MAX, c->comm) != MPI_SUCCESS || all[0] != -all[1]) {
-        fprintf(stderr,
-                "gcomp_mpi: rank %d: ranks differ in GCOMP_MIN_BYTES (this rank %lld, %lld..%lld): "
-                "no compression on this communicator\n",
-                world_rank(), (long long)c->min_bytes, -all[1], all[0]);
+    long long mine[3] = { c->min_bytes, -c->min_bytes, S.bad_setting }, all[3];
+    if (PMPI_Allreduce(mine, all, 3, MPI_LONG_LONG, MPI_MAX, c->comm) != MPI_SUCCESS || all[0] != -all[1] ||
+        all[2]) {
+        if (all[2])
+            fprintf(stderr,
+                    "gcomp_mpi: rank %d: a rank refused its GCOMP_INTERPOSE_EF_KEY: no compression on this "
+                    "communicator\n",
+                    world_rank());
+        else
+            fprintf(stderr,
+                    "gcomp_mpi: rank %d: ranks differ in GCOMP_MIN_BYTES (this rank %lld, %lld..%lld): "
+                    "no compression on this communicator\n",
+                    world_rank(), (long long)c->min_bytes, -all[1], all[0]);
         gcomp_comm_destroy(c->g);
         c->g = NULL;
     }
@@ -330,7 +342,7 @@ static ip_comm *comm_state(MPI_Comm comm)
         c->g = NULL;
     } else if (gcomp_comm_config_get(c->g, &got) == GCOMP_SUCCESS) {
         c->min_bytes = got.min_bytes;
-        agree_min_bytes(c);
+        agree_settings(c);
     }
     inside_gcomp--;
     pthread_mutex_lock(&S.lock);
@@ -490,13 +502,14 @@ static int is_float(MPI_Datatype type)
 }
 
 /* Which reason sends this call to MPI, or -1 to compress it; sets *out for compression.
- * aliased: the send buffer is the receive buffer and not MPI_IN_PLACE. */
+ * aliased: the send buffer is the receive buffer and not MPI_IN_PLACE (counted as such only
+ * with data: MPI_Allreduce(NULL, NULL, 0, ...) is a common, harmless empty call). */
 static int classify(int n, MPI_Datatype type, MPI_Op op, MPI_Comm comm, int aliased, ip_comm **out)
 {
     int inter = 0, size = 0;
     if (inside_gcomp || __atomic_load_n(&S.finalizing, __ATOMIC_ACQUIRE) || !setup() || !S.enabled)
         return PASS_DISABLED;
-    if (aliased) return PASS_ALIASED;
+    if (aliased && n > 0) return PASS_ALIASED;
     if (!is_float(type)) return PASS_TYPE;
     if (op != MPI_SUM) return PASS_OP;
     if (comm == MPI_COMM_NULL || PMPI_Comm_test_inter(comm, &inter) != MPI_SUCCESS || inter) return PASS_COMM;
@@ -585,6 +598,7 @@ EXPORT int MPI_Bcast(void *buf, int count_, MPI_Datatype type, int root, MPI_Com
  * MPI_COMM_SELF callback, as before.) */
 EXPORT int MPI_Finalize(void)
 {
+    (void)setup(); /* a program that never reduced still gets its summary and stats file */
     __atomic_store_n(&S.finalizing, 1, __ATOMIC_RELEASE);
     return PMPI_Finalize();
 }
