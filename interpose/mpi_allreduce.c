@@ -304,10 +304,14 @@ static int setup(void)
  * that it refused (S.bad_setting). gcomp itself already refuses different codecs. */
 static void agree_settings(ip_comm *c)
 {
-    long long mine[3] = { c->min_bytes, -c->min_bytes, S.bad_setting }, all[3];
-    if (PMPI_Allreduce(mine, all, 3, MPI_LONG_LONG, MPI_MAX, c->comm) != MPI_SUCCESS || all[0] != -all[1] ||
-        all[2]) {
-        if (all[2])
+    long long mine[3] = { c->min_bytes, -c->min_bytes, S.bad_setting }, all[3] = { 0, 0, 0 };
+    int rc = PMPI_Allreduce(mine, all, 3, MPI_LONG_LONG, MPI_MAX, c->comm);
+    if (rc != MPI_SUCCESS || all[0] != -all[1] || all[2]) {
+        if (rc != MPI_SUCCESS)
+            fprintf(stderr, "gcomp_mpi: rank %d: the settings check failed (MPI error %d): no compression on this "
+                            "communicator\n",
+                    world_rank(), rc);
+        else if (all[2])
             fprintf(stderr,
                     "gcomp_mpi: rank %d: a rank refused its GCOMP_INTERPOSE_EF_KEY: no compression on this "
                     "communicator\n",

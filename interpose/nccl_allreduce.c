@@ -51,7 +51,7 @@
  * Environment (read once): GCOMP_CODEC (opt-in; gcomp's other GCOMP_* variables configure the
  * communicator as usual), GCOMP_DEBUG (any value but "0" or "NONE": one summary line per rank on
  * stderr at each ncclCommDestroy/ncclCommAbort of a communicator gcomp used),
- * GCOMP_STATS_FILE (the same as JSON, rewritten at each of those: %r in the path becomes the
+ * GCOMP_STATS_FILE (the same as JSON, rewritten at each of those: every %r in the path becomes the
  * communicator's rank, else ".rank<N>" is appended).
  *
  * A program linked with a static NCCL (some PyTorch builds) has no ncclAllReduce symbol to

@@ -103,12 +103,12 @@ gcomp_result gcomp__codec_stages_encode(gcomp_codec *c, const void *in, size_t n
 gcomp_result gcomp__codec_stages_decode(gcomp_codec *c, const void *in, size_t n, size_t count, void *out, size_t cap,
                                         size_t *written);
 gcomp__residual_store *gcomp__codec_residuals(gcomp_codec *c);
-/* The element codec's body inside a payload, after the byte stages are undone (the pointer
- * is valid until the next call on this codec object; without byte stages it points into the
- * payload itself, so two of them can be held at once). */
 /* vt->entry args, through gcomp__codec_entry_rc (internal.h; entry may be cuda->x for the
  * CUDA ops): a value that is no gcomp_result becomes GCOMP_ERR_INTERNAL naming both. */
 #define GCOMP_CODEC_CALL(vt, entry, args) gcomp__codec_entry_rc((vt)->name, #entry, (vt)->entry args)
+/* The element codec's body inside a payload, after the byte stages are undone (the pointer
+ * is valid until the next call on this codec object; without byte stages it points into the
+ * payload itself, so two of them can be held at once). */
 gcomp_result gcomp__codec_element_body(gcomp_codec *c, const void *payload, size_t bytes, size_t count,
                                        const uint8_t **body, size_t *body_bytes, uint32_t *flags);
 /* dst = decode(first) + decode(second) on the host, first's added first: the bits of zeroing

@@ -299,8 +299,13 @@ static gcomp_result mpi_finish(gcomp__transport *t, size_t *rbytes, double deadl
  * MPI_THREAD_MULTIPLE (MPI_Init_thread). Asked at creation and at the first iallreduce. */
 static int mpi_threads_ok(char *why, size_t cap)
 {
-    int level = MPI_THREAD_SINGLE;
+    int level = MPI_THREAD_SINGLE, finalized = 0;
     const char *name;
+    MPI_Finalized(&finalized); /* MPI_Query_thread would abort: no thread, and the call fails (check_live) */
+    if (finalized) {
+        if (why && cap) snprintf(why, cap, "MPI is finalized");
+        return 0;
+    }
     if (MPI_Query_thread(&level) != MPI_SUCCESS) level = MPI_THREAD_SINGLE;
     if (level == MPI_THREAD_MULTIPLE) return 1;
     name = level == MPI_THREAD_SERIALIZED ? "MPI_THREAD_SERIALIZED"
@@ -316,7 +321,9 @@ static int mpi_threads_ok(char *why, size_t cap)
 static void mpi_progress(gcomp__transport *t)
 {
     mpi_transport *m = (mpi_transport *)t;
-    int flag = 0;
+    int flag = 0, finalized = 0;
+    MPI_Finalized(&finalized); /* a schedule may progress before its first exchange (check_live) */
+    if (finalized) return;
     if (m->probing) { /* an any-size message is posted as soon as it is seen */
         quiet q = quiet_begin(MPI_COMM_WORLD);
         if (m->match_rc == GCOMP_SUCCESS) m->match_rc = match_any(m); /* finish reports it */

@@ -155,7 +155,10 @@ class GcompHookState:
                             device=None if self.comm.device is None else str(self.comm.device))
         self._ef = self.comm.config()["error_feedback"]
         try:
-            _check_same_group(self.comm, process_group)
+            # NCCL without comm: the communicator was built from the process group itself
+            if not (backend == "nccl" and comm is None):
+                mpi_comm = comm if comm is not None else gcomp.init_mpi().COMM_WORLD
+                _check_same_group(mpi_comm, process_group)
         except Exception:
             self.comm.close()
             raise
@@ -199,8 +202,9 @@ class GcompHookState:
 
     def _call(self, fn):
         """Run fn after every allreduce issued so far and return its value: on the worker
-        thread for CPU buckets; at once for CUDA buckets (their calls ran on the caller's
-        thread, and gcomp.Comm waits for the device before stats and residuals)."""
+        thread for CPU buckets; at once without a worker (CUDA buckets, whose calls ran on the
+        caller's thread, and gcomp.Comm waits for the device before stats and residuals; MPI
+        below MPI_THREAD_MULTIPLE, where every call ran on DDP's thread)."""
         if self._thread is None:
             if self._closed:
                 raise ValueError("GcompHookState used after close()")
@@ -493,21 +497,25 @@ def _mpi_thread_multiple():
     return MPI.Query_thread() >= MPI.THREAD_MULTIPLE
 
 
-def _check_same_group(comm, process_group):
-    """The gcomp communicator must hold DDP's processes in DDP's rank order: each averages
-    the buckets over its own processes, so a mismatch (e.g. ranks started by
-    torch.multiprocessing, each its own one-rank MPI job) would let the replicas drift apart
-    without an error once compression starts."""
+def _check_same_group(mpi_comm, process_group):
+    """The gcomp communicator (built over the mpi4py communicator mpi_comm) must hold DDP's
+    processes in DDP's rank order: each averages the buckets over its own processes, so a
+    mismatch (e.g. ranks started by torch.multiprocessing, each its own one-rank MPI job)
+    would let the replicas drift apart without an error once compression starts. Every rank
+    of mpi_comm gets the same verdict (an allgather of the process group's ranks), so no rank
+    goes on to wait for others that raised."""
     if not (dist.is_available() and dist.is_initialized()):
         return
     size, rank = dist.get_world_size(process_group), dist.get_rank(process_group)
-    if (comm.size, comm.rank) != (size, rank):
+    seen = mpi_comm.allgather((size, rank))  # in mpi_comm's rank order
+    if seen != [(size, r) for r in range(size)]:
         raise ValueError(
             "gcomp.torch.GcompHookState: the gcomp communicator has %d ranks and this process "
             "is its rank %d, but DDP's process group has %d ranks and this process is its rank "
-            "%d; they must hold the same processes in the same order (launch every rank with "
-            "mpirun -np N, and pass comm= for a group that is not the world)"
-            % (comm.size, comm.rank, size, rank))
+            "%d (the communicator's ranks are the group's %s); they must hold the same processes "
+            "in the same order (launch every rank with mpirun -np N, and pass comm= for a group "
+            "that is not the world)"
+            % (mpi_comm.Get_size(), mpi_comm.Get_rank(), size, rank, [r for _, r in seen]))
 
 
 def hook(state, bucket):

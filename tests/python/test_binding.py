@@ -241,12 +241,30 @@ def test_iallreduce():
         "by wait on every rank; a dropped request does not block stats(); close() completes requests")
 
 
+def after_finalize():
+    """Communicators kept past MPI.Finalize(): a call is a GcompError, not an abort of the job
+    (Open MPI aborts any MPI call made after MPI_Finalize). Under mpi4py's MPI_THREAD_MULTIPLE
+    the unused one's first call decides its progress mode, which asked MPI_Query_thread."""
+    used = gcomp.Comm(WORLD, codec="topk:ratio=0.01", min_bytes=0)
+    unused = gcomp.Comm(WORLD, codec="fp16", min_bytes=0)
+    x = grad(5)
+    used.allreduce(x.copy(), key=1)
+    MPI.Finalize()
+    for comm, call in ((used, lambda c: c.allreduce(x.copy(), key=1)),
+                       (unused, lambda c: c.iallreduce(x.copy(), key=1).wait())):
+        e = raises(gcomp.GcompError, lambda: call(comm))
+        assert e.name == "GCOMP_ERR_INVALID_ARG" and "MPI is finalized" in str(e), e
+        comm.close()
+    print("rank %d: after MPI.Finalize(): calls of kept communicators raise GcompError" % RANK, flush=True)
+
+
 def main():
     log("library:", gcomp.library_path)
     for t in (test_topk_equals_codec_reference, test_dense_paths, test_bad_input, test_residuals,
               test_stats_and_gil, test_codec_roundtrip, test_iallreduce):
         t()
     log("test_binding: OK")
+    after_finalize()  # last: MPI is gone after it
 
 
 if __name__ == "__main__":

@@ -376,7 +376,8 @@ def worker_error_check(rank):
 def group_mismatch_check(rank, size):
     """A gcomp communicator that does not hold DDP's processes in DDP's order is refused when
     the state is built, on every rank (before: each process averaged over its own
-    communicator, and replicas launched as separate one-rank MPI jobs drifted apart silently)."""
+    communicator, and replicas launched as separate one-rank MPI jobs drifted apart silently).
+    At 3 ranks the reversed order keeps the middle rank's number: it must raise too."""
     reversed_order = WORLD.Split(0, size - 1 - rank)
     for comm, what in ((MPI.COMM_SELF, "a one-rank communicator"), (reversed_order, "the reversed rank order")):
         try:
@@ -412,6 +413,11 @@ def main():
         timeout_check()
         dist.destroy_process_group()
         log("test_ddp_hook --timeout-only: OK")
+        return
+    if "--group-only" in sys.argv:  # ctest python_ddp_hook_group_np3: a rank keeps its number
+        group_mismatch_check(rank, size)
+        dist.destroy_process_group()
+        log("test_ddp_hook --group-only: OK")
         return
     device_mismatch_check()
     torch.set_num_threads(1)
