@@ -264,7 +264,8 @@ for t in json.load(sys.stdin).get("tests", []):
 # that skips (no device seen) fails, as in the test step.
 do_mpi() {
   [ -n "$MPIEXEC" ] || { echo "no MPI in this build (see the deps step)"; return 77; }
-  local deadline=$((SECONDS + $(limit "$T_MPI"))) rc=0 r t0 left name own dir cmdline np
+  local granted; granted=$(limit "$T_MPI") # GPU_CHECK_TIMEOUT_MPI, or less: what the budget left
+  local deadline=$((SECONDS + granted)) rc=0 r t0 left name own dir cmdline np
   local -a argv nps results=()
   command -v ompi_info >/dev/null && ompi_info --path prefix 2>/dev/null | sed 's/^ */Open MPI /'
   # the launcher alone first, so that an Open MPI that cannot start is not taken for a test
@@ -280,7 +281,7 @@ do_mpi() {
     nps=(2 3 4); [ "$own" = 1 ] && nps=(own) # its own rank count: run once, as it is
     for np in "${nps[@]}"; do
       left=$((deadline - SECONDS))
-      [ "$left" -gt 0 ] || { results+=("$name np=$np: not run, GPU_CHECK_TIMEOUT_MPI=$T_MPI s spent"); rc=1; continue; }
+      [ "$left" -gt 0 ] || { results+=("$name np=$np: not run, the step's $granted s spent"); rc=1; continue; }
       t0=$SECONDS
       if [ "$np" = own ]; then
         echo "+ ctest -R ^$name\$ (it starts mpirun itself)"
@@ -292,7 +293,7 @@ do_mpi() {
       case $r in
         0) results+=("$name np=$np: passed in $((SECONDS - t0)) s") ;;
         77) results+=("$name np=$np: SKIPPED (no device seen): a failure on a GPU machine"); rc=1 ;;
-        124) results+=("$name np=$np: TIMED OUT (GPU_CHECK_TIMEOUT_MPI=$T_MPI s)"); rc=1 ;;
+        124) results+=("$name np=$np: TIMED OUT (the step's $granted s)"); rc=1 ;;
         *) results+=("$name np=$np: FAILED (status $r)"); rc=1 ;;
       esac
     done
@@ -342,7 +343,7 @@ do_sanitize() {
     case $r in
       0) echo "-- $name: clean" ;;
       77) echo "-- $name: SKIPPED (no device seen under the sanitizer)"; rc=1 ;;
-      124) echo "-- $name: TIMED OUT after $T_SANITIZE s"; rc=1 ;;
+      124) echo "-- $name: TIMED OUT (GPU_CHECK_TIMEOUT_SANITIZE=$T_SANITIZE s, or what GPU_CHECK_BUDGET left)"; rc=1 ;;
       *) echo "-- $name: FAILED (status $r)"; rc=1 ;;
     esac
   done

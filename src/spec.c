@@ -279,13 +279,21 @@ static gcomp_result check_params(const char *spec, const gcomp_codec_vtable *vt,
         return GCOMP_SUCCESS;
     }
     /* a reason given through gcomp_codec_fail is escaped already (errors.c); one written into
-     * msg is escaped here. Either is cut at 200 characters. */
-    if (msg[0])
+     * msg is escaped here. Either is cut at 200 characters, an escape whole or not at all */
+    if (msg[0]) {
         gcomp__quote(qm, sizeof qm, msg, 200);
-    else if (gcomp_last_error()[0])
-        snprintf(qm, sizeof qm, "%.200s%s", gcomp_last_error(), strlen(gcomp_last_error()) > 200 ? "..." : "");
-    else
+    } else if (gcomp_last_error()[0]) {
+        const char *e = gcomp_last_error();
+        size_t n = strlen(e), cut = n > 200 ? 200 : n;
+        for (size_t k = 1; cut < n && k <= 3 && k <= cut; k++) /* "\xNN": every backslash starts one */
+            if (e[cut - k] == '\\') {
+                cut -= k;
+                break;
+            }
+        snprintf(qm, sizeof qm, "%.*s%s", (int)cut, e, cut < n ? "..." : "");
+    } else {
         snprintf(qm, sizeof qm, "its parameters were refused (no reason given)");
+    }
     return spec_fail(GCOMP_ERR_INVALID_SPEC, spec, "%s: %s", vt->name, qm);
 }
 

@@ -219,11 +219,14 @@ static void test_failed_encode_writes_nothing(void **state)
 /* A codec's own message may hold anything: gcomp_codec_fail escapes control and non-ASCII
  * bytes as the library's messages do (gcomp.h), once (not again when the spec parser
  * reports a check_params refusal it carried). */
+static int esc_long; /* esc_check's reason: 198 'a' then \x01, whose escape the 200-character cut would split */
+
 static gcomp_result esc_check(const void *params, char *msg, size_t cap)
 {
     (void)params;
     (void)msg;
     (void)cap;
+    if (esc_long) return gcomp_codec_fail(GCOMP_ERR_INVALID_ARG, "%0198d\x01", 0);
     return gcomp_codec_fail(GCOMP_ERR_INVALID_ARG, "bad\x01mix\n");
 }
 
@@ -243,6 +246,14 @@ static void test_codec_fail_escapes(void **state)
     assert_int_equal(gcomp_codec_create("escapes", NULL, &c), GCOMP_ERR_INVALID_SPEC);
     if (!strstr(gcomp_last_error(), "escapes: bad\\x01mix\\x0a"))
         fail_msg("check_params' reason escaped twice or not at all: '%s'", gcomp_last_error());
+    esc_long = 1; /* cut at 200 characters: before the escape, not inside it */
+    assert_int_equal(gcomp_codec_create("escapes", NULL, &c), GCOMP_ERR_INVALID_SPEC);
+    {
+        char want[256];
+        snprintf(want, sizeof want, "escapes: %0198d...", 0);
+        if (!strstr(gcomp_last_error(), want)) fail_msg("a long reason cut inside an escape: '%s'", gcomp_last_error());
+    }
+    esc_long = 0;
 }
 
 /* Issue 13 item 12 (configuration): a bad value names where it came from -- the
