@@ -69,4 +69,10 @@ extern const gcomp_codec_vtable gcomp__codec_none;
 extern const gcomp_codec_vtable gcomp__codec_fp16;
 extern const gcomp_codec_vtable gcomp__codec_bf16;
 
+/* 1 for the three cast codecs, whose bodies the functions above take. */
+static inline int gcomp__is_cast_codec(const gcomp_codec_vtable *vt)
+{
+    return vt == &gcomp__codec_none || vt == &gcomp__codec_fp16 || vt == &gcomp__codec_bf16;
+}
+
 #endif

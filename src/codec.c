@@ -414,11 +414,6 @@ gcomp_result gcomp_codec_decode_add(gcomp_codec *c, const void *payload, size_t 
     return GCOMP_SUCCESS;
 }
 
-static int is_cast(const gcomp_codec_vtable *vt)
-{
-    return vt == &gcomp__codec_none || vt == &gcomp__codec_fp16 || vt == &gcomp__codec_bf16;
-}
-
 /* acc = decode(payload) on the host: the cast codecs write it in one pass (cast.h), the others
  * add into zeros; the same bits either way, and zeros after a failure either way. */
 static gcomp_result decode_f32(gcomp_codec *c, const void *payload, size_t bytes, float *acc, size_t count)
@@ -428,7 +423,7 @@ static gcomp_result decode_f32(gcomp_codec *c, const void *payload, size_t bytes
     size_t body_bytes;
     uint32_t flags;
     gcomp_result rc;
-    if (!is_cast(el->vt)) {
+    if (!gcomp__is_cast_codec(el->vt)) {
         if (count) memset(acc, 0, count * sizeof(float));
         return gcomp_codec_decode_add(c, payload, bytes, acc, count);
     }
@@ -449,7 +444,7 @@ gcomp_result gcomp__codec_decode_sum2(gcomp_codec *c, const void *first, size_t 
     gcomp__cast_body a, b;
     gcomp_result rc;
     /* byte stages undo each payload into the codec's one scratch: the two-pass way then */
-    if (c->chain.n_stages > 1 || !is_cast(el->vt)) {
+    if (c->chain.n_stages > 1 || !gcomp__is_cast_codec(el->vt)) {
         rc = decode_f32(c, first, fbytes, dst, count);
         if (rc == GCOMP_SUCCESS) rc = gcomp_codec_decode_add(c, second, sbytes, dst, count);
         if (rc != GCOMP_SUCCESS && count) memset(dst, 0, count * sizeof(float));

@@ -321,9 +321,10 @@ static int mpi_threads_ok(char *why, size_t cap)
 static void mpi_progress(gcomp__transport *t)
 {
     mpi_transport *m = (mpi_transport *)t;
-    int flag = 0, finalized = 0;
-    MPI_Finalized(&finalized); /* a schedule may progress before its first exchange (check_live) */
-    if (finalized) return;
+    int flag = 0;
+    /* nothing in flight, nothing to advance: a schedule may progress before its first
+     * exchange, which after MPI_Finalize (check_live) must make no MPI call */
+    if (!m->probing && m->ring[0] == MPI_REQUEST_NULL && m->ring[1] == MPI_REQUEST_NULL) return;
     if (m->probing) { /* an any-size message is posted as soon as it is seen */
         quiet q = quiet_begin(MPI_COMM_WORLD);
         if (m->match_rc == GCOMP_SUCCESS) m->match_rc = match_any(m); /* finish reports it */

@@ -375,6 +375,7 @@ class Comm(_Handle):
         self._pending = []  # Requests not completed yet, in issue order (they own buffers)
         self._device = None  # the CUDA device of an NCCL communicator
         self._devices = set()  # the CUDA devices calls have used (see _settled)
+        self._mpi_comm = None  # the mpi4py communicator it was built over (None: a torch group)
         cfg = _config(codec, min_bytes, error_feedback, seed, timeout_ms, debug)
         backend = _choice("backend", backend, {"mpi": "mpi", "nccl": "nccl"})
         if backend == "nccl":
@@ -393,7 +394,8 @@ class Comm(_Handle):
             raise NotImplementedError("%s was built without MPI (gcomp_comm_create_mpi missing)"
                                       % _lib.path)
         MPI = init_mpi()
-        handle = _mpi_handle(MPI.COMM_WORLD if mpi_comm is None else mpi_comm)
+        self._mpi_comm = MPI.COMM_WORLD if mpi_comm is None else mpi_comm
+        handle = _mpi_handle(self._mpi_comm)
         h = ctypes.c_void_p()
         _check(_lib.comm_create_mpi(handle, ctypes.byref(cfg), ctypes.byref(h)),
                "gcomp_comm_create_mpi")
@@ -411,6 +413,7 @@ class Comm(_Handle):
         if mpi_comm is not None:
             init_mpi()
             _mpi_handle(mpi_comm)  # the same checks as for an MPI Comm
+            self._mpi_comm = mpi_comm
         torch = _cuda.torch_with_cuda("gcomp.Comm(backend='nccl')")
         dev = _cuda.device_arg(torch, device)
 

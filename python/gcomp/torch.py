@@ -155,10 +155,9 @@ class GcompHookState:
                             device=None if self.comm.device is None else str(self.comm.device))
         self._ef = self.comm.config()["error_feedback"]
         try:
-            # NCCL without comm: the communicator was built from the process group itself
-            if not (backend == "nccl" and comm is None):
-                mpi_comm = comm if comm is not None else gcomp.init_mpi().COMM_WORLD
-                _check_same_group(mpi_comm, process_group)
+            # None: an NCCL communicator built from the process group itself
+            if self.comm._mpi_comm is not None:
+                _check_same_group(self.comm._mpi_comm, process_group)
         except Exception:
             self.comm.close()
             raise
