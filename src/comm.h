@@ -46,6 +46,7 @@ struct gcomp_request {
     int done;                   /* under comm->q.lock */
     gcomp_result rc;            /* valid once done */
     char detail[512];           /* the runner's gcomp_last_error() on failure (thread-local there) */
+    const char *name;           /* the API call that issued it: its errors are named after it */
     struct gcomp_request *next; /* the queue */
 };
 

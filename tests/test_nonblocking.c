@@ -31,12 +31,14 @@ typedef struct job {
     uint64_t hash[N_CALLS];
     int progressed; /* the first request completed while nobody tested or waited */
     int mode;
+    char error[160]; /* gcomp_last_error() after the first wait that failed */
 } job;
 
 enum {
     V_MANY = 0,
     V_TIMEOUT = 1,
-    V_MISMATCH = 2
+    V_MISMATCH = 2,
+    V_BAD_OP = 3 /* call 1 passes an invalid op on every rank */
 };
 
 static uint64_t fnv(const void *p, size_t n)
@@ -84,14 +86,15 @@ static void *run_job(void *arg)
     if (j->variant == V_TIMEOUT && j->at.rank == j->at.size - 1) usleep(1200 * 1000);
     for (int i = 0; i < n_calls; i++) {
         size_t count = call_count(i);
+        gcomp_op op = j->variant == V_BAD_OP && i == 1 ? GCOMP_OP_COUNT : GCOMP_SUM;
         if (j->variant == V_MISMATCH && i == 2 && j->at.rank == 1) count++;
         if (j->blocking) {
-            j->rc[i] = gcomp_allreduce(comm, x[i], y[i], count, GCOMP_F32, GCOMP_SUM, call_key(i), NULL);
+            j->rc[i] = gcomp_allreduce(comm, x[i], y[i], count, GCOMP_F32, op, call_key(i), NULL);
         } else if (j->variant == V_MANY && i == 7) {
             /* a blocking call among requests in flight runs after them, in order */
             j->rc[i] = gcomp_allreduce(comm, x[i], y[i], count, GCOMP_F32, GCOMP_SUM, call_key(i), NULL);
         } else {
-            j->rc[i] = gcomp_iallreduce(comm, x[i], y[i], count, GCOMP_F32, GCOMP_SUM, call_key(i), NULL, &req[i]);
+            j->rc[i] = gcomp_iallreduce(comm, x[i], y[i], count, GCOMP_F32, op, call_key(i), NULL, &req[i]);
             if (j->rc[i] == GCOMP_SUCCESS) j->rc[i] = GCOMP_ERR_INTERNAL; /* until waited */
         }
         if (i == 0 && !j->blocking && !j->no_thread) {
@@ -116,8 +119,11 @@ static void *run_job(void *arg)
         }
         if (done && req[i]) j->rc[i] = GCOMP_ERR_INTERNAL; /* completed requests are freed */
     }
-    for (int i = n_calls - 1; i >= 0; i--)
-        if (req[i]) j->rc[i] = gcomp_wait(&req[i]);
+    for (int i = n_calls - 1; i >= 0; i--) {
+        if (!req[i]) continue;
+        j->rc[i] = gcomp_wait(&req[i]);
+        if (j->rc[i] != GCOMP_SUCCESS && !j->error[0]) snprintf(j->error, sizeof j->error, "%s", gcomp_last_error());
+    }
     for (int i = 0; i < n_calls; i++)
         j->hash[i] = j->rc[i] == GCOMP_SUCCESS ? fnv(y[i], call_count(i) * sizeof(float)) : 0;
 out:
@@ -201,6 +207,24 @@ static void test_mismatch_in_flight(void **state)
         }
 }
 
+/* An argument error of a request is reported by its wait, named after gcomp_iallreduce (the
+ * call the user made), and the calls around it run. */
+static void test_bad_argument_in_flight(void **state)
+{
+    (void)state;
+    for (int no_thread = 0; no_thread <= 1; no_thread++) {
+        job jobs[MAX_RANKS];
+        run(3, "fp16", V_BAD_OP, 0, no_thread, jobs);
+        for (int r = 0; r < 3; r++) {
+            for (int i = 0; i < 4; i++)
+                if (jobs[r].rc[i] != (i == 1 ? GCOMP_ERR_INVALID_ARG : GCOMP_SUCCESS))
+                    fail_msg("rank %d call %d returned %s", r, i, gcomp_result_name(jobs[r].rc[i]));
+            if (strncmp(jobs[r].error, "gcomp_iallreduce: invalid op", 28) != 0)
+                fail_msg("rank %d: \"%s\"", r, jobs[r].error);
+        }
+    }
+}
+
 static void test_null_arguments(void **state)
 {
     gcomp_request *req = (gcomp_request *)1;
@@ -221,6 +245,7 @@ int main(void)
         cmocka_unit_test(test_many_in_flight_match_blocking),
         cmocka_unit_test(test_stopped_peer_times_out),
         cmocka_unit_test(test_mismatch_in_flight),
+        cmocka_unit_test(test_bad_argument_in_flight),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

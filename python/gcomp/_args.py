@@ -40,7 +40,13 @@ def bool_arg(name, v):
     """A flag: bool, numpy.bool_, or the integers 0 and 1 -> 0 or 1 for a C int."""
     if _is_bool(v):
         return 1 if v else 0
-    return int_arg(name, v, 0, 1)
+    try:
+        i = operator.index(v)
+    except TypeError:
+        raise TypeError("%s must be True or False, got %s %r" % (name, type(v).__name__, v)) from None
+    if i not in (0, 1):
+        raise ValueError("%s must be True or False (or 0 or 1), got %d" % (name, i))
+    return i
 
 
 def count_arg(name, v):
