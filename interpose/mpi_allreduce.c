@@ -197,7 +197,13 @@ static int comm_delete(MPI_Comm comm, int keyval, void *val, void *extra)
     return MPI_SUCCESS;
 }
 
-static const char *ef_key_name(void) { return S.ef_key == EF_KEY_SEQUENCE ? "sequence" : "buffer"; }
+/* How residuals are keyed on this rank; "refused" when its GCOMP_INTERPOSE_EF_KEY was refused
+ * (nothing is compressed, so nothing is keyed). */
+static const char *ef_key_name(void)
+{
+    if (S.bad_setting) return "refused";
+    return S.ef_key == EF_KEY_SEQUENCE ? "sequence" : "buffer";
+}
 
 static void summary_line(char *out, size_t cap)
 {
