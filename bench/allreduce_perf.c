@@ -139,8 +139,9 @@ static void usage(FILE *f, const char *prog)
             "Times gcomp_allreduce and plain MPI_Allreduce of the same buffers in the same run and\n"
             "reports them like nccl-tests' all_reduce_perf (out-of-place only).\n"
             "\n"
-            "  -b, --minbytes SIZE     smallest size (default 64M); K, M, G are powers of 1024\n"
-            "  -e, --maxbytes SIZE     largest size (default: -b, or 64M)\n"
+            "  -b, --minbytes SIZE     smallest size (default 64M, or -e if that is smaller);\n"
+            "                          K, M, G are powers of 1024\n"
+            "  -e, --maxbytes SIZE     largest size (default 64M, or -b if that is larger)\n"
             "  -f, --stepfactor N      multiply the size by N (integer >= 2) between rows (default 2)\n"
             "  -n, --iters N           timed calls per measurement (default 20)\n"
             "  -w, --warmup_iters N    untimed calls before each measurement (default 5)\n"
@@ -290,10 +291,12 @@ static int parse_option(struct options *o, int c, const char *arg)
 }
 
 /* The sweep must describe at least one whole element and fit MPI's int counts. */
-static int check_sizes(struct options *o, int max_set)
+static int check_sizes(struct options *o, int min_set, int max_set)
 {
     size_t esize = gcomp_dtype_size(o->dtype);
+    /* the one of -b/-e not given follows the other past its default */
     if (!max_set && o->max_bytes < o->min_bytes) o->max_bytes = o->min_bytes;
+    if (!min_set && o->min_bytes > o->max_bytes) o->min_bytes = o->max_bytes;
     if (o->min_bytes > o->max_bytes) {
         if (o->talk) fprintf(stderr, "allreduce_perf: -b %zu is larger than -e %zu\n", o->min_bytes, o->max_bytes);
         return 2;
@@ -327,7 +330,7 @@ static int parse_args(int argc, char **argv, struct options *o)
         { "help", no_argument, 0, 'h' },
         { 0, 0, 0, 0 },
     };
-    int c, rc, max_set = 0;
+    int c, rc, min_set = 0, max_set = 0;
     opterr = o->talk;
     while ((c = getopt_long(argc, argv, "b:e:f:n:w:c:o:d:J:vh", longopts, NULL)) != -1) {
         if (c == 'h') {
@@ -335,6 +338,7 @@ static int parse_args(int argc, char **argv, struct options *o)
             return 0;
         }
         if (c == '?') return 2;
+        min_set |= c == 'b';
         max_set |= c == 'e';
         if ((rc = parse_option(o, c, optarg)) != 0) return rc;
     }
@@ -345,7 +349,7 @@ static int parse_args(int argc, char **argv, struct options *o)
     if (o->ncodecs == 0)
         for (size_t i = 0; i < sizeof default_codecs / sizeof *default_codecs; i++)
             o->codecs[o->ncodecs++] = default_codecs[i];
-    return check_sizes(o, max_set) ? 2 : -1;
+    return check_sizes(o, min_set, max_set) ? 2 : -1;
 }
 
 /* Every spec is parsed before any MPI traffic, so a typo fails fast on every rank alike. */

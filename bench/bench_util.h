@@ -77,7 +77,9 @@ static inline int bench_bad_value(const char *prog, const char *opt, const char 
 static inline void *bench_alloc_touched(size_t bytes)
 {
     size_t rounded = (bytes + 4095) / 4096 * 4096;
-    void *p = aligned_alloc(4096, rounded ? rounded : 4096);
+    void *p;
+    if (bytes > SIZE_MAX - 4095) return NULL; /* the rounding would wrap to a small size */
+    p = aligned_alloc(4096, rounded ? rounded : 4096);
     if (p) memset(p, 0, rounded);
     return p;
 }
