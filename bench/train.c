@@ -13,8 +13,10 @@
  * every rank without any broadcast; the trainer checks this at the end.
  */
 #include <cblas.h>
+#include <errno.h>
 #include <float.h>
 #include <getopt.h>
+#include <limits.h>
 #include <math.h>
 #include <mpi.h>
 #include <stdarg.h>
@@ -50,6 +52,10 @@ typedef struct bucket {
 } bucket;
 
 #define MAX_BUCKETS 64
+
+/* The most steps a run may take: far beyond any real run (two thousand epochs of 60,000
+ * images at batch 1 are 1.2e8), and every count derived from it (history points) fits an int. */
+#define MAX_STEPS 1000000000L
 
 /* The allreduces of one step, started as the backward pass hands over each tensor's gradient
  * (grad_ready). A bucket is ready once all its tensors are; its key is the bucket index. */
@@ -133,6 +139,18 @@ static double parse_num(const char *opt, const char *s)
     char *end;
     double v = strtod(s, &end);
     if (*s == '\0' || *end != '\0' || !isfinite(v)) die("%s: '%s' is not a number", opt, s);
+    return v;
+}
+
+/* An integer flag, written as one (strtod would take 100.9 or 1e30 and a cast would then
+ * truncate or wrap it without a word), within [lo, hi]. */
+static long long parse_int(const char *opt, const char *s, long long lo, long long hi)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (*s == '\0' || *end != '\0') die("%s: '%s' is not an integer", opt, s);
+    if (errno == ERANGE || v < lo || v > hi) die("%s: %s is out of range [%lld, %lld]", opt, s, lo, hi);
     return v;
 }
 
@@ -237,19 +255,19 @@ static void parse_options(int argc, char **argv, options *o)
             o->codec = optarg;
             break;
         case O_EF:
-            o->ef = (int)parse_num("--ef", optarg);
+            o->ef = (int)parse_int("--ef", optarg, INT_MIN, INT_MAX);
             break;
         case O_MINB:
-            o->min_bytes = (long long)parse_num("--min-bytes", optarg);
+            o->min_bytes = parse_int("--min-bytes", optarg, LLONG_MIN, LLONG_MAX);
             break;
         case O_BUCKET:
-            o->bucket_bytes = (long long)parse_num("--bucket-bytes", optarg);
+            o->bucket_bytes = parse_int("--bucket-bytes", optarg, LLONG_MIN, LLONG_MAX);
             break;
         case O_EPOCHS:
             o->epochs = parse_num("--epochs", optarg);
             break;
         case O_BATCH:
-            o->batch = (int)parse_num("--batch", optarg);
+            o->batch = (int)parse_int("--batch", optarg, INT_MIN, INT_MAX);
             break;
         case O_LR:
             o->lr = parse_num("--lr", optarg);
@@ -264,10 +282,11 @@ static void parse_options(int argc, char **argv, options *o)
             o->wd = parse_num("--wd", optarg);
             break;
         case O_SEED:
-            o->seed = (unsigned long long)parse_num("--seed", optarg);
+            /* gcomp takes seeds in [0, INT64_MAX] (GCOMP_SEED) */
+            o->seed = (unsigned long long)parse_int("--seed", optarg, 0, INT64_MAX);
             break;
         case O_EVALS:
-            o->evals_per_epoch = (int)parse_num("--evals-per-epoch", optarg);
+            o->evals_per_epoch = (int)parse_int("--evals-per-epoch", optarg, INT_MIN, INT_MAX);
             break;
         case O_DATA:
             o->data = optarg;
@@ -302,6 +321,33 @@ static void parse_options(int argc, char **argv, options *o)
     if (strcmp(o->schedule, "cosine") && strcmp(o->schedule, "const"))
         die("--lr-schedule must be cosine or const, not '%s'", o->schedule);
     if (o->min_bytes < 0) die("--min-bytes must be >= 0");
+    if (o->bucket_bytes < -1)
+        die("--bucket-bytes must be -1 (the whole model), 0 (one key per tensor) or a byte count, not %lld",
+            o->bucket_bytes);
+    /* parse_num has refused inf and nan already */
+    if (!(o->lr > 0)) die("--lr must be > 0, not %g", o->lr);
+    if (!(o->momentum >= 0 && o->momentum < 1)) die("--momentum must be in [0, 1), not %g", o->momentum);
+    if (!(o->wd >= 0)) die("--wd must be >= 0, not %g", o->wd);
+}
+
+/* Steps per epoch (the last partial batch is dropped), steps of the run and steps between
+ * evaluations, for a training set of n images; a batch the set cannot fill, or more epochs
+ * than MAX_STEPS allows, is a usage error. */
+static void plan_steps(const options *o, int n, long *spe, long *total, long *eval_every)
+{
+    if (o->batch > n)
+        die("--batch %d is larger than the training set (%d images in %s): every step takes one global batch "
+            "of %d images from it, split across the %d ranks",
+            o->batch, n, o->data, o->batch, g_size);
+    *spe = n / o->batch;
+    double steps = o->epochs * (double)*spe;
+    if (steps > (double)MAX_STEPS)
+        die("--epochs %g is %.3g steps of %ld per epoch: more than the %ld a run may take", o->epochs, steps, *spe,
+            MAX_STEPS);
+    *total = (long)llround(steps);
+    *eval_every = *spe / o->evals_per_epoch;
+    if (*total < 1) *total = 1;
+    if (*eval_every < 1) *eval_every = 1;
 }
 
 /* Consecutive tensors fused until a bucket holds at least `bytes` (0: one per tensor). */
@@ -426,6 +472,32 @@ static void json_str(FILE *f, const char *key, const char *v, const char *sep)
     fprintf(f, "\"%s", sep);
 }
 
+/* --json: rank 0 opens the file before the training, so that a path it cannot write stops the
+ * run at once (exit 2) instead of after it. NULL without --json and on the other ranks. */
+static FILE *json_open(const char *path)
+{
+    FILE *f = NULL;
+    int err = 0;
+    if (!path) return NULL;
+    if (g_rank == 0 && !(f = fopen(path, "w"))) err = errno;
+    MPI_Bcast(&err, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    if (err) die("--json %s: cannot write: %s", path, strerror(err));
+    return f;
+}
+
+/* 0, or 1 with a message when the file did not take all of it (a full disk, /dev/full): a
+ * result that was not written must not look like a success. */
+static int json_close(FILE *f, const char *path)
+{
+    int bad = fflush(f) != 0 || ferror(f), err = errno;
+    if (fclose(f) != 0 && !bad) {
+        bad = 1;
+        err = errno;
+    }
+    if (bad) fprintf(stderr, "train: cannot write %s: %s\n", path, strerror(err));
+    return bad;
+}
+
 /* SGD with momentum: vel = mu vel + g + wd w; w -= lr vel. A velocity below FLT_MIN is
  * flushed to zero: where gradients stop arriving (top-k leaves most elements at zero for many
  * steps, dead ReLU units always) vel decays by mu each step into subnormals, and x86 takes a
@@ -460,11 +532,13 @@ int main(int argc, char **argv)
 
     int load_rc = train_set_load(o.data, "train", &train, err, sizeof err);
     if (load_rc == 0) load_rc = train_set_load(o.data, "t10k", &test, err, sizeof err);
-    if (load_rc == 0 && (train.rows * train.cols != 784 || test.rows * test.cols != 784)) {
+    if (load_rc == 0 && (train.rows != 28 || train.cols != 28 || test.rows != 28 || test.cols != 28)) {
         snprintf(err, sizeof err, "%s: images are not 28x28", o.data);
         load_rc = -1;
     }
     if (load_rc) die("%s", err);
+    long spe, total, eval_every;
+    plan_steps(&o, train.n, &spe, &total, &eval_every);
 
     gcomp_config cfg = gcomp_config_default();
     cfg.codec = o.codec;
@@ -500,14 +574,10 @@ int main(int argc, char **argv)
                      .nb = nb,
                      .overlap = !o.blocking };
     const char *progress = provided >= MPI_THREAD_MULTIPLE ? "thread" : "caller";
-    long spe = train.n / o.batch; /* steps per epoch; the last partial batch is dropped */
-    long total = (long)llround(o.epochs * (double)spe);
-    long eval_every = spe / o.evals_per_epoch;
-    if (total < 1) total = 1;
-    if (eval_every < 1) eval_every = 1;
     int nhist_cap = (int)(total / eval_every) + 2, nhist = 0;
     history *hist = calloc((size_t)nhist_cap, sizeof *hist);
     if (!vel || !xb || !yb || !perm || !hist) die("out of memory");
+    FILE *jf = json_open(o.json); /* the last usage error: nothing after this leaves the file empty */
 
     if (g_rank == 0) {
         printf("# train: model %s (%zu parameters, %d tensors, %d gcomp keys), codec %s, ef %d, min_bytes %lld, "
@@ -626,6 +696,7 @@ int main(int argc, char **argv)
     const history *fin = &hist[nhist - 1];
     double wire = f[0] / (double)total, raw = (double)st.raw_bytes / (double)total;
     double cr = f[0] > 0 ? f[1] / f[0] : NAN, step_time = f[2] / (double)total;
+    int json_failed = 0;
     if (g_rank == 0) {
         printf(
             "# final: test %.2f%%, loss %.4f, wire %.0f B/step/rank, raw %.0f B/step, cr %.2f (vs uncompressed ring), "
@@ -633,70 +704,63 @@ int main(int argc, char **argv)
             fin->test_acc, last_loss, wire, raw, cr, 1e3 * step_time, 100.0 * f[3],
             hmin == hmax ? "identical" : "DIFFERENT");
         if (hmin != hmax) fprintf(stderr, "train: warning: the weights differ between ranks\n");
-        if (o.json) {
-            FILE *jf = fopen(o.json, "w");
-            if (!jf) {
-                fprintf(stderr, "train: cannot write %s\n", o.json);
-            } else {
-                fprintf(jf, "{");
-                json_str(jf, "spec", o.codec, ", ");
-                json_str(jf, "codec", gcomp_comm_codec(comm), ", ");
-                fprintf(jf, "\"ef\": %d, \"ranks\": %d, ", o.ef, g_size);
-                json_str(jf, "allreduce", o.blocking ? "blocking" : "overlap", ", ");
-                json_str(jf, "progress", progress, ", ");
-                json_num(jf, "epochs", o.epochs, ", ");
-                json_str(jf, "model", o.model, ", ");
-                fprintf(jf,
-                        "\"batch\": %d, \"steps\": %ld, \"min_bytes\": %lld, \"bucket_bytes\": %lld, \"keys\": %d, ",
-                        o.batch, total, o.min_bytes, o.bucket_bytes, nb);
-                json_num(jf, "lr", o.lr, ", ");
-                json_str(jf, "lr_schedule", o.schedule, ", ");
-                json_str(jf, "blas_core", openblas_get_corename(), ", ");
-                json_num(jf, "momentum", o.momentum, ", ");
-                fprintf(jf, "\"momentum_correction\": %d, ", o.momentum_correction);
-                json_num(jf, "wd", o.wd, ", ");
-                fprintf(jf, "\"seed\": %llu, \"params\": %zu, ", o.seed, np);
-                json_num(jf, "test_acc", fin->test_acc, ", ");
-                json_num(jf, "test_loss", fin->test_loss, ", ");
-                json_num(jf, "loss", last_loss, ", ");
-                json_num(jf, "train_acc", fin->train_acc, ", ");
-                json_num(jf, "wire_bytes_per_step", wire, ", ");
-                json_num(jf, "raw_bytes_per_step", raw, ", ");
-                json_num(jf, "baseline_bytes_per_step", f[1] / (double)total, ", ");
-                json_num(jf, "cr", cr, ", ");
-                json_num(jf, "step_time_s", step_time, ", ");
-                json_num(jf, "comm_share", f[3], ", ");
-                json_num(jf, "gcomp_encode_s_per_step", f[4] / (double)total, ", ");
-                json_num(jf, "gcomp_comm_s_per_step", f[5] / (double)total, ", ");
-                json_num(jf, "gcomp_decode_s_per_step", f[6] / (double)total, ", ");
-                json_num(jf, "gcomp_agree_s_per_step", f[8] / (double)total, ", ");
-                fprintf(jf, "\"overflow_count\": %.0f, \"weights_identical\": %s, ", f[7],
-                        hmin == hmax ? "true" : "false");
-                fprintf(jf, "\"schedules\": [");
-                for (int b = 0; b < nb; b++) {
-                    gcomp_comm_stats ks;
-                    check_gcomp(gcomp_comm_key_stats_get(comm, (uint64_t)b, &ks), "gcomp_comm_key_stats_get");
-                    fprintf(jf, "%s{\"key\": %d, \"tensors\": \"%s..%s\", \"elements\": %zu, \"schedule\": \"%s\"}",
-                            b ? ", " : "", b, train_model_tensor(m, buckets[b].first)->name,
-                            train_model_tensor(m, buckets[b].last)->name, buckets[b].count,
-                            gcomp_schedule_name(ks.last_schedule));
-                }
-                fprintf(jf, "],\n \"history\": [");
-                for (int i = 0; i < nhist; i++) {
-                    const history *h = &hist[i];
-                    fprintf(jf, "%s\n  {\"step\": %ld, ", i ? "," : "", h->step);
-                    json_num(jf, "epoch", h->epoch, ", ");
-                    json_num(jf, "train_time_s", h->train_time_s, ", ");
-                    json_num(jf, "wall_s", h->wall_s, ", ");
-                    json_num(jf, "loss", h->loss, ", ");
-                    json_num(jf, "train_acc", h->train_acc, ", ");
-                    json_num(jf, "test_acc", h->test_acc, ", ");
-                    json_num(jf, "test_loss", h->test_loss, ", ");
-                    json_num(jf, "wire_bytes_per_step", h->wire_bytes_per_step, "}");
-                }
-                fprintf(jf, "]}\n");
-                fclose(jf);
+        if (jf) {
+            fprintf(jf, "{");
+            json_str(jf, "spec", o.codec, ", ");
+            json_str(jf, "codec", gcomp_comm_codec(comm), ", ");
+            fprintf(jf, "\"ef\": %d, \"ranks\": %d, ", o.ef, g_size);
+            json_str(jf, "allreduce", o.blocking ? "blocking" : "overlap", ", ");
+            json_str(jf, "progress", progress, ", ");
+            json_num(jf, "epochs", o.epochs, ", ");
+            json_str(jf, "model", o.model, ", ");
+            fprintf(jf, "\"batch\": %d, \"steps\": %ld, \"min_bytes\": %lld, \"bucket_bytes\": %lld, \"keys\": %d, ",
+                    o.batch, total, o.min_bytes, o.bucket_bytes, nb);
+            json_num(jf, "lr", o.lr, ", ");
+            json_str(jf, "lr_schedule", o.schedule, ", ");
+            json_str(jf, "blas_core", openblas_get_corename(), ", ");
+            json_num(jf, "momentum", o.momentum, ", ");
+            fprintf(jf, "\"momentum_correction\": %d, ", o.momentum_correction);
+            json_num(jf, "wd", o.wd, ", ");
+            fprintf(jf, "\"seed\": %llu, \"params\": %zu, ", o.seed, np);
+            json_num(jf, "test_acc", fin->test_acc, ", ");
+            json_num(jf, "test_loss", fin->test_loss, ", ");
+            json_num(jf, "loss", last_loss, ", ");
+            json_num(jf, "train_acc", fin->train_acc, ", ");
+            json_num(jf, "wire_bytes_per_step", wire, ", ");
+            json_num(jf, "raw_bytes_per_step", raw, ", ");
+            json_num(jf, "baseline_bytes_per_step", f[1] / (double)total, ", ");
+            json_num(jf, "cr", cr, ", ");
+            json_num(jf, "step_time_s", step_time, ", ");
+            json_num(jf, "comm_share", f[3], ", ");
+            json_num(jf, "gcomp_encode_s_per_step", f[4] / (double)total, ", ");
+            json_num(jf, "gcomp_comm_s_per_step", f[5] / (double)total, ", ");
+            json_num(jf, "gcomp_decode_s_per_step", f[6] / (double)total, ", ");
+            json_num(jf, "gcomp_agree_s_per_step", f[8] / (double)total, ", ");
+            fprintf(jf, "\"overflow_count\": %.0f, \"weights_identical\": %s, ", f[7], hmin == hmax ? "true" : "false");
+            fprintf(jf, "\"schedules\": [");
+            for (int b = 0; b < nb; b++) {
+                gcomp_comm_stats ks;
+                check_gcomp(gcomp_comm_key_stats_get(comm, (uint64_t)b, &ks), "gcomp_comm_key_stats_get");
+                fprintf(jf, "%s{\"key\": %d, \"tensors\": \"%s..%s\", \"elements\": %zu, \"schedule\": \"%s\"}",
+                        b ? ", " : "", b, train_model_tensor(m, buckets[b].first)->name,
+                        train_model_tensor(m, buckets[b].last)->name, buckets[b].count,
+                        gcomp_schedule_name(ks.last_schedule));
             }
+            fprintf(jf, "],\n \"history\": [");
+            for (int i = 0; i < nhist; i++) {
+                const history *h = &hist[i];
+                fprintf(jf, "%s\n  {\"step\": %ld, ", i ? "," : "", h->step);
+                json_num(jf, "epoch", h->epoch, ", ");
+                json_num(jf, "train_time_s", h->train_time_s, ", ");
+                json_num(jf, "wall_s", h->wall_s, ", ");
+                json_num(jf, "loss", h->loss, ", ");
+                json_num(jf, "train_acc", h->train_acc, ", ");
+                json_num(jf, "test_acc", h->test_acc, ", ");
+                json_num(jf, "test_loss", h->test_loss, ", ");
+                json_num(jf, "wire_bytes_per_step", h->wire_bytes_per_step, "}");
+            }
+            fprintf(jf, "]}\n");
+            json_failed = json_close(jf, o.json);
         }
     }
 
@@ -708,7 +772,7 @@ int main(int argc, char **argv)
     free(xb);
     free(yb);
     free(perm);
-    int exit_rc = isfinite(fin->test_acc) && hmin == hmax ? 0 : 1;
+    int exit_rc = isfinite(fin->test_acc) && hmin == hmax && !json_failed ? 0 : 1;
     free(hist);
     MPI_Finalize();
     return exit_rc;

@@ -4,6 +4,7 @@
  */
 #include "train_data.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,6 +29,35 @@ static int find_file(const char *dir, const char *name, char *path, size_t len)
     return access(path, R_OK) == 0;
 }
 
+/* Why a gzread came up short: zlib knows whether the stream was corrupt (bytes changed: bad
+ * deflate data or a CRC mismatch), whether reading the file failed, or whether it just ended;
+ * only the last is a truncated file. */
+static void read_failure(gzFile f, const char *path, size_t want, const char *what, char *err, size_t errlen)
+{
+    int zerr = Z_OK;
+    const char *msg = gzerror(f, &zerr);
+    size_t plen = strlen(path);
+    if (strncmp(msg, path, plen) == 0 && strncmp(msg + plen, ": ", 2) == 0) msg += plen + 2; /* zlib names the file */
+    if (zerr == Z_ERRNO)
+        snprintf(err, errlen, "%s: read error: %s", path, strerror(errno));
+    else if (zerr != Z_OK && zerr != Z_BUF_ERROR)
+        snprintf(err, errlen, "%s: corrupt gzip data (%s)", path, msg);
+    else
+        snprintf(err, errlen, "%s: truncated (expected %zu %s bytes)", path, want, what);
+}
+
+/* 0 when the stream holds n more bytes and then ends cleanly. zlib checks the gzip CRC only
+ * when it reaches the end of the stream, which reading exactly n bytes does not: the read of
+ * one more byte does, and a stream cut inside its trailer leaves Z_BUF_ERROR. */
+static int read_to_end(gzFile f, unsigned char *buf, size_t n)
+{
+    unsigned char extra;
+    int zerr = Z_OK;
+    if (gzread(f, buf, (unsigned)n) != (int)n || gzread(f, &extra, 1) < 0) return -1;
+    gzerror(f, &zerr);
+    return zerr == Z_OK ? 0 : -1;
+}
+
 /* Reads the whole IDX file: magic 0x0000 08 ndims, ndims big-endian sizes, then bytes. */
 static int read_idx(const char *path, int want_dims, uint32_t dims[3], unsigned char **data, char *err, size_t errlen)
 {
@@ -40,7 +70,12 @@ static int read_idx(const char *path, int want_dims, uint32_t dims[3], unsigned 
         return -1;
     }
     int hlen = 4 + 4 * want_dims;
-    if (gzread(f, hdr, (unsigned)hlen) != hlen || be32(hdr) != (0x0800u | (uint32_t)want_dims)) {
+    if (gzread(f, hdr, (unsigned)hlen) != hlen) {
+        read_failure(f, path, (size_t)hlen, "header", err, errlen);
+        gzclose(f);
+        return -1;
+    }
+    if (be32(hdr) != (0x0800u | (uint32_t)want_dims)) {
         snprintf(err, errlen, "%s: not an IDX file of unsigned bytes with %d dimensions", path, want_dims);
         gzclose(f);
         return -1;
@@ -55,8 +90,13 @@ static int read_idx(const char *path, int want_dims, uint32_t dims[3], unsigned 
         total *= dims[i];
     }
     *data = malloc(total);
-    if (!*data || gzread(f, *data, (unsigned)total) != (int)total) {
-        snprintf(err, errlen, "%s: truncated (expected %zu data bytes)", path, total);
+    if (!*data) {
+        snprintf(err, errlen, "%s: out of memory for %zu data bytes", path, total);
+        gzclose(f);
+        return -1;
+    }
+    if (read_to_end(f, *data, total)) {
+        read_failure(f, path, total, "data", err, errlen);
         free(*data);
         *data = NULL;
         gzclose(f);

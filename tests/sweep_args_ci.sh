@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# sweep_args_ci.sh ROOT TRAINER: bench/sweep refuses what it cannot run with a usage error
+# (exit 2 and a message, no traceback), copes with points that put no bytes on the wire, and
+# leaves in --out only the files of its last run. The figures come from a stand-in --cmd
+# trainer (a shell script), so no case trains; the whole script takes a few seconds.
+set -uo pipefail
+root=$1; trainer=$2
+out=$(mktemp -d); trap 'rm -rf "$out"' EXIT
+sweep=(/usr/bin/python3 "$root/bench/sweep" --trainer "$trainer" --epochs 0.02)
+fails=0
+
+# expect_usage TEXT ARGS...: bench/sweep ARGS exits 2 and its stderr contains TEXT, no traceback.
+expect_usage() {
+  local text=$1 rc=0
+  shift
+  timeout 120 "${sweep[@]}" "$@" >"$out/stdout" 2>"$out/stderr" || rc=$?
+  if [ "$rc" -eq 2 ] && grep -qF -- "$text" "$out/stderr" && ! grep -q Traceback "$out/stderr"; then
+    echo "ok: $*: exit 2, $(grep -F -- "$text" "$out/stderr" | head -1)"
+  else
+    echo "FAIL: $*: exit $rc, expected 2 and '$text'; stderr:"
+    sed 's/^/    /' "$out/stderr" | tail -5
+    fails=$((fails + 1))
+  fi
+}
+
+touch "$out/afile"
+expect_usage "--ranks values must be >= 2" --ranks 1 --codec none --out "$out/r1"
+expect_usage "--ranks values must be >= 2" --ranks 2,1 --codec none --out "$out/r1"
+expect_usage "--out /proc/e2" --ranks 2 --codec none --out /proc/e2
+expect_usage "--out $out/afile/sub" --ranks 2 --codec none --out "$out/afile/sub"
+expect_usage "--epochs must be a positive number" --ranks 2 --codec none --epochs nan --out "$out/e"
+expect_usage "--epochs must be a positive number" --ranks 2 --codec none --epochs inf --out "$out/e"
+expect_usage "--evals-per-epoch must be >= 1" --ranks 2 --codec none --evals-per-epoch 0 --out "$out/e"
+expect_usage "--timeout must be a positive number" --ranks 2 --codec none --timeout 0 --out "$out/e"
+expect_usage "--timeout must be a positive number" --ranks 2 --codec none --timeout -5 --out "$out/e"
+expect_usage "--timeout must be a positive number" --ranks 2 --codec none --timeout nan --out "$out/e"
+
+# A stand-in trainer: one stats file per rank and a GCOMP_RESULT line; the `none` point puts
+# no bytes on the wire (as one rank would), fp16 500 per step.
+cat >"$out/fake.sh" <<'SH'
+#!/bin/sh
+w=0; [ "$1" = none ] || w=1000
+r=0
+while [ "$r" -lt "$2" ]; do
+  f=$(echo "$GCOMP_STATS_FILE" | sed "s/%r/$r/")
+  echo "{\"wire_bytes\": $w, \"raw_bytes\": 2000, \"baseline_bytes\": $w}" >"$f"
+  r=$((r + 1))
+done
+echo 'GCOMP_RESULT {"test_acc": 80.5, "steps": 2}'
+SH
+cmd="sh $out/fake.sh {codec} {ranks}"
+
+# A point without wire bytes: cr and "x fewer" are n/a, the plot shows the others.
+rc=0
+timeout 120 "${sweep[@]}" --ranks 2 --codec none --codec fp16 --seed 1,2 --out "$out/zw" --cmd "$cmd" \
+  >"$out/stdout" 2>"$out/stderr" || rc=$?
+if [ "$rc" -ne 0 ] || grep -q Traceback "$out/stderr" || ! grep -q '| `none` .*| n/a |' "$out/zw/results.md" ||
+  [ "$(grep -c '^none,\|^fp16,' "$out/zw/results.csv")" -ne 2 ]; then
+  echo "FAIL: a point with no wire bytes: exit $rc"; tail -5 "$out/stderr"; cat "$out/zw/results.md" 2>/dev/null
+  fails=$((fails + 1))
+else
+  echo "ok: a point with no wire bytes: $(grep '^| `none`' "$out/zw/results.md")"
+fi
+if command -v gnuplot >/dev/null && [ ! -s "$out/zw/accuracy_vs_bytes.png" ]; then
+  echo "FAIL: no plot of the points with wire bytes"; fails=$((fails + 1))
+fi
+
+# The same directory again, one seed and only the point without bytes (so no plot): nothing of
+# the first run may remain, and files the sweep did not write stay.
+first=(results_by_seed.csv points/02_none_ef1_r2_s2.json points/03_fp16_ef1_r2_s1.log
+  points/04_fp16_ef1_r2_s2.stats.1.json)
+command -v gnuplot >/dev/null && first+=(accuracy_vs_bytes.png accuracy_vs_bytes.svg accuracy_vs_bytes.dat
+  accuracy_vs_bytes.png.gp accuracy_vs_bytes.svg.gp)
+for f in "${first[@]}"; do # (else the check below could not fail)
+  [ -e "$out/zw/$f" ] || { echo "FAIL: the first run did not write $f"; fails=$((fails + 1)); }
+done
+touch "$out/zw/mine.txt" "$out/zw/points/mine.json"
+rc=0
+timeout 120 "${sweep[@]}" --ranks 2 --codec none --out "$out/zw" --cmd "$cmd" >"$out/stdout" 2>"$out/stderr" || rc=$?
+stale=""
+for f in "${first[@]}"; do
+  [ -e "$out/zw/$f" ] && stale="$stale $f"
+done
+if [ "$rc" -ne 0 ] || [ -n "$stale" ] || [ ! -e "$out/zw/mine.txt" ] || [ ! -e "$out/zw/points/mine.json" ] ||
+  [ "$(tail -n +2 "$out/zw/results.csv" | wc -l)" -ne 1 ]; then
+  echo "FAIL: re-used --out: exit $rc, left from the first run:${stale:- nothing}; mine.txt kept:" \
+    "$([ -e "$out/zw/mine.txt" ] && [ -e "$out/zw/points/mine.json" ] && echo yes || echo no)"
+  tail -5 "$out/stderr"
+  fails=$((fails + 1))
+else
+  echo "ok: re-used --out: the first run's outputs removed, other files kept"
+fi
+
+[ "$fails" -eq 0 ] || { echo "sweep_args_ci: $fails failed"; exit 1; }
+echo "sweep_args_ci: ok"
