@@ -4,6 +4,15 @@
 #ifndef GCOMP_MPI_H
 #define GCOMP_MPI_H
 
+/* From C++, Open MPI's and MPICH's mpi.h also declare the deprecated MPI C++ bindings, whose
+ * inline code needs a library (libmpi_cxx) that gcomp's targets do not link: keep them out
+ * (a program that wants them includes mpi.h first). */
+#if defined(__cplusplus) && !defined(OMPI_SKIP_MPICXX)
+#define OMPI_SKIP_MPICXX 1
+#endif
+#if defined(__cplusplus) && !defined(MPICH_SKIP_MPICXX)
+#define MPICH_SKIP_MPICXX 1
+#endif
 #include <mpi.h>
 
 #include "gcomp.h"

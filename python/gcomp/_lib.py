@@ -3,8 +3,10 @@
 The library is searched, first hit wins:
   1. the path in the GCOMP_LIBRARY environment variable (a file, or a folder holding libgcomp.so);
   2. libgcomp.so next to this package (a wheel or a copy that ships the library);
-  3. the build trees of the checkout this package sits in: build/libgcomp.so, then any
-     build*/libgcomp.so (a developer running from python/ without installing);
+  3. when this package is a gcomp checkout's own python/gcomp (the root has CMakeLists.txt
+     and include/gcomp.h): that checkout's build/libgcomp.so, then any build*/libgcomp.so
+     (a developer running from python/ without installing); an installed copy never looks
+     in the folders around it, which may hold some other build;
   4. the system: ctypes.util.find_library("gcomp"), then the soname libgcomp.so.0.
 
 ctypes.CDLL releases the GIL for the duration of every foreign call, which is what lets the
@@ -18,6 +20,14 @@ import os
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+def _is_checkout(root):
+    """Whether root is a gcomp checkout whose python/gcomp is this very package."""
+    pkg = os.path.join(root, "python", "gcomp")
+    return (os.path.isdir(pkg) and os.path.samefile(pkg, _HERE)
+            and os.path.isfile(os.path.join(root, "CMakeLists.txt"))
+            and os.path.isfile(os.path.join(root, "include", "gcomp.h")))
+
+
 def _candidates():
     env = os.environ.get("GCOMP_LIBRARY")
     if env:
@@ -26,9 +36,10 @@ def _candidates():
         return
     yield os.path.join(_HERE, "libgcomp.so"), False
     root = os.path.dirname(os.path.dirname(_HERE))  # python/gcomp -> checkout root
-    yield os.path.join(root, "build", "libgcomp.so"), False
-    for path in sorted(glob.glob(os.path.join(root, "build*", "libgcomp.so"))):
-        yield path, False
+    if _is_checkout(root):
+        yield os.path.join(root, "build", "libgcomp.so"), False
+        for path in sorted(glob.glob(os.path.join(root, "build*", "libgcomp.so"))):
+            yield path, False
     found = ctypes.util.find_library("gcomp")
     if found:
         yield found, False

@@ -19,6 +19,7 @@ import torch
 import gcomp
 from gcomp import _lib
 from helpers import raises, rank0_log
+import test_lib_lookup
 
 WORLD = MPI.COMM_WORLD
 RANK = WORLD.rank
@@ -263,6 +264,9 @@ def main():
     for t in (test_topk_equals_codec_reference, test_dense_paths, test_bad_input, test_residuals,
               test_stats_and_gil, test_codec_roundtrip, test_iallreduce):
         t()
+    if RANK == 0:
+        test_lib_lookup.check(gcomp.library_path)  # no MPI in it: one rank is enough
+    WORLD.Barrier()
     log("test_binding: OK")
     after_finalize()  # last: MPI is gone after it
 
