@@ -232,20 +232,20 @@ class Codec(_Handle):
                                      ctypes.byref(written)), "gcomp_codec_encode")
         return dst.raw[:written.value]
 
-    def decode(self, payload, count=None, dtype="float32", out=None):
-        """Decode payload into `out` (overwritten) or a new numpy array of `count` float32
-        (or float16) elements."""
+    def decode(self, payload, count=None, dtype=None, out=None):
+        """Decode payload into `out` (overwritten) or a new numpy array of `count` elements of
+        dtype (default float32; float16 too). With out, a dtype given must be out's."""
         data = _payload(payload)
         if out is None:
             import numpy as np
             if count is None:
                 raise ValueError("decode: give count or out")
-            dt = _dtype_arg(dtype)
+            dt = _dtype_arg("float32" if dtype is None else dtype)
             if dt == BF16:
                 raise ValueError("decode: numpy has no bfloat16; pass a torch.bfloat16 out")
             out = np.empty(_args.count_arg("count", count), dtype=_DTYPE_NAMES[dt])
         b = _host_buf(out, "Codec.decode out", writable=True)
-        if dtype != "float32" and _dtype_arg(dtype) != b.dtype:  # out decides; say so
+        if dtype is not None and _dtype_arg(dtype) != b.dtype:  # out decides; say so
             raise TypeError("decode: dtype %r but out is %s (out's dtype is the one decoded to)"
                             % (dtype, _DTYPE_NAMES[b.dtype]))
         if count is not None and _args.count_arg("count", count) != b.count:
@@ -268,6 +268,8 @@ class Codec(_Handle):
 
     def residual(self, key, count):
         import numpy as np
+        if key is None:  # GCOMP_KEY_NONE: no error feedback, so no residual to read
+            raise ValueError("residual: key None means no error feedback; name a key")
         k = _key(key)
         out = np.empty(_args.count_arg("count", count), dtype=np.float32)
         with self._use() as h:
@@ -736,7 +738,7 @@ def _config(codec, min_bytes, error_feedback, seed, timeout_ms, debug):
     bytes alive (_codec_bytes) until the creating call has copied them."""
     cfg = _lib.config_default()
     if codec is not None:
-        cfg._codec_bytes = _args.spec_arg("codec", codec)
+        cfg._codec_bytes = _args.spec_arg("codec", codec, none_is_default=True)
         cfg.codec = cfg._codec_bytes
     if min_bytes is not None:
         cfg.min_bytes = _args.int_arg("min_bytes", min_bytes, 0, _args.INT64_MAX)

@@ -62,15 +62,17 @@ def key_arg(key, name="key"):
     return int_arg(name + " (None: no error feedback)", key, 0, KEY_NONE - 1)
 
 
-def spec_arg(name, spec):
+def spec_arg(name, spec, none_is_default=False):
     """A codec spec as the bytes C gets. An empty spec is refused here, with a message that
-    names the argument, as C refuses it (gcomp_codec_create, and gcomp_config.codec = "");
-    the default is spelled None."""
+    names the argument, as C refuses it (gcomp_codec_create, and gcomp_config.codec = "").
+    none_is_default: where None means the default (Comm's codec), the message says so; a
+    Codec has no default spec."""
     if not isinstance(spec, str):
         raise TypeError("%s must be a codec spec string, got %s" % (name, type(spec).__name__))
     if not spec:
-        raise ValueError("%s is an empty codec spec; pass None for the default (GCOMP_CODEC, "
-                         "then terngrad)" % name)
+        hint = ("pass None for the default (GCOMP_CODEC, then terngrad)" if none_is_default
+                else "name a codec, e.g. 'terngrad' or 'topk:ratio=0.01'")
+        raise ValueError("%s is an empty codec spec; %s" % (name, hint))
     return _no_nul(name, spec, spec.encode())
 
 

@@ -5,8 +5,8 @@ The library is searched, first hit wins:
   2. libgcomp.so next to this package (a wheel or a copy that ships the library);
   3. when this package is a gcomp checkout's own python/gcomp (the root has CMakeLists.txt
      and include/gcomp.h): that checkout's build/libgcomp.so, then any build*/libgcomp.so
-     (a developer running from python/ without installing); an installed copy never looks
-     in the folders around it, which may hold some other build;
+     (a developer running from python/ without installing), but not a sanitizer build's;
+     an installed copy never looks in the folders around it, which may hold some other build;
   4. the system: ctypes.util.find_library("gcomp"), then the soname libgcomp.so.0.
 
 ctypes.CDLL releases the GIL for the duration of every foreign call, which is what lets the
@@ -28,6 +28,19 @@ def _is_checkout(root):
             and os.path.isfile(os.path.join(root, "include", "gcomp.h")))
 
 
+def _sanitized(build):
+    """Whether a build tree was configured with a sanitizer (GCOMP_SANITIZE or
+    GCOMP_SANITIZE_THREAD): its library aborts a Python that did not preload the sanitizer's
+    runtime ("ASan runtime does not come first"), so the search passes it by; GCOMP_LIBRARY
+    can still name it, with the runtime preloaded, as the sanitizer test passes do."""
+    try:
+        with open(os.path.join(build, "CMakeCache.txt")) as f:
+            return any(line.startswith(("GCOMP_SANITIZE:BOOL=ON", "GCOMP_SANITIZE_THREAD:BOOL=ON"))
+                       for line in f)
+    except OSError:
+        return False
+
+
 def _candidates():
     env = os.environ.get("GCOMP_LIBRARY")
     if env:
@@ -37,9 +50,10 @@ def _candidates():
     yield os.path.join(_HERE, "libgcomp.so"), False
     root = os.path.dirname(os.path.dirname(_HERE))  # python/gcomp -> checkout root
     if _is_checkout(root):
-        yield os.path.join(root, "build", "libgcomp.so"), False
-        for path in sorted(glob.glob(os.path.join(root, "build*", "libgcomp.so"))):
-            yield path, False
+        builds = [os.path.join(root, "build")] + sorted(glob.glob(os.path.join(root, "build*")))
+        for build in builds:
+            if not _sanitized(build):
+                yield os.path.join(build, "libgcomp.so"), False
     found = ctypes.util.find_library("gcomp")
     if found:
         yield found, False

@@ -1,6 +1,7 @@
 """gcomp._lib's search for libgcomp.so, without MPI: a copy of the package installed beside
 some build tree (pip --target DIR/tgt, next to DIR/build-cpu) must not load that build's
-library, while the package inside a checkout loads its own checkout's build*/libgcomp.so.
+library, while the package inside a checkout loads its own checkout's build*/libgcomp.so,
+passing by a sanitizer build.
 test_binding.py runs it on rank 0.
 
 Run: /usr/bin/python3 tests/python/test_lib_lookup.py build/libgcomp.so
@@ -49,8 +50,18 @@ def check(lib):
         got = loaded(os.path.join(d, "python"))
         assert got is not None and os.path.samefile(got, build_lib), \
             "the checkout's package did not load its build tree: %s" % got
+        # a sanitizer build sorted first (build-a-asan/ < build-cpu/) is passed by: its
+        # library would abort this Python ("ASan runtime does not come first")
+        asan = os.path.join(d, "build-a-asan")
+        os.mkdir(asan)
+        shutil.copy(lib, os.path.join(asan, "libgcomp.so"))
+        with open(os.path.join(asan, "CMakeCache.txt"), "w") as f:
+            f.write("GCOMP_SANITIZE:BOOL=ON\n")
+        got = loaded(os.path.join(d, "python"))
+        assert got is not None and os.path.samefile(got, build_lib), \
+            "the checkout's package loaded a sanitizer build: %s" % got
     print("library lookup: an installed copy ignores the build tree beside it; "
-          "a checkout's package loads its own", flush=True)
+          "a checkout's package loads its own, not a sanitizer build", flush=True)
 
 
 if __name__ == "__main__":
