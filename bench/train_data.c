@@ -46,9 +46,10 @@ static void read_failure(gzFile f, const char *path, size_t want, const char *wh
         snprintf(err, errlen, "%s: truncated (expected %zu %s bytes)", path, want, what);
 }
 
-/* 0 when the stream holds n more bytes and then ends cleanly. zlib checks the gzip CRC only
- * when it reaches the end of the stream, which reading exactly n bytes does not: the read of
- * one more byte does, and a stream cut inside its trailer leaves Z_BUF_ERROR. */
+/* 0 when the stream holds n more bytes and no error up to its end. zlib checks the gzip CRC
+ * only when it reaches the end of the stream, which reading exactly n bytes does not: the
+ * read of one more byte does, and a stream cut inside its trailer leaves Z_BUF_ERROR. Bytes
+ * after the n (which the IDX format does not have) are not looked at. */
 static int read_to_end(gzFile f, unsigned char *buf, size_t n)
 {
     unsigned char extra;

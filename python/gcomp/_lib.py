@@ -35,9 +35,24 @@ def _sanitized(build):
     can still name it, with the runtime preloaded, as the sanitizer test passes do."""
     try:
         with open(os.path.join(build, "CMakeCache.txt")) as f:
-            return any(line.startswith(("GCOMP_SANITIZE:BOOL=ON", "GCOMP_SANITIZE_THREAD:BOOL=ON"))
-                       for line in f)
+            lines = f.read().splitlines()
     except OSError:
+        return False
+    for line in lines:
+        name, _, value = line.partition("=")
+        if name.split(":")[0] in ("GCOMP_SANITIZE", "GCOMP_SANITIZE_THREAD") and _cmake_true(value):
+            return True
+    return False
+
+
+def _cmake_true(value):
+    """CMake's if(<constant>): 1, ON, YES, TRUE, Y (any case) or a non-zero number."""
+    v = value.strip().upper()
+    if v in ("ON", "YES", "TRUE", "Y"):
+        return True
+    try:
+        return float(v) != 0
+    except ValueError:
         return False
 
 

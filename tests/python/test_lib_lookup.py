@@ -55,11 +55,13 @@ def check(lib):
         asan = os.path.join(d, "build-a-asan")
         os.mkdir(asan)
         shutil.copy(lib, os.path.join(asan, "libgcomp.so"))
-        with open(os.path.join(asan, "CMakeCache.txt"), "w") as f:
-            f.write("GCOMP_SANITIZE:BOOL=ON\n")
-        got = loaded(os.path.join(d, "python"))
-        assert got is not None and os.path.samefile(got, build_lib), \
-            "the checkout's package loaded a sanitizer build: %s" % got
+        # -DGCOMP_SANITIZE=1 (or on, TRUE, ...) is written to the cache as given
+        for value in ("ON", "1", "on", "TRUE"):
+            with open(os.path.join(asan, "CMakeCache.txt"), "w") as f:
+                f.write("GCOMP_SANITIZE:BOOL=%s\n" % value)
+            got = loaded(os.path.join(d, "python"))
+            assert got is not None and os.path.samefile(got, build_lib), \
+                "the checkout's package loaded a sanitizer build (%s): %s" % (value, got)
     print("library lookup: an installed copy ignores the build tree beside it; "
           "a checkout's package loads its own, not a sanitizer build", flush=True)
 
