@@ -144,6 +144,7 @@ static struct {
     int exact;  /* the codec keeps no residual (ip_codec_exact): no keys */
     int ef_key;      /* EF_KEY_BUFFER or EF_KEY_SEQUENCE */
     int bad_setting; /* GCOMP_INTERPOSE_EF_KEY was refused: no communicator compresses */
+    int test_no_state; /* GCOMP_TEST_INTERPOSE_NO_STATE (tests only): act as if out of memory */
     const char *stats_file;
     int comm_keyval, self_keyval;
     ip_comm *live;
@@ -174,10 +175,15 @@ static void add_stats(const gcomp_comm *g)
     S.baseline_bytes += st.baseline_bytes;
 }
 
+/* The state of every communicator this rank had no memory to track: it passes through here,
+ * as on every rank (agree_settings). Never linked, never freed. */
+static ip_comm no_state;
+
 static int comm_delete(MPI_Comm comm, int keyval, void *val, void *extra)
 {
     ip_comm *c = val;
     (void)comm, (void)keyval, (void)extra;
+    if (c == &no_state) return MPI_SUCCESS;
     pthread_mutex_lock(&S.lock);
     if (c->prev)
         c->prev->next = c->next;
@@ -283,6 +289,7 @@ static int setup(void)
         S.debug = ip_env_debug();
         S.stats_file = getenv("GCOMP_STATS_FILE");
         S.ef_key = ef_key_mode(getenv("GCOMP_INTERPOSE_EF_KEY"));
+        S.test_no_state = ip_env_on("GCOMP_TEST_INTERPOSE_NO_STATE");
         if (S.enabled && S.ef_key < 0) {
             /* as for a bad GCOMP_* value at communicator creation: this rank says why, and no
              * communicator compresses. The rank stays enabled so that it still joins each
@@ -306,13 +313,14 @@ static int setup(void)
 
 /* Ranks with different GCOMP_MIN_BYTES would take different branches for the same call (one
  * compressing, one in PMPI_Allreduce) and hang: check once, at creation, and compress nothing
- * on this communicator if they differ, or if any rank has a setting of the interposer's own
- * that it refused (S.bad_setting). gcomp itself already refuses different codecs. */
-static void agree_settings(ip_comm *c)
+ * on this communicator if they differ, if any rank has a setting of the interposer's own that
+ * it refused (S.bad_setting), or if any rank has no memory for its state (no_memory). gcomp
+ * itself already refuses different codecs. */
+static void agree_settings(ip_comm *c, int no_memory)
 {
-    long long mine[3] = { c->min_bytes, -c->min_bytes, S.bad_setting }, all[3] = { 0, 0, 0 };
-    int rc = PMPI_Allreduce(mine, all, 3, MPI_LONG_LONG, MPI_MAX, c->comm);
-    if (rc != MPI_SUCCESS || all[0] != -all[1] || all[2]) {
+    long long mine[4] = { c->min_bytes, -c->min_bytes, S.bad_setting, no_memory }, all[4] = { 0, 0, 0, 0 };
+    int rc = PMPI_Allreduce(mine, all, 4, MPI_LONG_LONG, MPI_MAX, c->comm);
+    if (rc != MPI_SUCCESS || all[0] != -all[1] || all[2] || all[3]) {
         if (rc != MPI_SUCCESS)
             fprintf(stderr, "gcomp_mpi: rank %d: the settings check failed (MPI error %d): no compression on this "
                             "communicator\n",
@@ -321,6 +329,11 @@ static void agree_settings(ip_comm *c)
             fprintf(stderr,
                     "gcomp_mpi: rank %d: a rank refused its GCOMP_INTERPOSE_EF_KEY: no compression on this "
                     "communicator\n",
+                    world_rank());
+        else if (all[3])
+            fprintf(stderr,
+                    "gcomp_mpi: rank %d: a rank had no memory for the communicator's state: no compression "
+                    "on this communicator\n",
                     world_rank());
         else
             fprintf(stderr,
@@ -332,15 +345,19 @@ static void agree_settings(ip_comm *c)
     }
 }
 
-/* The gcomp communicator of comm, created at its first compressible call (collective). */
+/* The gcomp communicator of comm, created at its first compressible call (collective). A rank
+ * without memory for the state still joins the creation and the settings check, which the
+ * other ranks wait in, and there makes every rank pass the communicator through. */
 static ip_comm *comm_state(MPI_Comm comm)
 {
-    ip_comm *c = NULL;
-    int flag = 0;
+    ip_comm *c = NULL, scratch;
+    int flag = 0, no_memory;
     gcomp_config cfg = gcomp_config_default(), got;
     PMPI_Comm_get_attr(comm, S.comm_keyval, &c, &flag);
     if (flag) return c;
-    if (!(c = calloc(1, sizeof *c))) return NULL;
+    c = S.test_no_state ? NULL : calloc(1, sizeof *c);
+    no_memory = !c;
+    if (no_memory) c = memset(&scratch, 0, sizeof scratch);
     c->comm = comm;
     cfg.debug = S.debug; /* ours is any value but "0"; gcomp's own takes 0, 1, NONE, INFO */
     cfg.timeout_ms = ip_timeout_ms();
@@ -352,9 +369,13 @@ static ip_comm *comm_state(MPI_Comm comm)
         c->g = NULL;
     } else if (gcomp_comm_config_get(c->g, &got) == GCOMP_SUCCESS) {
         c->min_bytes = got.min_bytes;
-        agree_settings(c);
+        agree_settings(c, no_memory);
     }
     inside_gcomp--;
+    if (no_memory) { /* agree_settings destroyed the gcomp communicator, if any */
+        PMPI_Comm_set_attr(comm, S.comm_keyval, &no_state);
+        return &no_state;
+    }
     pthread_mutex_lock(&S.lock);
     if (c->g) S.comms_created++;
     c->next = S.live;
