@@ -26,8 +26,12 @@ plain allreduce):
     compresses (n x r and m x r, fp32, r = min(n, m, rank)) plus the tensors it sends
     uncompressed (vectors, and matrices where (n + m) r x 2 > n m). gcomp's stats count
     bytes the same way (baseline_bytes = 2(N-1)/N x raw), so the columns compare.
+  A gcomp setting that never compressed (steps <= --start-iter) shows n/a.
+
+Bad arguments are usage errors (a message naming the flag, exit 2) on every rank before any
+training. A failure on some ranks only (rank 0 unable to bind --master-addr, an uncaught
+exception) ends the whole job with a non-zero status instead of leaving the others waiting.
 """
-import argparse
 import json
 import os
 import socket
@@ -35,22 +39,40 @@ import sys
 import time
 
 from mpi4py import MPI
-import torch
-import torch.distributed as dist
-import torch.nn.functional as F
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
-from torch.nn.parallel import DistributedDataParallel as DDP
 
-from fashion_mnist_common import load, make_model, param_hash, schedule
-
-try:
-    import gcomp.torch
-except ImportError:  # run from the checkout without PYTHONPATH
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
-    import gcomp.torch
+from fashion_mnist_common import (QUICK_TEST, QUICK_TRAIN, ArgumentParser, check_args, check_ranks,
+                                  load, make_model, param_hash, schedule)
 
 WORLD = MPI.COMM_WORLD
+# torch, its DDP hooks and gcomp.torch: bound by import_torch() once the arguments are
+# checked, so that a usage error costs no torch import (a second or two per rank)
+torch = dist = F = default_hooks = psgd = DDP = gcomp = None
+
+
+def import_torch():
+    global torch, dist, F, default_hooks, psgd, DDP, gcomp
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    try:
+        import gcomp.torch
+    except ImportError:  # run from the checkout without PYTHONPATH
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+        import gcomp.torch
+
+
+def abort_on_uncaught_exception():
+    """An exception on some ranks only leaves the others waiting in a collective, and the
+    failing rank in MPI_Finalize, for ever: print it, then abort the job (as
+    `python -m mpi4py` does)."""
+    def hook(kind, value, tb):
+        sys.__excepthook__(kind, value, tb)
+        sys.stderr.flush()
+        WORLD.Abort(1)
+    sys.excepthook = hook
 SETTINGS = ["none", "torch-fp16", "torch-powersgd", "gcomp-terngrad", "gcomp-topk", "gcomp-topk-mc",
             "gcomp-fp16"]
 GCOMP_SPECS = {"gcomp-terngrad": "terngrad", "gcomp-topk": "topk:ratio=0.01",
@@ -65,7 +87,7 @@ def momentum_correction(setting):
 
 
 def parse():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--epochs", type=float, default=1.0, help="epochs per setting [1]")
     p.add_argument("--quick", action="store_true",
                    help="a smoke run: 12,800 training and 2,000 test images")
@@ -92,6 +114,8 @@ def parse():
                         "examples/netem_ddp.sh passes rank 0's emulated host")
     a = p.parse_args()
     a.settings = [s for s in a.settings.split(",") if s]
+    if not a.settings:
+        p.error("--settings must name at least one of: " + ", ".join(SETTINGS))
     try:
         a.hidden = [int(w) for w in a.hidden.split(",")]
         assert a.hidden and min(a.hidden) > 0
@@ -105,7 +129,20 @@ def parse():
             p.error("--sweep-point needs GCOMP_CODEC (bench/sweep --cmd sets it)")
         GCOMP_SPECS["gcomp-sweep"] = os.environ["GCOMP_CODEC"]
         a.settings = ["gcomp-sweep"]
-        a.seed = int(os.environ.get("GCOMP_SEED", a.seed))
+        try:
+            a.seed = int(os.environ.get("GCOMP_SEED", a.seed))
+        except ValueError:
+            p.error("--sweep-point: GCOMP_SEED must be an integer, got %r"
+                    % os.environ["GCOMP_SEED"])
+    if a.start_iter < 0:
+        p.error("--start-iter must be 0 or more, got %d" % a.start_iter)
+    if "torch-powersgd" in a.settings and a.start_iter < 2:
+        p.error("--start-iter must be at least 2 with torch-powersgd (its error feedback needs "
+                "it), got %d" % a.start_iter)
+    if a.powersgd_rank < 1:
+        p.error("--powersgd-rank must be at least 1, got %d" % a.powersgd_rank)
+    check_args(p, a)
+    check_ranks(p, a, WORLD.size)
     return a
 
 
@@ -174,10 +211,13 @@ def run(setting, a, train, test):
     nparams = sum(p.numel() for p in model.parameters())
     if setting.startswith("gcomp-"):
         st = state.stats()
-        compressed = max(1, steps - a.start_iter)
-        wire = st["wire_bytes"] / compressed
-        how = "measured (gcomp stats); per step: encode %.2f, comm %.2f, decode %.2f, agree %.2f ms" % tuple(
-            1000 * st[k] / compressed for k in ("encode_s", "comm_s", "decode_s", "agree_s"))
+        compressed = steps - a.start_iter
+        if compressed > 0:
+            wire = st["wire_bytes"] / compressed
+            how = "measured (gcomp stats); per step: encode %.2f, comm %.2f, decode %.2f, agree %.2f ms" % tuple(
+                1000 * st[k] / compressed for k in ("encode_s", "comm_s", "decode_s", "agree_s"))
+        else:  # every step ran before --start-iter: nothing compressed, nothing to measure
+            wire, how = None, "none compressed: %d steps <= --start-iter %d" % (steps, a.start_iter)
         state.close()
     elif setting == "torch-fp16":
         wire, how = ring_bytes(2 * nparams, size), "computed"
@@ -189,16 +229,26 @@ def run(setting, a, train, test):
                 loss=float(loss))
 
 
+def fmt_bytes(wire):
+    return "n/a" if wire is None else "%.0f" % wire
+
+
 def init_dist(addr):
     """gloo from Open MPI's environment: rank 0 picks a free port, mpi4py broadcasts it."""
     rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", WORLD.rank))
     size = int(os.environ.get("OMPI_COMM_WORLD_SIZE", WORLD.size))
-    port = None
+    port = err = None
     if rank == 0:
-        with socket.socket() as s:
-            s.bind((addr, 0))
-            port = s.getsockname()[1]
-    port = WORLD.bcast(port, root=0)
+        try:
+            with socket.socket() as s:
+                s.bind((addr, 0))
+                port = s.getsockname()[1]
+        except OSError as e:
+            err = "rank 0 cannot bind a port on --master-addr %s: %s" % (addr, e)
+    # the outcome, not just the port: the other ranks wait here, and must learn of a failure
+    port, err = WORLD.bcast((port, err), root=0)
+    if err:
+        sys.exit("ddp_fashion_mnist.py: " + err if rank == 0 else 1)
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = addr, str(port)
     dist.init_process_group("gloo", init_method="tcp://%s:%d" % (addr, port), rank=rank,
                             world_size=size)
@@ -206,21 +256,21 @@ def init_dist(addr):
 
 def main():
     a = parse()
+    abort_on_uncaught_exception()
+    import_torch()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     init_dist(a.master_addr)
     size = dist.get_world_size()
-    if a.batch % size:
-        sys.exit("--batch %d must be a multiple of the %d ranks" % (a.batch, size))
-    train = load(a.data, "train", 12800 if a.quick else None)
-    test = load(a.data, "test", 2000 if a.quick else None)
+    train = load(a.data, "train", QUICK_TRAIN if a.quick else None)
+    test = load(a.data, "test", QUICK_TEST if a.quick else None)
     rows = []
     for setting in a.settings:
         rows.append(run(setting, a, train, test))
         r = rows[-1]
         if WORLD.rank == 0:
-            print("# %-15s acc %.2f %%  %.1f s  %.2f ms/step  %.0f bytes/step  final loss %.3f  "
+            print("# %-15s acc %.2f %%  %.1f s  %.2f ms/step  %s bytes/step  final loss %.3f  "
                   "identical params: %s" % (setting, r["acc"], r["wall"], 1000 * r["wall"] / r["steps"],
-                                            r["wire"], r["loss"], "yes" if r["same"] else "NO"),
+                                            fmt_bytes(r["wire"]), r["loss"], "yes" if r["same"] else "NO"),
                   flush=True)
     if a.sweep_point and WORLD.rank == 0:
         # bench/sweep's convention: one line; steps = the steps gcomp's stats count (those
@@ -240,10 +290,10 @@ def main():
         print("%-15s %9s %9s %8s %13s %8s  %s" % ("setting", "test acc", "wall s", "ms/step",
                                                    "bytes/step", "vs none", "bytes"))
         for r in rows:
-            ratio = ("%.1fx" % (base["wire"] / r["wire"])) if base else "-"
-            print("%-15s %8.2f%% %9.1f %8.2f %13.0f %8s  %s"
-                  % (r["setting"], r["acc"], r["wall"], 1000 * r["wall"] / r["steps"], r["wire"],
-                     ratio, r["how"]))
+            ratio = ("%.1fx" % (base["wire"] / r["wire"])) if base and base["wire"] and r["wire"] else "-"
+            print("%-15s %8.2f%% %9.1f %8.2f %13s %8s  %s"
+                  % (r["setting"], r["acc"], r["wall"], 1000 * r["wall"] / r["steps"],
+                     fmt_bytes(r["wire"]), ratio, r["how"]))
         if not all(r["same"] for r in rows):
             print("WARNING: parameters differ across ranks in some setting")
     dist.destroy_process_group()

@@ -17,24 +17,21 @@ docs/INTERPOSE.md and examples/horovod_netem.sh).
 Rank 0 prints the test accuracy on the 10,000 test images, the wall time of the training
 loop (between two barriers; evaluation excluded), and whether the parameters are identical
 on every rank (a SHA-256 of every parameter's bytes, allgathered); the same as one JSON line
-starting "RESULT ". The exit status is 1 if the parameters differ.
+starting "RESULT ". The exit status is 1 if the parameters differ, 2 for bad arguments (a
+message naming the flag, before torch and Horovod are imported, or right after hvd.init() for
+a --batch the ranks cannot split).
 """
-import argparse
 import json
 import os
 import sys
 import time
 
-import torch
-import torch.nn.functional as F
-import horovod
-import horovod.torch as hvd
-
-from fashion_mnist_common import load, make_model, param_hash, schedule
+from fashion_mnist_common import (QUICK_TEST, QUICK_TRAIN, ArgumentParser, check_args, check_ranks,
+                                  load, make_model, param_hash, schedule)
 
 
 def parse():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--epochs", type=float, default=1.0, help="epochs [1]")
     p.add_argument("--quick", action="store_true",
                    help="a smoke run: 12,800 training and 2,000 test images")
@@ -49,18 +46,24 @@ def parse():
         assert a.hidden and min(a.hidden) > 0
     except (ValueError, AssertionError):
         p.error("--hidden must be positive integers separated by commas, got %r" % a.hidden)
-    return a
+    check_args(p, a)
+    return p, a
 
 
 def main():
-    a = parse()
+    p, a = parse()
+    # imported once the arguments are checked: a usage error costs no torch import
+    import torch
+    import torch.nn.functional as F
+    import horovod
+    import horovod.torch as hvd
+
     hvd.init()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     rank, size = hvd.rank(), hvd.size()
-    if a.batch % size:
-        sys.exit("--batch %d must be a multiple of the %d ranks" % (a.batch, size))
-    x, y = load(a.data, "train", 12800 if a.quick else None)
-    test = load(a.data, "test", 2000 if a.quick else None)
+    check_ranks(p, a, size)
+    x, y = load(a.data, "train", QUICK_TRAIN if a.quick else None)
+    test = load(a.data, "test", QUICK_TEST if a.quick else None)
 
     # rank 0's initial state is everyone's (the seed makes them equal anyway)
     model = make_model(a.seed + rank, a.hidden)

@@ -23,22 +23,35 @@
 # GCOMP_INTERPOSE_EF_KEY (default here: sequence, for Horovod's fusion buffer), PYTHON
 # (default /usr/bin/python3); HOROVOD_FUSION_THRESHOLD, HOROVOD_CYCLE_TIME and other
 # HOROVOD_* / GCOMP_* variables set by the caller reach every rank; TBF_* as bench/netem.sh.
+#
+# Exit status: 0 when every run succeeded, 1 when any failed (the table says which; the logs
+# are in DIR), 2 for a usage error.
 set -euo pipefail
 usage() { sed -n '2,3p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+die() { echo "horovod_netem.sh: $*" >&2; exit 2; }
 NP=4 REPEATS=2 LINKS="1gbit none" SETTINGS="none terngrad topk:ratio=0.01" OUT=
 while [ $# -gt 0 ]; do
     case "$1" in
-    -n) NP=$2; shift 2 ;;
-    -r) REPEATS=$2; shift 2 ;;
-    -l) LINKS=$2; shift 2 ;;
-    -s) SETTINGS=$2; shift 2 ;;
-    -o) OUT=$2; shift 2 ;;
+    -n|-r|-l|-s|-o)
+        [ $# -ge 2 ] || { echo "horovod_netem.sh: $1 needs a value" >&2; usage; }
+        case "$1" in
+        -n) NP=$2 ;;
+        -r) REPEATS=$2 ;;
+        -l) LINKS=$2 ;;
+        -s) SETTINGS=$2 ;;
+        -o) OUT=$2 ;;
+        esac
+        shift 2 ;;
     --) shift; break ;;
     -h|--help) usage ;;
     *) echo "horovod_netem.sh: unexpected '$1'" >&2; usage ;;
     esac
 done
-[[ $REPEATS =~ ^[1-9][0-9]*$ ]] || { echo "horovod_netem.sh: -r must be a positive integer" >&2; exit 2; }
+# bench/netem.sh's bounds for NP, checked here so that a bad one fails before any run
+if ! [[ $NP =~ ^[1-9][0-9]*$ ]] || [ "$NP" -gt 200 ]; then die "-n must be 1..200, got '$NP'"; fi
+[[ $REPEATS =~ ^[1-9][0-9]*$ ]] || die "-r must be a positive integer, got '$REPEATS'"
+[ -n "${LINKS// /}" ] || die "-l must name at least one link"
+[ -n "${SETTINGS// /}" ] || die "-s must name at least one setting"
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PYTHON=${PYTHON:-/usr/bin/python3}
 LIB=${GCOMP_MPI_LIB:-$ROOT/build/interpose/libgcomp_mpi.so}
@@ -120,8 +133,10 @@ for line in open(sys.argv[1]):
 print("\n| link | setting | test acc (median; runs) | wall s (median; runs) | ms/step | identical params "
       "| rank 0: compressed calls (no EF) | bytes sent per step (of uncompressed) | residual keys |")
 print("|---|---|---|---|---|---|---|---|---|")
+failed = 0
 for (link, setting), rs in runs.items():
     ok = [r for rc, r, _ in rs if rc == 0 and r]
+    failed += len(rs) - len(ok)
     if not ok:
         print("| %s | %s | failed | | | | | | |" % (link, setting))
         continue
@@ -140,4 +155,8 @@ for (link, setting), rs in runs.items():
         link, setting, statistics.median(acc), ", ".join("%.2f" % a for a in acc),
         statistics.median(wall), ", ".join("%.1f" % w for w in wall),
         1000 * statistics.median(wall) / ok[0]["steps"], same, calls, sent, keys))
+if failed:
+    print("\n%d of %d runs failed (a non-zero exit status or no RESULT line): see their logs"
+          % (failed, sum(len(rs) for rs in runs.values())), file=sys.stderr)
+    sys.exit(1)
 EOF
