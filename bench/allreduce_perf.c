@@ -2,8 +2,8 @@
  * allreduce_perf — gcomp_allreduce against plain MPI_Allreduce of the same buffers in the same
  * run, reported in the conventions of nccl-tests' all_reduce_perf. Run it under mpirun.
  *
- * For every codec and every size it creates a communicator, checks the first call against an
- * exact fp64 sum, times -n calls of gcomp_allreduce and then -n calls of MPI_Allreduce on the
+ * For every codec and every size it creates a communicator, checks the first call's result
+ * against every rank's regenerated input (see check_result), times -n calls of gcomp_allreduce and then -n calls of MPI_Allreduce on the
  * same send and receive buffers. A time is the mean over the -n calls of the slowest rank
  * (MPI_Barrier before the loop, max over ranks after it): nccl-tests averages over ranks, but
  * a synchronous training step waits for the slowest one.
@@ -145,7 +145,7 @@ static void usage(FILE *f, const char *prog)
             "  -f, --stepfactor N      multiply the size by N (integer >= 2) between rows (default 2)\n"
             "  -n, --iters N           timed calls per measurement (default 20)\n"
             "  -w, --warmup_iters N    untimed calls before each measurement (default 5)\n"
-            "  -c, --check 0|1         check the result against an exact fp64 sum (default 1)\n"
+            "  -c, --check 0|1         check the first call's result (default 1; see #wrong below)\n"
             "  -o, --op sum|avg        reduction (default sum)\n"
             "  -d, --datatype T        float, half or bfloat16 (default float)\n"
             "      --codec SPEC        gcomp codec spec; repeat for several blocks of rows\n"

@@ -24,8 +24,8 @@
 # (default /usr/bin/python3); HOROVOD_FUSION_THRESHOLD, HOROVOD_CYCLE_TIME and other
 # HOROVOD_* / GCOMP_* variables set by the caller reach every rank; TBF_* as bench/netem.sh.
 #
-# Exit status: 0 when every run succeeded, 1 when any failed (the table says which; the logs
-# are in DIR), 2 for a usage error.
+# Exit status: 0 when every run succeeded, 1 when any failed (a row says failed when all its
+# runs did; the count goes to stderr, the logs are in DIR), 2 for a usage error.
 set -euo pipefail
 usage() { sed -n '2,3p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 die() { echo "horovod_netem.sh: $*" >&2; exit 2; }
