@@ -3,8 +3,8 @@
  * run, reported in the conventions of nccl-tests' all_reduce_perf. Run it under mpirun.
  *
  * For every codec and every size it creates a communicator, checks the first call's result
- * against every rank's regenerated input (see check_result), times -n calls of gcomp_allreduce and then -n calls of MPI_Allreduce on the
- * same send and receive buffers. A time is the mean over the -n calls of the slowest rank
+ * against every rank's regenerated input (see check_result), times -n calls of
+ * gcomp_allreduce and then -n calls of MPI_Allreduce on the same send and receive buffers. A time is the mean over the -n calls of the slowest rank
  * (MPI_Barrier before the loop, max over ranks after it): nccl-tests averages over ranks, but
  * a synchronous training step waits for the slowest one.
  *
@@ -558,7 +558,8 @@ static uint64_t topk_k(const char *spec, size_t count)
 static void check_topk(const struct bench *b, const char *spec, size_t count, struct check *out)
 {
     int n = b->nranks, fp16 = strstr(spec, "values=fp16") != NULL; /* only top-k has values= */
-    uint64_t k = topk_k(spec, count), *ties = calloc((size_t)n, sizeof *ties), *kept_ties = calloc((size_t)n, sizeof *kept_ties);
+    uint64_t k = topk_k(spec, count), *ties = calloc((size_t)n, sizeof *ties);
+    uint64_t *kept_ties = calloc((size_t)n, sizeof *kept_ties);
     uint32_t *thr = calloc((size_t)n, sizeof *thr);
     size_t *hist = malloc(65536 * sizeof *hist);
     struct bound bd = make_bound(spec, n, b->o.op, b->o.dtype, 0);

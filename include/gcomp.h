@@ -307,7 +307,9 @@ typedef struct gcomp_config {
 /* All fields unset (codec NULL, numbers GCOMP_UNSET). */
 GCOMP_API gcomp_config gcomp_config_default(void);
 
-/* Statistics of a communicator (all keys) or of one key. Times are this rank's, in seconds. */
+/* Statistics of a communicator (all keys) or of one key. Times are this rank's, in seconds.
+ * A call of count 0 counts in the communicator's calls (with its agreement's bytes and time),
+ * not in a key's: its key holds nothing. */
 typedef struct gcomp_comm_stats {
     uint64_t calls;
     uint64_t compressed_calls; /* calls that ran a compressed schedule */
@@ -318,8 +320,9 @@ typedef struct gcomp_comm_stats {
                                  * sparse gather). On host transports (MPI) the call's
                                  * agreement counts too: a 144-byte block in each of the first
                                  * N-1 ring messages, or N-1 messages of 160 bytes of its own
-                                 * for a bypassed call or device buffers (so a bypassed call
-                                 * sends that much more than baseline_bytes); allreduce
+                                 * (log2 N at 4, 8, ... ranks but for top-k) for a bypassed
+                                 * call, a call of count 0 or device buffers (so a bypassed
+                                 * call sends that much more than baseline_bytes); allreduce
                                  * agreements (TernGrad, NCCL) are not counted, except
                                  * TernGrad's shared scales (8 bytes a scale) */
     uint64_t baseline_bytes;   /* bytes an uncompressed ring would have sent: 2(N-1)/N * raw */

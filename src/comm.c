@@ -478,7 +478,7 @@ static void add_stats(gcomp_comm_stats *to, const gcomp_comm_stats *from)
 
 void gcomp__comm_add_stats(gcomp_comm *c, gcomp__key *k, const gcomp_comm_stats *st)
 {
-    add_stats(&k->stats, st);
+    if (k) add_stats(&k->stats, st);
     add_stats(&c->stats, st);
 }
 

@@ -600,6 +600,20 @@ static gcomp_result agree_in_band(gcomp_comm *c, gcomp__call *call, const plan *
     return gcomp__comm_transport_failed(c, rc);
 }
 
+/* A call of no elements moves nothing, but its agreement's messages went out: it counts in
+ * the communicator's stats (calls, wire bytes, agree_s; its key holds nothing, so no key's)
+ * and in the debug log. No schedule ran: last_schedule stays as it was. */
+static gcomp_result count_empty_call(gcomp_comm *c, gcomp_comm_stats *st, uint64_t key, double t0)
+{
+    st->calls = 1;
+    st->last_schedule = c->stats.last_schedule;
+    gcomp__comm_add_stats(c, NULL, st);
+    if (c->cfg.debug)
+        gcomp__log("rank %d key %llu: empty call (0 elements), %llu wire bytes, %.3f ms", c->tp->rank,
+                   (unsigned long long)key, (unsigned long long)st->wire_bytes, 1e3 * (gcomp__now() - t0));
+    return GCOMP_SUCCESS;
+}
+
 /* One call, from start to end, on the thread that runs it (the caller's, or the
  * communicator's progress thread: request.c). Its deadline starts now, when it starts to
  * run, not when it was issued, so calls queued behind a slow one keep their whole timeout. */
@@ -646,7 +660,7 @@ static gcomp_result run_call(gcomp_comm *c, const gcomp__args *a, gcomp__call *c
     }
     st.agree_s = gcomp__now() - t_agree;
     call->agreed_scales = scales_shared ? scales : NULL;
-    if (count == 0) return GCOMP_SUCCESS;
+    if (count == 0) return count_empty_call(c, &st, key, t0);
     /* a failure this rank found in the agreement's own pass (a message without a valid
      * trailer) reached only some ranks there: it goes on as this rank's failure in the
      * schedule's messages (or its end-of-call agreement), so every rank hears of it -- set

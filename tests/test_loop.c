@@ -761,6 +761,57 @@ static void test_avg_of_huge_inputs(void **state)
         }
 }
 
+/* A call of count 0 moves nothing, but its agreement's messages go out: it counts in the
+ * communicator's calls and wire bytes (and leaves last_schedule as it was), not in its key's
+ * stats. Before, it counted nowhere. */
+typedef struct empty_job {
+    loop_rank at;
+    gcomp_result rc, key_rc;
+    gcomp_comm_stats first, second;
+} empty_job;
+
+static void *run_empty_calls(void *arg)
+{
+    empty_job *j = arg;
+    gcomp_comm *c = loop_comm(&j->at, "fp16", &j->rc);
+    gcomp_comm_stats ks;
+    float x[100] = { 0 };
+    if (j->rc == GCOMP_SUCCESS) j->rc = gcomp_allreduce(c, NULL, NULL, 0, GCOMP_F32, GCOMP_SUM, 2, NULL);
+    if (j->rc == GCOMP_SUCCESS) j->rc = gcomp_comm_stats_get(c, &j->first);
+    if (j->rc == GCOMP_SUCCESS) j->key_rc = gcomp_comm_key_stats_get(c, 2, &ks);
+    if (j->rc == GCOMP_SUCCESS) j->rc = gcomp_allreduce(c, x, x, 100, GCOMP_F32, GCOMP_SUM, 3, NULL);
+    if (j->rc == GCOMP_SUCCESS) j->rc = gcomp_allreduce(c, x, x, 0, GCOMP_F32, GCOMP_SUM, GCOMP_KEY_NONE, NULL);
+    if (j->rc == GCOMP_SUCCESS) j->rc = gcomp_comm_stats_get(c, &j->second);
+    gcomp_comm_destroy(c);
+    return NULL;
+}
+
+static void test_empty_call_counted(void **state)
+{
+    (void)state;
+    for (int n = 2; n <= MAX_RANKS; n++) {
+        empty_job jobs[MAX_RANKS];
+        memset(jobs, 0, sizeof jobs);
+        loop_run_world(n, run_empty_calls, jobs, sizeof jobs[0]);
+        for (int r = 0; r < n; r++) {
+            const empty_job *j = &jobs[r];
+            assert_int_equal(j->rc, GCOMP_SUCCESS);
+            /* the agreement's own pass: N-1 messages of 160 bytes, log2 N on the butterfly at
+             * 4, 8, ... ranks (gcomp.h, wire_bytes) */
+            int msgs = gcomp__ring_butterfly_steps(n) ? gcomp__ring_butterfly_steps(n) : n - 1;
+            if (j->first.calls != 1 || j->first.wire_bytes != 160u * (uint64_t)msgs || j->first.raw_bytes != 0 ||
+                j->first.last_schedule != GCOMP_SCHED_NONE)
+                fail_msg("%d ranks, rank %d: after an empty call: %llu calls, %llu wire bytes, schedule %s", n, r,
+                         (unsigned long long)j->first.calls, (unsigned long long)j->first.wire_bytes,
+                         gcomp_schedule_name(j->first.last_schedule));
+            assert_int_equal(j->key_rc, GCOMP_ERR_INVALID_ARG); /* key 2 holds nothing */
+            assert_int_equal(j->second.calls, 3);
+            assert_int_equal(j->second.raw_bytes, 400);
+            assert_int_not_equal(j->second.last_schedule, GCOMP_SCHED_NONE); /* the 100-element call's */
+        }
+    }
+}
+
 /* A checkpoint with records for an exact codec (saved before it kept no residual; made here
  * from an fp16 one whose spec is rewritten to "none", checksum redone: checkpoint.c's FNV-1a
  * is sc_hash) loads, and its records are dropped: the next save is a fresh communicator's,
@@ -851,6 +902,7 @@ int main(void)
         cmocka_unit_test(test_stopped_peer_times_out),
         cmocka_unit_test(test_truncated_message),
         cmocka_unit_test(test_avg_of_huge_inputs),
+        cmocka_unit_test(test_empty_call_counted),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
