@@ -684,8 +684,7 @@ static void check_bounded(const struct bench *b, const char *spec, size_t count,
 
 /* Regenerates every rank's input and checks y (b->recv) against it; sched: the schedule the
  * call ran (a bypass sums exactly, whatever the codec). */
-static void check_result(const struct bench *b, const char *spec, gcomp_schedule sched, size_t count,
-                         struct check *out)
+static void check_result(const struct bench *b, const char *spec, gcomp_schedule sched, size_t count, struct check *out)
 {
     memset(out, 0, sizeof *out);
     if (sched == GCOMP_SCHED_BYPASS || codec_is(spec, "none") || codec_is(spec, "fp16") || codec_is(spec, "bf16"))
