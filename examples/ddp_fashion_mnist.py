@@ -40,8 +40,8 @@ import time
 
 from mpi4py import MPI
 
-from fashion_mnist_common import (QUICK_TEST, QUICK_TRAIN, ArgumentParser, check_args, check_ranks,
-                                  load, make_model, param_hash, schedule)
+from fashion_mnist_common import (QUICK_TEST, QUICK_TRAIN, ArgumentParser, check_args, check_data,
+                                  check_ranks, fail_together, load, make_model, param_hash, schedule)
 
 WORLD = MPI.COMM_WORLD
 # torch, its DDP hooks and gcomp.torch: bound by import_torch() once the arguments are
@@ -143,6 +143,9 @@ def parse():
         p.error("--powersgd-rank must be at least 1, got %d" % a.powersgd_rank)
     check_args(p, a)
     check_ranks(p, a, WORLD.size)
+    # the data is each rank's own: a rank that stopped alone would leave the others waiting
+    error = check_data(a)
+    fail_together(p, error, WORLD.allreduce(1 if error else 0, op=MPI.MAX), WORLD.rank)
     return a
 
 

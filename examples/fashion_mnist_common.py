@@ -49,25 +49,45 @@ def idx_count(path):
 def check_args(p, a):
     """What both trainers refuse before they start (argparse's usage error: a message naming
     the flag, exit 2): --epochs not positive and finite, --lr not positive and finite,
-    --batch below 1 or above the training images it would read (schedule() needs at least one
-    full global batch per epoch), and a --data directory without readable training images.
-    The batch's split over the ranks is the caller's check (it needs the number of ranks).
-    Sets a.train_count, the training images that will be read."""
+    --batch below 1. The batch's split over the ranks is the caller's check (it needs the
+    number of ranks), and so is the data: check_data, whose verdict may differ between ranks."""
     if not (math.isfinite(a.epochs) and a.epochs > 0):
         p.error("--epochs must be a positive finite number, got %r" % a.epochs)
     if not (math.isfinite(a.lr) and a.lr > 0):
         p.error("--lr must be a positive finite number, got %r" % a.lr)
     if a.batch < 1:
         p.error("--batch must be at least 1, got %d" % a.batch)
+
+
+def check_data(a):
+    """This rank's error about its --data (no readable training images, or fewer than one
+    --batch: schedule() needs a full global batch per epoch), or None; sets a.train_count,
+    the training images that will be read. Each rank reads its own file system, so the
+    verdicts may differ: the caller combines them over the ranks (fail_together) before any
+    collective that a rank which stopped would leave waiting."""
     path = os.path.join(a.data, "train-images-idx3-ubyte.gz")
     try:
         n = idx_count(path)
     except (OSError, EOFError) as e:
-        p.error("--data %s: cannot read %s: %s" % (a.data, path, e))
+        return "--data %s: cannot read %s: %s" % (a.data, path, e)
     a.train_count = min(n, QUICK_TRAIN) if a.quick else n
     if a.batch > a.train_count:
-        p.error("--batch %d is larger than the %d training images%s" %
-                (a.batch, a.train_count, " of --quick" if a.quick else ""))
+        return "--batch %d is larger than the %d training images%s" % (
+            a.batch, a.train_count, " of --quick" if a.quick else "")
+    return None
+
+
+def fail_together(p, error, any_failed, rank):
+    """Ends every rank with argparse's usage status (2) when any rank found an error: the
+    ranks that found one print it (rank 0's line reads like argparse's, the others name their
+    rank), the others leave quietly."""
+    if not any_failed:
+        return
+    if error:
+        if rank == 0:
+            p.print_usage(sys.stderr)
+        print("%s: error: %s%s" % (p.prog, "rank %d: " % rank if rank else "", error), file=sys.stderr)
+    sys.exit(2)
 
 
 def check_ranks(p, a, size):

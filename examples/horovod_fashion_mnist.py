@@ -19,15 +19,16 @@ loop (between two barriers; evaluation excluded), and whether the parameters are
 on every rank (a SHA-256 of every parameter's bytes, allgathered); the same as one JSON line
 starting "RESULT ". The exit status is 1 if the parameters differ, 2 for bad arguments (a
 message naming the flag, before torch and Horovod are imported, or right after hvd.init() for
-a --batch the ranks cannot split).
+a --batch the ranks cannot split and for a --data that some rank cannot read or that holds
+fewer images than a --batch: then every rank exits 2 and the ranks that found it print it).
 """
 import json
 import os
 import sys
 import time
 
-from fashion_mnist_common import (QUICK_TEST, QUICK_TRAIN, ArgumentParser, check_args, check_ranks,
-                                  load, make_model, param_hash, schedule)
+from fashion_mnist_common import (QUICK_TEST, QUICK_TRAIN, ArgumentParser, check_args, check_data,
+                                  check_ranks, fail_together, load, make_model, param_hash, schedule)
 
 
 def parse():
@@ -62,6 +63,10 @@ def main():
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     rank, size = hvd.rank(), hvd.size()
     check_ranks(p, a, size)
+    # the data is each rank's own: a rank that stopped alone would leave the others waiting
+    error = check_data(a)
+    failed = hvd.allreduce(torch.tensor([1.0 if error else 0.0]), op=hvd.Sum, name="check_data")
+    fail_together(p, error, failed.item() > 0, rank)
     x, y = load(a.data, "train", QUICK_TRAIN if a.quick else None)
     test = load(a.data, "test", QUICK_TEST if a.quick else None)
 

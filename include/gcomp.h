@@ -320,9 +320,10 @@ typedef struct gcomp_comm_stats {
                                  * sparse gather). On host transports (MPI) the call's
                                  * agreement counts too: a 144-byte block in each of the first
                                  * N-1 ring messages, or N-1 messages of 160 bytes of its own
-                                 * (log2 N at 4, 8, ... ranks but for top-k) for a bypassed
-                                 * call, a call of count 0 or device buffers (so a bypassed
-                                 * call sends that much more than baseline_bytes); allreduce
+                                 * (log2 N at 4, 8, ... ranks, but for sparse codecs such as
+                                 * top-k) for a bypassed call, a call of count 0 or device
+                                 * buffers (so a bypassed call sends that much more than
+                                 * baseline_bytes); allreduce
                                  * agreements (TernGrad, NCCL) are not counted, except
                                  * TernGrad's shared scales (8 bytes a scale) */
     uint64_t baseline_bytes;   /* bytes an uncompressed ring would have sent: 2(N-1)/N * raw */

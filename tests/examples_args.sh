@@ -2,8 +2,8 @@
 # examples_args.sh ROOT [INTERPOSER]: the example trainers (examples/ddp_fashion_mnist.py,
 # horovod_fashion_mnist.py) and their scripts (netem_ddp.sh, horovod_netem.sh) refuse bad
 # arguments with a usage error (exit 2, a message naming the flag) before they train; a failure
-# on rank 0 alone ends the DDP job instead of hanging it; the DDP table survives a gcomp setting
-# that never compressed; netem_ddp.sh runs rate none; horovod_netem.sh fails when its runs do.
+# on rank 0 alone ends the DDP job instead of hanging it, and so does a --data one rank cannot
+# read (both trainers); the DDP table survives a gcomp setting that never compressed; netem_ddp.sh runs rate none; horovod_netem.sh fails when its runs do.
 # Every run is --quick and at most a few steps, so that the originals of these bugs (a training
 # run where a usage error was due) stay short too. INTERPOSER (libgcomp_mpi.so) is for
 # horovod_netem.sh, whose runs here use no codec; without it, or without Horovod, those cases skip.
@@ -70,6 +70,12 @@ expect 2 "--batch 129 must be a multiple of the 2 ranks" 60 \
 expect nonzero "rank 0 cannot bind a port on --master-addr 192.0.2.1" 30 \
   "${mpirun[@]}" "$py" "$ddp" --quick --settings none --master-addr 192.0.2.1
 
+# ---- a --data that one rank alone cannot read (each rank reads its own file system) ----------
+# Before: that rank exited 2 without a word, and rank 0 waited in gloo's rendezvous for ever.
+expect 2 "rank 1: --data $out/none: cannot read" 60 \
+  mpirun --oversubscribe -np 1 "$py" "$ddp" --quick --settings none : \
+  -np 1 "$py" "$ddp" --quick --settings none --data "$out/none"
+
 # ---- DDP: the table with a gcomp setting that never compressed (10 steps = --start-iter) -----
 expect 0 "none compressed: 10 steps <= --start-iter 10" 120 \
   "${mpirun[@]}" "$py" "$ddp" --quick --epochs 0.1 --settings none,gcomp-topk
@@ -93,6 +99,9 @@ elif ! "$py" -c 'import horovod.torch as h; assert h.mpi_built()' 2>/dev/null; t
 else
   expect 2 "--batch 129 must be a multiple of the 2 ranks" 60 \
     "${mpirun[@]}" "$py" "$hvd" --quick --batch 129
+  # a --data that one rank alone cannot read: every rank exits 2 (before: rank 0 waited in hvd)
+  expect 2 "rank 1: --data $out/none: cannot read" 60 \
+    mpirun --oversubscribe -np 1 "$py" "$hvd" --quick : -np 1 "$py" "$hvd" --quick --data "$out/none"
   # every run fails (the trainer refuses --bogus): the table says so, and the exit status too
   expect 1 "1 of 1 runs failed" 120 \
     "$root/examples/horovod_netem.sh" -n 2 -r 1 -l none -s none -o "$out/hn" -- --bogus
