@@ -555,24 +555,33 @@ static uint64_t topk_k(const char *spec, size_t count)
     return want > (double)count ? count : (uint64_t)want;
 }
 
-static void check_topk(const struct bench *b, const char *spec, size_t count, struct check *out)
+/* Zeroed memory for the check, or the end of the run (the check runs on rank 0 alone). */
+static void *check_calloc(size_t n, size_t size)
 {
-    int n = b->nranks, fp16 = strstr(spec, "values=fp16") != NULL; /* only top-k has values= */
-    uint64_t k = topk_k(spec, count), *ties = calloc((size_t)n, sizeof *ties);
-    uint64_t *kept_ties = calloc((size_t)n, sizeof *kept_ties);
-    uint32_t *thr = calloc((size_t)n, sizeof *thr);
-    size_t *hist = malloc(65536 * sizeof *hist);
-    struct bound bd = make_bound(spec, n, b->o.op, b->o.dtype, 0);
-    double num = 0, den = 0;
-    if (!ties || !kept_ties || !thr || !hist) {
+    void *p = calloc(n, size);
+    if (!p) {
         fprintf(stderr, "allreduce_perf: out of memory for the check\n");
         MPI_Abort(MPI_COMM_WORLD, 1);
     }
-    for (int r = 0; r < n; r++) topk_threshold(rank_stream(r), count, b->o.dtype, k, hist, &thr[r], &ties[r]);
+    return p;
+}
+
+/* b->per_rank holds every rank's generator stream (check_result). */
+static void check_topk(const struct bench *b, const char *spec, size_t count, struct check *out)
+{
+    int n = b->nranks, fp16 = strstr(spec, "values=fp16") != NULL; /* only top-k has values= */
+    const uint64_t *streams = b->per_rank;
+    uint64_t k = topk_k(spec, count), *ties = check_calloc((size_t)n, sizeof *ties);
+    uint64_t *kept_ties = check_calloc((size_t)n, sizeof *kept_ties);
+    uint32_t *thr = check_calloc((size_t)n, sizeof *thr);
+    size_t *hist = check_calloc(65536, sizeof *hist);
+    struct bound bd = make_bound(spec, n, b->o.op, b->o.dtype, 0);
+    double num = 0, den = 0;
+    for (int r = 0; r < n; r++) topk_threshold(streams[r], count, b->o.dtype, k, hist, &thr[r], &ties[r]);
     for (size_t i = 0; i < count; i++) {
         double sum = 0, kept = 0, kept_abs = 0, y = load_value(b->recv, i, b->o.dtype);
         for (int r = 0; r < n; r++) {
-            double x = input_value(rank_stream(r), i, b->o.dtype);
+            double x = input_value(streams[r], i, b->o.dtype);
             uint32_t key = magnitude_key(x);
             sum += x;
             if (key > thr[r] || (key == thr[r] && kept_ties[r]++ < ties[r])) kept += x, kept_abs += fabs(x);
@@ -591,10 +600,9 @@ static void check_topk(const struct bench *b, const char *spec, size_t count, st
 static float *terngrad_scales(const struct bench *b, size_t count, size_t bucket, double clip)
 {
     size_t nb = (count + bucket - 1) / bucket;
-    float *scale = calloc(nb, sizeof *scale);
-    if (!scale) return NULL;
+    float *scale = check_calloc(nb, sizeof *scale);
     for (int r = 0; r < b->nranks; r++) {
-        uint64_t stream = rank_stream(r);
+        uint64_t stream = b->per_rank[r];
         for (size_t j = 0; j < nb; j++) {
             size_t lo = j * bucket, hi = lo + bucket < count ? lo + bucket : count;
             double mx = 0, ss = 0;
@@ -614,15 +622,12 @@ static float *terngrad_scales(const struct bench *b, size_t count, size_t bucket
 static void check_terngrad(const struct bench *b, const char *spec, size_t count, struct check *out)
 {
     int n = b->nranks;
+    const uint64_t *streams = b->per_rank;
     double bucket_param = spec_param(spec, "bucket", 0);
     size_t bucket = bucket_param > 0 ? (size_t)bucket_param : count;
     float *scale = terngrad_scales(b, count, bucket, spec_param(spec, "clip", 2.5));
     struct bound bd = make_bound(spec, n, b->o.op, b->o.dtype, 0);
     double num = 0, den = 0, drift = 0, width2 = 0, rounding = 0;
-    if (!scale) {
-        fprintf(stderr, "allreduce_perf: out of memory for the check\n");
-        MPI_Abort(MPI_COMM_WORLD, 1);
-    }
     for (size_t i = 0; i < count; i++) {
         double s = scale[i / bucket], y = load_value(b->recv, i, b->o.dtype), sum = 0, mean = 0;
         if (s == 0) { /* every rank's bucket is zero: so is the result */
@@ -631,7 +636,7 @@ static void check_terngrad(const struct bench *b, const char *spec, size_t count
         }
         int m_lo = 0, m_hi = 0, free_codes = 0;
         for (int r = 0; r < n; r++) {
-            double x = (float)input_value(rank_stream(r), i, b->o.dtype);
+            double x = (float)input_value(streams[r], i, b->o.dtype);
             int sign = (x > 0) - (x < 0);
             sum += x;
             mean += x > s ? s : x < -s ? -s : x;
@@ -672,7 +677,7 @@ static void check_bounded(const struct bench *b, const char *spec, size_t count,
     for (size_t i = 0; i < count; i++) {
         double sum = 0, s_abs = 0, y = load_value(b->recv, i, b->o.dtype);
         for (int r = 0; r < b->nranks; r++) {
-            double x = input_value(rank_stream(r), i, b->o.dtype);
+            double x = input_value(b->per_rank[r], i, b->o.dtype);
             sum += x;
             s_abs += fabs(x);
         }
@@ -687,6 +692,7 @@ static void check_bounded(const struct bench *b, const char *spec, size_t count,
 static void check_result(const struct bench *b, const char *spec, gcomp_schedule sched, size_t count, struct check *out)
 {
     memset(out, 0, sizeof *out);
+    for (int r = 0; r < b->nranks; r++) b->per_rank[r] = rank_stream(r);
     if (sched == GCOMP_SCHED_BYPASS || codec_is(spec, "none") || codec_is(spec, "fp16") || codec_is(spec, "bf16"))
         check_bounded(b, spec, count, sched == GCOMP_SCHED_BYPASS, out);
     else if (codec_is(spec, "topk"))

@@ -65,7 +65,8 @@ def _candidates():
     yield os.path.join(_HERE, "libgcomp.so"), False
     root = os.path.dirname(os.path.dirname(_HERE))  # python/gcomp -> checkout root
     if _is_checkout(root):
-        builds = [os.path.join(root, "build")] + sorted(glob.glob(os.path.join(root, "build*")))
+        first = os.path.join(root, "build")
+        builds = [first] + [b for b in sorted(glob.glob(os.path.join(root, "build*"))) if b != first]
         for build in builds:
             if not _sanitized(build):
                 yield os.path.join(build, "libgcomp.so"), False
