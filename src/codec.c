@@ -657,7 +657,10 @@ gcomp_result gcomp__codec_stages_decode(gcomp_codec *c, const void *in, size_t n
 
 /* ---- the codec object on device buffers, for the engine (codec_internal.h) ---------------- */
 
-gcomp_result gcomp__codec_device_usable(const gcomp_codec *c) { return gcomp__codec_device_check(&c->chain); }
+gcomp_result gcomp__codec_device_usable(const gcomp_codec *c, const char *api)
+{
+    return gcomp__codec_device_check(api, &c->chain);
+}
 
 gcomp_result gcomp__codec_dev_ef_begin(gcomp_codec *c, const gcomp__device_ops *ops, uint64_t key, size_t count,
                                        struct CUstream_st *stream, gcomp__dev_ef *ef)

@@ -656,17 +656,17 @@ void gcomp__codec_device_ef_abandon(const gcomp__codec_parts *c, gcomp__dev_ef *
     free(fresh);
 }
 
-gcomp_result gcomp__codec_device_check(const gcomp__chain *chain)
+gcomp_result gcomp__codec_device_check(const char *api, const gcomp__chain *chain)
 {
     const gcomp_codec_vtable *vt = chain->stages[0].vt;
     const gcomp_codec_cuda_ops *cu = vt->cuda;
-    GCOMP_CHECK(check_chain("gcomp_allreduce", chain));
+    GCOMP_CHECK(check_chain(api, chain));
     /* the integer ring runs the codec's own steps: all four must be on the device */
     if ((vt->caps & GCOMP_CAP_INTEGER) && (!cu->local_scales || !cu->ternarise || !cu->sums_add_pack || !cu->sums_values))
         return gcomp__fail(GCOMP_ERR_UNSUPPORTED,
-                           "gcomp_allreduce: codec '%s' has no CUDA integer-ring entries (local_scales, ternarise, "
+                           "%s: codec '%s' has no CUDA integer-ring entries (local_scales, ternarise, "
                            "sums_add_pack, sums_values): host buffers only",
-                           vt->name);
+                           api, vt->name);
     return GCOMP_SUCCESS;
 }
 

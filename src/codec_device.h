@@ -69,8 +69,9 @@ gcomp_result gcomp__codec_device_ef_end(const gcomp__codec_parts *c, gcomp__dev_
 /* A call that failed: as ef_end with keep, but a key whose count changed keeps its old
  * residual (the new one is freed once the stream is done with it). */
 void gcomp__codec_device_ef_abandon(const gcomp__codec_parts *c, gcomp__dev_ef *ef, struct CUstream_st *stream);
-/* GCOMP_ERR_UNSUPPORTED, with the reason, when the chain cannot run on the device. */
-gcomp_result gcomp__codec_device_check(const gcomp__chain *chain);
+/* GCOMP_ERR_UNSUPPORTED, with the reason named after api (the call), when the chain cannot
+ * run on the device. */
+gcomp_result gcomp__codec_device_check(const char *api, const gcomp__chain *chain);
 /* Header and body of x[0..count) into dst (cap bytes) with the residual block res (device
  * memory, NULL: none), ctx as on the host; the encode is folded into *tally. *written: a
  * fixed-size codec's from the host's bound; a GCOMP_CAP_SPARSE one's is read back (one wait

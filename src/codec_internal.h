@@ -123,8 +123,9 @@ gcomp_result gcomp__codec_decode_sum2(gcomp_codec *c, const void *first, size_t 
  * enqueues on stream. See codec_device.h for each one's contract. */
 struct gcomp__device_ops;
 struct gcomp__device_tally;
-/* GCOMP_ERR_UNSUPPORTED when the codec cannot run on device buffers (a byte stage, no CUDA ops) */
-gcomp_result gcomp__codec_device_usable(const gcomp_codec *c);
+/* GCOMP_ERR_UNSUPPORTED, named after api, when the codec cannot run on device buffers (a byte
+ * stage, no CUDA ops) */
+gcomp_result gcomp__codec_device_usable(const gcomp_codec *c, const char *api);
 gcomp_result gcomp__codec_dev_ef_begin(gcomp_codec *c, const struct gcomp__device_ops *ops, uint64_t key, size_t count,
                                        struct CUstream_st *stream, gcomp__dev_ef *ef);
 gcomp_result gcomp__codec_dev_ef_end(gcomp_codec *c, gcomp__dev_ef *ef, int keep, struct CUstream_st *stream);

@@ -298,7 +298,8 @@ void gcomp__comm_free(gcomp_comm *c)
     free(c);
 }
 
-gcomp_result gcomp__comm_transport_for(gcomp_comm *c, const gcomp__device_ops *dev, gcomp__transport **out)
+gcomp_result gcomp__comm_transport_for(gcomp_comm *c, const char *api, const gcomp__device_ops *dev,
+                                       gcomp__transport **out)
 {
     gcomp__mem_kind want = dev->kind == GCOMP__DEVICE_CUDA ? GCOMP__MEM_CUDA : GCOMP__MEM_HOST;
     if (c->staged[want]) {
@@ -311,8 +312,9 @@ gcomp_result gcomp__comm_transport_for(gcomp_comm *c, const gcomp__device_ops *d
     }
     if (want == GCOMP__MEM_HOST)
         return gcomp__fail(GCOMP_ERR_UNSUPPORTED,
-                           "gcomp_allreduce: this communicator's transport moves device memory only (NCCL): pass "
-                           "device buffers, or use an MPI communicator for host buffers");
+                           "%s: this communicator's transport moves device memory only (NCCL): pass device "
+                           "buffers, or use an MPI communicator for host buffers",
+                           api);
     /* device buffers over a host transport (MPI without CUDA support): stage through host */
     GCOMP_CHECK(gcomp__transport_staging_wrap(c->tp, dev, &c->staged[want]));
     gcomp__debug("rank %d: device buffers go through the staging transport", c->tp->rank);

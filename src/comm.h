@@ -35,8 +35,10 @@ typedef struct gcomp__args {
     gcomp_op op;
     uint64_t key;
     struct CUstream_st *stream;
-    int device; /* the CUDA device current on the issuing thread (-1: none): a call run on
-                 * the progress thread makes it current there too */
+    int device;      /* the CUDA device current on the issuing thread (-1: none): a call run on
+                      * the progress thread makes it current there too */
+    const char *api; /* the API call that issued it ("gcomp_allreduce", "gcomp_iallreduce"): the
+                      * engine names the call's argument errors after it */
 } gcomp__args;
 
 /* A call issued and not yet freed by gcomp_wait/gcomp_test (request.c). */
@@ -46,7 +48,6 @@ struct gcomp_request {
     int done;                   /* under comm->q.lock */
     gcomp_result rc;            /* valid once done */
     char detail[512];           /* the runner's gcomp_last_error() on failure (thread-local there) */
-    const char *name;           /* the API call that issued it: its errors are named after it */
     struct gcomp_request *next; /* the queue */
 };
 
@@ -108,7 +109,8 @@ gcomp_result gcomp__comm_transport_failed(gcomp_comm *c, gcomp_result rc);
 /* The transport that moves buffers of dev's memory: tp when its memory kind is that one,
  * else a staging decorator of tp (made here at the first such call). GCOMP_ERR_UNSUPPORTED
  * for host buffers on a transport of device memory only (NCCL). */
-gcomp_result gcomp__comm_transport_for(gcomp_comm *c, const gcomp__device_ops *dev, gcomp__transport **out);
+gcomp_result gcomp__comm_transport_for(gcomp_comm *c, const char *api, const gcomp__device_ops *dev,
+                                       gcomp__transport **out);
 /* Device memory the communicator allocated so far: workspace, the codec objects' device
  * state and residuals, staging buffers (pinned host memory). Tests show steady state adds none. */
 uint64_t gcomp__comm_device_allocs(const gcomp_comm *c);

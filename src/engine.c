@@ -62,37 +62,35 @@ const char *gcomp_schedule_name(gcomp_schedule s)
 /* The buffer rules of gcomp.h: element-aligned (the schedules read them through float and
  * uint16_t pointers), and send and recv either the same (in place) or apart (the schedules
  * read send after writing recv). */
-static gcomp_result check_buffers(const void *send, const void *recv, size_t count, size_t esize)
+static gcomp_result check_buffers(const char *api, const void *send, const void *recv, size_t count, size_t esize)
 {
     uintptr_t s = (uintptr_t)send, r = (uintptr_t)recv;
     size_t bytes = count * esize;
     if (count == 0) return GCOMP_SUCCESS;
     if ((s | r) & (esize - 1))
-        return gcomp__fail(GCOMP_ERR_INVALID_ARG,
-                           "gcomp_allreduce: send %p or recv %p is not aligned to its %zu-byte elements", send, recv,
-                           esize);
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "%s: send %p or recv %p is not aligned to its %zu-byte elements", api,
+                           send, recv, esize);
     if (send != recv && (s < r ? r - s < bytes : s - r < bytes))
         return gcomp__fail(GCOMP_ERR_INVALID_ARG,
-                           "gcomp_allreduce: send and recv partly overlap (%zu bytes each); pass the same pointer "
-                           "for in place",
+                           "%s: send and recv partly overlap (%zu bytes each); pass the same pointer for in place", api,
                            bytes);
     return GCOMP_SUCCESS;
 }
 
 /* Local checks; the result is shared with the other ranks before anyone acts on it. */
-static gcomp_result check_args(const void *send, void *recv, size_t count, gcomp_dtype dtype, gcomp_op op,
-                               struct CUstream_st *stream)
+static gcomp_result check_args(const gcomp__args *a)
 {
-    if (count > 0 && (!send || !recv))
-        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_allreduce: NULL buffer with count %zu", count);
-    if (!gcomp_dtype_size(dtype))
-        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_allreduce: invalid dtype %d", (int)dtype);
-    if ((unsigned)op >= GCOMP_OP_COUNT)
-        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_allreduce: invalid op %d", (int)op);
-    (void)stream; /* checked with the buffers' memory (prepare_call) */
-    if (count > (size_t)1 << 40)
-        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_allreduce: count %zu is too large", count);
-    return check_buffers(send, recv, count, gcomp_dtype_size(dtype));
+    const char *api = a->api;
+    size_t count = a->count;
+    if (count > 0 && (!a->send || !a->recv))
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "%s: NULL buffer with count %zu", api, count);
+    if (!gcomp_dtype_size(a->dtype))
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "%s: invalid dtype %d", api, (int)a->dtype);
+    if ((unsigned)a->op >= GCOMP_OP_COUNT)
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "%s: invalid op %d", api, (int)a->op);
+    /* the stream is checked with the buffers' memory (place_call) */
+    if (count > (size_t)1 << 40) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "%s: count %zu is too large", api, count);
+    return check_buffers(api, a->send, a->recv, count, gcomp_dtype_size(a->dtype));
 }
 
 /* Everything the run needs, decided (and allocated) before the ranks agree to run it. */
@@ -247,22 +245,24 @@ static gcomp_result check_carved(const gcomp__call *call)
 
 /* Where the buffers live: both on the host, or both on the current CUDA device; a stream
  * only with device buffers. Sets the call's device ops, workspaces and transport. */
-static gcomp_result place_call(gcomp_comm *c, gcomp__call *call, const void *send, const void *recv,
-                               struct CUstream_st *stream)
+static gcomp_result place_call(gcomp_comm *c, gcomp__call *call, const gcomp__args *a)
 {
+    const void *send = a->send, *recv = a->recv;
+    struct CUstream_st *stream = a->stream;
     const gcomp__device_ops *rdev;
     int device = -1, capturing = 0;
     GCOMP_CHECK(gcomp__device_for(send, &call->dev, &device));
     GCOMP_CHECK(gcomp__device_for(recv, &rdev, NULL));
     if (rdev->kind != call->dev->kind)
         return gcomp__fail(GCOMP_ERR_INVALID_ARG,
-                           "gcomp_allreduce: send is %s memory but recv is %s memory: pass both on the same device",
+                           "%s: send is %s memory but recv is %s memory: pass both on the same device", a->api,
                            call->dev->name, rdev->name);
     call->on_device = call->dev->kind != GCOMP__DEVICE_HOST;
     if (!call->on_device && stream)
         return gcomp__fail(GCOMP_ERR_INVALID_ARG,
-                           "gcomp_allreduce: a CUDA stream was given with host buffers: pass NULL (a stream goes "
-                           "with device buffers)");
+                           "%s: a CUDA stream was given with host buffers: pass NULL (a stream goes with device "
+                           "buffers)",
+                           a->api);
     call->stream = stream;
     call->ws = &c->ws[call->dev->kind];
     if (c->emulate_device && !call->on_device) { /* test hook: the device path on host memory */
@@ -272,21 +272,22 @@ static gcomp_result place_call(gcomp_comm *c, gcomp__call *call, const void *sen
     call->meta = &c->ws[GCOMP__DEVICE_HOST];
     if (!call->ws->dev) call->ws->dev = call->dev;
     if (!call->meta->dev) call->meta->dev = &gcomp__device_host;
-    GCOMP_CHECK(gcomp__comm_transport_for(c, call->dev, &call->ring.tp));
+    GCOMP_CHECK(gcomp__comm_transport_for(c, a->api, call->dev, &call->ring.tp));
     /* one device per communicator: its transport (NCCL's communicator, the staging
      * decorator made at the first device call) and its device workspace belong to it */
     if (call->ring.tp->mem == GCOMP__MEM_CUDA && device >= 0 && device != call->ring.tp->device)
         return gcomp__fail(GCOMP_ERR_INVALID_ARG,
-                           "gcomp_allreduce: the buffers are memory of CUDA device %d, but this communicator "
-                           "works on device %d: one device per communicator",
-                           device, call->ring.tp->device);
+                           "%s: the buffers are memory of CUDA device %d, but this communicator works on device "
+                           "%d: one device per communicator",
+                           a->api, device, call->ring.tp->device);
     /* a call waits on the host between its steps, which a CUDA graph capture cannot hold:
      * refused here, before the agreement, so every rank returns the error */
     GCOMP_CHECK(call->dev->capturing(stream, &capturing));
     if (capturing)
         return gcomp__fail(GCOMP_ERR_UNSUPPORTED,
-                           "gcomp_allreduce: the stream is being captured into a CUDA graph; a gcomp call "
-                           "waits on the host between its steps and cannot be captured");
+                           "%s: the stream is being captured into a CUDA graph; a gcomp call waits on the host "
+                           "between its steps and cannot be captured",
+                           a->api);
     call->ring.tp->stream = stream;
     return GCOMP_SUCCESS;
 }
@@ -295,7 +296,7 @@ static gcomp_result place_call(gcomp_comm *c, gcomp__call *call, const void *sen
  * (made once the call is agreed or, in the ring, is being agreed: run_call), its residual in
  * the host store. Keeps the reason
  * gcomp__codec_device_usable gave when the communicator has no host transport. */
-static gcomp_result run_on_host_copies(gcomp_comm *c, gcomp__call *call, plan *p)
+static gcomp_result run_on_host_copies(gcomp_comm *c, const char *api, gcomp__call *call, plan *p)
 {
     gcomp_result why = GCOMP_ERR_UNSUPPORTED;
     char msg[400];
@@ -308,7 +309,7 @@ static gcomp_result run_on_host_copies(gcomp_comm *c, gcomp__call *call, plan *p
     call->dev = &gcomp__device_host;
     call->on_device = 0;
     call->ws = call->meta = &c->ws[GCOMP__DEVICE_HOST];
-    return gcomp__comm_transport_for(c, call->dev, &call->ring.tp);
+    return gcomp__comm_transport_for(c, api, call->dev, &call->ring.tp);
 }
 
 /* The key's residual for this call, on the buffers' device (a key met on the other one moves). */
@@ -329,19 +330,21 @@ static gcomp_result begin_residual(gcomp_comm *c, gcomp__call *call, plan *p, in
     return GCOMP_SUCCESS;
 }
 
-static gcomp_result prepare_call(gcomp_comm *c, gcomp__call *call, plan *p, const void *send, void *recv,
-                                 struct CUstream_st *stream, uint64_t key, gcomp_op op)
+static gcomp_result prepare_call(gcomp_comm *c, gcomp__call *call, plan *p, const gcomp__args *a)
 {
     size_t count = call->count;
+    gcomp_op op = a->op;
+    uint64_t key = a->key;
     int in_place;
-    GCOMP_CHECK(place_call(c, call, send, recv, stream));
+    GCOMP_CHECK(place_call(c, call, a));
     GCOMP_CHECK(gcomp__comm_key(c, key, &p->key));
     p->sched = pick_schedule(c, count, count * gcomp_dtype_size(p->dtype));
     /* device buffers take the codec's CUDA ops; a codec without them (or with a byte stage:
      * zstd) runs on host copies of the buffers when the communicator has a host transport,
      * and is refused otherwise (NCCL), before the call, on every rank */
-    if (call->on_device && p->sched != GCOMP_SCHED_BYPASS && gcomp__codec_device_usable(c->codec) != GCOMP_SUCCESS)
-        GCOMP_CHECK(run_on_host_copies(c, call, p));
+    if (call->on_device && p->sched != GCOMP_SCHED_BYPASS &&
+        gcomp__codec_device_usable(c->codec, a->api) != GCOMP_SUCCESS)
+        GCOMP_CHECK(run_on_host_copies(c, a->api, call, p));
     p->prescale = (op == GCOMP_AVG && sums_prescaled(p->sched)) ? 1.0f / (float)c->tp->size : 1.0f;
     GCOMP_CHECK(layout(c, call, p, 1));
     GCOMP_CHECK(fit(call));
@@ -591,7 +594,7 @@ static gcomp_result agree_in_band(gcomp_comm *c, gcomp__call *call, const plan *
     if (*carried) return GCOMP_SUCCESS;
     if (c->tp->size == 1) return local;
     if (!c->agree_buf && !(c->agree_buf = malloc(2 * GCOMP__RING_TRAILER)))
-        return gcomp__fail(GCOMP_ERR_NOMEM, "gcomp_allreduce: out of memory"); /* before any message: a hang */
+        return gcomp__fail(GCOMP_ERR_NOMEM, "%s: out of memory", a->api); /* before any message: a hang */
     call->ring.tp = c->tp;
     comm_s = call->ring.st->comm_s;
     rc = gcomp__ring_agree_pass(&call->ring, c->agree_buf);
@@ -647,8 +650,8 @@ static gcomp_result run_call(gcomp_comm *c, const gcomp__args *a, gcomp__call *c
     call->count = count;
     call_codec(call, c->codec);
     p->dtype = dtype;
-    local = check_args(send, recv, count, dtype, op, a->stream);
-    if (local == GCOMP_SUCCESS && count > 0) local = prepare_call(c, call, p, send, recv, a->stream, key, op);
+    local = check_args(a);
+    if (local == GCOMP_SUCCESS && count > 0) local = prepare_call(c, call, p, a);
     if (local == GCOMP_SUCCESS && count > 0) local = scales_for_agreement(call, p, send, scales, &carried);
     t_agree = gcomp__now();
     if (gcomp__comm_in_band(c)) {

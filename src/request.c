@@ -34,36 +34,20 @@ static void complete(gcomp_comm *c, gcomp_request *r, gcomp_result rc, const cha
     pthread_cond_broadcast(&c->q.cond);
 }
 
-/* The engine names its argument errors after gcomp_allreduce, the call it runs; a request
- * issued by gcomp_iallreduce has them named after that. */
-static void name_detail(char *out, size_t cap, const char *detail, const char *name)
-{
-    static const char engine[] = "gcomp_allreduce: ";
-    if (name && strncmp(detail, engine, sizeof engine - 1) == 0)
-        snprintf(out, cap, "%s: %s", name, detail + sizeof engine - 1);
-    else
-        snprintf(out, cap, "%s", detail);
-}
-
 /* Called with the lock held and the queue idle: run its head on this thread, lock held again
  * on return. */
 static void run_head(gcomp_comm *c)
 {
     gcomp_request *r = c->q.head;
     gcomp_result rc;
-    char detail[sizeof r->detail];
     c->q.head = r->next;
     if (!c->q.head) c->q.tail = NULL;
     r->next = NULL;
     c->q.running = 1;
     pthread_mutex_unlock(&c->q.lock);
     rc = gcomp__engine_run(c, &r->args);
-    if (rc != GCOMP_SUCCESS)
-        name_detail(detail, sizeof detail, gcomp_last_error(), r->name);
-    else
-        detail[0] = 0;
     pthread_mutex_lock(&c->q.lock);
-    complete(c, r, rc, detail);
+    complete(c, r, rc, gcomp_last_error());
 }
 
 /* Called with the lock held: until r is done, run the queue's head whenever it is idle,
@@ -181,8 +165,7 @@ gcomp_result gcomp_iallreduce(gcomp_comm *c, const void *send, void *recv, size_
     r = calloc(1, sizeof *r);
     if (!r) return gcomp__fail(GCOMP_ERR_NOMEM, "gcomp_iallreduce: out of memory");
     r->comm = c;
-    r->name = "gcomp_iallreduce";
-    r->args = (gcomp__args){ send, recv, count, dtype, op, key, stream, issuing_device(send) };
+    r->args = (gcomp__args){ send, recv, count, dtype, op, key, stream, issuing_device(send), "gcomp_iallreduce" };
     pthread_mutex_lock(&c->q.lock);
     if (c->q.mode == GCOMP__PROGRESS_UNDECIDED) decide_mode(c);
     enqueue(c, r);
@@ -226,7 +209,7 @@ gcomp_result gcomp_allreduce(gcomp_comm *c, const void *send, void *recv, size_t
     if (!c) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_allreduce: comm is NULL");
     memset(&r, 0, sizeof r);
     r.comm = c;
-    r.args = (gcomp__args){ send, recv, count, dtype, op, key, stream, issuing_device(send) };
+    r.args = (gcomp__args){ send, recv, count, dtype, op, key, stream, issuing_device(send), "gcomp_allreduce" };
     pthread_mutex_lock(&c->q.lock);
     if (!c->q.head && !c->q.running) {
         /* the common case, without a copy of the error detail: run it here directly */
