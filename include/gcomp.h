@@ -323,7 +323,8 @@ typedef struct gcomp_comm_stats {
                                  * (log2 N at 4, 8, ... ranks, but for sparse codecs such as
                                  * top-k) for a bypassed call, a call of count 0 or device
                                  * buffers (so a bypassed call sends that much more than
-                                 * baseline_bytes); allreduce
+                                 * baseline_bytes; a call of count 0 then sends as many
+                                 * 16-byte trailers to settle its outcome); allreduce
                                  * agreements (TernGrad, NCCL) are not counted, except
                                  * TernGrad's shared scales (8 bytes a scale) */
     uint64_t baseline_bytes;   /* bytes an uncompressed ring would have sent: 2(N-1)/N * raw */

@@ -603,6 +603,19 @@ static gcomp_result agree_in_band(gcomp_comm *c, gcomp__call *call, const plan *
     return gcomp__comm_transport_failed(c, rc);
 }
 
+/* An empty call on a host transport sent its agreement's pass and nothing else, so a failure
+ * a rank found in the pass (a message without a valid trailer) would reach no rank after it:
+ * reach more trailer-only hops carry it to every rank, and every rank returns it. A failure
+ * found in those hops goes out too late and breaks this rank's communicator
+ * (outcome_from_ring). Empty calls are rare; the hops cost reach 16-byte messages. */
+static gcomp_result empty_call_outcome(gcomp_comm *c, gcomp__call *call)
+{
+    int nonfinite;
+    for (int h = 0; h < call->ring.reach; h++) /* every rank, failed or not: the others expect them */
+        GCOMP_CHECK(gcomp__comm_transport_failed(c, gcomp__ring_outcome_hop(&call->ring, c->agree_buf)));
+    return outcome_from_ring(c, call, 0, &nonfinite);
+}
+
 /* A call of no elements moves nothing, but its agreement's messages went out: it counts in
  * the communicator's stats (calls, wire bytes, agree_s; its key holds nothing, so no key's)
  * and in the debug log. No schedule ran: last_schedule stays as it was. */
@@ -663,7 +676,10 @@ static gcomp_result run_call(gcomp_comm *c, const gcomp__args *a, gcomp__call *c
     }
     st.agree_s = gcomp__now() - t_agree;
     call->agreed_scales = scales_shared ? scales : NULL;
-    if (count == 0) return count_empty_call(c, &st, key, t0);
+    if (count == 0) {
+        if (gcomp__comm_in_band(c)) GCOMP_CHECK(empty_call_outcome(c, call));
+        return count_empty_call(c, &st, key, t0);
+    }
     /* a failure this rank found in the agreement's own pass (a message without a valid
      * trailer) reached only some ranks there: it goes on as this rank's failure in the
      * schedule's messages (or its end-of-call agreement), so every rank hears of it -- set

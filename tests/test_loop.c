@@ -571,6 +571,8 @@ static void test_truncated_message(void **state)
          * failure found in the pass goes on after the copies' regions are carved */
         { "fp16+zstd", 40009, GCOMP_SCHED_DENSE, GCOMP_SCHED_DENSE, 1, GCOMP_AVG },
         { "fp16+zstd", 5003, GCOMP_SCHED_DENSE, GCOMP_SCHED_DOUBLING, 1, GCOMP_AVG },
+        /* an empty call: the agreement's pass alone, then its outcome hops (no schedule runs) */
+        { "fp16", 0, GCOMP_SCHED_NONE, GCOMP_SCHED_NONE, 0, GCOMP_SUM },
     };
     (void)state;
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
@@ -797,9 +799,9 @@ static void test_empty_call_counted(void **state)
             const empty_job *j = &jobs[r];
             assert_int_equal(j->rc, GCOMP_SUCCESS);
             /* the agreement's own pass: N-1 messages of 160 bytes, log2 N on the butterfly at
-             * 4, 8, ... ranks (gcomp.h, wire_bytes) */
+             * 4, 8, ... ranks, then as many 16-byte outcome hops (gcomp.h, wire_bytes) */
             int msgs = gcomp__ring_butterfly_steps(n) ? gcomp__ring_butterfly_steps(n) : n - 1;
-            if (j->first.calls != 1 || j->first.wire_bytes != 160u * (uint64_t)msgs || j->first.raw_bytes != 0 ||
+            if (j->first.calls != 1 || j->first.wire_bytes != 176u * (uint64_t)msgs || j->first.raw_bytes != 0 ||
                 j->first.last_schedule != GCOMP_SCHED_NONE)
                 fail_msg("%d ranks, rank %d: after an empty call: %llu calls, %llu wire bytes, schedule %s", n, r,
                          (unsigned long long)j->first.calls, (unsigned long long)j->first.wire_bytes,
