@@ -145,6 +145,7 @@ static struct {
     int ef_key;      /* EF_KEY_BUFFER or EF_KEY_SEQUENCE */
     int bad_setting; /* GCOMP_INTERPOSE_EF_KEY was refused: no communicator compresses */
     int test_no_state; /* GCOMP_TEST_INTERPOSE_NO_STATE (tests only): act as if out of memory */
+    int test_no_attr;  /* GCOMP_TEST_INTERPOSE_NO_ATTR (tests only): act as if MPI_Comm_set_attr failed */
     const char *stats_file;
     int comm_keyval, self_keyval;
     ip_comm *live;
@@ -263,7 +264,7 @@ static int self_delete(MPI_Comm comm, int keyval, void *val, void *extra)
     }
     if (S.stats_file && *S.stats_file) write_stats_file();
     /* MPI frees a keyval still in use (this one) when its last attribute goes */
-    PMPI_Comm_free_keyval(&S.comm_keyval);
+    if (S.comm_keyval != MPI_KEYVAL_INVALID) PMPI_Comm_free_keyval(&S.comm_keyval);
     PMPI_Comm_free_keyval(&S.self_keyval);
     return MPI_SUCCESS;
 }
@@ -290,6 +291,7 @@ static int setup(void)
         S.stats_file = getenv("GCOMP_STATS_FILE");
         S.ef_key = ef_key_mode(getenv("GCOMP_INTERPOSE_EF_KEY"));
         S.test_no_state = ip_env_on("GCOMP_TEST_INTERPOSE_NO_STATE");
+        S.test_no_attr = ip_env_on("GCOMP_TEST_INTERPOSE_NO_ATTR");
         if (S.enabled && S.ef_key < 0) {
             /* as for a bad GCOMP_* value at communicator creation: this rank says why, and no
              * communicator compresses. The rank stays enabled so that it still joins each
@@ -302,7 +304,9 @@ static int setup(void)
             S.bad_setting = 1;
             S.ef_key = EF_KEY_BUFFER;
         }
-        PMPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, comm_delete, &S.comm_keyval, NULL);
+        /* without it no communicator's state can be kept: comm_state ends the job (lost_track) */
+        if (PMPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, comm_delete, &S.comm_keyval, NULL) != MPI_SUCCESS)
+            S.comm_keyval = MPI_KEYVAL_INVALID;
         PMPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, self_delete, &S.self_keyval, NULL);
         PMPI_Comm_set_attr(MPI_COMM_SELF, S.self_keyval, NULL);
         __atomic_store_n(&S.ready, 1, __ATOMIC_RELEASE);
@@ -345,15 +349,35 @@ static void agree_settings(ip_comm *c, int no_memory)
     }
 }
 
+/* This rank cannot read or keep its record of comm (the attribute): never returns. Without the
+ * record, its next call on comm would take comm for new and enter gcomp's collective creation
+ * alone while the others, who have theirs, compress or pass through: a hang. No other record is
+ * safe: one kept here by handle outlives an MPI_Comm_free (seen only through the attribute's
+ * delete callback), so a later communicator that MPI gives the same handle would pass through
+ * on this rank alone; and making every rank forget comm instead takes another collective, and
+ * an attribute delete, that can fail the same way. MPI_Comm_get_attr/set_attr fail only when
+ * MPI itself is out of memory or its keyval is gone: end the job, with the reason, as MPI's
+ * default error handler would. */
+static void lost_track(MPI_Comm comm, const char *what, int rc)
+{
+    fprintf(stderr,
+            "gcomp_mpi: rank %d: %s failed (MPI error %d): this rank cannot keep track of the communicator's "
+            "gcomp state, and its next MPI_Allreduce on it would wait for the other ranks forever: aborting\n",
+            world_rank(), what, rc);
+    PMPI_Abort(comm, MPI_ERR_OTHER);
+}
+
 /* The gcomp communicator of comm, created at its first compressible call (collective). A rank
  * without memory for the state still joins the creation and the settings check, which the
  * other ranks wait in, and there makes every rank pass the communicator through. */
 static ip_comm *comm_state(MPI_Comm comm)
 {
     ip_comm *c = NULL, scratch;
-    int flag = 0, no_memory;
+    int flag = 0, no_memory, rc;
     gcomp_config cfg = gcomp_config_default(), got;
-    PMPI_Comm_get_attr(comm, S.comm_keyval, &c, &flag);
+    if (S.comm_keyval == MPI_KEYVAL_INVALID) lost_track(comm, "MPI_Comm_create_keyval (at setup)", MPI_ERR_KEYVAL);
+    if ((rc = PMPI_Comm_get_attr(comm, S.comm_keyval, &c, &flag)) != MPI_SUCCESS)
+        lost_track(comm, "MPI_Comm_get_attr", rc);
     if (flag) return c;
     c = S.test_no_state ? NULL : calloc(1, sizeof *c);
     no_memory = !c;
@@ -373,7 +397,8 @@ static ip_comm *comm_state(MPI_Comm comm)
     }
     inside_gcomp--;
     if (no_memory) { /* agree_settings destroyed the gcomp communicator, if any */
-        PMPI_Comm_set_attr(comm, S.comm_keyval, &no_state);
+        rc = S.test_no_attr ? MPI_ERR_OTHER : PMPI_Comm_set_attr(comm, S.comm_keyval, &no_state);
+        if (rc != MPI_SUCCESS) lost_track(comm, "MPI_Comm_set_attr", rc);
         return &no_state;
     }
     pthread_mutex_lock(&S.lock);
@@ -382,7 +407,8 @@ static ip_comm *comm_state(MPI_Comm comm)
     if (S.live) S.live->prev = c;
     S.live = c;
     pthread_mutex_unlock(&S.lock);
-    PMPI_Comm_set_attr(comm, S.comm_keyval, c);
+    rc = S.test_no_attr ? MPI_ERR_OTHER : PMPI_Comm_set_attr(comm, S.comm_keyval, c);
+    if (rc != MPI_SUCCESS) lost_track(comm, "MPI_Comm_set_attr", rc);
     return c;
 }
 
@@ -511,7 +537,9 @@ static void observe_control(MPI_Comm comm, int kind, const void *buf, int n, MPI
     if (inside_gcomp || !S.enabled || S.ef_key != EF_KEY_SEQUENCE || n < 0 || comm == MPI_COMM_NULL ||
         __atomic_load_n(&S.finalizing, __ATOMIC_ACQUIRE) || !is_control_type(type))
         return;
-    if (PMPI_Comm_get_attr(comm, S.comm_keyval, &c, &flag) != MPI_SUCCESS || !flag || !c || !c->g) return;
+    if (S.comm_keyval == MPI_KEYVAL_INVALID || PMPI_Comm_get_attr(comm, S.comm_keyval, &c, &flag) != MPI_SUCCESS ||
+        !flag || !c || !c->g)
+        return;
     if (PMPI_Type_size(type, &size) != MPI_SUCCESS) return;
     sig = mix64((uint64_t)kind ^ mix64((uint64_t)(uintptr_t)type) ^ mix64((uint64_t)(uintptr_t)op + 1) ^
                 mix64((uint64_t)n + 2));

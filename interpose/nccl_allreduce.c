@@ -24,7 +24,10 @@
  * One gcomp communicator per NCCL communicator, created at the first compressible call on
  * it (gcomp_comm_create_nccl: collective, and every rank reaches that call together since
  * they decide alike), destroyed when the program calls ncclCommDestroy or ncclCommAbort on
- * it. gcomp works on an NCCL communicator of its own, split from the program's.
+ * it. gcomp works on an NCCL communicator of its own, split from the program's. A rank without
+ * memory for a communicator's state still joins that creation and the check after it, where
+ * it makes every rank pass the communicator through (GCOMP_TEST_INTERPOSE_NO_STATE, tests
+ * only, any value but "" or "0": act as if out of memory).
  *
  * Threads. ncclCommDestroy/ncclCommAbort of a communicator wait until no compressed call on
  * it is in flight (a count per communicator and a condition): PyTorch's watchdog aborts
@@ -74,7 +77,8 @@
 #include "gcomp_nccl.h"
 
 #define EXPORT __attribute__((visibility("default")))
-#define MAX_BUFFERS 4096 /* receive buffers with error feedback, per communicator */
+#define MAX_BUFFERS 4096  /* receive buffers with error feedback, per communicator */
+#define NO_STATE_SLOTS 64 /* communicators this rank had no memory to track, at once */
 
 /* Why a call went to NCCL (the summary counts each). */
 enum {
@@ -100,9 +104,10 @@ typedef struct ip_comm {
     gcomp_comm *g; /* NULL when creation failed: every call on comm passes through */
     int rank;
     int64_t min_bytes;
-    int users;    /* compressed calls in flight, and the creation (under S.lock) */
-    int creating; /* its gcomp communicator is being made (under S.lock) */
-    int aborting; /* ncclCommAbort came while it was in use: abort g as soon as it exists */
+    int users;     /* compressed calls in flight, and the creation (under S.lock) */
+    int creating;  /* its gcomp communicator is being made (under S.lock) */
+    int aborting;  /* ncclCommAbort came while it was in use: abort g as soon as it exists */
+    int no_memory; /* a slot of no_state[] (this rank had no memory for comm's state): g stays NULL */
     struct seen {
         const void *buf;  /* the receive buffer */
         const void *send; /* the send buffer (the same one in place) */
@@ -119,7 +124,8 @@ static struct {
     pthread_mutex_t lock;
     pthread_cond_t idle; /* an ip_comm's users or creating went down */
     int ready, enabled, debug, one_rank;
-    int exact; /* the codec keeps no residual (ip_codec_exact): no keys */
+    int exact;         /* the codec keeps no residual (ip_codec_exact): no keys */
+    int test_no_state; /* GCOMP_TEST_INTERPOSE_NO_STATE (tests only): act as if out of memory */
     const char *stats_file;
     char codec[256];
     allreduce_fn *allreduce;
@@ -152,6 +158,7 @@ static void setup(void)
         S.exact = S.enabled && ip_codec_exact(S.codec);
         S.debug = ip_env_debug();
         S.one_rank = ip_env_on("GCOMP_TEST_COMPRESS_ONE_RANK");
+        S.test_no_state = ip_env_on("GCOMP_TEST_INTERPOSE_NO_STATE");
         S.stats_file = getenv("GCOMP_STATS_FILE");
         S.allreduce = (allreduce_fn *)real("ncclAllReduce");
         S.group_start = (group_fn *)real("ncclGroupStart");
@@ -203,17 +210,28 @@ static void write_stats_file(int rank)
  * that enter gcomp, and this library decides before that. So once, at creation, a call of
  * count 0 runs that agreement alone, over gcomp's own NCCL communicator (with its deadline;
  * nothing on the user's communicator, stream or memory): when the ranks differ every rank
- * gets GCOMP_ERR_MISMATCH, and no rank compresses on this communicator. */
+ * gets GCOMP_ERR_MISMATCH, and no rank compresses on this communicator. A rank without memory
+ * for the state (c->no_memory, which cannot keep a gcomp communicator) makes that happen too:
+ * its call is of f16, the others' of f32, so every rank fails the check and passes comm
+ * through, as that rank does; it drops its gcomp communicator even when the check passes
+ * (every rank had no memory, and so every rank drops it). */
 static void agree_min_bytes(ip_comm *c)
 {
     gcomp_comm *g;
     gcomp_result rc;
     inside_gcomp++;
-    rc = gcomp_allreduce(c->g, NULL, NULL, 0, GCOMP_F32, GCOMP_SUM, GCOMP_KEY_NONE, NULL);
+    rc = gcomp_allreduce(c->g, NULL, NULL, 0, c->no_memory ? GCOMP_F16 : GCOMP_F32, GCOMP_SUM, GCOMP_KEY_NONE, NULL);
     inside_gcomp--;
-    if (rc == GCOMP_SUCCESS) return;
-    fprintf(stderr, "gcomp_nccl: rank %d: no compression on this communicator: %s%s\n", c->rank,
-            rc == GCOMP_ERR_MISMATCH ? "ranks differ in GCOMP_MIN_BYTES: " : "", gcomp_last_error());
+    if (rc == GCOMP_SUCCESS && !c->no_memory) return;
+    if (c->no_memory)
+        fprintf(stderr, "gcomp_nccl: rank %d: no memory for the communicator's state: no compression on it\n", c->rank);
+    else
+        fprintf(stderr, "gcomp_nccl: rank %d: no compression on this communicator: %s%s\n", c->rank,
+                rc == GCOMP_ERR_MISMATCH
+                    ? "ranks differ in GCOMP_MIN_BYTES (min_bytes below), or a rank had no memory for its state "
+                      "(dtype below): "
+                    : "",
+                gcomp_last_error());
     pthread_mutex_lock(&S.lock);
     g = c->g;
     c->g = NULL;
@@ -270,8 +288,27 @@ static void create_gcomp(ip_comm *c)
     if (c->g) agree_min_bytes(c);
 }
 
+/* The states of the communicators this rank had no memory to track: their calls pass through
+ * on every rank (agree_min_bytes), and this rank must remember them, or its next call on one
+ * would enter gcomp's collective creation alone while the others pass it to NCCL (a hang). A
+ * slot is taken while no_memory is set (under S.lock); listed like any state, and cleared
+ * instead of freed when its communicator goes (comm_gone). */
+static ip_comm no_state[NO_STATE_SLOTS];
+
+/* Called with S.lock held: a free slot of no_state[], taken; NULL when all are. */
+static ip_comm *no_state_slot(void)
+{
+    for (int i = 0; i < NO_STATE_SLOTS; i++)
+        if (!no_state[i].no_memory) {
+            no_state[i].no_memory = 1;
+            return &no_state[i];
+        }
+    return NULL;
+}
+
 /* comm's state with one more user (release() it), its gcomp communicator created at comm's
- * first compressible call; NULL without memory. */
+ * first compressible call. A rank without memory for the state still joins the creation and
+ * the check, which the other ranks wait in, and there makes every rank pass comm through. */
 static ip_comm *acquire(ncclComm_t comm)
 {
     ip_comm *c;
@@ -286,15 +323,21 @@ static ip_comm *acquire(ncclComm_t comm)
         pthread_mutex_unlock(&S.lock);
         return c;
     }
-    if ((c = calloc(1, sizeof *c))) {
-        c->comm = comm;
-        c->users = 1;
-        c->creating = 1;
-        c->next = S.live;
-        S.live = c;
+    if (!(c = S.test_no_state ? NULL : calloc(1, sizeof *c)) && !(c = no_state_slot())) {
+        /* NO_STATE_SLOTS communicators live, all without memory: this one cannot be
+         * remembered either, and any way on would leave some rank waiting for the others */
+        fprintf(stderr,
+                "gcomp_nccl: no memory for the state of another communicator (%d already without): its next "
+                "ncclAllReduce would wait forever: aborting\n",
+                NO_STATE_SLOTS);
+        abort();
     }
+    c->comm = comm;
+    c->users = 1;
+    c->creating = 1;
+    c->next = S.live;
+    S.live = c;
     pthread_mutex_unlock(&S.lock);
-    if (!c) return NULL;
     create_gcomp(c);
     pthread_mutex_lock(&S.lock);
     c->creating = 0;
@@ -350,7 +393,13 @@ static ncclResult_t comm_gone(ncclComm_t comm, comm_fn *real, int is_abort)
     }
     if (c) {
         free(c->seen);
-        free(c);
+        if (c->no_memory) { /* back to the pool */
+            pthread_mutex_lock(&S.lock);
+            memset(c, 0, sizeof *c);
+            pthread_mutex_unlock(&S.lock);
+        } else {
+            free(c);
+        }
     }
     return real_done ? r : real(comm);
 }
@@ -423,7 +472,7 @@ static int classify(size_t count, ncclDataType_t type, ncclRedOp_t op, ncclComm_
     if (op != ncclSum && op != ncclAvg) return PASS_OP;
     if (ncclCommCount(comm, &size) != ncclSuccess || (size < 2 && !S.one_rank)) return PASS_COMM;
     if (count == 0) return PASS_SMALL;
-    if (!(c = acquire(comm))) return PASS_COMM;
+    c = acquire(comm);
     why = !c->g ? PASS_COMM : (int64_t)(count * gcomp_dtype_size(dt)) < c->min_bytes ? PASS_SMALL : -1;
     if (why >= 0)
         release(c);

@@ -416,6 +416,12 @@ do_nccl() {
         rc=1
     fi
   done
+  # as if this rank had no memory for a communicator's state: everything passes through, exact
+  echo "+ GCOMP_CODEC=fp16 LD_PRELOAD=libgcomp_nccl.so tests/cuda_nccl_interpose --codec fp16 --no-state"
+  rm -f "$RESULTS/nccl_interpose_no_state_0.json"
+  env LD_PRELOAD="$lib" GCOMP_CODEC=fp16 GCOMP_TEST_COMPRESS_ONE_RANK=1 GCOMP_DEBUG=INFO \
+    GCOMP_STATS_FILE="$RESULTS/nccl_interpose_no_state_%r.json" timeout "$(limit 120)" "$prog" --codec fp16 --no-state ||
+    rc=1
   if [ -x "$perf" ] && [ -n "$MPIEXEC" ]; then
     echo "+ mpirun -np 1 -x GCOMP_TEST_COMPRESS_ONE_RANK=1 bench/allreduce_perf --device cuda -b 1M -e 256M -f 4 (every codec)"
     timeout "$(limit "$T_NCCL")" "$MPIEXEC" -np 1 -x GCOMP_TEST_COMPRESS_ONE_RANK=1 "$perf" --device cuda \

@@ -19,6 +19,12 @@
  * after free); and with two GPUs, a call made while another device is current succeeds and
  * leaves that device current.
  * --codec off: run without GCOMP_CODEC (or without the interposer): every call is exact.
+ * --no-state (after --codec): the interposer acts as if it had no memory for any
+ * communicator's state (the program sets GCOMP_TEST_INTERPOSE_NO_STATE=1 before its first NCCL
+ * call): it still makes and checks each gcomp communicator, then passes every call through, so
+ * every call is exact, no stats file is written, and two communicators live at once (the
+ * interposer's fixed slots for them) and communicators made after others were destroyed (the
+ * slots taken back) work too.
  *
  * Exits 77 without a CUDA device, 1 with a message on the first failed check.
  */
@@ -305,22 +311,28 @@ static long long json_count(const char *json, const char *key)
     return p ? strtoll(p + strlen(pat), NULL, 10) : -1;
 }
 
+/* The interposer's GCOMP_STATS_FILE for rank 0 into path; 0 when the variable is not set. */
+static int stats_path(char *path, size_t cap)
+{
+    const char *spec = getenv("GCOMP_STATS_FILE"), *r;
+    if (!spec || !*spec) return 0;
+    r = strstr(spec, "%r");
+    if (r)
+        snprintf(path, cap, "%.*s0%s", (int)(r - spec), spec, r + 2);
+    else
+        snprintf(path, cap, "%s.rank0", spec);
+    return 1;
+}
+
 static void check_stats(int compressed)
 {
-    const char *spec = getenv("GCOMP_STATS_FILE");
     char path[4096], json[8192];
-    const char *r;
     size_t n;
     FILE *f;
-    if (!spec || !*spec) {
+    if (!stats_path(path, sizeof path)) {
         CHECK(0, "GCOMP_STATS_FILE is not set: cannot check the interposer's counts");
         return;
     }
-    r = strstr(spec, "%r");
-    if (r)
-        snprintf(path, sizeof path, "%.*s0%s", (int)(r - spec), spec, r + 2);
-    else
-        snprintf(path, sizeof path, "%s.rank0", spec);
     f = fopen(path, "r");
     CHECK(f != NULL, "no stats file %s: was libgcomp_nccl.so preloaded?", path);
     if (!f) return;
@@ -442,13 +454,14 @@ static void other_device_current(void)
 int main(int argc, char **argv)
 {
     const char *codec = argc > 2 && !strcmp(argv[1], "--codec") ? argv[2] : NULL;
-    int devices = 0, off;
+    int devices = 0, off, no_state = argc > 3 && !strcmp(argv[3], "--no-state");
+    char path[4096];
     ncclUniqueId id;
     ncclComm_t comm;
     cudaStream_t s;
     float *x, *res;
-    if (!codec) {
-        fprintf(stderr, "usage: %s --codec none|fp16|bf16|terngrad|topk:ratio=0.01|off\n", argv[0]);
+    if (!codec || argc > 3 + no_state) {
+        fprintf(stderr, "usage: %s --codec none|fp16|bf16|terngrad|topk:ratio=0.01|off [--no-state]\n", argv[0]);
         return 2;
     }
     if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
@@ -456,6 +469,12 @@ int main(int argc, char **argv)
         return 77;
     }
     off = !strcmp(codec, "off");
+    if (no_state) {
+        /* read at the interposer's first call; a stats file would only come from a gcomp
+         * communicator that was used */
+        setenv("GCOMP_TEST_INTERPOSE_NO_STATE", "1", 1);
+        if (stats_path(path, sizeof path)) remove(path);
+    }
     CU(cudaSetDevice(0));
     CU(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     NC(ncclGetUniqueId(&id));
@@ -474,7 +493,7 @@ int main(int argc, char **argv)
                       { BF16, ncclSum, 1, "bfloat16 sum in place" } };
         for (size_t c = 0; c < sizeof calls / sizeof calls[0]; c++) {
             res = one_call(comm, s, calls[c].k, N, calls[c].op, calls[c].in_place, &x);
-            check_bound(off ? "none" : codec, calls[c].what, calls[c].k, x, res, N);
+            check_bound(off || no_state ? "none" : codec, calls[c].what, calls[c].k, x, res, N);
             free(x);
             free(res);
         }
@@ -485,16 +504,33 @@ int main(int argc, char **argv)
     exact_call(comm, s, ncclFloat, SMALL, ncclSum, 0, "small float sum");
     exact_call(comm, s, ncclFloat, N, ncclSum, 1, "float sum inside a group");
     exact_call(comm, s, ncclFloat, N, ncclSum, 2, "float sum captured in a CUDA graph");
+    if (no_state) {
+        /* a second communicator without state while the first still has its own */
+        ncclComm_t other;
+        NC(ncclGetUniqueId(&id));
+        NC(ncclCommInitRank(&other, 1, id, 0));
+        exact_call(other, s, ncclFloat, N, ncclSum, 0, "float sum on a second communicator, no state");
+        exact_call(comm, s, ncclFloat, N, ncclSum, 0, "float sum on the first again, no state");
+        exact_call(other, s, ncclFloat, N, ncclSum, 0, "float sum on the second again, no state");
+        NC(ncclCommDestroy(other));
+    }
 
     NC(ncclCommDestroy(comm));
-    if (!off) check_stats(4);
+    if (no_state && stats_path(path, sizeof path)) {
+        FILE *f = fopen(path, "r");
+        CHECK(f == NULL, "a stats file %s without state: a gcomp communicator was used", path);
+        if (f) fclose(f);
+    } else if (!off) {
+        check_stats(4);
+    }
     abort_in_flight(s);
     other_device_current();
     CU(cudaStreamDestroy(s));
     if (failures) {
-        fprintf(stderr, "cuda_nccl_interpose --codec %s: %d check(s) failed\n", codec, failures);
+        fprintf(stderr, "cuda_nccl_interpose --codec %s%s: %d check(s) failed\n", codec, no_state ? " --no-state" : "",
+                failures);
         return 1;
     }
-    printf("cuda_nccl_interpose --codec %s: all checks passed\n", codec);
+    printf("cuda_nccl_interpose --codec %s%s: all checks passed\n", codec, no_state ? " --no-state" : "");
     return 0;
 }
