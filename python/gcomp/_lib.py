@@ -7,7 +7,7 @@ The library is searched, first hit wins:
      and include/gcomp.h): that checkout's build/libgcomp.so, then any build*/libgcomp.so
      (a developer running from python/ without installing), but not a sanitizer build's;
      an installed copy never looks in the folders around it, which may hold some other build;
-  4. the system: ctypes.util.find_library("gcomp"), then the soname libgcomp.so.0.
+  4. the system: ctypes.util.find_library("gcomp"), then the soname libgcomp.so.0.1.
 
 ctypes.CDLL releases the GIL for the duration of every foreign call, which is what lets the
 DDP hook's worker thread run a gcomp allreduce while Python keeps computing gradients.
@@ -73,7 +73,7 @@ def _candidates():
     found = ctypes.util.find_library("gcomp")
     if found:
         yield found, False
-    yield "libgcomp.so.0", False
+    yield "libgcomp.so.0.1", False  # the soname: the minor too before 1.0 (CMakeLists.txt)
 
 
 def _load():
