@@ -309,7 +309,8 @@ GCOMP_API gcomp_config gcomp_config_default(void);
 
 /* Statistics of a communicator (all keys) or of one key. Times are this rank's, in seconds.
  * A call of count 0 counts in the communicator's calls (with its agreement's bytes and time),
- * not in a key's: its key holds nothing. */
+ * not in a key's: its key holds nothing. A call that fails (refused by the agreement, timed
+ * out, a corrupt payload) counts nowhere, though it may have sent messages. */
 typedef struct gcomp_comm_stats {
     uint64_t calls;
     uint64_t compressed_calls; /* calls that ran a compressed schedule */
@@ -439,7 +440,11 @@ typedef struct gcomp_request gcomp_request;
  * thread needs MPI_THREAD_MULTIPLE (MPI_Init_thread): with a lower level (MPI_Query_thread,
  * checked at creation and at the first call) no thread is started and the calls run inside
  * gcomp_test and gcomp_wait on the caller's thread instead, without overlap (GCOMP_DEBUG=1
- * logs which). Also over MPI, the progress thread sets MPI_COMM_WORLD's error handler to
+ * logs which). A wait then runs whole calls of its own communicator only, so with requests
+ * on several communicators every rank must complete them in the same order (as blocking
+ * calls): a rank waiting on A while the others wait on B stalls until B's timeout_ms, which
+ * then breaks B. With a progress thread each communicator advances on its own, in any order
+ * of waits. Also over MPI, the progress thread sets MPI_COMM_WORLD's error handler to
  * MPI_ERRORS_RETURN while it waits (see gcomp_allreduce over MPI).
  * Returns at once: GCOMP_ERR_INVALID_ARG (comm or req NULL; *req is then NULL),
  * GCOMP_ERR_NOMEM. Not thread-safe on the same communicator: issue, test and wait its
@@ -467,7 +472,8 @@ GCOMP_API void gcomp_comm_destroy(gcomp_comm *comm);
 /* Stats are written by the thread that runs each call: read or reset them when no
  * gcomp_iallreduce of this communicator is in flight. */
 GCOMP_API gcomp_result gcomp_comm_stats_get(const gcomp_comm *comm, gcomp_comm_stats *out);
-/* Stats of one key; GCOMP_ERR_INVALID_ARG if the key was never used. */
+/* Stats of one key; GCOMP_ERR_INVALID_ARG if the key was never used (no call on it succeeded:
+ * a refused or failed first call leaves no key behind, in the stats or in a checkpoint). */
 GCOMP_API gcomp_result gcomp_comm_key_stats_get(const gcomp_comm *comm, uint64_t key, gcomp_comm_stats *out);
 GCOMP_API gcomp_result gcomp_comm_stats_reset(gcomp_comm *comm);
 

@@ -206,9 +206,10 @@ static gcomp_result res_alloc(gcomp__codec_device *d, dev_residual *r, size_t co
 /* The key's device residual for count elements: created zero at its first use, reset when
  * the count changed; a residual the host store holds for the key (restored with
  * gcomp_codec_residual_set before any device call, or from host calls) moves here with its
- * step. */
+ * step. A host residual of another count is dropped, or with keep_other kept (the engine's
+ * calls: it goes when the call succeeds, gcomp__codec_device_ef_end). */
 static gcomp_result acquire_res(const gcomp__codec_parts *c, gcomp__codec_device *d, uint64_t key, size_t count,
-                                struct CUstream_st *stream, dev_residual **out)
+                                struct CUstream_st *stream, int keep_other, dev_residual **out)
 {
     /* Always two buffers on the device, in-place codecs included: an in-place encode may change
      * no residual before it knows every scale is finite, which costs TernGrad a second read of
@@ -252,7 +253,7 @@ static gcomp_result acquire_res(const gcomp__codec_parts *c, gcomp__codec_device
         return rc;
     }
     /* host -> device copies are staged before they return: the host buffers may go now */
-    if (host) gcomp__residual_drop(c->host_residuals, key);
+    if (host && (init || !keep_other)) gcomp__residual_drop(c->host_residuals, key);
     *out = r;
     return GCOMP_SUCCESS;
 }
@@ -261,7 +262,7 @@ static gcomp_result acquire(const gcomp__codec_parts *c, gcomp__codec_device *d,
                             struct CUstream_st *stream, gcomp_cuda_residual **out)
 {
     dev_residual *r;
-    GCOMP_CHECK(acquire_res(c, d, key, count, stream, &r));
+    GCOMP_CHECK(acquire_res(c, d, key, count, stream, 0, &r));
     *out = r->state;
     return GCOMP_SUCCESS;
 }
@@ -592,7 +593,11 @@ gcomp_result gcomp__codec_device_ef_begin(const gcomp__codec_parts *c, const gco
         GCOMP_CHECK(fresh_res(d, key, count, stream, &r));
         ef->fresh = r;
     } else {
-        if (!r) GCOMP_CHECK(acquire_res(c, d, key, count, stream, &r));
+        if (!r) {
+            const gcomp__residual *host = gcomp__residual_find(c->host_residuals, key);
+            ef->created = !host || host->count != count; /* else the host's residual moves here */
+            GCOMP_CHECK(acquire_res(c, d, key, count, stream, 1, &r));
+        }
         if (!known_state(d, r, stream, &rc)) return rc;
     }
     /* the buffer pointers of the state block, as res_alloc wrote them */
@@ -628,6 +633,8 @@ gcomp_result gcomp__codec_device_ef_end(const gcomp__codec_parts *c, gcomp__dev_
     gcomp_cuda_status *st = d ? d->status : NULL; /* the object's own block: free between its calls */
     ef->active = 0;
     if (!r) return GCOMP_SUCCESS;
+    if (ef->created) gcomp__residual_drop(c->host_residuals, ef->key); /* of another count: replaced */
+    ef->created = 0;
     /* the commit kernel flips the buffers unless st->nonfinite, and advances the step: the
      * same kernel as the public path's, fed the decision every rank agreed on */
     GCOMP_CHECK(d->ops->memset_async(st, 0, sizeof *st, stream));
@@ -643,6 +650,12 @@ void gcomp__codec_device_ef_abandon(const gcomp__codec_parts *c, gcomp__dev_ef *
     gcomp__codec_device *d = *c->dev;
     dev_residual *fresh = ef->fresh;
     if (!ef->active) return;
+    if (ef->created) { /* the key was new here: it goes, once the call's kernels are done with it */
+        ef->active = 0;
+        ef->created = 0;
+        if (d->ops->wait(stream, 1000) == GCOMP_SUCCESS) gcomp__codec_device_residual_drop(d, ef->key);
+        return;
+    }
     if (!fresh) {
         if (gcomp__codec_device_ef_end(c, ef, 1, stream) == GCOMP_SUCCESS) (void)d->ops->wait(stream, 1000);
         return;

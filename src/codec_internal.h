@@ -74,6 +74,7 @@ typedef struct gcomp__ef {
      * instead (gcomp__ef_abandon: ranks that disagree on the count) leaves the old one. */
     gcomp__residual_store *store;
     int fresh;
+    int created; /* the key was new to the store: a call that fails drops it again */
 } gcomp__ef;
 
 gcomp_result gcomp__ef_begin(gcomp__residual_store *s, uint64_t key, size_t count, int in_place, gcomp__ef *ef);
@@ -89,6 +90,8 @@ typedef struct gcomp__dev_ef {
     float *r_in, *r_out; /* device memory, count elements each */
     uint64_t step;
     void *fresh; /* the key's count changed: its new residual, installed at the end (as gcomp__ef) */
+    int created; /* the key was new to the device (no host residual of its count moved there): a
+                  * call that fails drops it again, and a host residual of another count stays */
 } gcomp__dev_ef;
 
 /* ---- codec-object internals the schedules use (codec.c) ---- */

@@ -511,7 +511,7 @@ gcomp_result gcomp_comm_key_stats_get(const gcomp_comm *c, uint64_t key, gcomp_c
     const gcomp__key *k;
     if (!c || !out) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_key_stats_get: NULL argument");
     k = gcomp__comm_find_key(c, key);
-    if (!k)
+    if (!k || !k->count) /* a key's count is recorded by its first call that succeeded */
         return gcomp__fail(GCOMP_ERR_INVALID_ARG, "key %llu was never used on this communicator",
                            (unsigned long long)key);
     *out = k->stats;

@@ -141,6 +141,7 @@ gcomp_result gcomp__ef_begin(gcomp__residual_store *s, uint64_t key, size_t coun
     ef->store = s;
     if (!r) {
         GCOMP_CHECK(gcomp__residual_acquire(s, key, count, !in_place, &r));
+        ef->created = 1;
     } else if (r->count != count) {
         GCOMP_CHECK(fresh_residual(key, count, !in_place, &r));
         ef->fresh = 1;
@@ -176,14 +177,19 @@ void gcomp__ef_end(gcomp__ef *ef, int nonfinite)
     if (ef->fresh) install_fresh(ef); /* not finite: the new residual stays zero, as the reset made it */
     if (!nonfinite && ef->r_out != ef->r_in) gcomp__residual_commit(ef->res);
     ef->res = NULL;
+    ef->created = 0;
 }
 
-/* A call that failed: a new entry is dropped (the key keeps its old residual and count). */
+/* A call that failed: a new entry is dropped (the key keeps its old residual and count), and
+ * so is a key the call brought (it held nothing before: a refused first call leaves no key
+ * for a checkpoint to list or a load to compare counts with). */
 void gcomp__ef_abandon(gcomp__ef *ef)
 {
     if (ef->fresh) free_entry(ef->res);
+    if (ef->res && ef->created) gcomp__residual_drop(ef->store, ef->res->key);
     ef->res = NULL;
     ef->fresh = 0;
+    ef->created = 0;
 }
 
 /* Remove with backward-shift so later probes still find their keys. */

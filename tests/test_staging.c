@@ -445,6 +445,10 @@ typedef struct keep_job {
     gcomp_result first, failed, after;
     uint64_t before, since; /* hashes of the residual checkpoint before and after the failed call */
     uint64_t result;        /* of the call after it */
+    /* a refused first call of another key: its result, the checkpoint's hash before and after
+     * it, and that key's stats afterwards (it must hold nothing) */
+    gcomp_result new_refused, new_stats;
+    uint64_t empty, new_since;
 } keep_job;
 
 static uint64_t checkpoint_hash(gcomp_comm *comm)
@@ -460,7 +464,10 @@ static uint64_t checkpoint_hash(gcomp_comm *comm)
 
 /* Rank 1 calls key 42 with half the count the others use: every rank gets
  * GCOMP_ERR_MISMATCH, and rank 1's key must keep its residual, step and count (a count
- * change resets them only once the ranks have agreed on the call). */
+ * change resets them only once the ranks have agreed on the call). First, the same refusal on
+ * key 41's first call must leave no key 41 behind on any rank: no residual in the checkpoint
+ * (before, each rank kept a zero one of its own count, so loading a checkpoint of key 41 was
+ * refused on rank 1 alone), no stats. */
 static void *run_keep(void *arg)
 {
     keep_job *j = arg;
@@ -474,6 +481,14 @@ static void *run_keep(void *arg)
     j->first = gcomp__comm_create_loop(j->at.w, j->at.rank, &cfg, &comm);
     if (j->first == GCOMP_SUCCESS && j->mode == MODE_EMULATED) j->first = gcomp__comm_emulate_device(comm, "emu_none", 1);
     fill(&c, x, j->at.rank, 0);
+    if (j->first == GCOMP_SUCCESS) {
+        gcomp_comm_stats st;
+        j->empty = checkpoint_hash(comm);
+        j->new_refused =
+            gcomp_allreduce(comm, x, y, j->at.rank == 1 ? c.count / 2 : c.count, GCOMP_F32, GCOMP_SUM, 41, NULL);
+        j->new_since = checkpoint_hash(comm);
+        j->new_stats = gcomp_comm_key_stats_get(comm, 41, &st);
+    }
     if (j->first == GCOMP_SUCCESS) j->first = gcomp_allreduce(comm, x, y, c.count, GCOMP_F32, GCOMP_SUM, 42, NULL);
     j->before = checkpoint_hash(comm);
     fill(&c, x, j->at.rank, 1);
@@ -506,6 +521,13 @@ static void test_mismatch_keeps_key_state(void **state)
                         fail_msg("%s, %s, %d ranks: rank %d returned %s, %s, %s (expected SUCCESS, MISMATCH, SUCCESS)",
                                  specs[k], where, n, r, gcomp_result_name(jobs[r].first),
                                  gcomp_result_name(jobs[r].failed), gcomp_result_name(jobs[r].after));
+                    if (jobs[r].new_refused != GCOMP_ERR_MISMATCH || !jobs[r].empty ||
+                        jobs[r].new_since != jobs[r].empty || jobs[r].new_stats != GCOMP_ERR_INVALID_ARG)
+                        fail_msg("%s, %s, %d ranks: rank %d: a refused first call of a key returned %s and left %s "
+                                 "(checkpoint %s, stats %s)",
+                                 specs[k], where, n, r, gcomp_result_name(jobs[r].new_refused),
+                                 jobs[r].new_since != jobs[r].empty ? "a residual" : "no residual",
+                                 jobs[r].empty ? "saved" : "not saved", gcomp_result_name(jobs[r].new_stats));
                     if (jobs[r].result != jobs[0].result)
                         fail_msg("%s, %s, %d ranks: the call after the mismatch differs on rank %d", specs[k], where,
                                  n, r);
@@ -515,7 +537,9 @@ static void test_mismatch_keeps_key_state(void **state)
                              specs[k], where_of(mode), n);
             }
         }
-        printf("  %-22s 2-4 ranks, host and device paths: a refused count change keeps the key's state\n", specs[k]);
+        printf("  %-22s 2-4 ranks, host and device paths: a refused count change keeps the key's state, a refused "
+               "first call leaves no key\n",
+               specs[k]);
     }
 }
 
