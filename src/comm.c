@@ -490,12 +490,15 @@ void gcomp__comm_inject_fault(gcomp_comm *c, int fault)
     if (fault == GCOMP__FAULT_ALLOC) {
         gcomp__ws_free(&c->ws[GCOMP__DEVICE_HOST]);
         c->ws[GCOMP__DEVICE_HOST].fail_next = 1;
-    } else if (fault == GCOMP__FAULT_TRUNCATE_WIRE) {
+    } else if (fault == GCOMP__FAULT_TRUNCATE_WIRE || fault == GCOMP__FAULT_GARBLE_TRAILER) {
         gcomp__transport *wrapped;
         if (gcomp__transport_fault_wrap(c->tp, &wrapped) != GCOMP_SUCCESS) return;
         c->tp = wrapped;
         for (int d = 0; d < 2; d++) gcomp__transport_staging_rebind(c->staged[d], wrapped);
-        gcomp__transport_fault_truncate_next(wrapped);
+        if (fault == GCOMP__FAULT_TRUNCATE_WIRE)
+            gcomp__transport_fault_truncate_next(wrapped);
+        else
+            gcomp__transport_fault_garble_next(wrapped);
     }
 }
 

@@ -183,12 +183,14 @@ gcomp_result gcomp__comm_agree_outcome(gcomp_comm *c, gcomp_result local, int lo
 extern _Thread_local int gcomp__protocol_skew;
 
 /* Test hooks (tests only): make this rank's next call fail its allocation (the workspace
- * is released and its next fit fails), or truncate the next message it sends by one byte
- * (the transport is wrapped in the fault decorator, transport_fault.c). */
+ * is released and its next fit fails), truncate the next message it sends by one byte, or
+ * garble the failure field of the next message's outcome trailer (the transport is wrapped in
+ * the fault decorator, transport_fault.c). */
 enum {
     GCOMP__FAULT_NONE = 0,
     GCOMP__FAULT_ALLOC = 1,
-    GCOMP__FAULT_TRUNCATE_WIRE = 2
+    GCOMP__FAULT_TRUNCATE_WIRE = 2,
+    GCOMP__FAULT_GARBLE_TRAILER = 3
 };
 void gcomp__comm_inject_fault(gcomp_comm *c, int fault);
 /* Test hook: host buffers of this communicator go through a staging decorator with the host's

@@ -148,8 +148,17 @@ static size_t read_trailer(gcomp__ring *r, const uint8_t *msg, size_t bytes, int
                                   bytes, r->peer));
         return 0;
     }
-    if (with_block) merge_block(r, msg + have - tlen);
     fail = gcomp_le_load_u64(p + 8);
+    /* a failure field that names no error or no rank, or flags this version does not have:
+     * corrupt (heard as it is, it would end the call with no gcomp_result on some ranks) */
+    if ((fail && (!gcomp__result_known((gcomp_result)(fail >> 32)) || (fail >> 32) == GCOMP_SUCCESS ||
+                  (uint32_t)fail >= (uint32_t)r->size)) ||
+        (p[3] & ~(GCOMP__RING_NONFINITE | GCOMP__RING_AGREEING))) {
+        GCOMP_STEP(
+            r, gcomp__fail(GCOMP_ERR_CORRUPT, "ring message from rank %d has a malformed outcome trailer", r->peer));
+        return 0;
+    }
+    if (with_block) merge_block(r, msg + have - tlen);
     r->flags |= p[3] & GCOMP__RING_NONFINITE;
     if (fail > r->fail) r->fail = fail;
     if (fail && !r->error) { /* stop working, as after a failure of this rank's own */

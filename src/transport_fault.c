@@ -1,11 +1,13 @@
 /*
  * transport_fault.c — a transport decorator that injects faults for tests: it forwards
  * every call to the transport it wraps (the optional sized and any-size exchanges too, when
- * the inner one has them), except what a test armed (the next message sent loses its last byte). The
+ * the inner one has them), except what a test armed (the next message sent loses its last
+ * byte, or goes out with its last 8 bytes garbled). The
  * engine's hot path knows nothing of it: a communicator's transport is wrapped only when a
  * test asks (gcomp__comm_inject_fault).
  */
 #include <stdlib.h>
+#include <string.h>
 
 #include "transport.h"
 
@@ -13,6 +15,8 @@ typedef struct fault_transport {
     gcomp__transport base;
     gcomp__transport *inner;
     int truncate_next;
+    int garble_next;
+    uint8_t *garbled; /* the garbled copy sent (kept until destroy: the exchange may read it) */
 } fault_transport;
 
 /* The transport underneath, told the stream of the call in progress: the engine sets it on
@@ -36,11 +40,25 @@ static size_t sent_size(gcomp__transport *t, size_t sbytes)
     return sbytes;
 }
 
+/* The bytes the next message is sent from: a copy whose last 8 bytes say failure code 0xff
+ * (little-endian u64 0xff << 32, rank 0) once, when armed and the message is long enough. */
+static const void *sent_bytes(gcomp__transport *t, const void *sbuf, size_t sbytes)
+{
+    fault_transport *f = (fault_transport *)t;
+    static const uint8_t code[8] = { 0, 0, 0, 0, 0xff, 0, 0, 0 };
+    if (!f->garble_next || sbytes < 8 || f->garbled) return sbuf;
+    if (!(f->garbled = malloc(sbytes))) return sbuf;
+    f->garble_next = 0;
+    memcpy(f->garbled, sbuf, sbytes);
+    memcpy(f->garbled + sbytes - 8, code, 8);
+    return f->garbled;
+}
+
 static gcomp_result fault_start(gcomp__transport *t, int to, const void *sbuf, size_t sbytes, int from, void *rbuf,
                                 size_t rcap)
 {
     gcomp__transport *in = inner_of(t);
-    return in->start_sendrecv(in, to, sbuf, sent_size(t, sbytes), from, rbuf, rcap);
+    return in->start_sendrecv(in, to, sent_bytes(t, sbuf, sbytes), sent_size(t, sbytes), from, rbuf, rcap);
 }
 
 /* Only offered when the inner transport has the entry. A truncated message breaks the sized
@@ -51,14 +69,14 @@ static gcomp_result fault_start_sized(gcomp__transport *t, int to, const void *s
                                       void *rbuf, size_t rbytes)
 {
     gcomp__transport *in = inner_of(t);
-    return in->start_sendrecv_sized(in, to, sbuf, sent_size(t, sbytes), from, rbuf, rbytes);
+    return in->start_sendrecv_sized(in, to, sent_bytes(t, sbuf, sbytes), sent_size(t, sbytes), from, rbuf, rbytes);
 }
 
 static gcomp_result fault_start_any(gcomp__transport *t, int to, const void *sbuf, size_t sbytes, int from,
                                     void *rbuf, size_t rcap)
 {
     gcomp__transport *in = inner_of(t);
-    return in->start_sendrecv_any(in, to, sbuf, sent_size(t, sbytes), from, rbuf, rcap);
+    return in->start_sendrecv_any(in, to, sent_bytes(t, sbuf, sbytes), sent_size(t, sbytes), from, rbuf, rcap);
 }
 
 static gcomp_result fault_finish(gcomp__transport *t, size_t *rbytes, double deadline)
@@ -89,6 +107,7 @@ static void fault_destroy(gcomp__transport *t)
 {
     fault_transport *f = (fault_transport *)t;
     f->inner->destroy(f->inner);
+    free(f->garbled);
     free(f);
 }
 
@@ -128,4 +147,9 @@ gcomp_result gcomp__transport_fault_wrap(gcomp__transport *inner, gcomp__transpo
 void gcomp__transport_fault_truncate_next(gcomp__transport *t)
 {
     if (t && t->destroy == fault_destroy) ((fault_transport *)t)->truncate_next = 1;
+}
+
+void gcomp__transport_fault_garble_next(gcomp__transport *t)
+{
+    if (t && t->destroy == fault_destroy) ((fault_transport *)t)->garble_next = 1;
 }

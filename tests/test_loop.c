@@ -509,13 +509,17 @@ static void test_stopped_peer_times_out(void **state)
  * byte (the fault decorator). Its receiver finds the trailer broken and the news rides the
  * ring's later messages -- on the sparse gather its outcome hop brings it back to rank 0 --
  * so every rank returns GCOMP_ERR_CORRUPT with no collective after the ring, and the next
- * call works everywhere (a failure heard too late would have broken a communicator). */
+ * call works everywhere (a failure heard too late would have broken a communicator). The
+ * same when the message's trailer says a failure code that is no gcomp_result (garbled): its
+ * receiver takes the trailer for corrupt, where before it heard of that code and some ranks
+ * returned it (GCOMP_ERR_UNKNOWN) while others succeeded. */
 typedef struct trunc_job {
     loop_rank at;
     const char *spec;
     size_t count;
     int emulated; /* the buffers take the emulated device path (+zstd: on host copies) */
     gcomp_op op;
+    int fault;          /* GCOMP__FAULT_TRUNCATE_WIRE or GCOMP__FAULT_GARBLE_TRAILER */
     gcomp_result rc[2]; /* the truncated call, the call after it */
     gcomp_schedule sched;
     uint64_t wire; /* of the call after it */
@@ -537,7 +541,7 @@ static void *run_truncated(void *arg)
     j->rc[0] = j->rc[1] = gcomp__comm_create_loop(j->at.w, j->at.rank, &cfg, &comm);
     if (j->rc[0] == GCOMP_SUCCESS) {
         if (j->emulated) j->rc[0] = j->rc[1] = gcomp__comm_emulate_device(comm, "none", 0);
-        if (j->at.rank == 0) gcomp__comm_inject_fault(comm, GCOMP__FAULT_TRUNCATE_WIRE);
+        if (j->at.rank == 0) gcomp__comm_inject_fault(comm, j->fault);
         if (j->rc[0] == GCOMP_SUCCESS) j->rc[0] = gcomp_allreduce(comm, x, y, n, GCOMP_F32, j->op, 3, NULL);
         (void)gcomp_comm_stats_reset(comm);
         if (j->rc[1] == GCOMP_SUCCESS) j->rc[1] = gcomp_allreduce(comm, x, y, n, GCOMP_F32, j->op, 3, NULL);
@@ -560,19 +564,24 @@ static void test_truncated_message(void **state)
         gcomp_schedule sched, at4; /* from 3 ranks (at 2 the dense ring's calls take recursive doubling); at 4 */
         int emulated;
         gcomp_op op;
+        int garble; /* the trailer's failure field garbled instead of a byte cut */
     } cases[] = {
         /* at 4 ranks: the agreement's own pass on the butterfly, then the dense ring */
-        { "fp16", 20011, GCOMP_SCHED_DENSE, GCOMP_SCHED_DENSE, 0, GCOMP_SUM },
-        { "fp16", 5003, GCOMP_SCHED_DENSE, GCOMP_SCHED_DOUBLING, 0, GCOMP_SUM },
-        { "terngrad", 20011, GCOMP_SCHED_INTEGER, GCOMP_SCHED_INTEGER, 0, GCOMP_SUM },
-        { "topk:ratio=0.01", 20011, GCOMP_SCHED_SPARSE, GCOMP_SCHED_SPARSE, 0, GCOMP_SUM },
-        { "topk:ratio=1", 20011, GCOMP_SCHED_SPARSE_AS_DENSE, GCOMP_SCHED_SPARSE_AS_DENSE, 0, GCOMP_SUM },
+        { "fp16", 20011, GCOMP_SCHED_DENSE, GCOMP_SCHED_DENSE, 0, GCOMP_SUM, 0 },
+        { "fp16", 5003, GCOMP_SCHED_DENSE, GCOMP_SCHED_DOUBLING, 0, GCOMP_SUM, 0 },
+        { "terngrad", 20011, GCOMP_SCHED_INTEGER, GCOMP_SCHED_INTEGER, 0, GCOMP_SUM, 0 },
+        { "topk:ratio=0.01", 20011, GCOMP_SCHED_SPARSE, GCOMP_SCHED_SPARSE, 0, GCOMP_SUM, 0 },
+        { "topk:ratio=1", 20011, GCOMP_SCHED_SPARSE_AS_DENSE, GCOMP_SCHED_SPARSE_AS_DENSE, 0, GCOMP_SUM, 0 },
         /* device buffers on host copies (+zstd), AVG (a pre-scaled copy of the input): the
          * failure found in the pass goes on after the copies' regions are carved */
-        { "fp16+zstd", 40009, GCOMP_SCHED_DENSE, GCOMP_SCHED_DENSE, 1, GCOMP_AVG },
-        { "fp16+zstd", 5003, GCOMP_SCHED_DENSE, GCOMP_SCHED_DOUBLING, 1, GCOMP_AVG },
+        { "fp16+zstd", 40009, GCOMP_SCHED_DENSE, GCOMP_SCHED_DENSE, 1, GCOMP_AVG, 0 },
+        { "fp16+zstd", 5003, GCOMP_SCHED_DENSE, GCOMP_SCHED_DOUBLING, 1, GCOMP_AVG, 0 },
         /* an empty call: the agreement's pass alone, then its outcome hops (no schedule runs) */
-        { "fp16", 0, GCOMP_SCHED_NONE, GCOMP_SCHED_NONE, 0, GCOMP_SUM },
+        { "fp16", 0, GCOMP_SCHED_NONE, GCOMP_SCHED_NONE, 0, GCOMP_SUM, 0 },
+        { "fp16", 20011, GCOMP_SCHED_DENSE, GCOMP_SCHED_DENSE, 0, GCOMP_SUM, 1 },
+        { "terngrad", 20011, GCOMP_SCHED_INTEGER, GCOMP_SCHED_INTEGER, 0, GCOMP_SUM, 1 },
+        { "topk:ratio=0.01", 20011, GCOMP_SCHED_SPARSE, GCOMP_SCHED_SPARSE, 0, GCOMP_SUM, 1 },
+        { "fp16", 0, GCOMP_SCHED_NONE, GCOMP_SCHED_NONE, 0, GCOMP_SUM, 1 },
     };
     (void)state;
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
@@ -584,6 +593,7 @@ static void test_truncated_message(void **state)
                 jobs[r].count = cases[k].count;
                 jobs[r].emulated = cases[k].emulated;
                 jobs[r].op = cases[k].op;
+                jobs[r].fault = cases[k].garble ? GCOMP__FAULT_GARBLE_TRAILER : GCOMP__FAULT_TRUNCATE_WIRE;
             }
             loop_run_world(n, run_truncated, jobs, sizeof jobs[0]);
             for (int r = 0; r < n; r++) {
@@ -596,9 +606,9 @@ static void test_truncated_message(void **state)
                 assert_int_equal(jobs[r].sched, want);
                 assert_true(jobs[r].wire >= gcomp__ring_trailer_bytes(want, n)); /* counted */
             }
-            print_message("    %-16s %5zu elements%s, %d ranks (%s): CORRUPT on every rank, then success\n",
+            print_message("    %-16s %5zu elements%s, %d ranks (%s), %s: CORRUPT on every rank, then success\n",
                           cases[k].spec, cases[k].count, cases[k].emulated ? " (device path)" : "", n,
-                          gcomp_schedule_name(jobs[0].sched));
+                          gcomp_schedule_name(jobs[0].sched), cases[k].garble ? "garbled trailer" : "cut message");
         }
 }
 
