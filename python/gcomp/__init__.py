@@ -378,14 +378,19 @@ class Comm(_Handle):
         self._device = None  # the CUDA device of an NCCL communicator
         self._devices = set()  # the CUDA devices calls have used (see _settled)
         self._mpi_comm = None  # the mpi4py communicator it was built over (None: a torch group)
-        cfg = _config(codec, min_bytes, error_feedback, seed, timeout_ms, debug)
-        backend = _choice("backend", backend, {"mpi": "mpi", "nccl": "nccl"})
+        try:
+            cfg = _config(codec, min_bytes, error_feedback, seed, timeout_ms, debug)
+            backend = _choice("backend", backend, {"mpi": "mpi", "nccl": "nccl"})
+            if backend == "mpi" and (group is not None or device is not None):
+                raise ValueError("group and device are for backend='nccl'; an MPI Comm runs "
+                                 "over mpi_comm on host memory")
+        except (TypeError, ValueError):
+            if backend != "nccl":
+                _join_refused_creation(mpi_comm)
+            raise
         if backend == "nccl":
             self._create_nccl(cfg, mpi_comm, group, device)
         else:
-            if group is not None or device is not None:
-                raise ValueError("group and device are for backend='nccl'; an MPI Comm runs "
-                                 "over mpi_comm on host memory")
             self._create_mpi(cfg, mpi_comm)
         self.backend = backend
         self._seq = next(_comm_seq)
@@ -730,6 +735,31 @@ class Request:
 
 def _where(b):
     return "host memory" if b.device is None else str(b.device)
+
+
+# The spec a rank whose arguments were refused in Python joins a creation with: no codec has
+# this name, so the library refuses it, and the refusal reaches every rank.
+_REFUSED_SPEC = b"(arguments refused in Python on this rank)"
+
+
+def _join_refused_creation(mpi_comm):
+    """This rank refused its own arguments to a collective creation over MPI (Comm,
+    GcompHookState) before reaching it; the other ranks may be in it already and would wait
+    for this one until their timeout. Join it with a spec the library refuses instead: the
+    creation then fails on every rank at once. Best effort: nothing to join without MPI or
+    with an mpi_comm that is no communicator (the caller raises its own error either way)."""
+    try:
+        if _lib.comm_create_mpi is None:
+            return
+        MPI = init_mpi()
+        handle = _mpi_handle(MPI.COMM_WORLD if mpi_comm is None else mpi_comm)
+        cfg = _lib.config_default()
+        cfg.codec = _REFUSED_SPEC
+        h = ctypes.c_void_p()
+        if _lib.comm_create_mpi(handle, ctypes.byref(cfg), ctypes.byref(h)) == 0:
+            _lib.comm_destroy(h)  # not reached: the spec is refused
+    except Exception:  # noqa: B902 - the caller's error is the one to raise
+        pass
 
 
 def _config(codec, min_bytes, error_feedback, seed, timeout_ms, debug):

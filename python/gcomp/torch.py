@@ -35,11 +35,14 @@ How it works
     bucket before the reduction is done on the GPU. No worker thread, hence no question of
     which device or stream a thread has current, and no stream or event of the hook's own.
   - Error feedback: one residual per bucket and layout, key = (generation << 32) | bucket
-    index. A bucket's layout is its element count, dtype and the shapes of its parameters in
-    buffer order; a layout not seen before at that index gets the next generation, so its
-    residual starts from zero: that is what happens when DDP rebuilds its buckets. A layout
-    seen before keeps its key (and residual). The layout uses shapes, not object identities,
-    so it means the same thing in a resumed process.
+    index. A bucket's layout is its element count, dtype and its parameters in buffer order
+    (with their shapes); a layout not seen before at that index gets the next generation, so
+    its residual starts from zero: that is what happens when DDP rebuilds its buckets, also
+    into equal-shaped parameters in another order. A layout seen before keeps its key (and
+    residual). Parameters are named by number, in the order the hook first meets them (DDP's
+    initial buckets, the same on every rank), not by object identity, so a layout means the
+    same thing in a resumed process. Bucket gradients of float64 (or other dtypes) are refused
+    from the first iteration: gcomp reduces float32, float16 and bfloat16.
   - Bit-for-bit resume needs the resumed DDP to bucket gradients as the saved one did. A DDP
     that rebuilds its buckets after its first iteration (the default) runs that first resumed
     iteration with its initial layout: those buckets are compressed under the initial
@@ -56,8 +59,9 @@ How it works
     optimizer's momentum only sees what was sent; accumulating the velocity locally lets
     the residual carry the momentum too (examples/ddp_fashion_mnist.py measures the
     difference). Velocities are kept per bucket layout, keyed like the residuals; when DDP
-    rebuilds its buckets each parameter's velocity moves with it into its new bucket. A
-    resumed run continues bit for bit under the same conditions as the residuals (below).
+    rebuilds its buckets each parameter's velocity moves with it into its new bucket, and a
+    resumed run's first (initial) layout takes each parameter's saved velocity. A resumed run
+    continues bit for bit under the same conditions as the residuals (below).
     Momentum factor masking is not done. What differs from SGD's own momentum: the
     optimizer's weight_decay (and nesterov, dampening) act outside the velocity, so run them
     as usual only if that is what you want (DGC adds the weight decay to the gradient before
@@ -92,7 +96,10 @@ from gcomp import _args, _buffers
 
 __all__ = ["GcompHookState", "hook"]
 
-_STATE_VERSION = 2  # 2: momentum and velocities (1, without them, loads as momentum 0)
+# 2: momentum and velocities (1, without them, loads as momentum 0); 3: layouts name their
+# parameters (by number) and the velocities' placement is saved (2 loads: its layouts by
+# shapes are taken for the first layout of each bucket that matches them)
+_STATE_VERSION = 3
 
 
 class GcompHookState:
@@ -125,8 +132,14 @@ class GcompHookState:
                  device=None, momentum=0.0):
         self._thread = None
         self._closed = True  # until the communicator exists
-        start_iter = _args.int_arg("start_iter", start_iter, 0, _args.INT64_MAX)
-        momentum = _momentum_arg("momentum", momentum)
+        try:
+            start_iter = _args.int_arg("start_iter", start_iter, 0, _args.INT64_MAX)
+            momentum = _momentum_arg("momentum", momentum)
+        except (TypeError, ValueError):
+            # the other ranks may be in the communicator's creation already: fail it there too
+            if (backend or _default_backend(process_group)) != "nccl":
+                gcomp._join_refused_creation(comm)
+            raise
         if backend is None:
             backend = _default_backend(process_group)
         wait_ms = timeout_ms  # the argument itself is what a pickled state keeps
@@ -137,9 +150,13 @@ class GcompHookState:
         self.iter = 0
         self.momentum = momentum
         self._layout = {}  # bucket index -> {layout signature: generation}
+        # Parameters are named by number, in the order the hook first meets them: DDP's
+        # initial buckets, the same on every rank and in every process of a resumed run.
+        self._numbers = {}  # id(parameter) -> (parameter, its number)
+        self._next_number = 0
         self._velocity = {}  # bucket key -> velocity tensor (momentum > 0)
-        self._where = {}  # id(parameter) -> (parameter, bucket key, offset) of its velocity
-        self._ids = {}  # bucket key -> ids of the parameters its velocity holds, in order
+        self._where = {}  # parameter number -> (bucket key, offset) of its velocity
+        self._ids = {}  # bucket key -> numbers of the parameters its velocity holds, in order
         if backend == "nccl":
             self.comm = gcomp.Comm(comm, codec=codec, min_bytes=min_bytes,
                                    error_feedback=error_feedback, seed=seed,
@@ -157,7 +174,8 @@ class GcompHookState:
         try:
             # None: an NCCL communicator built from the process group itself
             if self.comm._mpi_comm is not None:
-                _check_same_group(self.comm._mpi_comm, process_group)
+                _check_same_group(self.comm._mpi_comm, process_group,
+                                  dict(start_iter=start_iter, momentum=momentum, error_feedback=self._ef))
         except Exception:
             self.comm.close()
             raise
@@ -212,27 +230,46 @@ class GcompHookState:
 
     # ---- bucket bookkeeping ----------------------------------------------------------------
 
+    def _param_numbers(self, params):
+        """The numbers of these parameters, a new one for each parameter not met before."""
+        out = []
+        for p in params:
+            known = self._numbers.get(id(p))
+            if known is None or known[0] is not p:
+                known = self._numbers[id(p)] = (p, self._next_number)
+                self._next_number += 1
+            out.append(known[1])
+        return tuple(out)
+
     def _key(self, bucket, tensor):
+        """The bucket's gcomp key: (generation << 32) | index, one generation per layout of
+        the bucket index, a layout being which parameters it holds in which order (with its
+        size and dtype). Equal-shaped parameters in another order are another layout: its
+        residual must not be added to the parameters that now sit at those offsets."""
         idx = bucket.index()
-        sig = (tensor.numel(), str(tensor.dtype),
-               tuple(tuple(p.shape) for p in bucket.parameters()))
+        params = bucket.parameters()
+        shapes = tuple(tuple(p.shape) for p in params)
+        sig = (tensor.numel(), str(tensor.dtype), shapes, self._param_numbers(params))
         gens = self._layout.setdefault(idx, {})
         if sig not in gens:
-            gens[sig] = max(gens.values(), default=-1) + 1
+            if sig[:3] in gens:  # a version-2 state dict's layout (shapes only): this one's
+                gens[sig] = gens.pop(sig[:3])
+            else:
+                gens[sig] = max(gens.values(), default=-1) + 1
         return (gens[sig] << 32) | idx
 
     def _with_momentum(self, key, bucket, grad):
         """u = momentum * u + grad for the bucket's velocity, written into grad (the bucket's
         buffer, which is what gets reduced); on grad's device and current stream."""
         params = bucket.parameters()
-        ids = tuple(id(p) for p in params)
+        ids = self._param_numbers(params)
         u = self._velocity.get(key)
-        # A key names a layout by shapes; the same shapes can hold other parameters (DDP's
-        # rebuild reorders equal-shaped layers): then the velocity is remapped by parameter.
-        # A velocity loaded from a state dict has no parameters recorded: taken as it is.
+        # A key names its parameters, but a version-2 state dict's velocity has none
+        # recorded (taken as it is), and a layout's velocity may have moved on: then the
+        # velocity is gathered parameter by parameter.
         if u is None or u.shape != grad.shape or u.dtype != grad.dtype or \
                 self._ids.get(key, ids) != ids:
-            u = self._velocity_of_layout(params, grad)
+            u = self._velocity_of_layout(params, ids, grad)
         elif u.device != grad.device:  # loaded from a state dict: on the CPU
             u = u.to(grad.device)
         u.mul_(self.momentum).add_(grad)
@@ -241,32 +278,32 @@ class GcompHookState:
         if self._ids.get(key) != ids:
             self._place(key, params, ids)
 
-    def _velocity_of_layout(self, params, grad):
+    def _velocity_of_layout(self, params, ids, grad):
         """The velocity of a layout without one: each parameter's slice comes from where that
         parameter's velocity was (DDP's rebuild moves parameters between buckets; their
         momentum must follow them), zero for a parameter never seen."""
         u = torch.zeros_like(grad)
         off = 0
-        for p in params:
+        for p, num in zip(params, ids):
             n = p.numel()
-            was = self._where.get(id(p))
-            old = self._velocity.get(was[1]) if was is not None and was[0] is p else None
-            if old is not None and old.dtype == u.dtype and was[2] + n <= old.numel():
-                u[off:off + n].copy_(old[was[2]:was[2] + n])
+            was = self._where.get(num)
+            old = self._velocity.get(was[0]) if was is not None else None
+            if old is not None and old.dtype == u.dtype and was[1] + n <= old.numel():
+                u[off:off + n].copy_(old[was[1]:was[1] + n].to(u.device))
             off += n
         return u
 
     def _place(self, key, params, ids):
-        """Record that these parameters (ids: theirs, in bucket order) now have their
+        """Record that these parameters (ids: their numbers, in bucket order) now have their
         velocity in key's, and drop the velocities of layouts whose parameters have all moved
-        on. Velocities loaded from a state dict and not used yet are kept (a resumed DDP runs
-        its initial layout first)."""
+        on. Velocities of a version-2 state dict (no parameters recorded) are kept until
+        used."""
         off = 0
-        for p in params:
-            self._where[id(p)] = (p, key, off)
+        for p, num in zip(params, ids):
+            self._where[num] = (key, off)
             off += p.numel()
         self._ids[key] = ids
-        live = {w[1] for w in self._where.values()}
+        live = {w[0] for w in self._where.values()}
         self._velocity = {k: v for k, v in self._velocity.items()
                           if k in live or k not in self._ids}
         self._ids = {k: v for k, v in self._ids.items() if k in live}
@@ -291,6 +328,8 @@ class GcompHookState:
             "layout": {i: dict(gens) for i, gens in self._layout.items()},
             "momentum": self.momentum,
             "velocity": {k: u.detach().to("cpu", copy=True) for k, u in self._velocity.items()},
+            "where": dict(self._where),  # parameter number -> (key, offset) of its velocity
+            "ids": dict(self._ids),  # key -> the numbers of its velocity's parameters
             # None with error feedback off: there is nothing to carry, and the library
             # refuses to load residuals into such a communicator.
             "residuals": self._call(self.comm.save_residuals) if self._ef else None,
@@ -303,10 +342,11 @@ class GcompHookState:
         a refused state dict (ValueError, TypeError, GcompError) leaves this state as it was."""
         start_iter, it, layout, residuals = self._check_state_dict(sd)
         velocity = self._check_velocity(sd, layout)
+        where, ids = self._check_placement(sd, velocity)
         if self._ef:
             self._call(lambda: self.comm.load_residuals(residuals))  # all or nothing in C
         self.start_iter, self.iter, self._layout = start_iter, it, layout
-        self._velocity, self._where, self._ids = velocity, {}, {}
+        self._velocity, self._where, self._ids = velocity, where, ids
 
     def _check_state_dict(self, sd):
         what = "GcompHookState.load_state_dict"
@@ -317,8 +357,8 @@ class GcompHookState:
                    if k not in sd]
         if missing:
             raise ValueError("%s: the state dict lacks %s" % (what, ", ".join(missing)))
-        if sd["version"] not in (1, _STATE_VERSION):
-            raise ValueError("%s: state version %r, expected 1 or %d"
+        if sd["version"] not in (1, 2, _STATE_VERSION):
+            raise ValueError("%s: state version %r, expected 1 to %d"
                              % (what, sd["version"], _STATE_VERSION))
         if sd["codec"] != self.comm.codec:
             raise ValueError("%s: saved with codec %r, this state uses %r"
@@ -368,6 +408,33 @@ class GcompHookState:
                                                              "none" if sig is None else sig[:2]))
             out[key] = u.detach().clone()
         return out
+
+    @staticmethod
+    def _check_placement(sd, velocity):
+        """Where each parameter's velocity is ({number: (key, offset)}) and which parameters
+        each velocity holds ({key: numbers}), checked against the saved velocities; empty
+        before version 3, whose velocities are then taken as they are."""
+        what = "GcompHookState.load_state_dict"
+        if sd["version"] < 3:
+            return {}, {}
+        where, ids = sd.get("where", {}), sd.get("ids", {})
+        if not isinstance(where, dict) or not isinstance(ids, dict):
+            raise TypeError("%s: where and ids must be dicts" % what)
+        out_where, out_ids = {}, {}
+        for k, nums in ids.items():
+            key = _args.int_arg(what + ": ids key", k, 0, _args.KEY_NONE - 1)
+            if key not in velocity or not isinstance(nums, tuple) or \
+                    not all(isinstance(n, int) and n >= 0 for n in nums):
+                raise ValueError("%s: ids of key %d do not name a saved velocity's parameters"
+                                 % (what, key))
+            out_ids[key] = nums
+        for n, place in where.items():
+            if not (isinstance(n, int) and n >= 0 and isinstance(place, tuple) and len(place) == 2
+                    and place[0] in velocity and isinstance(place[1], int)
+                    and 0 <= place[1] < velocity[place[0]].numel()):
+                raise ValueError("%s: where of parameter %r is not in a saved velocity" % (what, n))
+            out_where[n] = place
+        return out_where, out_ids
 
     @staticmethod
     def _check_layout(what, layout):
@@ -496,17 +563,27 @@ def _mpi_thread_multiple():
     return MPI.Query_thread() >= MPI.THREAD_MULTIPLE
 
 
-def _check_same_group(mpi_comm, process_group):
+def _check_same_group(mpi_comm, process_group, settings):
     """The gcomp communicator (built over the mpi4py communicator mpi_comm) must hold DDP's
     processes in DDP's rank order: each averages the buckets over its own processes, so a
     mismatch (e.g. ranks started by torch.multiprocessing, each its own one-rank MPI job)
-    would let the replicas drift apart without an error once compression starts. Every rank
-    of mpi_comm gets the same verdict (an allgather of the process group's ranks), so no rank
-    goes on to wait for others that raised."""
-    if not (dist.is_available() and dist.is_initialized()):
+    would let the replicas drift apart without an error once compression starts. The ranks
+    must also agree on the hook's own settings (a dict: start_iter, momentum, error feedback),
+    or some would run gcomp while others run a plain allreduce, until a timeout names neither.
+    Every rank of mpi_comm gets the same verdict (an allgather), so no rank goes on to wait
+    for others that raised."""
+    ddp = dist.is_available() and dist.is_initialized()
+    size, rank = (dist.get_world_size(process_group), dist.get_rank(process_group)) if ddp else (0, 0)
+    seen = mpi_comm.allgather((size, rank, sorted(settings.items())))  # in mpi_comm's rank order
+    differ = [k for k, v in sorted(settings.items()) if any(dict(s[2])[k] != v for s in seen)]
+    if differ:
+        raise ValueError("gcomp.torch.GcompHookState: the ranks differ in %s (%s): every rank must "
+                         "build its state with the same settings"
+                         % (", ".join(differ), "; ".join("rank %d: %s" % (i, ", ".join(
+                             "%s=%r" % (k, dict(s[2])[k]) for k in differ)) for i, s in enumerate(seen))))
+    if not ddp:
         return
-    size, rank = dist.get_world_size(process_group), dist.get_rank(process_group)
-    seen = mpi_comm.allgather((size, rank))  # in mpi_comm's rank order
+    seen = [s[:2] for s in seen]
     if seen != [(size, r) for r in range(size)]:
         raise ValueError(
             "gcomp.torch.GcompHookState: the gcomp communicator has %d ranks and this process "

@@ -49,6 +49,9 @@ def trapped(*names):
             # rank hears of it (Comm._refuse_call): the one C call allowed
             if name == "allreduce" and a[1] is None and a[2] is None:
                 return saved[name](*a)
+            # and a creation with the spec the library refuses (gcomp._join_refused_creation)
+            if name == "comm_create_mpi" and a[1]._obj.codec == gcomp._REFUSED_SPEC:
+                return saved[name](*a)
             raise AssertionError("%s reached with a bad argument" % name)
         return f
 
@@ -477,6 +480,43 @@ def test_one_rank_refuses():
         assert np.allclose(y, WORLD.size * x, rtol=1e-2, atol=1e-2)
     comm.close()
     log("a refusal on one rank reaches the others at once; the next call works")
+
+
+@test
+def test_one_rank_refuses_creation():
+    """Arguments refused in Python on one rank only, at a collective creation (Comm,
+    GcompHookState): that rank joins the creation with a spec the library refuses, so the
+    others fail at once (before, they waited for their timeout: gcomp's 300 s for a Comm, the
+    process group's 30 min for a hook state), and the next creation works everywhere."""
+    good_comm = lambda: gcomp.Comm(WORLD, codec="fp16", timeout_ms=120000)  # noqa: E731
+    good_hook = lambda: gcomp.torch.GcompHookState(codec="fp16", timeout_ms=120000)  # noqa: E731
+    cases = ((lambda: gcomp.Comm(WORLD, codec=""), good_comm),
+             (lambda: gcomp.Comm(WORLD, codec="fp16", min_bytes=-1), good_comm),
+             (lambda: gcomp.Comm(WORLD, codec="fp16", backend="gloo"), good_comm),
+             (lambda: gcomp.torch.GcompHookState(codec="fp16", start_iter=-1), good_hook),
+             (lambda: gcomp.torch.GcompHookState(codec="fp16", momentum=1.5), good_hook))
+    for bad, good in cases:
+        t0 = time.monotonic()
+        if RANK == 0:
+            raises(ValueError, bad)
+        else:
+            e = raises(gcomp.GcompError, good, "rank 0 failed to create")
+            assert e.name == "GCOMP_ERR_INVALID_SPEC", e
+        assert time.monotonic() - t0 < 30, "a rank waited for the refusing one"
+    good_comm().close()
+    log("a creation refused in Python on one rank (Comm, GcompHookState) fails on every rank at once")
+
+
+@test
+def test_hook_settings_differ():
+    """Ranks whose hook states differ in start_iter, momentum or error feedback are refused
+    when the states are built, on every rank, naming the setting (before: some ranks ran
+    gcomp while others ran a plain allreduce, until a timeout that named neither)."""
+    for kw in (dict(start_iter=3 + RANK), dict(momentum=0.5 * RANK), dict(error_feedback=RANK == 0)):
+        name = next(iter(kw))
+        raises(ValueError, lambda: gcomp.torch.GcompHookState(codec="fp16", **kw), "differ in " + name)
+    gcomp.torch.GcompHookState(codec="fp16", start_iter=3, momentum=0.5).close()
+    log("hook states that differ in start_iter, momentum or error feedback -> ValueError on every rank")
 
 
 @test

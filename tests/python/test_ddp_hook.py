@@ -219,8 +219,10 @@ class FakeBucket:
 
 def momentum_layout_check():
     """Velocities follow their parameters when the buckets are rebuilt, and a resumed state
-    keeps its loaded velocities through the initial layout that a resumed DDP runs first.
-    Plain iterations (every rank holds the same values, so the average is the value)."""
+    gives each parameter its saved velocity in the initial layout that a resumed DDP runs
+    first (before: that layout started from zero and the rebuilt one took its stale saved
+    velocity back); a version-2 state dict (layouts by shapes) still loads. Plain
+    iterations (every rank holds the same values, so the average is the value)."""
     def reduce(state, index, params, value):
         n = sum(p.numel() for p in params)
         grad = value if isinstance(value, torch.Tensor) else torch.full((n,), value)
@@ -239,9 +241,23 @@ def momentum_layout_check():
     q1, q2 = torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(2))
     r = gcomp.torch.GcompHookState(codec="terngrad", start_iter=1 << 40, momentum=0.5)
     r.load_state_dict(sd)
-    reduce(r, 0, [q1, q2], 1.0)  # a resumed DDP's initial layout: no saved velocity
-    got = reduce(r, 0, [q2], 2.0)  # the rebuilt layout: the saved velocity 2.5
-    assert torch.equal(got, torch.full((2,), 3.25)), got
+    got = reduce(r, 0, [q1, q2], 1.0)  # a resumed DDP's initial layout: the saved 2.5 each
+    assert torch.equal(got, torch.full((5,), 2.25)), got
+    got = reduce(r, 0, [q2], 2.0)  # the rebuilt layout: q2's velocity moves with it again
+    assert torch.equal(got, torch.full((2,), 3.125)), got
+    r.close()
+    # a version-2 state dict: layouts by shapes, velocities without their parameters
+    s = gcomp.torch.GcompHookState(codec="terngrad", start_iter=1 << 40, momentum=0.5)
+    reduce(s, 0, [p1, p2], 1.0)
+    sd = s.state_dict()
+    s.close()
+    sd2 = {k: v for k, v in sd.items() if k not in ("where", "ids")}
+    sd2["version"] = 2
+    sd2["layout"] = {i: {sig[:3]: g for sig, g in gens.items()} for i, gens in sd["layout"].items()}
+    r = gcomp.torch.GcompHookState(codec="terngrad", start_iter=1 << 40, momentum=0.5)
+    r.load_state_dict(sd2)
+    got = reduce(r, 0, [q1, q2], 1.0)  # its layout's key again, the velocity taken as it is
+    assert torch.equal(got, torch.full((5,), 1.5)), got
     r.close()
     # equal shapes in another order: the same layout key, other parameters at each offset
     a, b = torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(2))
@@ -251,6 +267,25 @@ def momentum_layout_check():
     assert torch.equal(got, torch.tensor([1.0, 1.0, 0.5, 0.5])), got  # b's 2 * 0.5, a's 1 * 0.5
     s.close()
     log("momentum: velocities follow parameters into rebuilt buckets and survive a resume's first layout")
+
+
+def layout_key_check():
+    """Equal-shaped parameters in another order (DDP's rebuild can do that) are another
+    layout with its own key, so the old layout's residual is not added at offsets that now
+    hold other parameters (before: one key per shapes, and b's residual went to a)."""
+    def reduce(state, params, values):
+        return gcomp.torch.hook(state, FakeBucket(0, params, torch.tensor(values))).wait()
+
+    a, b = torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(2))
+    s = gcomp.torch.GcompHookState(codec="topk:ratio=0.5", start_iter=0)
+    got = reduce(s, [a, b], [3.0, 3.0, 1.0, 1.0])  # top 2 of 4: a's; b's 1s stay in the residual
+    assert torch.equal(got, torch.tensor([3.0, 3.0, 0.0, 0.0])), got
+    got = reduce(s, [b, a], [0.0, 0.0, 0.0, 0.0])  # rebuilt, b first: a new layout from zero
+    assert torch.equal(got, torch.zeros(4)), got
+    got = reduce(s, [a, b], [0.0, 0.0, 0.0, 0.0])  # the first layout again: b's 1s, at b
+    assert torch.equal(got, torch.tensor([0.0, 0.0, 1.0, 1.0])), got
+    s.close()
+    log("hook: equal-shaped parameters in another order are another layout (own key and residual)")
 
 
 def momentum_args_check():
@@ -427,6 +462,7 @@ def main():
         resume_check(codec, data)
     momentum_args_check()
     momentum_layout_check()
+    layout_key_check()
     momentum_plain_check(data)
     train_check("topk:ratio=0.05", data, momentum=0.9)
     resume_check("topk:ratio=0.05", data, momentum=0.9)
