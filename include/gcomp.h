@@ -164,7 +164,8 @@ GCOMP_API size_t gcomp_codec_max_encoded_bytes(const gcomp_codec *codec, size_t 
  * the payload size. With error feedback on and key != GCOMP_KEY_NONE, the residual of the
  * key is added before encoding and replaced by what the codec dropped (the residual is
  * created zero at the first call of a key and reset when the key's count changes). Each call
- * with a key advances that key's step, which keys the stochastic rounding.
+ * with a key advances that key's step, which keys the stochastic rounding (a failed first
+ * call of a key leaves no key).
  * If src holds NaN/Inf, the payload decodes to a non-finite result and the residual is left
  * untouched. count may be 0.
  * A dst_cap of gcomp_codec_max_encoded_bytes() always suffices (and is required with

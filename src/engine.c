@@ -457,8 +457,9 @@ static gcomp_result end_residual(gcomp_comm *c, gcomp__call *call, plan *p, int 
 }
 
 /* The same for a call that failed: the residual kept, the step advanced (a key whose count
- * changed keeps its old residual and step: the ranks may not have agreed on the new count);
- * the commit's wait is bounded (the call's own error is what the caller gets). */
+ * changed keeps its old residual and step: the ranks may not have agreed on the new count;
+ * a key the call created is dropped again); the commit's wait is bounded (the call's own
+ * error is what the caller gets). */
 static void abandon_residual(gcomp_comm *c, gcomp__call *call, plan *p)
 {
     gcomp__ef_abandon(&p->ef);

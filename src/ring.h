@@ -169,7 +169,8 @@ gcomp_result gcomp__ring_finish(gcomp__ring *r, size_t *rbytes);
  * entry this is gcomp__ring_start with rbytes as the capacity. */
 gcomp_result gcomp__ring_start_sized(gcomp__ring *r, void *sbuf, size_t sbytes, void *rbuf, size_t rbytes);
 /* One more step that carries only the trailer (a schedule whose last hops could otherwise
- * find news that never gets out: the sparse gather, recursive doubling). buf: 2 * GCOMP__RING_TRAILER bytes of
+ * find news that never gets out: the sparse gather, recursive doubling; an empty call after
+ * its agreement's pass, engine.c). buf: 2 * GCOMP__RING_TRAILER bytes of
  * workspace (a timed-out MPI exchange may still use it). Nothing without the trailer. */
 gcomp_result gcomp__ring_outcome_hop(gcomp__ring *r, uint8_t *buf);
 /* At the end of a call with the trailer: what every rank knows of the outcome. */

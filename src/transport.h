@@ -111,8 +111,8 @@ gcomp_result gcomp__transport_fault_wrap(gcomp__transport *inner, gcomp__transpo
  * as is and keeps the fault armed). t must come from gcomp__transport_fault_wrap. */
 void gcomp__transport_fault_truncate_next(gcomp__transport *t);
 /* The next message of at least 8 bytes goes out with its last 8 bytes -- a ring message's
- * outcome trailer's failure field (ring.h) -- set to a code that is no gcomp_result, the
- * rank field intact (a copy is sent; the caller's buffer is untouched). */
+ * outcome trailer's failure field (ring.h) -- set to code 0xff, which is no gcomp_result,
+ * and rank 0 (a copy is sent; the caller's buffer is untouched). */
 void gcomp__transport_fault_garble_next(gcomp__transport *t);
 
 #endif

@@ -385,7 +385,8 @@ class Comm(_Handle):
                 raise ValueError("group and device are for backend='nccl'; an MPI Comm runs "
                                  "over mpi_comm on host memory")
         except (TypeError, ValueError):
-            if backend != "nccl":
+            # an NCCL Comm's creation shares NCCL's unique id first: nothing to join there
+            if not (isinstance(backend, str) and backend.lower() == "nccl"):
                 _join_refused_creation(mpi_comm)
             raise
         if backend == "nccl":

@@ -137,7 +137,9 @@ class GcompHookState:
             momentum = _momentum_arg("momentum", momentum)
         except (TypeError, ValueError):
             # the other ranks may be in the communicator's creation already: fail it there too
-            if (backend or _default_backend(process_group)) != "nccl":
+            # (an NCCL state's creation shares NCCL's unique id first: nothing to join there)
+            b = backend if backend is not None else _default_backend(process_group)
+            if not (isinstance(b, str) and b.lower() == "nccl"):
                 gcomp._join_refused_creation(comm)
             raise
         if backend is None:
@@ -431,7 +433,7 @@ class GcompHookState:
         for n, place in where.items():
             if not (isinstance(n, int) and n >= 0 and isinstance(place, tuple) and len(place) == 2
                     and place[0] in velocity and isinstance(place[1], int)
-                    and 0 <= place[1] < velocity[place[0]].numel()):
+                    and 0 <= place[1] <= velocity[place[0]].numel()):  # <=: an empty parameter last
                 raise ValueError("%s: where of parameter %r is not in a saved velocity" % (what, n))
             out_where[n] = place
         return out_where, out_ids

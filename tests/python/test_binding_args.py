@@ -504,6 +504,16 @@ def test_one_rank_refuses_creation():
             assert e.name == "GCOMP_ERR_INVALID_SPEC", e
         assert time.monotonic() - t0 < 30, "a rank waited for the refusing one"
     good_comm().close()
+    # an NCCL creation (any spelling of the name) shares NCCL's unique id first: the refusing
+    # rank must not enter an MPI creation the others are not in
+    joined, saved = [], gcomp._join_refused_creation
+    gcomp._join_refused_creation = joined.append
+    try:
+        raises(ValueError, lambda: gcomp.Comm(WORLD, codec="", backend="NCCL"))
+        raises(ValueError, lambda: gcomp.torch.GcompHookState(codec="fp16", start_iter=-1, backend="NCCL"))
+    finally:
+        gcomp._join_refused_creation = saved
+    assert not joined, joined
     log("a creation refused in Python on one rank (Comm, GcompHookState) fails on every rank at once")
 
 

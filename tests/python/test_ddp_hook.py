@@ -259,6 +259,15 @@ def momentum_layout_check():
     got = reduce(r, 0, [q1, q2], 1.0)  # its layout's key again, the velocity taken as it is
     assert torch.equal(got, torch.full((5,), 1.5)), got
     r.close()
+    # an empty parameter at a bucket's end: its velocity's offset is the bucket's size
+    w, z = torch.nn.Parameter(torch.zeros(5)), torch.nn.Parameter(torch.zeros(0))
+    s = gcomp.torch.GcompHookState(codec="terngrad", start_iter=1 << 40, momentum=0.5)
+    reduce(s, 0, [w, z], 1.0)
+    sd = s.state_dict()
+    s.close()
+    r = gcomp.torch.GcompHookState(codec="terngrad", start_iter=1 << 40, momentum=0.5)
+    r.load_state_dict(sd)  # refused before ("not in a saved velocity")
+    r.close()
     # equal shapes in another order: the same layout key, other parameters at each offset
     a, b = torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(2))
     s = gcomp.torch.GcompHookState(codec="terngrad", start_iter=1 << 40, momentum=0.5)
