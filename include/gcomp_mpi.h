@@ -31,7 +31,8 @@ extern "C" {
  * While gcomp waits for MPI requests it sets MPI_ERRORS_RETURN on MPI_COMM_WORLD too and
  * restores the previous handler before returning: Open MPI 4.1 reports a failed nonblocking
  * collective through MPI_COMM_WORLD's handler, which would abort the job. A thread that
- * uses MPI_COMM_WORLD concurrently sees that handler meanwhile.
+ * uses MPI_COMM_WORLD concurrently sees that handler meanwhile; a handler it sets meanwhile
+ * is kept (gcomp puts the saved one back only over its own MPI_ERRORS_RETURN).
  * Thread level: blocking calls need none beyond what the caller uses. gcomp_iallreduce
  * runs its calls on a progress thread only when MPI provides MPI_THREAD_MULTIPLE
  * (MPI_Query_thread, here and at the first gcomp_iallreduce); with a lower level they run

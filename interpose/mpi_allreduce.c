@@ -367,6 +367,33 @@ static void lost_track(MPI_Comm comm, const char *what, int rc)
     PMPI_Abort(comm, MPI_ERR_OTHER);
 }
 
+/* Communicators being freed on this thread (MPI_Comm_free, MPI_Comm_disconnect, Fortran's
+ * MPI_COMM_FREE). Their delete callbacks run inside the free in an order MPI does not fix, so
+ * a program's callback may reduce on the communicator after ours destroyed its gcomp state:
+ * such a call passes through (every rank frees, so every rank sees it so), where a new state
+ * would be created collectively on a dying communicator and its attribute outlive the handle
+ * (MPI_Finalize then aborted on it). Nested frees (a callback that frees) are a stack. */
+enum {
+    MAX_FREEING = 8
+};
+static _Thread_local MPI_Comm freeing[MAX_FREEING];
+static _Thread_local int n_freeing;
+
+static int being_freed(MPI_Comm comm)
+{
+    for (int i = 0; i < n_freeing && i < MAX_FREEING; i++)
+        if (freeing[i] == comm) return 1;
+    return 0;
+}
+
+static void free_begin(MPI_Comm comm)
+{
+    if (n_freeing < MAX_FREEING) freeing[n_freeing] = comm;
+    n_freeing++;
+}
+
+static void free_end(void) { n_freeing--; }
+
 /* The gcomp communicator of comm, created at its first compressible call (collective). A rank
  * without memory for the state still joins the creation and the settings check, which the
  * other ranks wait in, and there makes every rank pass the communicator through. */
@@ -379,6 +406,7 @@ static ip_comm *comm_state(MPI_Comm comm)
     if ((rc = PMPI_Comm_get_attr(comm, S.comm_keyval, &c, &flag)) != MPI_SUCCESS)
         lost_track(comm, "MPI_Comm_get_attr", rc);
     if (flag) return c;
+    if (being_freed(comm)) return &no_state; /* its state is gone already: pass through */
     c = S.test_no_state ? NULL : calloc(1, sizeof *c);
     no_memory = !c;
     if (no_memory) c = memset(&scratch, 0, sizeof scratch);
@@ -651,6 +679,24 @@ EXPORT int MPI_Bcast(void *buf, int count_, MPI_Datatype type, int root, MPI_Com
     return rc;
 }
 
+EXPORT int MPI_Comm_free(MPI_Comm *comm)
+{
+    int rc;
+    free_begin(comm ? *comm : MPI_COMM_NULL);
+    rc = PMPI_Comm_free(comm);
+    free_end();
+    return rc;
+}
+
+EXPORT int MPI_Comm_disconnect(MPI_Comm *comm)
+{
+    int rc;
+    free_begin(comm ? *comm : MPI_COMM_NULL);
+    rc = PMPI_Comm_disconnect(comm);
+    free_end();
+    return rc;
+}
+
 /* From here on every call passes through: MPI_Finalize deletes attributes first, and a
  * program's MPI_COMM_SELF callback set after ours runs (and may reduce) before ours. (Open
  * MPI's Fortran MPI_FINALIZE goes to PMPI_Finalize directly: there the flag is set by our
@@ -692,26 +738,33 @@ static int fortran_in_place(const void *p)
     return 0;
 }
 
-/* Open MPI's own binding for a call that passes through: `real` is the entry point found
- * behind this library under `name` (looked up once per entry point). */
-static void fortran_pass(fortran_allreduce_fn **real, const char *name, char *send, char *recv, MPI_Fint *n,
-                         MPI_Fint *type, MPI_Fint *op, MPI_Fint *comm, MPI_Fint *ierr)
+/* Open MPI's own entry point `name`, found behind this library (looked up once per entry
+ * point: *slot); NULL, with a message, when it is missing. */
+static void *fortran_real(void **slot, const char *name, const char *what)
 {
-    fortran_allreduce_fn *f = __atomic_load_n(real, __ATOMIC_ACQUIRE);
+    void *f = __atomic_load_n(slot, __ATOMIC_ACQUIRE);
     if (!f) {
-        f = (fortran_allreduce_fn *)dlsym(RTLD_NEXT, name);
-        __atomic_store_n(real, f, __ATOMIC_RELEASE);
+        f = dlsym(RTLD_NEXT, name);
+        __atomic_store_n(slot, f, __ATOMIC_RELEASE);
     }
+    if (!f) fprintf(stderr, "gcomp_mpi: Open MPI's Fortran %s (%s) not found\n", what, name);
+    return f;
+}
+
+/* Open MPI's own binding for a call that passes through. */
+static void fortran_pass(void **real, const char *name, char *send, char *recv, MPI_Fint *n, MPI_Fint *type,
+                         MPI_Fint *op, MPI_Fint *comm, MPI_Fint *ierr)
+{
+    fortran_allreduce_fn *f = (fortran_allreduce_fn *)fortran_real(real, name, "MPI_Allreduce");
     if (!f) {
-        fprintf(stderr, "gcomp_mpi: Open MPI's Fortran MPI_Allreduce (%s) not found\n", name);
         if (ierr) *ierr = MPI_ERR_INTERN;
         return;
     }
     f(send, recv, n, type, op, comm, ierr);
 }
 
-static void fortran_allreduce(fortran_allreduce_fn **real, const char *name, char *send, char *recv, MPI_Fint *n,
-                              MPI_Fint *type, MPI_Fint *op, MPI_Fint *comm, MPI_Fint *ierr)
+static void fortran_allreduce(void **real, const char *name, char *send, char *recv, MPI_Fint *n, MPI_Fint *type,
+                              MPI_Fint *op, MPI_Fint *comm, MPI_Fint *ierr)
 {
     MPI_Comm c_comm = PMPI_Comm_f2c(*comm);
     ip_comm *c = NULL;
@@ -730,7 +783,7 @@ static void fortran_allreduce(fortran_allreduce_fn **real, const char *name, cha
 #define FORTRAN_ENTRY(name, real)                                                                       \
     EXPORT void name(char *s, char *r, MPI_Fint *n, MPI_Fint *t, MPI_Fint *o, MPI_Fint *c, MPI_Fint *e) \
     {                                                                                                   \
-        static fortran_allreduce_fn *fn;                                                                \
+        static void *fn;                                                                                \
         fortran_allreduce(&fn, #real, s, r, n, t, o, c, e);                                             \
     }
 FORTRAN_ENTRY(mpi_allreduce_, ompi_allreduce_f)
@@ -738,3 +791,32 @@ FORTRAN_ENTRY(mpi_allreduce, ompi_allreduce_f)
 FORTRAN_ENTRY(mpi_allreduce__, ompi_allreduce_f)
 FORTRAN_ENTRY(MPI_ALLREDUCE, ompi_allreduce_f)
 FORTRAN_ENTRY(mpi_allreduce_f08_, mpi_allreduce_f08_)
+
+/* MPI_COMM_FREE goes to PMPI_Comm_free directly too: its entry points are replaced so that
+ * a program's delete callbacks that reduce on the communicator being freed pass through (see
+ * being_freed), as from C. */
+typedef void fortran_comm_free_fn(MPI_Fint *, MPI_Fint *);
+
+static void fortran_comm_free(void **real, const char *name, MPI_Fint *comm, MPI_Fint *ierr)
+{
+    fortran_comm_free_fn *f = (fortran_comm_free_fn *)fortran_real(real, name, "MPI_Comm_free");
+    if (!f) {
+        if (ierr) *ierr = MPI_ERR_INTERN;
+        return;
+    }
+    free_begin(PMPI_Comm_f2c(*comm));
+    f(comm, ierr);
+    free_end();
+}
+
+#define FORTRAN_FREE_ENTRY(name, real)         \
+    EXPORT void name(MPI_Fint *c, MPI_Fint *e) \
+    {                                          \
+        static void *fn;                       \
+        fortran_comm_free(&fn, #real, c, e);   \
+    }
+FORTRAN_FREE_ENTRY(mpi_comm_free_, ompi_comm_free_f)
+FORTRAN_FREE_ENTRY(mpi_comm_free, ompi_comm_free_f)
+FORTRAN_FREE_ENTRY(mpi_comm_free__, ompi_comm_free_f)
+FORTRAN_FREE_ENTRY(MPI_COMM_FREE, ompi_comm_free_f)
+FORTRAN_FREE_ENTRY(mpi_comm_free_f08_, mpi_comm_free_f08_)

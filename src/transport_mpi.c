@@ -130,12 +130,22 @@ static quiet quiet_begin(MPI_Comm comm)
     return q;
 }
 
+/* Put saved back on comm unless another thread set a handler of its own meanwhile (the
+ * program's, which must stay: overwriting it would lose it for good). */
+static void restore_handler(MPI_Comm comm, MPI_Errhandler saved)
+{
+    MPI_Errhandler now = MPI_ERRHANDLER_NULL;
+    if (MPI_Comm_get_errhandler(comm, &now) != MPI_SUCCESS) return;
+    if (now == MPI_ERRORS_RETURN) MPI_Comm_set_errhandler(comm, saved);
+    if (now != MPI_ERRHANDLER_NULL) MPI_Errhandler_free(&now);
+}
+
 static void quiet_end(quiet *q)
 {
     if (q->comm == MPI_COMM_WORLD) {
         pthread_mutex_lock(&world_lock);
         if (--world_depth == 0) {
-            if (world_swapped) MPI_Comm_set_errhandler(MPI_COMM_WORLD, world_saved);
+            if (world_swapped) restore_handler(MPI_COMM_WORLD, world_saved);
             if (world_saved != MPI_ERRHANDLER_NULL) MPI_Errhandler_free(&world_saved);
             world_saved = MPI_ERRHANDLER_NULL;
             world_swapped = 0;
@@ -143,7 +153,7 @@ static void quiet_end(quiet *q)
         pthread_mutex_unlock(&world_lock);
         return;
     }
-    if (q->swapped) MPI_Comm_set_errhandler(q->comm, q->saved);
+    if (q->swapped) restore_handler(q->comm, q->saved);
     if (q->saved != MPI_ERRHANDLER_NULL) MPI_Errhandler_free(&q->saved);
 }
 
