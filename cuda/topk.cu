@@ -256,7 +256,11 @@ static __global__ void tk_pass1(const float *g, const gcomp_cuda_residual *res, 
             float4 a = g4[v];
             if (r) {
                 const float4 c = r4[v];
-                a.x += c.x, a.y += c.y, a.z += c.z, a.w += c.w;
+                /* a NaN g or r keeps its bits, as on the CPU (CUDA's sum would be 0x7fffffff) */
+                a.x = gcomp_x86_nan_f32(__fadd_rn(a.x, c.x), a.x, c.x);
+                a.y = gcomp_x86_nan_f32(__fadd_rn(a.y, c.y), a.y, c.y);
+                a.z = gcomp_x86_nan_f32(__fadd_rn(a.z, c.z), a.z, c.z);
+                a.w = gcomp_x86_nan_f32(__fadd_rn(a.w, c.w), a.w, c.w);
                 x4[v] = a;
             }
             atomicAdd(&sh[tk_key(gcomp_f32_bits(a.x)) >> shift], 1u);
@@ -267,7 +271,8 @@ static __global__ void tk_pass1(const float *g, const gcomp_cuda_residual *res, 
         head = nv * 4;
     }
     for (size_t i = head + tid; i < n; i += stride) {
-        float a = r ? g[i] + r[i] : g[i]; /* without r, x is g bit for bit (-0 included) */
+        /* without r, x is g bit for bit (-0 included); with r, a NaN keeps the CPU's bits */
+        float a = r ? gcomp_x86_nan_f32(__fadd_rn(g[i], r[i]), g[i], r[i]) : g[i];
         if (xo) xo[i] = a;
         atomicAdd(&sh[tk_key(gcomp_f32_bits(a)) >> shift], 1u);
     }
@@ -955,7 +960,10 @@ static __global__ void tk_decode_add(const uint8_t *payload, size_t cap, float *
         __syncwarp(); /* bidx, bval written */
         m = __shfl_sync(TK_FULL, m, 0);
         more = __shfl_sync(TK_FULL, more, 0);
-        for (unsigned t = lane; t < m; t += 32) acc[bidx[t]] += bval[t];
+        for (unsigned t = lane; t < m; t += 32) { /* the CPU's NaN bits */
+            const float a = acc[bidx[t]];
+            acc[bidx[t]] = gcomp_x86_nan_f32(__fadd_rn(a, bval[t]), a, bval[t]);
+        }
         __syncwarp(); /* read before lane 0 parses the next block into them */
     }
 }
@@ -1039,12 +1047,15 @@ static __global__ void tk_sum_tile(int n, size_t count, uint8_t *lists, size_t p
         const float *val = (const float *)(list + val_at);
         const unsigned long long *starts = (const unsigned long long *)(list + starts_at);
         const size_t a = (size_t)starts[t], b = (size_t)starts[t + 1];
-        for (size_t p = a + threadIdx.x; p < b; p += blockDim.x)
-            buf[idx[p] - lo] += val[p]; /* distinct within a rank */
+        for (size_t p = a + threadIdx.x; p < b; p += blockDim.x) {
+            const float s = buf[idx[p] - lo]; /* distinct within a rank; the CPU's NaN bits */
+            buf[idx[p] - lo] = gcomp_x86_nan_f32(__fadd_rn(s, val[p]), s, val[p]);
+        }
         __syncthreads();
     }
     for (unsigned e = threadIdx.x; e < len; e += blockDim.x)
-        result[lo + e] = divisor != 1.0f ? gcomp_divide_one(buf[e], divisor, inv) : buf[e];
+        result[lo + e] =
+            divisor != 1.0f ? gcomp_x86_nan_f32(gcomp_divide_one(buf[e], divisor, inv), buf[e], divisor) : buf[e];
 }
 
 static gcomp_result tk_sum_payloads(const void *params, const uint8_t *const *payloads, int n, size_t cap,

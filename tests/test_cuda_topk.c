@@ -68,8 +68,11 @@ static void generate(float *g, size_t n, enum gen kind, uint64_t seed, float sca
             break;
         }
     }
-    if (kind == GEN_NONFINITE && n >= 3) { /* canonical NaN: the GPU's own, so x = g + r keeps its bits */
-        uint32_t nan = 0x7fffffffu;
+    if (kind == GEN_NONFINITE && n >= 3) {
+        /* a negative NaN with a payload, not CUDA's own 0x7fffffff: x = g + r, the kept value
+         * and the decoded sum must keep the CPU's bits (before, the GPU's sums wrote
+         * 0x7fffffff, and a canonical NaN here hid it) */
+        uint32_t nan = 0xffc00123u;
         memcpy(&g[n / 3], &nan, 4);
         g[n / 2] = INFINITY;
         g[n - 1] = -INFINITY;
@@ -78,8 +81,8 @@ static void generate(float *g, size_t n, enum gen kind, uint64_t seed, float sca
     }
 }
 
-/* a == b bit for bit, or both NaN (a GPU's NaN arithmetic gives the canonical NaN). */
-static int same_float(float a, float b) { return memcmp(&a, &b, 4) == 0 || (a != a && b != b); }
+/* a == b bit for bit, NaNs included: the kernels give the CPU's NaN bits (gcomp_x86_nan_f32) */
+static int same_float(float a, float b) { return memcmp(&a, &b, 4) == 0; }
 
 static void check_floats(const char *what, const float *want, const float *got, size_t n)
 {
@@ -440,7 +443,8 @@ static void test_corrupt(void **state)
 
 /* ---- sparse gather: the pair sum of N payloads in rank order ----------------------------------- */
 
-static void sum_case(size_t n, int ranks, float divisor, int fp16, int corrupt_rank)
+/* opposite_inf: odd ranks put -inf and even ranks +inf at one index (a NaN sum) */
+static void sum_case(size_t n, int ranks, float divisor, int fp16, int corrupt_rank, int opposite_inf)
 {
     gcomp_topk_params p = { 0.02, 0, fp16 };
     const size_t cap = vt->max_body_bytes(&p, n) + GCOMP_HEADER_BYTES, per = ops->scratch_bytes(&p, n);
@@ -454,8 +458,8 @@ static void sum_case(size_t n, int ranks, float divisor, int fp16, int corrupt_r
     gcomp_cuda_status *dst = NULL, st;
     char what[160];
 
-    snprintf(what, sizeof what, "sum n=%zu ranks=%d divisor=%g fp16=%d corrupt=%d", n, ranks, (double)divisor, fp16,
-             corrupt_rank);
+    snprintf(what, sizeof what, "sum n=%zu ranks=%d divisor=%g fp16=%d corrupt=%d inf=%d", n, ranks, (double)divisor,
+             fp16, corrupt_rank, opposite_inf);
     CU(cudaMalloc((void **)&dpay, cap * (size_t)ranks));
     CU(cudaMalloc((void **)&dptr, sizeof(uint8_t *) * (size_t)ranks));
     CU(cudaMalloc((void **)&scratch, per * (size_t)ranks));
@@ -467,6 +471,7 @@ static void sum_case(size_t n, int ranks, float divisor, int fp16, int corrupt_r
         size_t written = 0, got_k = 0;
         uint32_t flags = 0;
         generate(g, n, j == 1 ? GEN_TIES : GEN_GAUSS, 40 + (uint64_t)j, 1.0f + (float)j);
+        if (opposite_inf) g[n / 2] = (j % 2) ? -INFINITY : INFINITY; /* sums to the CPU's NaN 0xffc00000 */
         assert_int_equal(vt->encode(&p, &ctx, g, NULL, NULL, n, body, cap, &written, &flags), GCOMP_SUCCESS);
         make_payload(payloads + (size_t)j * cap, body, written, n, flags);
         assert_int_equal(gcomp__topk_body_pairs(flags, body, written, n, (size_t)k, idx + (size_t)j * k,
@@ -514,14 +519,16 @@ static void sum_case(size_t n, int ranks, float divisor, int fp16, int corrupt_r
 static void test_sum_payloads(void **state)
 {
     (void)state;
-    sum_case(1, 1, 1.0f, 0, -1);
-    sum_case(127, 3, 3.0f, 0, -1);
-    sum_case(4099, 4, 4.0f, 0, -1);
-    sum_case(4099, 5, 5.0f, 1, -1);
-    sum_case(((size_t)1 << 20) + 3, 3, 1.0f, 0, -1);
-    sum_case(((size_t)1 << 20) + 3, 8, 8.0f, 1, -1);
-    sum_case(4099, 3, 3.0f, 0, 1);
-    sum_case(((size_t)1 << 16) + 1, 2, 2.0f, 0, 0);
+    sum_case(1, 1, 1.0f, 0, -1, 0);
+    sum_case(127, 3, 3.0f, 0, -1, 0);
+    sum_case(4099, 4, 4.0f, 0, -1, 0);
+    sum_case(4099, 5, 5.0f, 1, -1, 0);
+    sum_case(((size_t)1 << 20) + 3, 3, 1.0f, 0, -1, 0);
+    sum_case(((size_t)1 << 20) + 3, 8, 8.0f, 1, -1, 0);
+    sum_case(4099, 3, 3.0f, 0, 1, 0);
+    sum_case(((size_t)1 << 16) + 1, 2, 2.0f, 0, 0, 0);
+    sum_case(4099, 2, 2.0f, 0, -1, 1); /* +inf and -inf at one index */
+    sum_case(4099, 3, 3.0f, 1, -1, 1);
     /* a k that is not the expected one is refused, as the CPU's sparse gather refuses it */
     {
         gcomp_topk_params p = { 0.02, 0, 0 }, q = { 0.03, 0, 0 };
