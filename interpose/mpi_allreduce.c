@@ -679,23 +679,18 @@ EXPORT int MPI_Bcast(void *buf, int count_, MPI_Datatype type, int root, MPI_Com
     return rc;
 }
 
-EXPORT int MPI_Comm_free(MPI_Comm *comm)
+/* fn (PMPI_Comm_free, PMPI_Comm_disconnect) with *comm noted as being freed meanwhile */
+static int freeing_call(int (*fn)(MPI_Comm *), MPI_Comm *comm)
 {
     int rc;
     free_begin(comm ? *comm : MPI_COMM_NULL);
-    rc = PMPI_Comm_free(comm);
+    rc = fn(comm);
     free_end();
     return rc;
 }
 
-EXPORT int MPI_Comm_disconnect(MPI_Comm *comm)
-{
-    int rc;
-    free_begin(comm ? *comm : MPI_COMM_NULL);
-    rc = PMPI_Comm_disconnect(comm);
-    free_end();
-    return rc;
-}
+EXPORT int MPI_Comm_free(MPI_Comm *comm) { return freeing_call(PMPI_Comm_free, comm); }
+EXPORT int MPI_Comm_disconnect(MPI_Comm *comm) { return freeing_call(PMPI_Comm_disconnect, comm); }
 
 /* From here on every call passes through: MPI_Finalize deletes attributes first, and a
  * program's MPI_COMM_SELF callback set after ours runs (and may reduce) before ours. (Open
