@@ -31,6 +31,9 @@ Checks:
               state's residuals (on the device) survive state_dict -> load_state_dict;
               top-k with momentum correction (momentum=0.9, optimizer without momentum):
               the loss falls, the velocities live on the GPU and survive state_dict.
+  share_refusal  two processes of a gloo group on the one GPU, Comm(backend="nccl"): rank 1's
+              codec refused in Python, rank 0 fails at the unique id's share naming it (no
+              wait in NCCL's creation).
 """
 import os
 import socket
@@ -76,14 +79,17 @@ DEV = torch.device("cuda", 0)
 SEED = 5
 
 
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def init_process_group():
     """A one-rank NCCL process group on DEV (the hook's plain iterations and the unique id
     travel over it)."""
     torch.cuda.set_device(DEV)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("nccl", init_method="tcp://127.0.0.1:%d" % port, rank=0,
+    dist.init_process_group("nccl", init_method="tcp://127.0.0.1:%d" % free_port(), rank=0,
                             world_size=1)
 
 
@@ -233,8 +239,45 @@ def check_ddp():
     ddp_run("topk:ratio=0.05", data, momentum=0.9)
 
 
+def refusing_rank(rank, port, q):
+    """One of two processes of a gloo group, both on DEV: rank 1 refuses its codec, rank 0's
+    arguments are good. Puts (rank, exception name, message, seconds) on q."""
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port, rank=rank,
+                            world_size=2)
+    t0 = time.monotonic()
+    try:
+        gcomp.Comm(codec="" if rank else "fp16", backend="nccl", device=DEV, timeout_ms=120000)
+        q.put((rank, "created", "", time.monotonic() - t0))
+    except Exception as exc:  # noqa: B902 - reported to the parent
+        q.put((rank, type(exc).__name__, str(exc), time.monotonic() - t0))
+    dist.destroy_process_group()
+
+
+def check_share_refusal():
+    """Two processes sharing the GPU (NCCL's creation is never reached): rank 1's codec is
+    refused in Python, and rank 0 fails at the unique id's share, naming rank 1's reason,
+    instead of waiting in NCCL's creation for the 120 s of its timeout."""
+    ctx = torch.multiprocessing.get_context("spawn")
+    q = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=refusing_rank, args=(r, port, q)) for r in range(2)]
+    for p in procs:
+        p.start()
+    try:
+        got = sorted(q.get(timeout=90) for _ in procs)
+    finally:
+        for p in procs:
+            p.join(30)
+            if p.is_alive():
+                p.kill()
+    assert got[1][1] == "ValueError", got
+    assert got[0][1] == "RuntimeError" and "rank 1: ValueError" in got[0][2], got
+    assert got[0][3] < 60, got
+    say("share_refusal: rank 0 failed after %.1f s: %s" % (got[0][3], got[0][2]))
+
+
 CHECKS = {"allreduce": check_allreduce, "streams": check_streams, "refusals": check_refusals,
-          "mpi": check_mpi, "ddp": check_ddp}
+          "mpi": check_mpi, "ddp": check_ddp, "share_refusal": check_share_refusal}
 
 
 def main(names):

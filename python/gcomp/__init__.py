@@ -384,9 +384,11 @@ class Comm(_Handle):
             if backend == "mpi" and (group is not None or device is not None):
                 raise ValueError("group and device are for backend='nccl'; an MPI Comm runs "
                                  "over mpi_comm on host memory")
-        except (TypeError, ValueError):
-            # an NCCL Comm's creation shares NCCL's unique id first: nothing to join there
-            if not (isinstance(backend, str) and backend.lower() == "nccl"):
+        except (TypeError, ValueError) as exc:
+            # an NCCL Comm's creation shares NCCL's unique id first: join that share instead
+            if isinstance(backend, str) and backend.lower() == "nccl":
+                _cuda.join_refused_share(exc, group=group, mpi_comm=_share_comm(mpi_comm))
+            else:
                 _join_refused_creation(mpi_comm)
             raise
         if backend == "nccl":
@@ -410,20 +412,12 @@ class Comm(_Handle):
         self._h = h
 
     def _create_nccl(self, cfg, mpi_comm, group, device):
-        if _lib.comm_create_nccl_rank is None or _lib.nccl_get_unique_id is None:
-            raise NotImplementedError(
-                "gcomp.Comm(backend='nccl'): %s was built without NCCL (gcomp_comm_create_nccl_"
-                "rank / gcomp_nccl_get_unique_id missing); configure gcomp with "
-                "-DGCOMP_WITH_NCCL=ON where CUDA and NCCL are installed" % _lib.path)
-        if mpi_comm is not None and group is not None:
-            raise ValueError("backend='nccl': pass mpi_comm or group (where the unique id is "
-                             "shared), not both")
-        if mpi_comm is not None:
-            init_mpi()
-            _mpi_handle(mpi_comm)  # the same checks as for an MPI Comm
-            self._mpi_comm = mpi_comm
-        torch = _cuda.torch_with_cuda("gcomp.Comm(backend='nccl')")
-        dev = _cuda.device_arg(torch, device)
+        try:
+            torch, dev = self._nccl_args(mpi_comm, group, device)
+        except (TypeError, ValueError, RuntimeError, NotImplementedError) as exc:
+            # the other ranks may be sharing the unique id already: fail them at once
+            _cuda.join_refused_share(exc, group=group, mpi_comm=_share_comm(mpi_comm))
+            raise
 
         def unique_id():
             uid = ctypes.create_string_buffer(_cuda.UNIQUE_ID_BYTES)
@@ -438,6 +432,23 @@ class Comm(_Handle):
         self._h = h
         self._device = dev
         self._devices.add(dev)
+
+    def _nccl_args(self, mpi_comm, group, device):
+        """(torch, the CUDA device) of an NCCL Comm, or this rank's refusal of its arguments."""
+        if _lib.comm_create_nccl_rank is None or _lib.nccl_get_unique_id is None:
+            raise NotImplementedError(
+                "gcomp.Comm(backend='nccl'): %s was built without NCCL (gcomp_comm_create_nccl_"
+                "rank / gcomp_nccl_get_unique_id missing); configure gcomp with "
+                "-DGCOMP_WITH_NCCL=ON where CUDA and NCCL are installed" % _lib.path)
+        if mpi_comm is not None and group is not None:
+            raise ValueError("backend='nccl': pass mpi_comm or group (where the unique id is "
+                             "shared), not both")
+        if mpi_comm is not None:
+            init_mpi()
+            _mpi_handle(mpi_comm)  # the same checks as for an MPI Comm
+            self._mpi_comm = mpi_comm
+        torch = _cuda.torch_with_cuda("gcomp.Comm(backend='nccl')")
+        return torch, _cuda.device_arg(torch, device)
 
     @property
     def device(self):
@@ -741,6 +752,18 @@ def _where(b):
 # The spec a rank whose arguments were refused in Python joins a creation with: no codec has
 # this name, so the library refuses it, and the refusal reaches every rank.
 _REFUSED_SPEC = b"(arguments refused in Python on this rank)"
+
+
+def _share_comm(mpi_comm):
+    """mpi_comm when it is an mpi4py communicator a refusing rank can share over, else None
+    (the torch process group is tried)."""
+    try:
+        if mpi_comm is not None:
+            _mpi_handle(mpi_comm)
+            return mpi_comm
+    except Exception:  # noqa: B902 - not a communicator: nothing to share over
+        pass
+    return None
 
 
 def _join_refused_creation(mpi_comm):

@@ -70,53 +70,67 @@ def record_stream(bufs, stream, torch):
             b.obj.record_stream(stream)
 
 
-def share_unique_id(get_id, group=None, mpi_comm=None):
+def group_allgather(group, mpi_comm):
+    """(rank, size, allgather) of the group the unique id is shared over: mpi_comm (mpi4py)
+    when given, else the torch process group (None: the default group)."""
+    if mpi_comm is not None:
+        return mpi_comm.Get_rank(), mpi_comm.Get_size(), mpi_comm.allgather
+    import torch.distributed as dist
+    if not dist.is_available() or not dist.is_initialized():
+        raise ValueError("backend='nccl' shares NCCL's unique id over a torch process group "
+                         "or an mpi4py communicator: call torch.distributed."
+                         "init_process_group first, or pass mpi_comm")
+    rank, size = dist.get_rank(group), dist.get_world_size(group)
+    if rank < 0:
+        raise ValueError("this process is not a member of the process group")
+
+    def allgather(obj):
+        # an NCCL group moves the objects through tensors on the current device (torch
+        # picks it, 1.13 and 2.x alike): the caller has made the Comm's device current
+        out = [None] * size
+        dist.all_gather_object(out, obj, group=group)
+        return out
+    return rank, size, allgather
+
+
+def share_unique_id(get_id, group=None, mpi_comm=None, refusal=None):
     """Rank 0 calls get_id() (-> 128 bytes) and every rank returns it, with (rank, size) of
     the group: over mpi_comm (mpi4py) when given, else over the torch process group (None:
-    the default group). A failure of rank 0's get_id() reaches every rank as an exception
-    instead of leaving them waiting in the communicator's creation."""
-    if mpi_comm is not None:
-        rank, size = mpi_comm.Get_rank(), mpi_comm.Get_size()
-
-        def bcast(obj):
-            return mpi_comm.bcast(obj, root=0)
-    else:
-        import torch.distributed as dist
-        if not dist.is_available() or not dist.is_initialized():
-            raise ValueError("backend='nccl' shares NCCL's unique id over a torch process group "
-                             "or an mpi4py communicator: call torch.distributed."
-                             "init_process_group first, or pass mpi_comm")
-        rank, size = dist.get_rank(group), dist.get_world_size(group)
-        if rank < 0:
-            raise ValueError("this process is not a member of the process group")
-        src = 0 if group is None else _global_rank(dist, group, 0)
-
-        def bcast(obj):
-            # an NCCL group moves the object through a tensor on the current device (torch
-            # picks it, 1.13 and 2.x alike): the caller has made the Comm's device current
-            box = [obj]
-            dist.broadcast_object_list(box, src=src, group=group)
-            return box[0]
-
-    msg = None
-    if rank == 0:
+    the default group). refusal: the exception this rank raised on its own arguments, which
+    it raises again here. One allgather carries each rank's state, so a failure anywhere (rank
+    0's get_id(), a rank's refusal) reaches every rank as an exception at once, instead of
+    leaving the others in NCCL's creation until their timeout."""
+    rank, size, allgather = group_allgather(group, mpi_comm)
+    err = refusal
+    if err is not None:
+        mine = ("error", "%s: %s" % (type(err).__name__, err))
+    elif rank == 0:
         try:
-            msg = ("id", bytes(get_id()))
+            mine = ("id", bytes(get_id()))
         except Exception as exc:  # noqa: B902 - carried to every rank, then raised
-            err = exc
-            msg = ("error", "%s: %s" % (type(exc).__name__, exc))
-    msg = bcast(msg)
-    if msg[0] == "error":
-        if rank == 0:
-            raise err
-        raise RuntimeError("rank 0 could not get an NCCL unique id: %s" % msg[1])
-    uid = msg[1]
+            err, mine = exc, ("error", "%s: %s" % (type(exc).__name__, exc))
+    else:
+        mine = ("ok", None)
+    seen = allgather(mine)
+    if err is not None:
+        raise err
+    failed = ["rank %d: %s" % (r, m[1]) for r, m in enumerate(seen) if m[0] == "error"]
+    if failed:
+        raise RuntimeError("gcomp.Comm(backend='nccl'): not created, another rank failed before "
+                           "NCCL's creation (%s)" % "; ".join(failed))
+    uid = seen[0][1]
     if not isinstance(uid, bytes) or len(uid) != UNIQUE_ID_BYTES:
         raise RuntimeError("the NCCL unique id from rank 0 is not %d bytes" % UNIQUE_ID_BYTES)
     return uid, rank, size
 
 
-def _global_rank(dist, group, group_rank):
-    if hasattr(dist, "get_global_rank"):  # torch >= 2.0 (1.13 has it too, deprecated later)
-        return dist.get_global_rank(group, group_rank)
-    return dist.distributed_c10d._get_global_rank(group, group_rank)
+def join_refused_share(refusal, group=None, mpi_comm=None):
+    """This rank refused its own arguments to Comm(backend='nccl') before sharing NCCL's
+    unique id; the other ranks would share it and wait in NCCL's creation for this one until
+    their timeout. Join the share with the refusal instead, so they raise at once. Best
+    effort: with no group to share over (an mpi_comm that is no communicator, no torch
+    process group) there is nothing to join; the caller raises its own error either way."""
+    try:
+        share_unique_id(None, group=group, mpi_comm=mpi_comm, refusal=refusal)
+    except Exception:  # noqa: B902 - the refusal itself, or a share that cannot run here
+        pass

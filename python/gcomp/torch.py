@@ -135,11 +135,14 @@ class GcompHookState:
         try:
             start_iter = _args.int_arg("start_iter", start_iter, 0, _args.INT64_MAX)
             momentum = _momentum_arg("momentum", momentum)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError) as exc:
             # the other ranks may be in the communicator's creation already: fail it there too
-            # (an NCCL state's creation shares NCCL's unique id first: nothing to join there)
+            # (an NCCL state's creation shares NCCL's unique id first: join that share)
             b = backend if backend is not None else _default_backend(process_group)
-            if not (isinstance(b, str) and b.lower() == "nccl"):
+            if isinstance(b, str) and b.lower() == "nccl":
+                gcomp._cuda.join_refused_share(exc, group=process_group if comm is None else None,
+                                               mpi_comm=gcomp._share_comm(comm))
+            else:
                 gcomp._join_refused_creation(comm)
             raise
         if backend is None:
@@ -174,10 +177,8 @@ class GcompHookState:
                             device=None if self.comm.device is None else str(self.comm.device))
         self._ef = self.comm.config()["error_feedback"]
         try:
-            # None: an NCCL communicator built from the process group itself
-            if self.comm._mpi_comm is not None:
-                _check_same_group(self.comm._mpi_comm, process_group,
-                                  dict(start_iter=start_iter, momentum=momentum, error_feedback=self._ef))
+            _check_same_group(self.comm, process_group,
+                              dict(start_iter=start_iter, momentum=momentum, error_feedback=self._ef))
         except Exception:
             self.comm.close()
             raise
@@ -565,18 +566,24 @@ def _mpi_thread_multiple():
     return MPI.Query_thread() >= MPI.THREAD_MULTIPLE
 
 
-def _check_same_group(mpi_comm, process_group, settings):
-    """The gcomp communicator (built over the mpi4py communicator mpi_comm) must hold DDP's
-    processes in DDP's rank order: each averages the buckets over its own processes, so a
-    mismatch (e.g. ranks started by torch.multiprocessing, each its own one-rank MPI job)
-    would let the replicas drift apart without an error once compression starts. The ranks
-    must also agree on the hook's own settings (a dict: start_iter, momentum, error feedback),
-    or some would run gcomp while others run a plain allreduce, until a timeout names neither.
-    Every rank of mpi_comm gets the same verdict (an allgather), so no rank goes on to wait
-    for others that raised."""
+def _check_same_group(comm, process_group, settings):
+    """The gcomp communicator comm must hold DDP's processes in DDP's rank order: each
+    averages the buckets over its own processes, so a mismatch (e.g. ranks started by
+    torch.multiprocessing, each its own one-rank MPI job) would let the replicas drift apart
+    without an error once compression starts. The ranks must also agree on the hook's own
+    settings (a dict: start_iter, momentum, error feedback), or some would run gcomp while
+    others run a plain allreduce, until a timeout that names neither. Every rank of comm gets
+    the same verdict (an allgather over the mpi4py communicator comm was built over; for an
+    NCCL communicator built from the process group itself, over that group), so no rank goes
+    on to wait for others that raised."""
     ddp = dist.is_available() and dist.is_initialized()
     size, rank = (dist.get_world_size(process_group), dist.get_rank(process_group)) if ddp else (0, 0)
-    seen = mpi_comm.allgather((size, rank, sorted(settings.items())))  # in mpi_comm's rank order
+    mine = (size, rank, sorted(settings.items()))
+    if comm._mpi_comm is not None:
+        seen = comm._mpi_comm.allgather(mine)  # in the communicator's rank order
+    else:  # the process group's own NCCL communicator: its ranks are the group's
+        with torch.cuda.device(comm.device):  # an NCCL group's objects travel through it
+            seen = gcomp._cuda.group_allgather(process_group, None)[2](mine)
     differ = [k for k, v in sorted(settings.items()) if any(dict(s[2])[k] != v for s in seen)]
     if differ:
         raise ValueError("gcomp.torch.GcompHookState: the ranks differ in %s (%s): every rank must "
@@ -593,7 +600,7 @@ def _check_same_group(mpi_comm, process_group, settings):
             "%d (the communicator's ranks are the group's %s); they must hold the same processes "
             "in the same order (launch every rank with mpirun -np N, and pass comm= for a group "
             "that is not the world)"
-            % (mpi_comm.Get_size(), mpi_comm.Get_rank(), size, rank, [r for _, r in seen]))
+            % (comm.size, comm.rank, size, rank, [r for _, r in seen]))
 
 
 def hook(state, bucket):

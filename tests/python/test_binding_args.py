@@ -505,16 +505,59 @@ def test_one_rank_refuses_creation():
         assert time.monotonic() - t0 < 30, "a rank waited for the refusing one"
     good_comm().close()
     # an NCCL creation (any spelling of the name) shares NCCL's unique id first: the refusing
-    # rank must not enter an MPI creation the others are not in
+    # rank joins that share (test_nccl_share_refusal), never an MPI creation the others are
+    # not in
     joined, saved = [], gcomp._join_refused_creation
+    shared, saved_share = [], gcomp._cuda.join_refused_share
     gcomp._join_refused_creation = joined.append
+    gcomp._cuda.join_refused_share = lambda exc, **kw: shared.append(type(exc).__name__)
     try:
         raises(ValueError, lambda: gcomp.Comm(WORLD, codec="", backend="NCCL"))
         raises(ValueError, lambda: gcomp.torch.GcompHookState(codec="fp16", start_iter=-1, backend="NCCL"))
     finally:
         gcomp._join_refused_creation = saved
-    assert not joined, joined
+        gcomp._cuda.join_refused_share = saved_share
+    assert not joined and shared == ["ValueError", "ValueError"], (joined, shared)
     log("a creation refused in Python on one rank (Comm, GcompHookState) fails on every rank at once")
+
+
+@test
+def test_nccl_share_refusal():
+    """NCCL's unique id is shared by one allgather of every rank's state: rank 0's id, or a
+    rank's failure (rank 0's get_id(), a refusal of its own arguments), which then reaches
+    every rank at once; before, rank 0 broadcast the id and a rank that refused its arguments
+    left the others in NCCL's creation until their timeout. Runs the share itself over MPI
+    (this machine has no CUDA for the creation after it)."""
+    from gcomp import _cuda
+    uid = bytes(range(128))
+    got = _cuda.share_unique_id(lambda: uid, mpi_comm=WORLD)
+    assert got == (uid, RANK, WORLD.size), got
+    culprit = WORLD.size - 1
+    for who, refusal in ((culprit, ValueError("codec '' refused")), (0, None)):
+        t0 = time.monotonic()
+
+        def get_id():
+            if refusal is None:
+                raise RuntimeError("ncclGetUniqueId failed")
+            return uid
+        mine = refusal if RANK == who else None
+        if RANK == who:
+            raises(type(refusal) if refusal else RuntimeError,
+                   lambda: _cuda.share_unique_id(get_id, mpi_comm=WORLD, refusal=mine),
+                   "refused" if refusal else "ncclGetUniqueId")
+        else:
+            e = raises(RuntimeError, lambda: _cuda.share_unique_id(get_id, mpi_comm=WORLD),
+                       "rank %d: %s" % (who, "ValueError: codec" if refusal else "RuntimeError"))
+            assert "another rank failed" in str(e), e
+        assert time.monotonic() - t0 < 30, "a rank waited for the failing one"
+    # through Comm: one rank's codec refused, the others' creation stops at the share too
+    # (here without CUDA on every rank: each raises its own reason, none waits)
+    bad = RANK == culprit
+    raises(ValueError if bad else (RuntimeError, NotImplementedError),
+           lambda: gcomp.Comm(WORLD, codec="" if bad else "fp16", backend="nccl"))
+    got = _cuda.share_unique_id(lambda: uid, mpi_comm=WORLD)  # the group is in step
+    assert got == (uid, RANK, WORLD.size), got
+    log("NCCL's unique id share carries a refusal or rank 0's failure to every rank at once")
 
 
 @test
@@ -522,7 +565,7 @@ def test_hook_settings_differ():
     """Ranks whose hook states differ in start_iter, momentum or error feedback are refused
     when the states are built, on every rank, naming the setting (before: some ranks ran
     gcomp while others ran a plain allreduce, until a timeout that named neither)."""
-    for kw in (dict(start_iter=3 + RANK), dict(momentum=0.5 * RANK), dict(error_feedback=RANK == 0)):
+    for kw in (dict(start_iter=3 + RANK), dict(momentum=0.25 * RANK), dict(error_feedback=RANK == 0)):
         name = next(iter(kw))
         raises(ValueError, lambda: gcomp.torch.GcompHookState(codec="fp16", **kw), "differ in " + name)
     gcomp.torch.GcompHookState(codec="fp16", start_iter=3, momentum=0.5).close()
