@@ -32,6 +32,7 @@ Bad arguments are usage errors (a message naming the flag, exit 2) on every rank
 training. A failure on some ranks only (rank 0 unable to bind --master-addr, an uncaught
 exception) ends the whole job with a non-zero status instead of leaving the others waiting.
 """
+import datetime
 import json
 import os
 import socket
@@ -112,6 +113,10 @@ def parse():
     p.add_argument("--master-addr", default="127.0.0.1",
                    help="address of rank 0 for torch.distributed's rendezvous [127.0.0.1]; "
                         "examples/netem_ddp.sh passes rank 0's emulated host")
+    p.add_argument("--init-timeout", type=float, default=300,
+                   help="seconds torch.distributed waits for every rank, in the rendezvous "
+                        "and in each collective (the process group's timeout, which the gcomp "
+                        "hook takes as its own) [300]; torch's default is 30 minutes")
     a = p.parse_args()
     a.settings = [s for s in a.settings.split(",") if s]
     if not a.settings:
@@ -121,6 +126,9 @@ def parse():
         assert a.hidden and min(a.hidden) > 0
     except (ValueError, AssertionError):
         p.error("--hidden must be positive integers separated by commas, got %r" % a.hidden)
+    if not 0 < a.init_timeout < float("inf"):
+        p.error("--init-timeout must be a positive finite number of seconds, got %r"
+                % a.init_timeout)
     bad = [s for s in a.settings if s not in SETTINGS]
     if bad:
         p.error("unknown setting(s) %s" % ", ".join(bad))
@@ -236,8 +244,10 @@ def fmt_bytes(wire):
     return "n/a" if wire is None else "%.0f" % wire
 
 
-def init_dist(addr):
-    """gloo from Open MPI's environment: rank 0 picks a free port, mpi4py broadcasts it."""
+def init_dist(addr, timeout_s):
+    """gloo from Open MPI's environment: rank 0 picks a free port, mpi4py broadcasts it. A
+    rank that cannot reach addr (rank 0 bound one the others have no route to) ends the
+    rendezvous of every rank after timeout_s, not torch's 30 minutes."""
     rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", WORLD.rank))
     size = int(os.environ.get("OMPI_COMM_WORLD_SIZE", WORLD.size))
     port = err = None
@@ -254,7 +264,7 @@ def init_dist(addr):
         sys.exit("ddp_fashion_mnist.py: " + err if rank == 0 else 1)
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = addr, str(port)
     dist.init_process_group("gloo", init_method="tcp://%s:%d" % (addr, port), rank=rank,
-                            world_size=size)
+                            world_size=size, timeout=datetime.timedelta(seconds=timeout_s))
 
 
 def main():
@@ -262,7 +272,7 @@ def main():
     abort_on_uncaught_exception()
     import_torch()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    init_dist(a.master_addr)
+    init_dist(a.master_addr, a.init_timeout)
     size = dist.get_world_size()
     train = load(a.data, "train", QUICK_TRAIN if a.quick else None)
     test = load(a.data, "test", QUICK_TEST if a.quick else None)
