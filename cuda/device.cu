@@ -329,6 +329,10 @@ static __global__ void header_write_kernel(uint8_t *out, gcomp_header h, const g
     gcomp_le_store_u32(out + 12, 0);
     gcomp_le_store_u64(out + 16, h.count);
     gcomp_le_store_u64(out + 24, body);
+    /* the encode's own error first, as status_fold does a decode's: a fixed-size codec's call
+     * is not read back, so the tally is where the next sync (or the engine's finish) finds
+     * it. It has no WHERE of its own: NONE is what the readers take for an encode's. */
+    tally_error(tally, st->error, GCOMP__WHERE_NONE);
     if (expect_body != UINT64_MAX && body != expect_body) tally_error(tally, GCOMP_ERR_INTERNAL, GCOMP__WHERE_SIZE);
     atomicAdd((unsigned long long *)&tally->encode_calls, 1ull);
     atomicAdd((unsigned long long *)&tally->raw_bytes,
@@ -357,9 +361,11 @@ static __global__ void header_check_kernel(const uint8_t *p, size_t bytes, uint1
     }
 }
 
+/* An encode that failed (st->error) keeps its residual as a non-finite one does: the CPU
+ * path abandons the new one then; the step advances either way. */
 static __global__ void residual_commit_kernel(gcomp_cuda_residual *res, const gcomp_cuda_status *st)
 {
-    if (res->buf[1] && !st->nonfinite) res->cur ^= 1u;
+    if (res->buf[1] && !st->nonfinite && !st->error) res->cur ^= 1u;
     res->step++;
 }
 

@@ -28,7 +28,12 @@
  *              block its offset, and a warp writes each block into shared memory (the fields
  *              of gcomp_topk_block_write, lanes at offsets from a scan of the pair lengths)
  *              and copies it out. The kept elements' residuals (x - decoded value) are
- *              written there too.
+ *              written there too. The scan knows the body's size before a byte is written:
+ *              a body past the caller's cap is refused there (status->error =
+ *              GCOMP_ERR_BUFFER_TOO_SMALL, the body untouched), which is the CPU's rule: any
+ *              cap the body fits in, not only max_body_bytes. Once status->error is set
+ *              (that, or a select or scan that cannot happen) the body kernels read no index
+ *              and write nothing.
  *   The selection state lives in scratch, so the host enqueues the same launches whatever the
  *   data; a kernel whose digit is not needed returns at once. Scratch holds anything on entry:
  *   one memset clears the digit-0 histogram, and every other counter is cleared by a kernel
@@ -618,7 +623,9 @@ static __global__ void tk_block_prep(const float *g, const gcomp_cuda_residual *
     uint64_t *gaps = gaps_sh[warp], any = 0, best_bits = ~0ull;
     uint32_t emin = 0xffffffffu, emax = 0;
     unsigned ovf_sum = 0, m, w, best_b = 0;
-    if (first >= k) return; /* the whole warp leaves together */
+    /* the whole warp leaves together; after an error of the select or the scan idx may hold
+     * anything, and x[idx] must not be read */
+    if (first >= k || status->error) return;
     m = gcomp_topk_block_len(k, first);
     for (unsigned j = lane; j < m; j += 32) {
         uint64_t gap;
@@ -663,15 +670,23 @@ static __global__ void tk_block_prep(const float *g, const gcomp_cuda_residual *
     }
 }
 
-/* Block offsets, the body size, and k at the body's start. */
+/* Block offsets, the body size, and k at the body's start. A body past cap is refused here,
+ * before any byte of it is written, as the CPU's encode measures before it writes
+ * (codecs/topk.c): status->error = GCOMP_ERR_BUFFER_TOO_SMALL, and body_bytes says what it
+ * needs. After an earlier error the block sizes were never made: nothing at all. */
 static __global__ void tk_scan_blocks(const unsigned long long *blk_bytes, unsigned long long *blk_off, size_t nb,
-                                      uint64_t k, uint8_t *body, gcomp_cuda_status *status)
+                                      uint64_t k, uint8_t *body, size_t cap, gcomp_cuda_status *status)
 {
     __shared__ unsigned long long sh[33];
-    const unsigned long long total = tk_scan_array(blk_bytes, blk_off, nb, sh);
+    unsigned long long total;
+    if (status->error) return; /* block-uniform: thread 0 writes it only after the scan's barriers */
+    total = tk_scan_array(blk_bytes, blk_off, nb, sh);
     if (threadIdx.x == 0) {
-        gcomp_le_store_u64(body, k);
         status->body_bytes = 8 + total;
+        if (8 + total > cap)
+            tk_set_error(status, GCOMP_ERR_BUFFER_TOO_SMALL);
+        else
+            gcomp_le_store_u64(body, k);
     }
 }
 
@@ -709,6 +724,10 @@ static __global__ void tk_block_write(const float *g, const gcomp_cuda_residual 
     unsigned m, b, e0, ew, vbits, j0, j1;
     unsigned long long at, len, mine = 0, pos;
     if (first >= k) return;
+    /* a refused body (too small a cap, or an earlier error) gets no byte and no residual; lane
+     * 0's reading decides for the warp, whose shuffles need every lane (another warp of this
+     * kernel may set the error meanwhile) */
+    if (__shfl_sync(TK_FULL, status->error, 0)) return;
     m = gcomp_topk_block_len(k, first);
     info = blk_info[blk];
     b = info & 0xffu, e0 = info >> 8 & 0xffu, ew = info >> 16 & 0xffu;
@@ -801,15 +820,6 @@ static unsigned tk_stream_grid(size_t n, unsigned threads)
     return (unsigned)want;
 }
 
-static size_t tk_max_body(const gcomp_topk_params *p, size_t count)
-{
-    const uint64_t k = gcomp_topk_k(p, count);
-    const unsigned w = gcomp_topk_width(count - k);
-    const size_t full = (size_t)(k / GCOMP_TOPK_BLOCK), rem = (size_t)(k % GCOMP_TOPK_BLOCK);
-    return 8 + full * gcomp_topk_block_max_bytes(GCOMP_TOPK_BLOCK, w, p->values) +
-           (rem ? gcomp_topk_block_max_bytes((unsigned)rem, w, p->values) : 0);
-}
-
 static size_t tk_scratch_bytes(const void *params, size_t count)
 {
     const gcomp_topk_params *p = (const gcomp_topk_params *)params;
@@ -848,9 +858,14 @@ static gcomp_result tk_encode(const void *params, const gcomp_encode_ctx *ctx, c
 
     if (!body || !status || (n && (!g || !scratch)))
         return gcomp_codec_fail(GCOMP_ERR_INVALID_ARG, "topk: cuda encode: NULL buffer");
-    if (cap < tk_max_body(p, n))
+    /* Every body holds k, so a cap under 8 bytes is refused at once, as on the CPU. A larger
+     * one under the worst case (max_body_bytes) may still hold this call's body, which the CPU
+     * accepts: its size depends on the data, known on the device only, so tk_scan_blocks
+     * judges it (status->error = GCOMP_ERR_BUFFER_TOO_SMALL, nothing written) -- the op never
+     * waits for the device to return it here. */
+    if (cap < 8)
         return gcomp_codec_fail(GCOMP_ERR_BUFFER_TOO_SMALL,
-                                "topk: cuda encode needs a body buffer of %zu bytes, got %zu", tk_max_body(p, n), cap);
+                                "topk: cuda encode: a body buffer of %zu bytes cannot hold k", cap);
     if (n == 0) {
         tk_empty<<<1, 1, 0, stream>>>(body, flags, status);
         TK_LAUNCHED("tk_empty");
@@ -886,7 +901,7 @@ static gcomp_result tk_encode(const void *params, const gcomp_encode_ctx *ctx, c
 
     tk_block_prep<<<body_grid, TK_WARPS_PER_BLOCK * 32, 0, stream>>>(g, res, idx, k, fp16, blk_info, blk_bytes, status);
     TK_LAUNCHED("tk_block_prep");
-    tk_scan_blocks<<<1, TK_SCAN_THREADS, 0, stream>>>(blk_bytes, blk_off, nb, k, body, status);
+    tk_scan_blocks<<<1, TK_SCAN_THREADS, 0, stream>>>(blk_bytes, blk_off, nb, k, body, cap, status);
     TK_LAUNCHED("tk_scan_blocks");
     tk_block_write<<<body_grid, TK_WARPS_PER_BLOCK * 32, 0, stream>>>(g, res, idx, k, fp16, blk_info, blk_bytes,
                                                                       blk_off, body, cap, status);
@@ -896,12 +911,16 @@ static gcomp_result tk_encode(const void *params, const gcomp_encode_ctx *ctx, c
 
 /* ---- decode ---------------------------------------------------------------------------------- */
 
-/* The body of a payload whose header the library checked: flags and size from the header. */
+/* The body of a payload whose header the library checked: flags and size from the header.
+ * Re-checked here, cap before any header byte: a direct caller of the ops (or a payload the
+ * header check did not see) must not make us read past cap. */
 static __device__ int tk_payload_body(const uint8_t *payload, size_t cap, const uint8_t **body, size_t *bytes,
                                       uint32_t *flags)
 {
-    const uint64_t b = gcomp_le_load_u64(payload + 24);
-    if (cap < GCOMP_HEADER_BYTES || b > cap - GCOMP_HEADER_BYTES) return 0; /* re-checked: never read past cap */
+    uint64_t b;
+    if (cap < GCOMP_HEADER_BYTES) return 0;
+    b = gcomp_le_load_u64(payload + 24);
+    if (b > cap - GCOMP_HEADER_BYTES) return 0;
     *flags = gcomp_le_load_u32(payload + 8);
     *body = payload + GCOMP_HEADER_BYTES;
     *bytes = (size_t)b;

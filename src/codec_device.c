@@ -3,18 +3,24 @@
  * device-layer steps and the element codec's CUDA ops, all enqueued on the caller's stream.
  *
  * Encode:  [status := 0] [widen f16/bf16 -> f32 into scratch] codec encode (residual fused)
- *          -> header kernel (flags, body size from the status block; folds the call into the
- *          tally) -> commit kernel (flip the residual buffers unless non-finite, step + 1).
+ *          -> header kernel (flags, body size from the status block; folds the call, and an
+ *          error its kernels set, into the tally) -> commit kernel (flip the residual buffers
+ *          unless non-finite or failed, step + 1). A sparse codec's status is read back
+ *          before the header kernel: its error, or a body past dst, fails the call at once
+ *          with dst as it was.
  * Decode:  [status := 0] header check kernel -> codec decode_add (writes nothing once the
- *          status holds an error) -> fold the status into the tally.
+ *          status holds an error) -> fold the status into the tally. Into f16/bf16, the
+ *          blocking call narrows only a payload the device accepted (it reads the status
+ *          back first); an async one narrows what the decode left (zeros after a refusal).
  * Sync:    wait for the stream, read the tally back, fold it into the stats (kernels count the
  *          calls, so a replayed graph's count too), report the first error found on the
  *          device since the last sync.
  *
  * The host never needs a value computed on the device, except top-k's body size (a codec
- * with GCOMP_CAP_SPARSE: its encode reads the status block back, one stream sync), so the
- * fixed-size codecs' calls can be captured in a CUDA graph and replayed: the residual's
- * buffer index and step live in device memory and the commit kernel advances them.
+ * with GCOMP_CAP_SPARSE: its encode reads the status block back, one stream sync, which
+ * brings its error too), so the fixed-size codecs' calls can be captured in a CUDA graph and
+ * replayed: the residual's buffer index and step live in device memory and the commit
+ * kernel advances them.
  *
  * Memory: the status and tally blocks, the scratch and each key's residual come from the
  * device layer at first use and are kept (scratch only grows; a residual is reallocated when
@@ -371,6 +377,15 @@ void gcomp__codec_device_free(gcomp__codec_device *d)
 
 /* ---- encode, decode, sync ---------------------------------------------------------------- */
 
+/* An error an encode's kernels set in the status block (read back, or found in the tally
+ * under GCOMP__WHERE_NONE, which only the header kernel's fold of an encode leaves), as a
+ * gcomp_result with its message; `since` ends the message. */
+static gcomp_result encode_error(const char *codec, uint32_t error, const char *since)
+{
+    gcomp_result rc = error <= GCOMP_ERR_INTERNAL ? (gcomp_result)error : GCOMP_ERR_INTERNAL;
+    return gcomp__fail(rc, "device encode: '%s' failed on the device with %s%s", codec, gcomp_result_name(rc), since);
+}
+
 gcomp_result gcomp__codec_device_sync(const gcomp__codec_parts *c, struct CUstream_st *stream)
 {
     gcomp__codec_device *d = *c->dev;
@@ -393,6 +408,7 @@ gcomp_result gcomp__codec_device_sync(const gcomp__codec_parts *c, struct CUstre
     c->stats->nonfinite_calls += t.nonfinite_calls;
     c->stats->decode_calls += t.decode_calls;
     if (t.error == GCOMP_SUCCESS) return GCOMP_SUCCESS;
+    if (t.where == GCOMP__WHERE_NONE) return encode_error(vt->name, t.error, " (first error since the last sync)");
     if (t.where == GCOMP__WHERE_HEADER)
         return gcomp__fail(GCOMP_ERR_CORRUPT,
                            "device decode: a payload's header is not one of '%s' with the caller's "
@@ -414,6 +430,71 @@ gcomp_result gcomp__codec_device_sync(const gcomp__codec_parts *c, struct CUstre
                        gcomp_result_name((gcomp_result)t.error));
 }
 
+/* A sparse codec's body size, known on the device only: its status read back (one wait on
+ * the stream) before anything is written after the body, so a refused body leaves the rest
+ * of the payload as it was. The codec's error is the call's -- GCOMP_ERR_BUFFER_TOO_SMALL
+ * for a body past cap, the CPU's rule (codecs/topk.c: any cap the body fits in) -- and so is
+ * a body reported past cap (a faulty user codec: as codec.c on the host). */
+static gcomp_result sparse_body_bytes(const gcomp__device_ops *ops, const gcomp__chain *chain, const char *fn,
+                                      const gcomp_cuda_status *st, size_t cap, size_t *body, struct CUstream_st *stream)
+{
+    const char *name = chain->stages[0].vt->name;
+    gcomp_cuda_status hs;
+    GCOMP_CHECK(ops->copy_async(&hs, st, sizeof hs, stream));
+    GCOMP_CHECK(ops->wait(stream, -1));
+    if (hs.error == GCOMP_ERR_BUFFER_TOO_SMALL)
+        return gcomp__fail(GCOMP_ERR_BUFFER_TOO_SMALL,
+                           "%s: the %s body needs %llu bytes, the output holds %zu after the header "
+                           "(gcomp_codec_max_encoded_bytes() always fits)",
+                           fn, chain->canonical, (unsigned long long)hs.body_bytes, cap);
+    if (hs.error) return encode_error(name, hs.error, "");
+    if (hs.body_bytes > cap)
+        return gcomp__fail(GCOMP_ERR_INTERNAL, "%s: codec '%s' reports a body of %llu bytes, more than %zu", fn, name,
+                           (unsigned long long)hs.body_bytes, cap);
+    *body = (size_t)hs.body_bytes;
+    return GCOMP_SUCCESS;
+}
+
+/* A public encode that failed after it took the key's residual, as codec.c abandons one: a
+ * key the call created goes again (a failed first call leaves no key), any other keeps its
+ * residual and advances its step (the commit kernel told to keep, as ef_end does). Best
+ * effort: the caller gets the call's own error. */
+static void abandon_res(gcomp__codec_device *d, uint64_t key, int created, gcomp_cuda_residual *res,
+                        struct CUstream_st *stream)
+{
+    dev_residual *r = find_res(d, key);
+    if (!r) return;
+    if (created) { /* free waits for the kernels that may still use it */
+        remove_res(d, r);
+        return;
+    }
+    if (d->ops->memset_async(&d->status->nonfinite, 1, 1, stream) == GCOMP_SUCCESS &&
+        d->ops->residual_commit(res, d->status, stream) == GCOMP_SUCCESS)
+        r->known = 0;
+}
+
+/* The public encode's checks before anything is enqueued; *ops: the buffers' device ops. */
+static gcomp_result encode_args(const char *fn, const gcomp__codec_parts *c, const void *src, size_t count,
+                                gcomp_dtype dtype, const void *dst, size_t dst_cap, const gcomp__device_ops **ops)
+{
+    const gcomp__stage *el = &c->chain->stages[0];
+    size_t body_max;
+    if (!gcomp_dtype_size(dtype)) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "%s: invalid dtype %d", fn, (int)dtype);
+    if (count > GCOMP_MAX_COUNT) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "%s: count %zu is too large", fn, count);
+    if (!dst || (count && !src)) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "%s: NULL buffer with count %zu", fn, count);
+    GCOMP_CHECK(device_of(fn, "dst", dst, "src", count ? src : NULL, ops));
+    GCOMP_CHECK(check_chain(fn, c->chain));
+    body_max = el->vt->max_body_bytes(el->params, count);
+    if (dst_cap < GCOMP_HEADER_BYTES)
+        return gcomp__fail(GCOMP_ERR_BUFFER_TOO_SMALL, "%s: output of %zu bytes cannot hold the header", fn, dst_cap);
+    /* every body of a fixed-size codec is body_max bytes; a sparse one's is judged on the device */
+    if (!(el->vt->caps & GCOMP_CAP_SPARSE) && dst_cap - GCOMP_HEADER_BYTES < body_max)
+        return gcomp__fail(GCOMP_ERR_BUFFER_TOO_SMALL,
+                           "%s: a %s payload of %zu elements is %zu bytes, the output holds %zu", fn, el->vt->name,
+                           count, GCOMP_HEADER_BYTES + body_max, dst_cap);
+    return GCOMP_SUCCESS;
+}
+
 gcomp_result gcomp__codec_device_encode(const gcomp__codec_parts *c, uint64_t key, const void *src, size_t count,
                                         gcomp_dtype dtype, void *dst, size_t dst_cap, size_t *written,
                                         struct CUstream_st *stream, int blocking)
@@ -425,26 +506,17 @@ gcomp_result gcomp__codec_device_encode(const gcomp__codec_parts *c, uint64_t ke
     gcomp_encode_ctx ctx;
     gcomp_cuda_residual *res = NULL;
     gcomp_header h;
-    size_t esize = gcomp_dtype_size(dtype), body_max, widen_bytes, codec_scratch;
-    int fixed = !(el->vt->caps & GCOMP_CAP_SPARSE);
+    size_t body_max, body = 0, widen_bytes, codec_scratch;
+    int fixed = !(el->vt->caps & GCOMP_CAP_SPARSE), created = 0;
     const float *x = (const float *)src;
     uint8_t *scratch;
+    gcomp_result rc;
 
     if (!written) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "%s: written is NULL", fn);
     *written = 0;
-    if (!esize) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "%s: invalid dtype %d", fn, (int)dtype);
-    if (count > GCOMP_MAX_COUNT) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "%s: count %zu is too large", fn, count);
-    if (!dst || (count && !src)) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "%s: NULL buffer with count %zu", fn, count);
-    GCOMP_CHECK(device_of(fn, "dst", dst, "src", count ? src : NULL, &ops));
-    GCOMP_CHECK(check_chain(fn, c->chain));
-    body_max = el->vt->max_body_bytes(el->params, count);
-    if (dst_cap < GCOMP_HEADER_BYTES)
-        return gcomp__fail(GCOMP_ERR_BUFFER_TOO_SMALL, "%s: output of %zu bytes cannot hold the header", fn, dst_cap);
-    if (fixed && dst_cap - GCOMP_HEADER_BYTES < body_max) /* every body of a fixed-size codec is body_max bytes */
-        return gcomp__fail(GCOMP_ERR_BUFFER_TOO_SMALL,
-                           "%s: a %s payload of %zu elements is %zu bytes, the output holds %zu", fn, el->vt->name,
-                           count, GCOMP_HEADER_BYTES + body_max, dst_cap);
+    GCOMP_CHECK(encode_args(fn, c, src, count, dtype, dst, dst_cap, &ops));
     GCOMP_CHECK(ensure_dev(c, ops, &d));
+    body_max = el->vt->max_body_bytes(el->params, count);
 
     widen_bytes = dtype == GCOMP_F32 ? 0 : ALIGN_UP(count * sizeof(float));
     codec_scratch = el->vt->cuda->scratch_bytes ? el->vt->cuda->scratch_bytes(el->params, count) : 0;
@@ -453,42 +525,43 @@ gcomp_result gcomp__codec_device_encode(const gcomp__codec_parts *c, uint64_t ke
     memset(&ctx, 0, sizeof ctx);
     ctx.seed = c->opts->seed;
     ctx.rank = c->opts->rank;
-    if (c->opts->error_feedback && key != GCOMP_KEY_NONE)
+    if (c->opts->error_feedback && key != GCOMP_KEY_NONE) {
+        created = !find_res(d, key) && !gcomp__residual_find(c->host_residuals, key);
         GCOMP_CHECK(acquire(c, d, key, count, stream, &res));
-    else
+    } else {
         ctx.step = (*c->nokey_step)++; /* with a residual, the kernels read its step */
+    }
 
-    GCOMP_CHECK(ops->memset_async(d->status, 0, sizeof *d->status, stream));
+    GCOMP_CHECK_GOTO(ops->memset_async(d->status, 0, sizeof *d->status, stream), rc, fail);
     if (dtype != GCOMP_F32) {
-        GCOMP_CHECK(ops->widen(src, dtype, count, (float *)scratch, stream));
+        GCOMP_CHECK_GOTO(ops->widen(src, dtype, count, (float *)scratch, stream), rc, fail);
         x = (const float *)scratch;
     }
-    GCOMP_CHECK(GCOMP_CODEC_CALL(el->vt, cuda->encode,
-                                 (el->params, &ctx, x, res, count, (uint8_t *)dst + GCOMP_HEADER_BYTES,
-                                  dst_cap - GCOMP_HEADER_BYTES, codec_scratch ? scratch + widen_bytes : NULL, d->status,
-                                  stream)));
+    GCOMP_CHECK_GOTO(GCOMP_CODEC_CALL(el->vt, cuda->encode,
+                                      (el->params, &ctx, x, res, count, (uint8_t *)dst + GCOMP_HEADER_BYTES,
+                                       dst_cap - GCOMP_HEADER_BYTES, codec_scratch ? scratch + widen_bytes : NULL,
+                                       d->status, stream)),
+                     rc, fail);
+    /* the size depends on the data: the one read-back of this path, before the header */
+    if (!fixed)
+        GCOMP_CHECK_GOTO(sparse_body_bytes(ops, c->chain, fn, d->status, dst_cap - GCOMP_HEADER_BYTES, &body, stream),
+                         rc, fail);
     memset(&h, 0, sizeof h);
     h.dtype = (uint8_t)dtype;
     h.wire_id = el->vt->wire_id;
     h.count = count;
-    GCOMP_CHECK(ops->header_write(dst, &h, d->status, fixed ? (uint64_t)body_max : UINT64_MAX, d->tally, stream));
+    GCOMP_CHECK_GOTO(ops->header_write(dst, &h, d->status, fixed ? (uint64_t)body_max : UINT64_MAX, d->tally, stream),
+                     rc, fail);
     if (res) {
-        GCOMP_CHECK(ops->residual_commit(res, d->status, stream));
+        GCOMP_CHECK_GOTO(ops->residual_commit(res, d->status, stream), rc, fail);
         find_res(d, key)->known = 0; /* the kernel decides the flip: read back when needed */
     }
-    if (fixed) {
-        *written = GCOMP_HEADER_BYTES + body_max;
-    } else { /* the size depends on the data: the one read-back of this path */
-        gcomp_cuda_status st;
-        GCOMP_CHECK(ops->copy_async(&st, d->status, sizeof st, stream));
-        GCOMP_CHECK(ops->wait(stream, -1));
-        if (st.body_bytes > dst_cap - GCOMP_HEADER_BYTES) /* a faulty user codec: as codec.c on the host */
-            return gcomp__fail(GCOMP_ERR_INTERNAL, "%s: codec '%s' reports a body of %llu bytes, more than %zu", fn,
-                               el->vt->name, (unsigned long long)st.body_bytes, dst_cap - GCOMP_HEADER_BYTES);
-        *written = GCOMP_HEADER_BYTES + (size_t)st.body_bytes;
-    }
+    *written = GCOMP_HEADER_BYTES + (fixed ? body_max : body);
     if (blocking) GCOMP_CHECK(gcomp__codec_device_sync(c, stream));
     return GCOMP_SUCCESS;
+fail:
+    if (res) abandon_res(d, key, created, res, stream);
+    return rc;
 }
 
 static gcomp_result decode_add_steps(const gcomp__codec_parts *c, gcomp__codec_device *d, const void *payload,
@@ -518,6 +591,24 @@ gcomp_result gcomp__codec_device_decode_add(const gcomp__codec_parts *c, const v
     return GCOMP_SUCCESS;
 }
 
+/* dst = the decoded floats in acc rounded to dtype. The CPU leaves dst as it was when it
+ * refuses the payload, but narrow has no status to look at: a blocking call reads this call's
+ * status back first (one more wait, in a call that waits anyway) and narrows only a payload
+ * the device accepted; the sync after it returns the error. An async call must not wait, so
+ * it narrows what the decode left, zeros after a refusal, and the next sync reports it
+ * (docs/GPU.md). */
+static gcomp_result narrow_decoded(gcomp__codec_device *d, const float *acc, size_t count, gcomp_dtype dtype, void *dst,
+                                   int blocking, struct CUstream_st *stream)
+{
+    gcomp_cuda_status st;
+    if (blocking) {
+        GCOMP_CHECK(d->ops->copy_async(&st, d->status, sizeof st, stream));
+        GCOMP_CHECK(d->ops->wait(stream, -1));
+        if (st.error) return GCOMP_SUCCESS;
+    }
+    return d->ops->narrow(acc, count, dtype, dst, stream);
+}
+
 gcomp_result gcomp__codec_device_decode(const gcomp__codec_parts *c, const void *payload, size_t bytes, void *dst,
                                         size_t count, gcomp_dtype dtype, struct CUstream_st *stream, int blocking)
 {
@@ -538,7 +629,7 @@ gcomp_result gcomp__codec_device_decode(const gcomp__codec_parts *c, const void 
     }
     GCOMP_CHECK(ops->memset_async(acc, 0, count * sizeof(float), stream));
     GCOMP_CHECK(decode_add_steps(c, d, payload, bytes, acc, count, stream));
-    if (dtype != GCOMP_F32) GCOMP_CHECK(ops->narrow(acc, count, dtype, dst, stream));
+    if (dtype != GCOMP_F32) GCOMP_CHECK(narrow_decoded(d, acc, count, dtype, dst, blocking, stream));
     if (blocking) GCOMP_CHECK(gcomp__codec_device_sync(c, stream));
     return GCOMP_SUCCESS;
 }
@@ -690,7 +781,7 @@ gcomp_result gcomp__codec_device_encode_block(const gcomp__chain *chain, const g
                                               size_t *written, struct CUstream_st *stream)
 {
     const gcomp__stage *el = &chain->stages[0];
-    size_t body_max = el->vt->max_body_bytes(el->params, count);
+    size_t body_max = el->vt->max_body_bytes(el->params, count), body = body_max;
     int fixed = !(el->vt->caps & GCOMP_CAP_SPARSE);
     gcomp_header h;
     if (cap < GCOMP_HEADER_BYTES)
@@ -699,22 +790,17 @@ gcomp_result gcomp__codec_device_encode_block(const gcomp__chain *chain, const g
     GCOMP_CHECK(GCOMP_CODEC_CALL(
         el->vt, cuda->encode,
         (el->params, ctx, x, res, count, dst + GCOMP_HEADER_BYTES, cap - GCOMP_HEADER_BYTES, scratch, st, stream)));
+    /* the size depends on the data: read back (one wait on the stream) with the codec's error,
+     * so a failed encode is this call's error before its payload is sent; a fixed-size one's
+     * error reaches the tally through the header kernel */
+    if (!fixed)
+        GCOMP_CHECK(sparse_body_bytes(ops, chain, "device encode", st, cap - GCOMP_HEADER_BYTES, &body, stream));
     memset(&h, 0, sizeof h);
     h.dtype = GCOMP_F32;
     h.wire_id = el->vt->wire_id;
     h.count = count;
     GCOMP_CHECK(ops->header_write(dst, &h, st, fixed ? (uint64_t)body_max : UINT64_MAX, tally, stream));
-    if (fixed) {
-        *written = GCOMP_HEADER_BYTES + body_max;
-    } else { /* the size depends on the data: read it back (one wait on the stream) */
-        gcomp_cuda_status hs;
-        GCOMP_CHECK(ops->copy_async(&hs, st, sizeof hs, stream));
-        GCOMP_CHECK(ops->wait(stream, -1));
-        if (hs.body_bytes > cap - GCOMP_HEADER_BYTES)
-            return gcomp__fail(GCOMP_ERR_INTERNAL, "device encode: '%s' reports a body of %llu bytes, more than %zu",
-                               el->vt->name, (unsigned long long)hs.body_bytes, cap - GCOMP_HEADER_BYTES);
-        *written = GCOMP_HEADER_BYTES + (size_t)hs.body_bytes;
-    }
+    *written = GCOMP_HEADER_BYTES + body;
     return GCOMP_SUCCESS;
 }
 
@@ -734,6 +820,7 @@ gcomp_result gcomp__codec_device_tally_error(const gcomp__chain *chain, const gc
 {
     const char *name = chain->stages[0].vt->name;
     if (t->error == GCOMP_SUCCESS) return GCOMP_SUCCESS;
+    if (t->where == GCOMP__WHERE_NONE) return encode_error(name, t->error, "");
     if (t->where == GCOMP__WHERE_HEADER)
         return gcomp__fail(GCOMP_ERR_CORRUPT,
                            "device decode: a payload's header is not one of '%s' with the expected count and size",

@@ -75,7 +75,8 @@ gcomp_result gcomp__codec_device_check(const char *api, const gcomp__chain *chai
 /* Header and body of x[0..count) into dst (cap bytes) with the residual block res (device
  * memory, NULL: none), ctx as on the host; the encode is folded into *tally. *written: a
  * fixed-size codec's from the host's bound; a GCOMP_CAP_SPARSE one's is read back (one wait
- * on the stream). */
+ * on the stream) with the codec's status, whose error is then returned before the header is
+ * written (a fixed-size codec's error reaches *tally through the header kernel instead). */
 gcomp_result gcomp__codec_device_encode_block(const gcomp__chain *chain, const gcomp__device_ops *ops,
                                               const gcomp_encode_ctx *ctx, const float *x,
                                               const gcomp_cuda_residual *res, size_t count, uint8_t *dst, size_t cap,

@@ -93,7 +93,9 @@ typedef struct gcomp__device_ops {
      * body_bytes from *st (what the codec's encode reported). expect_body != UINT64_MAX: a
      * body of another size is an error (GCOMP__WHERE_SIZE) in the tally -- the host already
      * told the caller that size. Folds the encode into *tally (calls, raw bytes from h's count
-     * and dtype, wire bytes, overflows, non-finite). */
+     * and dtype, wire bytes, overflows, non-finite), and an error its kernels set in
+     * st->error as GCOMP__WHERE_NONE (a fixed-size codec's encode is not read back: the next
+     * sync finds it there). */
     gcomp_result (*header_write)(uint8_t *payload, const gcomp_header *h, const gcomp_cuda_status *st,
                                  uint64_t expect_body, gcomp__device_tally *tally, struct CUstream_st *stream);
     /* Check the header of a payload of `bytes` bytes as gcomp_header_read does, plus the wire
@@ -104,7 +106,8 @@ typedef struct gcomp__device_ops {
     gcomp_result (*header_check)(const uint8_t *payload, size_t bytes, uint16_t wire_id, uint64_t count,
                                  gcomp_cuda_status *st, struct CUstream_st *stream);
     /* After an encode with a residual: flip res->cur when res->buf[1] is set (double
-     * buffered) unless st->nonfinite, and advance res->step either way (as the CPU path). */
+     * buffered) unless st->nonfinite or st->error (the encode failed: the old residual
+     * stays), and advance res->step either way (as the CPU path). */
     gcomp_result (*residual_commit)(gcomp_cuda_residual *res, const gcomp_cuda_status *st, struct CUstream_st *stream);
     /* Fold a decode into the tally: its st->error (first error wins), else one more decode. */
     gcomp_result (*status_fold)(const gcomp_cuda_status *st, gcomp__device_tally *tally, struct CUstream_st *stream);

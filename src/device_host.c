@@ -137,6 +137,7 @@ static gcomp_result host_header_write(uint8_t *payload, const gcomp_header *h, c
     full.flags = st->flags;
     full.body_bytes = st->body_bytes;
     gcomp_header_write(payload, &full);
+    tally_error(tally, st->error, GCOMP__WHERE_NONE); /* the encode's own error (device.cu) */
     if (expect_body != UINT64_MAX && st->body_bytes != expect_body)
         tally_error(tally, GCOMP_ERR_INTERNAL, GCOMP__WHERE_SIZE);
     tally->encode_calls++;
@@ -165,7 +166,7 @@ static gcomp_result host_residual_commit(gcomp_cuda_residual *res, const gcomp_c
                                          struct CUstream_st *stream)
 {
     (void)stream;
-    if (res->buf[1] && !st->nonfinite) res->cur ^= 1;
+    if (res->buf[1] && !st->nonfinite && !st->error) res->cur ^= 1;
     res->step++;
     return GCOMP_SUCCESS;
 }

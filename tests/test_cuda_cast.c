@@ -17,6 +17,7 @@
 
 #include "test_util.h"
 #include "cuda_test_util.h"
+#include "gcomp_codec.h"
 
 #define KEY 42
 static const char *const SPECS[] = { "none", "fp16", "bf16" };
@@ -313,6 +314,70 @@ static void test_corrupt(void **state)
     }
 }
 
+typedef struct refusal {
+    const char *what;
+    size_t at, len; /* bad[at] ^= 0x40 when at < len, then len bytes decoded */
+} refusal;
+
+/* A refused payload decoded into f16/bf16: GCOMP_ERR_CORRUPT and dst exactly as it was, as
+ * the CPU leaves it (the blocking device call reads its status back before narrowing; it used
+ * to narrow the zeroed f32 scratch into dst). Every codec's payload, refused by the header
+ * check or, for top-k, by the body check; an intact one still decodes to the CPU's bits. */
+static void refused_half_case(const char *spec, gcomp_dtype dtype)
+{
+    const size_t n = 1029, es = gcomp_dtype_size(dtype);
+    gcomp_codec *cpu = codec(spec), *gpu = codec(spec);
+    size_t cap = gcomp_codec_max_encoded_bytes(cpu, n), w = 0;
+    float *g = hmalloc(n * 4), *d_g = dmalloc(n * 4);
+    uint8_t *p = hmalloc(cap), *bad = hmalloc(cap), *d_p = dmalloc(cap), *d_dst = dmalloc(n * es);
+    uint8_t *dst0 = hmalloc(n * es), *hdst = hmalloc(n * es), *ddst = hmalloc(n * es);
+    refusal cases[3];
+    int ncases = 0;
+    fill(g, GCOMP_F32, n, 51);
+    fill(dst0, dtype, n, 52);
+    h2d(d_g, g, n * 4);
+    OK(gcomp_codec_encode(gpu, GCOMP_KEY_NONE, d_g, n, GCOMP_F32, d_p, cap, &w));
+    d2h(p, d_p, w);
+    cases[ncases++] = (refusal){ "truncated", w, w - 1 };
+    cases[ncases++] = (refusal){ "bad magic", 0, w };
+    if (!strncmp(spec, "topk", 4)) /* k gains bit 46: the body check refuses it, the header passes */
+        cases[ncases++] = (refusal){ "k past count", GCOMP_HEADER_BYTES + 5, w };
+    for (int i = 0; i < ncases; i++) {
+        char what[96];
+        snprintf(what, sizeof what, "%s into %s: %s", spec, dtype == GCOMP_F16 ? "f16" : "bf16", cases[i].what);
+        memcpy(bad, p, w);
+        if (cases[i].at < cases[i].len) bad[cases[i].at] ^= 0x40;
+        memcpy(hdst, dst0, n * es);
+        assert_int_equal(gcomp_codec_decode(cpu, bad, cases[i].len, hdst, n, dtype), GCOMP_ERR_CORRUPT);
+        same_bytes("host dst after a refused payload", what, n, 0, dst0, hdst, n * es);
+        h2d(d_p, bad, cases[i].len);
+        h2d(d_dst, dst0, n * es);
+        EXPECT(gcomp_codec_decode(gpu, d_p, cases[i].len, d_dst, n, dtype), GCOMP_ERR_CORRUPT, NULL);
+        d2h(ddst, d_dst, n * es);
+        same_bytes("device dst after a refused payload", what, n, 0, dst0, ddst, n * es);
+    }
+    h2d(d_p, p, w);
+    OK(gcomp_codec_decode(cpu, p, w, hdst, n, dtype));
+    OK(gcomp_codec_decode(gpu, d_p, w, d_dst, n, dtype));
+    d2h(ddst, d_dst, n * es);
+    same_bytes("decode results after the refusals", spec, n, 0, hdst, ddst, n * es);
+    CU(cudaFree(d_g));
+    CU(cudaFree(d_p));
+    CU(cudaFree(d_dst));
+    free(g), free(p), free(bad), free(dst0), free(hdst), free(ddst);
+    gcomp_codec_destroy(cpu), gcomp_codec_destroy(gpu);
+}
+
+static void test_decode_refused_keeps_half_dst(void **state)
+{
+    static const char *const specs[] = { "none", "fp16", "bf16", "terngrad", "topk:ratio=0.05" };
+    (void)state;
+    for (size_t s = 0; s < sizeof specs / sizeof *specs; s++) {
+        refused_half_case(specs[s], GCOMP_F16);
+        refused_half_case(specs[s], GCOMP_BF16);
+    }
+}
+
 /* ---- CUDA graph --------------------------------------------------------------------------- */
 
 /* fp16 encode + decode-add with error feedback, captured once and replayed 3 times, gives the
@@ -548,6 +613,7 @@ int main(void)
         cmocka_unit_test(test_bit_identical_unaligned),
         cmocka_unit_test(test_nonfinite),
         cmocka_unit_test(test_corrupt),
+        cmocka_unit_test(test_decode_refused_keeps_half_dst),
         cmocka_unit_test(test_graph_replay),
         cmocka_unit_test(test_wrong_combinations),
         cmocka_unit_test(test_residual_get_set),

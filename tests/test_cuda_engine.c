@@ -15,7 +15,9 @@
  *   - gcomp_iallreduce on device buffers (run by the progress thread) equals gcomp_allreduce;
  *   - wrong combinations are clear errors: host and device buffers mixed, a stream with host
  *     buffers;
- *   - a byte stage (+zstd) on device buffers runs on host copies: the same bits as the host.
+ *   - a byte stage (+zstd) on device buffers runs on host copies: the same bits as the host;
+ *   - an encode whose kernels report an error in the status block fails its call with it (the
+ *     codec object's blocking, async and sync calls, and the engine), the residual kept.
  *
  * Exits 77 (skipped) without a CUDA device. GCOMP_TEST_QUICK=1 (the compute-sanitizer run)
  * uses smaller tensors.
@@ -26,6 +28,7 @@
 #include <string.h>
 
 #include "comm.h"
+#include "gcomp_codec.h"
 #include "test_util.h"
 #include "cuda_test_util.h"
 #include "transport_loop.h"
@@ -317,6 +320,121 @@ static void test_byte_stage_on_host_copies(void **state)
     }
 }
 
+/* ---- an encode whose kernels report an error ----------------------------------------------- */
+
+/* fp16 and top-k under other names and wire ids whose CUDA encode, after the real kernels,
+ * sets status->error = GCOMP_ERR_INTERNAL as a kernel that finds a fault does (top-k's select
+ * and scan may). Nothing read an encode's status error back: the call succeeded and its
+ * payload went out. Now top-k's read-back of its size returns it at once, and fp16's reaches
+ * the tally through the header kernel (the next sync, or the engine's finish). */
+enum {
+    FAIL_FP16,
+    FAIL_TOPK,
+    N_FAIL
+};
+static const char *const fail_base[N_FAIL] = { "fp16", "topk" };
+static const char *const fail_spec[N_FAIL] = { "fail_fp16", "fail_topk" };
+static gcomp_codec_vtable fail_vt[N_FAIL];
+static gcomp_codec_cuda_ops fail_ops[N_FAIL];
+
+static gcomp_result fail_after(int which, const void *params, const gcomp_encode_ctx *ctx, const float *g,
+                               const gcomp_cuda_residual *res, size_t count, uint8_t *body, size_t cap, void *scratch,
+                               gcomp_cuda_status *status, struct CUstream_st *stream)
+{
+    const gcomp_codec_cuda_ops *base = gcomp_codec_find(fail_base[which])->cuda;
+    gcomp_result rc = base->encode(params, ctx, g, res, count, body, cap, scratch, status, stream);
+    if (rc != GCOMP_SUCCESS) return rc;
+    /* the library zeroed the block before the encode: its low byte makes the error */
+    if (cudaMemsetAsync(&status->error, GCOMP_ERR_INTERNAL, 1, (cudaStream_t)stream) != cudaSuccess)
+        return GCOMP_ERR_TRANSPORT;
+    return GCOMP_SUCCESS;
+}
+
+static gcomp_result fail_encode_fp16(const void *params, const gcomp_encode_ctx *ctx, const float *g,
+                                     const gcomp_cuda_residual *res, size_t count, uint8_t *body, size_t cap,
+                                     void *scratch, gcomp_cuda_status *status, struct CUstream_st *stream)
+{
+    return fail_after(FAIL_FP16, params, ctx, g, res, count, body, cap, scratch, status, stream);
+}
+
+static gcomp_result fail_encode_topk(const void *params, const gcomp_encode_ctx *ctx, const float *g,
+                                     const gcomp_cuda_residual *res, size_t count, uint8_t *body, size_t cap,
+                                     void *scratch, gcomp_cuda_status *status, struct CUstream_st *stream)
+{
+    return fail_after(FAIL_TOPK, params, ctx, g, res, count, body, cap, scratch, status, stream);
+}
+
+static void register_failing(void)
+{
+    static int done;
+    if (done) return;
+    done = 1;
+    for (int w = 0; w < N_FAIL; w++) {
+        const gcomp_codec_vtable *base = gcomp_codec_find(fail_base[w]);
+        assert_non_null(base);
+        assert_non_null(base->cuda);
+        fail_vt[w] = *base;
+        fail_ops[w] = *base->cuda;
+        fail_vt[w].name = fail_spec[w];
+        fail_vt[w].wire_id = (uint16_t)(230 + w);
+        fail_vt[w].cuda = &fail_ops[w];
+    }
+    fail_ops[FAIL_FP16].encode = fail_encode_fp16;
+    fail_ops[FAIL_TOPK].encode = fail_encode_topk;
+    for (int w = 0; w < N_FAIL; w++) OK(gcomp_codec_register(&fail_vt[w]));
+}
+
+/* The codec object: the blocking call fails, an async one at once (top-k) or at the next
+ * sync (fp16), which reports it once; the key's residual stays as it was set. */
+static void failing_codec_object(int w, const float *dx, size_t count)
+{
+    gcomp_codec_options o = gcomp_codec_options_default();
+    gcomp_codec *c = NULL;
+    size_t cap, written = 0;
+    float *r0 = tu_gauss_array(count, 90 + (uint64_t)w), *r1 = malloc(count * 4);
+    uint8_t *dp;
+    OK(gcomp_codec_create(fail_spec[w], &o, &c));
+    cap = gcomp_codec_max_encoded_bytes(c, count);
+    dp = dmalloc(cap);
+    OK(gcomp_codec_residual_set(c, KEY, r0, count));
+    EXPECT(gcomp_codec_encode(c, KEY, dx, count, GCOMP_F32, dp, cap, &written), GCOMP_ERR_INTERNAL,
+           "failed on the device");
+    if (w == FAIL_TOPK) {
+        EXPECT(gcomp_codec_encode_async(c, KEY, dx, count, GCOMP_F32, dp, cap, &written, NULL), GCOMP_ERR_INTERNAL,
+               "failed on the device");
+    } else {
+        OK(gcomp_codec_encode_async(c, KEY, dx, count, GCOMP_F32, dp, cap, &written, NULL));
+        EXPECT(gcomp_codec_sync(c, NULL), GCOMP_ERR_INTERNAL, "failed on the device");
+    }
+    OK(gcomp_codec_sync(c, NULL));
+    OK(gcomp_codec_residual_get(c, KEY, r1, count));
+    if (memcmp(r0, r1, count * 4) != 0) fail_msg("%s: the residual changed after failed encodes", fail_spec[w]);
+    CU(cudaFree(dp));
+    free(r0);
+    free(r1);
+    gcomp_codec_destroy(c);
+}
+
+static void test_encode_status_error(void **state)
+{
+    const size_t count = base_count();
+    float *x = tu_gauss_array(count, 8), *dx = dmalloc(count * 4), *dy = dmalloc(count * 4);
+    (void)state;
+    register_failing();
+    h2d_wait(dx, x, count * 4);
+    for (int w = 0; w < N_FAIL; w++) {
+        one d = make_one(fail_spec[w]);
+        failing_codec_object(w, dx, count);
+        /* the engine: the call fails with the encode's error instead of sending its payload */
+        EXPECT(gcomp_allreduce(d.c, dx, dy, count, GCOMP_F32, GCOMP_SUM, KEY, NULL), GCOMP_ERR_INTERNAL, NULL);
+        printf("  %-10s an encode's status error fails the codec object's calls and the engine's\n", fail_spec[w]);
+        free_one(&d);
+    }
+    CU(cudaFree(dx));
+    CU(cudaFree(dy));
+    free(x);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -327,6 +445,7 @@ int main(void)
         cmocka_unit_test(test_nonblocking),
         cmocka_unit_test(test_wrong_combinations),
         cmocka_unit_test(test_byte_stage_on_host_copies),
+        cmocka_unit_test(test_encode_status_error),
     };
     if (cuda_test_no_device("test_cuda_engine")) return 77;
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -441,6 +441,223 @@ static void test_corrupt(void **state)
     corrupt_set(((size_t)1 << 16) + 5, 0);
 }
 
+/* ---- a body buffer under max_body_bytes: the CPU's rule --------------------------------------- */
+
+/* The CPU encode accepts any cap its body fits in and refuses a smaller one with
+ * GCOMP_ERR_BUFFER_TOO_SMALL, writing nothing (codecs/topk.c); the GPU's does the same, its
+ * refusal in status->error (the size is known on the device only), the body untouched and the
+ * residual in use too. It used to refuse every cap under max_body_bytes. The body buffer is
+ * exactly cap bytes of device memory, so the sanitizer sees a write past it. */
+static void small_cap_case(const char *name, gcomp_topk_params p, size_t n, int residual)
+{
+    dev d = dev_alloc(&p, n);
+    float *g = malloc(n * 4), *r_in = malloc(n * 4), *r_out = malloc(n * 4), *r_gpu = malloc(n * 4);
+    uint8_t *body_full = malloc(d.cap), *body_cpu = malloc(d.cap), *body_gpu = malloc(d.cap), *d_body;
+    void *state = vt->state_create(&p);
+    gcomp_cuda_residual rh = { { d.r[0], d.r[1] }, 0, 0, 0 };
+    gcomp_encode_ctx ctx = { 0, 0, 0, 0, 0, 0, state }, gctx = { 0, 0, 0, 0, 0, 0, NULL };
+    size_t need = 0, w = 0;
+    uint32_t flags = 0;
+    char what[160];
+
+    generate(g, n, GEN_GAUSS, 61, 1.0f);
+    generate(r_in, n, GEN_GAUSS, 62, 0.1f);
+    CU(cudaMemcpy(d.g, g, n * 4, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(d.r[0], r_in, n * 4, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(d.res, &rh, sizeof rh, cudaMemcpyHostToDevice));
+    assert_int_equal(
+        vt->encode(&p, &ctx, g, residual ? r_in : NULL, residual ? r_out : NULL, n, body_full, d.cap, &need, &flags),
+        GCOMP_SUCCESS);
+    if (need >= d.cap) fail_msg("%s: a body of %zu bytes is not under the bound %zu", name, need, d.cap);
+    for (int fits = 1; fits >= 0; fits--) { /* exactly the body's size, then one byte less */
+        const size_t cap = need - (fits ? 0 : 1);
+        gcomp_cuda_status st;
+        gcomp_result rc;
+        snprintf(what, sizeof what, "%s n=%zu cap %zu of %zu", name, n, cap, need);
+        memset(body_cpu, 0x5a, cap);
+        rc = vt->encode(&p, &ctx, g, residual ? r_in : NULL, residual ? r_out : NULL, n, body_cpu, cap, &w, &flags);
+        assert_int_equal(rc, fits ? GCOMP_SUCCESS : GCOMP_ERR_BUFFER_TOO_SMALL);
+        CU(cudaMalloc((void **)&d_body, cap));
+        CU(cudaMemset(d_body, 0x5a, cap));
+        status_zero(&d);
+        assert_int_equal(
+            ops->encode(&p, &gctx, d.g, residual ? d.res : NULL, n, d_body, cap, d.scratch, d.status, NULL),
+            GCOMP_SUCCESS);
+        CU(cudaDeviceSynchronize());
+        st = status_get(&d);
+        CU(cudaMemcpy(body_gpu, d_body, cap, cudaMemcpyDeviceToHost));
+        CU(cudaFree(d_body));
+        check_bytes(what, body_cpu, body_gpu, cap); /* the body, or the untouched 0x5a of a refusal */
+        if (!fits) {
+            if (st.error != GCOMP_ERR_BUFFER_TOO_SMALL)
+                fail_msg("%s: GPU status error %u, expected GCOMP_ERR_BUFFER_TOO_SMALL", what, st.error);
+            CU(cudaMemcpy(r_gpu, d.r[0], n * 4, cudaMemcpyDeviceToHost)); /* the residual in use */
+            check_floats(what, r_in, r_gpu, n);
+            continue;
+        }
+        if (st.error) fail_msg("%s: GPU status error %u", what, st.error);
+        if (st.body_bytes != w)
+            fail_msg("%s: %llu bytes on the GPU, %zu on the CPU", what, (unsigned long long)st.body_bytes, w);
+        check_bytes(what, body_full, body_gpu, w);
+        if (residual) {
+            CU(cudaMemcpy(r_gpu, d.r[1], n * 4, cudaMemcpyDeviceToHost));
+            check_floats(what, r_out, r_gpu, n);
+        }
+    }
+    /* under the 8 bytes of k: refused at once by both */
+    assert_int_equal(vt->encode(&p, &ctx, g, NULL, NULL, n, body_cpu, 7, &w, &flags), GCOMP_ERR_BUFFER_TOO_SMALL);
+    assert_int_equal(ops->encode(&p, &gctx, d.g, NULL, n, d.body, 7, d.scratch, d.status, NULL),
+                     GCOMP_ERR_BUFFER_TOO_SMALL);
+    vt->state_destroy(state);
+    free(g), free(r_in), free(r_out), free(r_gpu), free(body_full), free(body_cpu), free(body_gpu);
+    dev_free(&d);
+}
+
+static void test_small_cap(void **state)
+{
+    (void)state;
+    small_cap_case("ratio 0.01 fp32", (gcomp_topk_params){ 0.01, 0, 0 }, 4099, 1);
+    small_cap_case("ratio 0.05 fp16", (gcomp_topk_params){ 0.05, 0, 1 }, 65541, 1);
+    small_cap_case("k = 1 no residual", (gcomp_topk_params){ 0.01, 1, 0 }, 4099, 0);
+}
+
+/* The codec object on device buffers with an output under gcomp_codec_max_encoded_bytes, as
+ * on host buffers: a payload that fits is written (the same bytes and residual), one that
+ * does not is GCOMP_ERR_BUFFER_TOO_SMALL, returned by the call itself (from the status read
+ * back for the body size; it used to be left there unread), with the output untouched, the
+ * residual kept and a key's failed first call leaving no key. */
+#define CODEC_KEY 42
+
+/* Bytes of the next payload of CODEC_KEY for g: encoded on the host object probe with the
+ * residual of `from` (zero while from has none). */
+static size_t next_size(gcomp_codec *probe, gcomp_codec *from, const float *g, size_t n, uint8_t *out, size_t cap)
+{
+    float *r = calloc(n, 4);
+    size_t w = 0;
+    if (gcomp_codec_residual_get(from, CODEC_KEY, r, n) != GCOMP_SUCCESS) memset(r, 0, n * 4);
+    assert_int_equal(gcomp_codec_residual_set(probe, CODEC_KEY, r, n), GCOMP_SUCCESS);
+    assert_int_equal(gcomp_codec_encode(probe, CODEC_KEY, g, n, GCOMP_F32, out, cap, &w), GCOMP_SUCCESS);
+    free(r);
+    return w;
+}
+
+/* Both objects hold the same residual for CODEC_KEY, or neither holds one. */
+static void same_key_state(const char *what, gcomp_codec *cpu, gcomp_codec *gpu, size_t n)
+{
+    float *rc = malloc(n * 4), *rg = malloc(n * 4);
+    gcomp_result hc = gcomp_codec_residual_get(cpu, CODEC_KEY, rc, n),
+                 hg = gcomp_codec_residual_get(gpu, CODEC_KEY, rg, n);
+    if (hc != hg)
+        fail_msg("%s: residual_get %s on the host, %s on the device", what, gcomp_result_name(hc),
+                 gcomp_result_name(hg));
+    if (hc == GCOMP_SUCCESS) check_floats(what, rc, rg, n);
+    free(rc), free(rg);
+}
+
+static void test_small_output_codec(void **state)
+{
+    const size_t n = 4099;
+    gcomp_codec *cpu = NULL, *gpu = NULL, *probe = NULL;
+    gcomp_codec_options o = gcomp_codec_options_default();
+    size_t cap, w, wc = 0, wg = 0;
+    float *g = malloc(n * 4), *d_g;
+    uint8_t *pc, *pg, *pat, *d_p;
+    gcomp_stats sc, sg;
+    char what[96];
+    (void)state;
+    assert_int_equal(gcomp_codec_create("topk:ratio=0.05", &o, &cpu), GCOMP_SUCCESS);
+    assert_int_equal(gcomp_codec_create("topk:ratio=0.05", &o, &gpu), GCOMP_SUCCESS);
+    assert_int_equal(gcomp_codec_create("topk:ratio=0.05", &o, &probe), GCOMP_SUCCESS);
+    cap = gcomp_codec_max_encoded_bytes(cpu, n);
+    pc = malloc(cap), pg = malloc(cap), pat = malloc(cap);
+    memset(pat, 0xa5, cap);
+    CU(cudaMalloc((void **)&d_g, n * 4));
+    CU(cudaMalloc((void **)&d_p, cap));
+    for (int step = 0; step < 3; step++) {
+        generate(g, n, GEN_GAUSS, 70 + (uint64_t)step, 1.0f);
+        CU(cudaMemcpy(d_g, g, n * 4, cudaMemcpyHostToDevice));
+        w = next_size(probe, cpu, g, n, pc, cap);
+        if (w >= cap) fail_msg("step %d: a payload of %zu bytes is not under the bound %zu", step, w, cap);
+        snprintf(what, sizeof what, "step %d, output of %zu bytes for %zu", step, w - 1, w);
+        CU(cudaMemcpy(d_p, pat, cap, cudaMemcpyHostToDevice));
+        EXPECT(gcomp_codec_encode(cpu, CODEC_KEY, g, n, GCOMP_F32, pc, w - 1, &wc), GCOMP_ERR_BUFFER_TOO_SMALL, NULL);
+        if (step == 1) /* async: the read-back of the size brings the refusal at once */
+            EXPECT(gcomp_codec_encode_async(gpu, CODEC_KEY, d_g, n, GCOMP_F32, d_p, w - 1, &wg, NULL),
+                   GCOMP_ERR_BUFFER_TOO_SMALL, "body needs");
+        else
+            EXPECT(gcomp_codec_encode(gpu, CODEC_KEY, d_g, n, GCOMP_F32, d_p, w - 1, &wg), GCOMP_ERR_BUFFER_TOO_SMALL,
+                   "body needs");
+        CU(cudaMemcpy(pg, d_p, cap, cudaMemcpyDeviceToHost));
+        check_bytes(what, pat, pg, cap);
+        same_key_state(what, cpu, gpu, n); /* step 0: no key on either */
+
+        snprintf(what, sizeof what, "step %d, output of exactly %zu bytes", step, w);
+        OK(gcomp_codec_encode(cpu, CODEC_KEY, g, n, GCOMP_F32, pc, w, &wc));
+        OK(gcomp_codec_encode(gpu, CODEC_KEY, d_g, n, GCOMP_F32, d_p, w, &wg));
+        if (wc != w || wg != w) fail_msg("%s: %zu bytes on the host, %zu on the device", what, wc, wg);
+        CU(cudaMemcpy(pg, d_p, w, cudaMemcpyDeviceToHost));
+        check_bytes(what, pc, pg, w);
+        same_key_state(what, cpu, gpu, n);
+    }
+    OK(gcomp_codec_sync(gpu, NULL)); /* the refusals left nothing in the tally */
+    OK(gcomp_codec_stats_get(cpu, &sc));
+    OK(gcomp_codec_stats_get(gpu, &sg));
+    assert_int_equal(sc.encode_calls, 3);
+    assert_int_equal(sg.encode_calls, sc.encode_calls);
+    assert_int_equal(sg.wire_bytes, sc.wire_bytes);
+    CU(cudaFree(d_g));
+    CU(cudaFree(d_p));
+    free(g), free(pc), free(pg), free(pat);
+    gcomp_codec_destroy(cpu), gcomp_codec_destroy(gpu), gcomp_codec_destroy(probe);
+}
+
+/* ---- a payload shorter than its header --------------------------------------------------------- */
+
+/* Given to the ops directly (no header check before it: status clear), 16 bytes of device
+ * memory are refused (GCOMP_ERR_CORRUPT, acc and the sum's result untouched) without a byte
+ * read past them. tk_payload_body read the header's size field at payload + 24 before it
+ * compared cap with the header's 32 bytes: invisible in the results, an out-of-bounds read
+ * for the sanitizer step of scripts/gpu-check.sh, which is where this test fails without the
+ * check first. */
+static void test_payload_shorter_than_header(void **state)
+{
+    gcomp_topk_params p = { 0.01, 0, 0 };
+    const size_t n = 4099, tiny_cap = 16;
+    dev d = dev_alloc(&p, n);
+    uint8_t head[GCOMP_HEADER_BYTES], *tiny;
+    const uint8_t **dptr;
+    float *acc0 = malloc(n * 4), *acc = malloc(n * 4);
+    gcomp_header h = { GCOMP_HEADER_MAGIC, GCOMP_FORMAT_VERSION, GCOMP_F32, GCOMP_WIRE_ID_TOPK, 0, 0, n, 0 };
+    (void)state;
+    gcomp_header_write(head, &h); /* the first 16 bytes of a real header */
+    CU(cudaMalloc((void **)&tiny, tiny_cap));
+    CU(cudaMemcpy(tiny, head, tiny_cap, cudaMemcpyHostToDevice));
+    CU(cudaMalloc((void **)&dptr, sizeof *dptr));
+    CU(cudaMemcpy(dptr, &tiny, sizeof tiny, cudaMemcpyHostToDevice));
+    generate(acc0, n, GEN_GAUSS, 81, 1.0f);
+
+    CU(cudaMemcpy(d.acc, acc0, n * 4, cudaMemcpyHostToDevice));
+    status_zero(&d);
+    assert_int_equal(ops->decode_add(&p, tiny, tiny_cap, d.acc, n, d.status, NULL), GCOMP_SUCCESS);
+    CU(cudaDeviceSynchronize());
+    assert_int_equal(status_get(&d).error, GCOMP_ERR_CORRUPT);
+    CU(cudaMemcpy(acc, d.acc, n * 4, cudaMemcpyDeviceToHost));
+    check_floats("decode_add of 16 bytes", acc0, acc, n);
+
+    status_zero(&d);
+    assert_int_equal(ops->sum_payloads(&p, dptr, 1, tiny_cap, d.acc, n, 1.0f, d.scratch, d.status, NULL),
+                     GCOMP_SUCCESS);
+    CU(cudaDeviceSynchronize());
+    assert_int_equal(status_get(&d).error, GCOMP_ERR_CORRUPT);
+    CU(cudaMemcpy(acc, d.acc, n * 4, cudaMemcpyDeviceToHost));
+    check_floats("sum_payloads of 16 bytes", acc0, acc, n);
+
+    CU(cudaFree(tiny));
+    CU(cudaFree((void *)dptr));
+    free(acc0), free(acc);
+    dev_free(&d);
+}
+
 /* ---- sparse gather: the pair sum of N payloads in rank order ----------------------------------- */
 
 /* opposite_inf: odd ranks put -inf and even ranks +inf at one index (a NaN sum) */
@@ -647,9 +864,18 @@ int main(void)
     ops = vt->cuda;
     if (getenv("GCOMP_TEST_ONLY")) cmocka_set_test_filter(getenv("GCOMP_TEST_ONLY")); /* e.g. test_timing */
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_gauss_ef), cmocka_unit_test(test_fp16_values),  cmocka_unit_test(test_no_residual),
-        cmocka_unit_test(test_ties),     cmocka_unit_test(test_k_extremes),   cmocka_unit_test(test_nonfinite),
-        cmocka_unit_test(test_corrupt),  cmocka_unit_test(test_sum_payloads), cmocka_unit_test(test_timing),
+        cmocka_unit_test(test_gauss_ef),
+        cmocka_unit_test(test_fp16_values),
+        cmocka_unit_test(test_no_residual),
+        cmocka_unit_test(test_ties),
+        cmocka_unit_test(test_k_extremes),
+        cmocka_unit_test(test_nonfinite),
+        cmocka_unit_test(test_corrupt),
+        cmocka_unit_test(test_sum_payloads),
+        cmocka_unit_test(test_small_cap),
+        cmocka_unit_test(test_small_output_codec),
+        cmocka_unit_test(test_payload_shorter_than_header),
+        cmocka_unit_test(test_timing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
