@@ -39,7 +39,11 @@ extern "C" {
  * inside gcomp_test/gcomp_wait on the caller's thread (GCOMP_DEBUG=1 logs which).
  * Errors: GCOMP_ERR_INVALID_ARG (NULL out, MPI not initialised or already finalized,
  * MPI_COMM_NULL), GCOMP_ERR_INVALID_SPEC, GCOMP_ERR_MISMATCH (ranks configured different
- * codecs), GCOMP_ERR_TRANSPORT, GCOMP_ERR_NOMEM, GCOMP_ERR_TIMEOUT (a rank never joined). */
+ * codecs), GCOMP_ERR_TRANSPORT, GCOMP_ERR_NOMEM, GCOMP_ERR_TIMEOUT (a rank never joined).
+ * After such a timeout, the waiting ranks' duplication of comm stays pending (MPI cannot
+ * cancel it) and their next creation over comm takes it over, so a creation that the
+ * missing rank joins works on every rank; a rank that came late to the one that timed out
+ * gets GCOMP_ERR_TIMEOUT there too, and the next creation starts afresh. */
 GCOMP_API gcomp_result gcomp_comm_create_mpi(MPI_Comm comm, const gcomp_config *cfg, gcomp_comm **out);
 
 #ifdef __cplusplus

@@ -19,10 +19,14 @@
  *
  * Creation has a deadline as well: the duplicate comes from MPI_Comm_idup polled against
  * the configuration's timeout_ms, so a rank that never joins turns into GCOMP_ERR_TIMEOUT
- * on the ranks that waited. Their idup stays pending (MPI cannot cancel it) and completes
- * when the late rank arrives; that duplicate is never used nor freed (left to
- * MPI_Finalize). The late rank's own creation then waits timeout_ms in the agreement
- * nobody else joins, and returns GCOMP_ERR_TIMEOUT too.
+ * on the ranks that waited. Their idup stays pending (MPI cannot cancel it), kept as an
+ * attribute of the parent communicator (pending_dup). The next creation over that parent
+ * takes it over instead of starting another idup while it is still pending: the missing
+ * rank's next idup completes it, so that creation works on every rank (before, each rank
+ * that had waited stayed one duplication ahead, and every later creation timed out). If
+ * it completed meanwhile, a late rank came and went: its creation waited timeout_ms in the
+ * agreement nobody else joined and returned GCOMP_ERR_TIMEOUT too, so that duplicate is
+ * never used nor freed (left to MPI_Finalize), and the next creation starts afresh.
  */
 #include <limits.h>
 #include <pthread.h>
@@ -400,26 +404,77 @@ static void mpi_destroy(gcomp__transport *t)
     if (m->owned) free(m);
 }
 
-/* *dup from MPI_Comm_idup, polled against the deadline. After a timeout the request is left
- * pending (MPI cannot cancel it) and will still write *dup: the caller leaks that memory. */
-static gcomp_result dup_until(MPI_Comm comm, MPI_Comm *dup, double deadline)
+/* An MPI_Comm_idup of a creation that timed out, still in flight: the request and the
+ * duplicate it will write. Kept as an attribute of the parent communicator until a later
+ * creation over it takes it over (never freed with it: a parent freed meanwhile leaks one). */
+typedef struct pending_dup {
+    MPI_Request req;
+    MPI_Comm dup;
+} pending_dup;
+
+static int pending_keyval = MPI_KEYVAL_INVALID;
+static pthread_once_t pending_once = PTHREAD_ONCE_INIT;
+
+static void pending_keyval_create(void)
 {
-    MPI_Request req = MPI_REQUEST_NULL;
-    MPI_Status st;
-    gcomp_result rc;
+    int kv = MPI_KEYVAL_INVALID;
+    if (MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, MPI_COMM_NULL_DELETE_FN, &kv, NULL) == MPI_SUCCESS)
+        pending_keyval = kv;
+}
+
+/* The timed-out idup over comm that is still in flight, taken off comm; NULL when there is
+ * none, or when it completed meanwhile (a late rank joined it and gave up: see the top). */
+static pending_dup *pending_take(MPI_Comm comm)
+{
+    pending_dup *p = NULL;
+    int found = 0, done = 0;
+    pthread_once(&pending_once, pending_keyval_create);
+    if (pending_keyval == MPI_KEYVAL_INVALID) return NULL;
+    if (MPI_Comm_get_attr(comm, pending_keyval, &p, &found) != MPI_SUCCESS || !found || !p) return NULL;
+    MPI_Comm_delete_attr(comm, pending_keyval);
+    if (MPI_Test(&p->req, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && !done) return p;
+    free(p); /* its duplicate, if any, is left to MPI_Finalize */
+    return NULL;
+}
+
+/* Keep p, whose idup timed out, for the next creation over comm; without the attribute it
+ * is leaked as before (MPI may still write p->dup). */
+static void pending_keep(MPI_Comm comm, pending_dup *p)
+{
+    if (pending_keyval != MPI_KEYVAL_INVALID) (void)MPI_Comm_set_attr(comm, pending_keyval, p);
+}
+
+/* *dup from MPI_Comm_idup (or the timed-out one of an earlier creation over comm, taken
+ * over: pending_dup), polled against the deadline. Without memory for the record, the idup
+ * writes *fallback, and a timeout leaks it as before. */
+static gcomp_result dup_until(MPI_Comm comm, MPI_Comm *dup, MPI_Comm *fallback, double deadline)
+{
+    static pending_dup stack_rec; /* outlives a timed-out idup without memory for a record */
     quiet world = quiet_begin(MPI_COMM_WORLD), user = quiet_begin(comm);
-    int err = MPI_Comm_idup(comm, dup, &req);
-    rc = err != MPI_SUCCESS ? mpi_fail(err, "MPI_Comm_idup")
-                            : poll_all(1, &req, &st, deadline, 0, "MPI_Comm_idup (creation)");
+    pending_dup *p = pending_take(comm);
+    gcomp_result rc = GCOMP_SUCCESS;
+    int err;
+    if (!p) {
+        p = calloc(1, sizeof *p);
+        err = MPI_Comm_idup(comm, p ? &p->dup : fallback, p ? &p->req : &stack_rec.req);
+        if (err != MPI_SUCCESS) rc = mpi_fail(err, "MPI_Comm_idup");
+    }
+    if (rc == GCOMP_SUCCESS)
+        rc = poll_all(1, p ? &p->req : &stack_rec.req, &(MPI_Status){ 0 }, deadline, 0, "MPI_Comm_idup (creation)");
     quiet_end(&user);
     quiet_end(&world);
+    if (rc == GCOMP_SUCCESS) *dup = p ? p->dup : *fallback;
+    if (rc == GCOMP_ERR_TIMEOUT && p)
+        pending_keep(comm, p);
+    else
+        free(p);
     return rc;
 }
 
 gcomp_result gcomp_comm_create_mpi(MPI_Comm comm, const gcomp_config *cfg, gcomp_comm **out)
 {
     static const mpi_transport zero;
-    static MPI_Comm fallback_dup; /* outlives a timed-out idup of the stack fallback */
+    static MPI_Comm fallback_dup; /* outlives a timed-out idup without memory (dup_until) */
     mpi_transport *m, fallback = zero;
     gcomp__config resolved;
     double deadline;
@@ -459,13 +514,11 @@ gcomp_result gcomp_comm_create_mpi(MPI_Comm comm, const gcomp_config *cfg, gcomp
     else
         m = &fallback;
     m->ring[0] = m->ring[1] = MPI_REQUEST_NULL;
-    rc = dup_until(comm, m->owned ? &m->comm : &fallback_dup, deadline);
-    if (rc == GCOMP_ERR_TIMEOUT) return rc; /* m (or fallback_dup) stays the pending idup's target */
+    rc = dup_until(comm, &m->comm, &fallback_dup, deadline);
     if (rc != GCOMP_SUCCESS) {
         if (m->owned) free(m);
         return rc;
     }
-    if (!m->owned) m->comm = fallback_dup;
     MPI_Comm_set_errhandler(m->comm, MPI_ERRORS_RETURN);
     MPI_Comm_rank(m->comm, &m->base.rank);
     MPI_Comm_size(m->comm, &m->base.size);

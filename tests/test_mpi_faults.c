@@ -8,7 +8,8 @@
  *              (even sizes), creation after MPI_Finalize
  *   --stop     one rank is stopped (SIGSTOP) mid-run: the others time out, then refuse;
  *              destroy, MPI_Barrier and MPI_Finalize follow when the late rank arrives;
- *              one rank comes 3 s late to a creation with a 1 s deadline
+ *              one rank comes 3 s late to a creation with a 1 s deadline; one rank
+ *              misses a creation, and the next ones work on every rank
  *   --kill     one rank is killed: the job must end non-zero (checked by the ctest wrapper)
  */
 #include <math.h>
@@ -486,6 +487,46 @@ static void test_late_create(void)
     MPI_Barrier(MPI_COMM_WORLD);
 }
 
+/* The last rank never joins a creation (the others time out, their MPI_Comm_idup left
+ * pending), then every rank creates again: that creation must work everywhere, and a call
+ * on it. Before, the waiting ranks started a second idup while the first was pending, the
+ * absent rank's idup completed their first one, and every later creation timed out, one
+ * duplication apart. Runs after test_late_create, whose pending idups completed when the
+ * late rank came: the creation here starts afresh past them. */
+static void test_absent_create(void)
+{
+    enum {
+        N = 4096
+    };
+    static float x[N], y[N];
+    gcomp_config cfg = gcomp_config_default();
+    gcomp_comm *c = NULL;
+    gcomp_result rc;
+    cfg.codec = "fp16";
+    cfg.timeout_ms = 1000;
+    if (rank != size - 1) {
+        rc = gcomp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &c);
+        CHECK(rc == GCOMP_ERR_TIMEOUT && c == NULL, "creation without the last rank -> %s: %s", gcomp_result_name(rc),
+              gcomp_last_error());
+    } else {
+        sleep(3); /* past their deadline; no collective meanwhile: their idup is the next one */
+    }
+    for (int again = 0; again < 2; again++) { /* and the one after it: in step for good */
+        cfg.timeout_ms = 20000;
+        rc = gcomp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &c);
+        CHECK(rc == GCOMP_SUCCESS, "creation %d after one the last rank missed -> %s: %s", again + 1,
+              gcomp_result_name(rc), gcomp_last_error());
+        if (rc != GCOMP_SUCCESS) return;
+        for (int i = 0; i < N; i++) x[i] = 1.0f;
+        rc = gcomp_allreduce(c, x, y, N, GCOMP_F32, GCOMP_SUM, 1, NULL);
+        CHECK(rc == GCOMP_SUCCESS && y[0] == (float)size && y[N - 1] == (float)size, "a call on it -> %s, y[0] = %g",
+              gcomp_result_name(rc), (double)y[0]);
+        gcomp_comm_destroy(c);
+        c = NULL;
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+}
+
 /* The last rank dies mid-run; mpirun must end the job with a non-zero status. */
 static void test_killed_rank(void)
 {
@@ -512,6 +553,7 @@ int main(int argc, char **argv)
     if (!strcmp(mode, "--stop")) {
         test_stopped_rank();
         test_late_create();
+        test_absent_create();
     } else if (!strcmp(mode, "--kill")) {
         test_killed_rank();
     } else {
