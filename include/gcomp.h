@@ -236,10 +236,13 @@ GCOMP_API gcomp_result gcomp_codec_sync(gcomp_codec *codec, struct CUstream_st *
 /* Residuals (error feedback). Copy a key's residual out (count must equal the key's
  * count; GCOMP_ERR_INVALID_ARG if the key has none), set it (creates or resizes the key; for
  * restoring checkpoints; a NaN or Inf in a host src is refused, GCOMP_ERR_INVALID_ARG, and the
- * key keeps its residual; so is GCOMP_KEY_NONE, which holds none), or drop it. The residual is not the key's whole state: its step
- * count, which keys TernGrad's stochastic rounding, is not copied, so a TernGrad codec object
- * restored this way rounds differently from the one saved (fp16, bf16, top-k and none resume
- * bit for bit). A communicator's checkpoints (gcomp_comm_residuals_save) carry the steps. */
+ * key keeps its residual; so is GCOMP_KEY_NONE, which holds none), or drop it. An object
+ * created with error_feedback 0 keeps no residuals: get and set are GCOMP_ERR_INVALID_ARG
+ * there ("error feedback off"), and reset has nothing to drop. The residual is not the key's
+ * whole state: its step count, which keys TernGrad's stochastic rounding, is not copied, so a
+ * TernGrad codec object restored this way rounds differently from the one saved (fp16, bf16,
+ * top-k and none resume bit for bit). A communicator's checkpoints
+ * (gcomp_comm_residuals_save) carry the steps. */
 GCOMP_API gcomp_result gcomp_codec_residual_get(const gcomp_codec *codec, uint64_t key, float *dst, size_t count);
 GCOMP_API gcomp_result gcomp_codec_residual_set(gcomp_codec *codec, uint64_t key, const float *src, size_t count);
 GCOMP_API gcomp_result gcomp_codec_residual_reset(gcomp_codec *codec, uint64_t key);
@@ -498,10 +501,19 @@ GCOMP_API gcomp_result gcomp_comm_config_get(const gcomp_comm *comm, gcomp_confi
  * count differs from the one this communicator already uses (GCOMP_ERR_MISMATCH), a damaged
  * or truncated blob (GCOMP_ERR_CORRUPT, checksummed; also a residual holding a NaN or Inf,
  * which no call commits), a newer format version
- * (GCOMP_ERR_UNSUPPORTED). Save and load both refuse a communicator with error feedback off
- * (GCOMP_ERR_INVALID_ARG): it has no residuals. The _file variants write (through a temporary
- * file renamed over path) and read a regular file; I/O failures (a directory too) are
+ * (GCOMP_ERR_UNSUPPORTED; also flags it does not know), or memory for the new state
+ * (GCOMP_ERR_NOMEM: the new state is built whole before it replaces the old one). Save and
+ * load both refuse a communicator with error feedback off (GCOMP_ERR_INVALID_ARG): it has no
+ * residuals. The _file variants write (through a temporary file renamed over path) and read a
+ * regular file, to its end whatever size it states; I/O failures (a directory too) are
  * GCOMP_ERR_INVALID_ARG naming the path.
+ * All four run only when no gcomp_iallreduce of this communicator is in flight: while one is
+ * issued and not yet completed by gcomp_wait/gcomp_test (queued, running on the progress
+ * thread, or already done but not waited for) they return GCOMP_ERR_INVALID_ARG and change
+ * nothing. The refusal depends only on the calls this rank issued and completed, so ranks
+ * that run the same program refuse alike; it is local (no rank waits for another), and a
+ * program whose ranks differ there gets different states on different ranks, as with any
+ * load that one rank makes and another does not.
  * Not thread-safe with calls on the same communicator. */
 GCOMP_API gcomp_result gcomp_comm_residuals_save(gcomp_comm *comm, void *buf, size_t cap, size_t *written);
 GCOMP_API gcomp_result gcomp_comm_residuals_load(gcomp_comm *comm, const void *buf, size_t bytes);

@@ -283,7 +283,9 @@ typedef struct gcomp_codec_vtable {
      * Without them the gather zeroes the result and adds decode_add of every rank's payload
      * in rank order; with them each payload becomes a pair list while the next one travels,
      * and the lists are summed in one pass. Both must give the same bits. */
-    /* Pairs in every payload of count elements (a payload with another number is corrupt). */
+    /* Pairs in every payload of count elements (a payload with another number is corrupt); at
+     * most count: a call given more fails with GCOMP_ERR_INTERNAL naming the codec, on every
+     * rank, before its buffers are sized. */
     size_t (*sparse_k)(const void *params, size_t count);
     /* The pairs of a body (as decode_add reads it) into idx/val, at most cap; *got of them. */
     gcomp_result (*sparse_pairs)(const void *params, uint32_t flags, const uint8_t *body, size_t bytes, size_t count,
@@ -340,7 +342,9 @@ GCOMP_API void gcomp_header_write(uint8_t out[GCOMP_HEADER_BYTES], const gcomp_h
 GCOMP_API gcomp_result gcomp_header_read(const uint8_t *payload, size_t bytes, gcomp_header *h);
 
 /* Record a failure detail for gcomp_last_error() (printf format) and return rc, so a codec
- * can write: return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "topk: index %llu >= count", i); */
+ * can write: return gcomp_codec_fail(GCOMP_ERR_CORRUPT, "topk: index %llu >= count", i);
+ * An entry that returns an error without recording one gets "codec 'name': entry returned
+ * GCOMP_ERR_... (the codec gave no detail)". */
 GCOMP_API gcomp_result gcomp_codec_fail(gcomp_result rc, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 2, 3)))

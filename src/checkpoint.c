@@ -19,8 +19,13 @@
  * and to the tensor it belongs to, so a load refuses a file from another rank, another
  * communicator size or another codec, and a key whose element count differs from the one the
  * communicator already knows. The checksum turns a truncated or damaged file into
- * GCOMP_ERR_CORRUPT instead of a silently wrong residual. A load is all or nothing: every
- * check passes before anything is changed.
+ * GCOMP_ERR_CORRUPT instead of a silently wrong residual. A load is all or nothing: the new
+ * state is checked and built whole beside the old one, which it replaces only then, so a bad
+ * record or a failed allocation halfway changes nothing.
+ *
+ * The calls of a communicator run on its progress thread too (request.c): save and load
+ * refuse to run while a gcomp_iallreduce of the communicator is in flight, and hold the
+ * request queue while they read or replace the state.
  *
  * Residuals of device buffers live in device memory: a save copies them to the host (the
  * file does not say where a residual lived), a load puts every key in the host store, and a
@@ -42,6 +47,7 @@
 #define CKPT_VERSION 1u
 #define CKPT_FIXED 28u  /* magic .. spec_len */
 #define CKPT_RECORD 24u /* key, count, step */
+#define TMP_PATH_MAX 4096 /* the temporary file's path, beside the one saved to */
 
 static uint64_t fnv1a(const uint8_t *p, size_t n)
 {
@@ -128,17 +134,24 @@ static void put_floats(uint8_t *p, const float *src, size_t count)
     for (size_t i = 0; i < count; i++) gcomp_le_store_u32(p + 4 * i, gcomp_f32_bits(src[i]));
 }
 
-gcomp_result gcomp_comm_residuals_save(gcomp_comm *comm, void *buf, size_t cap, size_t *written)
+/* What every entry point checks before it touches the state: no state to save, and a load of
+ * the blob would be refused, with error feedback off; and no call may run meanwhile (the
+ * progress thread encodes with the residuals a load frees). On success the communicator is
+ * held: the caller releases it (gcomp__comm_release). */
+static gcomp_result begin_state_access(gcomp_comm *comm, const char *api)
+{
+    if (!comm->cfg.error_feedback)
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "%s: the communicator has error feedback off (GCOMP_EF=0)", api);
+    return gcomp__comm_hold(comm, api);
+}
+
+/* gcomp_comm_residuals_save on a held communicator. */
+static gcomp_result save_blob(gcomp_comm *comm, void *buf, size_t cap, size_t *written)
 {
     const char *spec;
     record *v = NULL;
     size_t n = 0, need;
     uint8_t *p = buf;
-    if (!comm || !written) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_residuals_save: NULL comm or written");
-    /* no state to save, and a load of the blob would be refused: refuse here, as load does */
-    if (!comm->cfg.error_feedback)
-        return gcomp__fail(GCOMP_ERR_INVALID_ARG,
-                           "gcomp_comm_residuals_save: the communicator has error feedback off (GCOMP_EF=0)");
     spec = gcomp_codec_spec(comm->codec);
     GCOMP_CHECK(gather_records(comm, buf != NULL, &v, &n));
     need = blob_bytes(spec, v, n);
@@ -175,6 +188,16 @@ gcomp_result gcomp_comm_residuals_save(gcomp_comm *comm, void *buf, size_t cap, 
     return GCOMP_SUCCESS;
 }
 
+gcomp_result gcomp_comm_residuals_save(gcomp_comm *comm, void *buf, size_t cap, size_t *written)
+{
+    gcomp_result rc;
+    if (!comm || !written) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_residuals_save: NULL comm or written");
+    GCOMP_CHECK(begin_state_access(comm, "gcomp_comm_residuals_save"));
+    rc = save_blob(comm, buf, cap, written);
+    gcomp__comm_release(comm);
+    return rc;
+}
+
 /* The count the communicator already associates with key (0 when it knows none). */
 static size_t known_count(gcomp_comm *comm, uint64_t key)
 {
@@ -206,10 +229,14 @@ static gcomp_result check_header(gcomp_comm *comm, const uint8_t *p, size_t byte
     rank = gcomp_le_load_u32(p + 16);
     size = gcomp_le_load_u32(p + 20);
     spec_len = gcomp_le_load_u32(p + 24);
-    if (version != CKPT_VERSION || flags != 0)
+    if (version != CKPT_VERSION)
         return gcomp__fail(GCOMP_ERR_UNSUPPORTED,
-                           "residual checkpoint: format version %u flags %#x, this library reads version %u", version,
-                           flags, CKPT_VERSION);
+                           "residual checkpoint: format version %u, this library reads version %u", version,
+                           CKPT_VERSION);
+    if (flags != 0)
+        return gcomp__fail(GCOMP_ERR_UNSUPPORTED,
+                           "residual checkpoint: flags %#x unknown to this library (format version %u defines none)",
+                           flags, version);
     if (spec_len > bytes - CKPT_FIXED - 16)
         return gcomp__fail(GCOMP_ERR_CORRUPT, "residual checkpoint: spec length %u runs past the end", spec_len);
     if (spec_len != strlen(spec) || memcmp(p + CKPT_FIXED, spec, spec_len) != 0)
@@ -223,10 +250,29 @@ static gcomp_result check_header(gcomp_comm *comm, const uint8_t *p, size_t byte
     return GCOMP_SUCCESS;
 }
 
-/* Walk the records without changing anything; with apply, install them. */
-static gcomp_result walk_records(gcomp_comm *comm, const uint8_t *p, size_t bytes, size_t pos, int apply)
+/* One record's residual (count floats at data), checked, then installed into `into` unless
+ * the codec keeps none (keep 0). */
+static gcomp_result take_record(gcomp__residual_store *into, int keep, int in_place, uint64_t key, size_t count,
+                                uint64_t step, const uint8_t *data)
 {
-    gcomp__residual_store *s = gcomp__codec_residuals(comm->codec);
+    gcomp__residual *r;
+    for (size_t j = 0; j < count; j++)
+        if (!isfinite(gcomp_bits_f32(gcomp_le_load_u32(data + 4 * j))))
+            return gcomp__fail(GCOMP_ERR_CORRUPT, "residual checkpoint: element %zu of key %llu is not finite", j,
+                               (unsigned long long)key);
+    if (!keep) return GCOMP_SUCCESS;
+    GCOMP_CHECK(gcomp__residual_acquire(into, key, count, !in_place, &r));
+    for (size_t j = 0; j < count; j++) r->buf[r->cur][j] = gcomp_bits_f32(gcomp_le_load_u32(data + 4 * j));
+    r->step = step;
+    return GCOMP_SUCCESS;
+}
+
+/* Check every record against the communicator and install each into `into`, a store of its
+ * own: the communicator's state is not touched, so a failure (a bad record, or memory) leaves
+ * it as it was. */
+static gcomp_result walk_records(gcomp_comm *comm, const uint8_t *p, size_t bytes, size_t pos,
+                                 gcomp__residual_store *into)
+{
     uint32_t caps = gcomp__codec_chain(comm->codec)->stages[0].vt->caps;
     int in_place = (caps & GCOMP_CAP_RESIDUAL_IN_PLACE) != 0;
     /* an exact codec's calls use no residual (engine.c): its records -- zeros, saved before
@@ -260,16 +306,7 @@ static gcomp_result walk_records(gcomp_comm *comm, const uint8_t *p, size_t byte
             return gcomp__fail(GCOMP_ERR_MISMATCH,
                                "residual checkpoint: key %llu has %llu elements in the file, %zu in this communicator",
                                (unsigned long long)key, (unsigned long long)count, known);
-        for (size_t j = 0; !apply && j < count; j++) /* in the first pass, before anything is applied */
-            if (!isfinite(gcomp_bits_f32(gcomp_le_load_u32(p + pos + 4 * j))))
-                return gcomp__fail(GCOMP_ERR_CORRUPT, "residual checkpoint: element %zu of key %llu is not finite", j,
-                                   (unsigned long long)key);
-        if (apply && keep) {
-            gcomp__residual *r;
-            GCOMP_CHECK(gcomp__residual_acquire(s, key, (size_t)count, !in_place, &r));
-            for (size_t j = 0; j < count; j++) r->buf[r->cur][j] = gcomp_bits_f32(gcomp_le_load_u32(p + pos + 4 * j));
-            r->step = step;
-        }
+        GCOMP_CHECK(take_record(into, keep, in_place, key, (size_t)count, step, p + pos));
         pos += (size_t)count * sizeof(float);
         prev = key;
     }
@@ -278,22 +315,36 @@ static gcomp_result walk_records(gcomp_comm *comm, const uint8_t *p, size_t byte
     return GCOMP_SUCCESS;
 }
 
-gcomp_result gcomp_comm_residuals_load(gcomp_comm *comm, const void *buf, size_t bytes)
+/* gcomp_comm_residuals_load on a held communicator. The new state is built whole beside the
+ * old one and swapped in only then: all or nothing, out of memory included. */
+static gcomp_result load_blob(gcomp_comm *comm, const void *buf, size_t bytes)
 {
+    gcomp__residual_store fresh = { 0 };
     size_t pos = 0;
-    if (!comm || (!buf && bytes))
-        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_residuals_load: NULL comm or buffer");
-    if (!comm->cfg.error_feedback)
-        return gcomp__fail(GCOMP_ERR_INVALID_ARG,
-                           "gcomp_comm_residuals_load: the communicator has error feedback off (GCOMP_EF=0)");
+    gcomp_result rc;
     GCOMP_CHECK(check_header(comm, buf, bytes, &pos));
-    GCOMP_CHECK(walk_records(comm, buf, bytes, pos, 0));
+    rc = walk_records(comm, buf, bytes, pos, &fresh);
+    if (rc != GCOMP_SUCCESS) {
+        gcomp__residual_store_free(&fresh);
+        return rc;
+    }
     /* The state becomes exactly the file's: keys it does not name start from zero again. The
      * residuals land in the host store; a key's next call on device buffers moves its
      * residual (and step) to the device. */
-    gcomp__residual_store_free(gcomp__codec_residuals(comm->codec));
+    gcomp__residual_store_replace(gcomp__codec_residuals(comm->codec), &fresh);
     gcomp__codec_dev_drop_all(comm->codec);
-    return walk_records(comm, buf, bytes, pos, 1);
+    return GCOMP_SUCCESS;
+}
+
+gcomp_result gcomp_comm_residuals_load(gcomp_comm *comm, const void *buf, size_t bytes)
+{
+    gcomp_result rc;
+    if (!comm || (!buf && bytes))
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_residuals_load: NULL comm or buffer");
+    GCOMP_CHECK(begin_state_access(comm, "gcomp_comm_residuals_load"));
+    rc = load_blob(comm, buf, bytes);
+    gcomp__comm_release(comm);
+    return rc;
 }
 
 /* A new file beside path, named path.PID.N.tmp into tmp: created exclusively, so it never
@@ -316,47 +367,88 @@ static FILE *create_beside(const char *path, char *tmp, size_t cap)
     return NULL; /* errno is EEXIST */
 }
 
+/* The blob of a held communicator in memory of its own (the caller frees *out). */
+static gcomp_result save_to_memory(gcomp_comm *comm, void **out, size_t *bytes)
+{
+    gcomp_result rc;
+    *out = NULL;
+    GCOMP_CHECK(save_blob(comm, NULL, 0, bytes));
+    if (!(*out = malloc(*bytes)))
+        return gcomp__fail(GCOMP_ERR_NOMEM, "residual checkpoint: cannot allocate %zu bytes", *bytes);
+    rc = save_blob(comm, *out, *bytes, bytes);
+    if (rc != GCOMP_SUCCESS) {
+        free(*out);
+        *out = NULL;
+    }
+    return rc;
+}
+
+/* Write beside, then rename: a crash mid-write never leaves a half file at path. */
+static gcomp_result write_file(const char *path, const void *buf, size_t bytes)
+{
+    char tmp[TMP_PATH_MAX];
+    gcomp_result rc = GCOMP_SUCCESS;
+    FILE *f = create_beside(path, tmp, sizeof tmp);
+    int bad;
+    if (!f) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "cannot create '%s': %s", tmp, strerror(errno));
+    bad = fwrite(buf, 1, bytes, f) != bytes;
+    bad |= fclose(f) != 0;
+    if (bad || rename(tmp, path) != 0) {
+        rc = gcomp__fail(GCOMP_ERR_INVALID_ARG, "cannot write '%s': %s", path, strerror(errno));
+        remove(tmp);
+    }
+    return rc;
+}
+
 gcomp_result gcomp_comm_residuals_save_file(gcomp_comm *comm, const char *path)
 {
-    char tmp[4096];
     size_t bytes = 0;
-    void *buf;
-    FILE *f;
+    void *buf = NULL;
     gcomp_result rc;
     if (!comm || !path) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_residuals_save_file: NULL comm or path");
-    if (strlen(path) > sizeof tmp - 48) /* room for create_beside's ".PID.N.tmp" */
+    if (strlen(path) > TMP_PATH_MAX - 48) /* room for create_beside's ".PID.N.tmp" */
         return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_residuals_save_file: path is too long");
-    GCOMP_CHECK(gcomp_comm_residuals_save(comm, NULL, 0, &bytes));
-    if (!(buf = malloc(bytes)))
-        return gcomp__fail(GCOMP_ERR_NOMEM, "residual checkpoint: cannot allocate %zu bytes", bytes);
-    rc = gcomp_comm_residuals_save(comm, buf, bytes, &bytes);
-    if (rc == GCOMP_SUCCESS) {
-        /* write beside, then rename: a crash mid-write never leaves a half file at path */
-        f = create_beside(path, tmp, sizeof tmp);
-        if (!f)
-            rc = gcomp__fail(GCOMP_ERR_INVALID_ARG, "cannot create '%s': %s", tmp, strerror(errno));
-        else {
-            int bad = fwrite(buf, 1, bytes, f) != bytes;
-            bad |= fclose(f) != 0;
-            if (bad || rename(tmp, path) != 0) {
-                rc = gcomp__fail(GCOMP_ERR_INVALID_ARG, "cannot write '%s': %s", path, strerror(errno));
-                remove(tmp);
-            }
-        }
-    }
+    GCOMP_CHECK(begin_state_access(comm, "gcomp_comm_residuals_save_file"));
+    rc = save_to_memory(comm, &buf, &bytes);
+    gcomp__comm_release(comm); /* the state is copied: the file is written while calls may run */
+    if (rc == GCOMP_SUCCESS) rc = write_file(path, buf, bytes);
     free(buf);
     return rc;
 }
 
-gcomp_result gcomp_comm_residuals_load_file(gcomp_comm *comm, const char *path)
+/* Everything f holds, read until end of file: a file's size may say less than it holds (a
+ * procfs file says 0), so st_size (hint) only sizes the first buffer. */
+static gcomp_result read_all(FILE *f, const char *path, size_t hint, void **out, size_t *len)
+{
+    size_t cap = hint < 4096 ? 4096 : hint + 1, n = 0; /* + 1: the end is seen without a second buffer */
+    uint8_t *buf = malloc(cap), *grown;
+    if (!buf) return gcomp__fail(GCOMP_ERR_NOMEM, "residual checkpoint: cannot allocate %zu bytes", cap);
+    for (;;) {
+        n += fread(buf + n, 1, cap - n, f);
+        if (n < cap) break; /* the end, or an error */
+        if (cap > SIZE_MAX / 2 || !(grown = realloc(buf, cap * 2))) {
+            free(buf);
+            return gcomp__fail(GCOMP_ERR_NOMEM, "residual checkpoint: '%s' holds more than %zu bytes", path, cap);
+        }
+        buf = grown;
+        cap *= 2;
+    }
+    if (ferror(f)) {
+        free(buf);
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "cannot read '%s': %s", path, strerror(errno));
+    }
+    *out = buf;
+    *len = n;
+    return GCOMP_SUCCESS;
+}
+
+/* A regular file's bytes (the caller frees *out); anything else is refused by name. */
+static gcomp_result read_file(const char *path, void **out, size_t *len)
 {
     int fd;
     FILE *f;
     struct stat st;
-    size_t len;
-    void *buf = NULL;
     gcomp_result rc;
-    if (!comm || !path) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_residuals_load_file: NULL comm or path");
     /* O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer, forever;
      * the regular-file check below refuses it (a regular file's reads ignore the flag) */
     fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
@@ -366,26 +458,27 @@ gcomp_result gcomp_comm_residuals_load_file(gcomp_comm *comm, const char *path)
         return rc;
     }
     /* fstat, not fseek/ftell: glibc opens a directory and its ftell says LONG_MAX */
-    if (fstat(fileno(f), &st) != 0) {
+    if (fstat(fileno(f), &st) != 0)
         rc = gcomp__fail(GCOMP_ERR_INVALID_ARG, "cannot read '%s': %s", path, strerror(errno));
-        fclose(f);
-        return rc;
-    }
-    if (!S_ISREG(st.st_mode) || st.st_size < 0 || (uint64_t)st.st_size > SIZE_MAX) {
-        fclose(f);
-        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "cannot read '%s': %s", path,
-                           S_ISDIR(st.st_mode) ? "it is a directory" : "not a regular file");
-    }
-    len = (size_t)st.st_size;
-    if (len > 0 && !(buf = malloc(len))) {
-        fclose(f);
-        return gcomp__fail(GCOMP_ERR_NOMEM, "residual checkpoint: cannot allocate %zu bytes", len);
-    }
-    if (len > 0 && fread(buf, 1, len, f) != len)
-        rc = gcomp__fail(GCOMP_ERR_INVALID_ARG, "cannot read '%s'", path);
+    else if (!S_ISREG(st.st_mode) || st.st_size < 0 || (uint64_t)st.st_size >= SIZE_MAX)
+        rc = gcomp__fail(GCOMP_ERR_INVALID_ARG, "cannot read '%s': %s", path,
+                         S_ISDIR(st.st_mode) ? "it is a directory" : "not a regular file");
     else
-        rc = gcomp_comm_residuals_load(comm, buf, len);
+        rc = read_all(f, path, (size_t)st.st_size, out, len);
     fclose(f);
+    return rc;
+}
+
+gcomp_result gcomp_comm_residuals_load_file(gcomp_comm *comm, const char *path)
+{
+    void *buf = NULL;
+    size_t len = 0;
+    gcomp_result rc;
+    if (!comm || !path) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_residuals_load_file: NULL comm or path");
+    GCOMP_CHECK(begin_state_access(comm, "gcomp_comm_residuals_load_file"));
+    rc = read_file(path, &buf, &len);
+    if (rc == GCOMP_SUCCESS) rc = load_blob(comm, buf, len);
+    gcomp__comm_release(comm);
     free(buf);
     return rc;
 }

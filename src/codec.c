@@ -217,6 +217,7 @@ static gcomp_result encode_element(gcomp_codec *c, gcomp_encode_ctx *ctx, const 
     if (cap < GCOMP_HEADER_BYTES)
         return gcomp__fail(GCOMP_ERR_BUFFER_TOO_SMALL, "output of %zu bytes cannot hold the header", cap);
     ctx->state = el->state;
+    gcomp__codec_entry_begin();
     rc = el->vt->encode(el->params, ctx, x, r_in, r_out, count, out + GCOMP_HEADER_BYTES, cap - GCOMP_HEADER_BYTES,
                         &body, &h.flags);
     GCOMP_CHECK(codec_reported(el->vt, "encode", rc, body, cap - GCOMP_HEADER_BYTES));
@@ -237,6 +238,7 @@ static gcomp_result encode_stage(gcomp__stage *st, const uint8_t *in, size_t in_
     gcomp_result rc;
     if (cap < GCOMP_HEADER_BYTES)
         return gcomp__fail(GCOMP_ERR_BUFFER_TOO_SMALL, "output of %zu bytes cannot hold the header", cap);
+    gcomp__codec_entry_begin();
     rc = st->vt->stage_encode(st->params, st->state, in, in_bytes, out + GCOMP_HEADER_BYTES, cap - GCOMP_HEADER_BYTES,
                               &body, &h.flags);
     GCOMP_CHECK(codec_reported(st->vt, "stage_encode", rc, body, cap - GCOMP_HEADER_BYTES));
@@ -380,6 +382,7 @@ gcomp_result gcomp__codec_element_body(gcomp_codec *c, const void *payload, size
         GCOMP_CHECK(gcomp_header_read(p, bytes, &h));
         GCOMP_CHECK(expect_header(st->vt, &h, count));
         GCOMP_CHECK(scratch_reserve(&c->stage_buf[i & 1], &c->stage_cap[i & 1], inner_cap));
+        gcomp__codec_entry_begin();
         gcomp_result rc = st->vt->stage_decode(st->params, st->state, h.flags, p + GCOMP_HEADER_BYTES, h.body_bytes,
                                                c->stage_buf[i & 1], inner_cap, &inner);
         GCOMP_CHECK(codec_reported(st->vt, "stage_decode", rc, inner, inner_cap));
@@ -408,6 +411,7 @@ gcomp_result gcomp_codec_decode_add(gcomp_codec *c, const void *payload, size_t 
     GCOMP_CHECK(check_buffers("gcomp_codec_decode_add", payload, acc, count));
     GCOMP_CHECK(gcomp__codec_element_body(c, payload, bytes, count, &body, &body_bytes, &flags));
     el = &c->chain.stages[0];
+    gcomp__codec_entry_begin();
     rc = el->vt->decode_add(el->params, flags, body, body_bytes, acc, count);
     GCOMP_CHECK(codec_reported(el->vt, "decode_add", rc, 0, 0));
     c->stats.decode_calls++;
@@ -482,10 +486,24 @@ gcomp_result gcomp_codec_decode(gcomp_codec *c, const void *payload, size_t byte
     return GCOMP_SUCCESS;
 }
 
+/* An object with error feedback off ignores keys (encode neither reads nor writes a residual):
+ * a residual set there would be kept, read back, and never used, so set and get refuse, as a
+ * communicator's checkpoints do. */
+static gcomp_result check_ef_on(const gcomp_codec *c, const char *fn)
+{
+    if (!c->opts.error_feedback)
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG,
+                           "%s: the codec object has error feedback off (gcomp_codec_options.error_feedback = 0): "
+                           "it keeps no residuals",
+                           fn);
+    return GCOMP_SUCCESS;
+}
+
 gcomp_result gcomp_codec_residual_get(const gcomp_codec *c, uint64_t key, float *dst, size_t count)
 {
     const gcomp__residual *r;
     if (!c || (count && !dst)) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_codec_residual_get: NULL argument");
+    GCOMP_CHECK(check_ef_on(c, "gcomp_codec_residual_get"));
     if (gcomp__codec_device_has_key(c->dev, key) || gcomp__codec_device_wanted(dst, NULL))
         return gcomp__codec_device_residual_get(c->dev, &c->residuals, key, dst, count);
     r = gcomp__residual_find(&c->residuals, key);
@@ -502,6 +520,7 @@ gcomp_result gcomp_codec_residual_set(gcomp_codec *c, uint64_t key, const float 
     gcomp__residual *r;
     int src_on_device;
     if (!c || (count && !src)) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_codec_residual_set: NULL argument");
+    GCOMP_CHECK(check_ef_on(c, "gcomp_codec_residual_set"));
     if (key == GCOMP_KEY_NONE)
         return gcomp__fail(GCOMP_ERR_INVALID_ARG,
                            "gcomp_codec_residual_set: key GCOMP_KEY_NONE means no error feedback and holds no residual");
@@ -645,6 +664,7 @@ gcomp_result gcomp__codec_stages_decode(gcomp_codec *c, const void *in, size_t n
         o_cap = last ? cap : c->stage_cap[i & 1];
         GCOMP_CHECK(gcomp_header_read(p, bytes, &h));
         GCOMP_CHECK(expect_header(st->vt, &h, count));
+        gcomp__codec_entry_begin();
         gcomp_result rc = st->vt->stage_decode(st->params, st->state, h.flags, p + GCOMP_HEADER_BYTES, h.body_bytes, o,
                                                o_cap, &inner);
         GCOMP_CHECK(codec_reported(st->vt, "stage_decode", rc, inner, o_cap));

@@ -61,6 +61,9 @@ gcomp__residual *gcomp__residual_find(const gcomp__residual_store *s, uint64_t k
 void gcomp__residual_commit(gcomp__residual *r);
 void gcomp__residual_drop(gcomp__residual_store *s, uint64_t key);
 void gcomp__residual_store_free(gcomp__residual_store *s);
+/* Free s's residuals and move with's into s (with is left empty): a state built whole beside
+ * the store replaces it at once (checkpoint loads). */
+void gcomp__residual_store_replace(gcomp__residual_store *s, gcomp__residual_store *with);
 
 /* ---- the error-feedback protocol (residual.c), shared by the codec object and the
  * engine: begin takes the key's residual slices and the call's step; end commits the new
@@ -107,8 +110,11 @@ gcomp_result gcomp__codec_stages_decode(gcomp_codec *c, const void *in, size_t n
                                         size_t *written);
 gcomp__residual_store *gcomp__codec_residuals(gcomp_codec *c);
 /* vt->entry args, through gcomp__codec_entry_rc (internal.h; entry may be cuda->x for the
- * CUDA ops): a value that is no gcomp_result becomes GCOMP_ERR_INTERNAL naming both. */
-#define GCOMP_CODEC_CALL(vt, entry, args) gcomp__codec_entry_rc((vt)->name, #entry, (vt)->entry args)
+ * CUDA ops): a value that is no gcomp_result becomes GCOMP_ERR_INTERNAL naming both, a failure
+ * without a detail of the codec's own gets one. The comma operator orders the begin before the
+ * entry runs (the order of a call's arguments is unspecified). */
+#define GCOMP_CODEC_CALL(vt, entry, args) \
+    (gcomp__codec_entry_begin(), gcomp__codec_entry_rc((vt)->name, #entry, (vt)->entry args))
 /* The element codec's body inside a payload, after the byte stages are undone (the pointer
  * is valid until the next call on this codec object; without byte stages it points into the
  * payload itself, so two of them can be held at once). */

@@ -56,7 +56,10 @@ typedef struct gcomp__queue {
     pthread_mutex_t lock;
     pthread_cond_t cond;               /* a call finished, or one was queued, or stop */
     struct gcomp_request *head, *tail; /* issued, not yet started */
-    int running;                       /* a call is being run (by the thread or a caller) */
+    int running;                       /* a call is being run (by the thread or a caller), or the
+                                        * communicator is held (gcomp__comm_hold) */
+    int outstanding;                   /* gcomp_iallreduce requests not yet completed by
+                                        * gcomp_wait/gcomp_test */
     int mode;                          /* GCOMP__PROGRESS_*: decided at the first call */
     int inited, thread_started, stop;
     pthread_t thread;
@@ -94,6 +97,13 @@ struct gcomp_comm {
 /* Run one call to its end on this thread (the caller of gcomp_allreduce, or the progress
  * thread). Calls of a communicator never run concurrently: request.c serialises them. */
 gcomp_result gcomp__engine_run(gcomp_comm *c, const gcomp__args *a);
+/* For the calls that read or replace the communicator's per-key state outside the queue
+ * (residual checkpoints, checkpoint.c): GCOMP_ERR_INVALID_ARG, named after api, while a
+ * gcomp_iallreduce of the communicator is in flight (issued and not yet completed by
+ * gcomp_wait/gcomp_test, whether or not it ran), else the queue is held as if a call ran, so
+ * the progress thread starts none, until gcomp__comm_release. */
+gcomp_result gcomp__comm_hold(gcomp_comm *c, const char *api);
+void gcomp__comm_release(gcomp_comm *c);
 /* Frees the communicator and everything it owns (comm.c). gcomp_comm_destroy (request.c)
  * first lets the calls in flight finish and joins the progress thread, then calls this, so the
  * communicator layer never calls up into the request layer. */

@@ -46,15 +46,24 @@ int gcomp__result_known(gcomp_result rc)
     return 0;
 }
 
+static _Thread_local char last_error[512];
+/* A failure was recorded on this thread since gcomp__codec_entry_begin: whether a codec entry
+ * that failed gave its own detail (gcomp_codec_fail) or left an older, unrelated one. */
+static _Thread_local int failed_since_entry;
+
+void gcomp__codec_entry_begin(void) { failed_since_entry = 0; }
+
 gcomp_result gcomp__codec_entry_rc(const char *codec, const char *entry, gcomp_result rc)
 {
-    if (rc != GCOMP_SUCCESS && !gcomp__result_known(rc))
+    if (rc == GCOMP_SUCCESS) return rc;
+    if (!gcomp__result_known(rc))
         return gcomp__fail(GCOMP_ERR_INTERNAL, "codec '%s': %s returned %d, which is not a gcomp_result", codec, entry,
                            (int)rc);
+    if (!failed_since_entry)
+        return gcomp__fail(rc, "codec '%s': %s returned %s (the codec gave no detail)", codec, entry,
+                           gcomp_result_name(rc));
     return rc;
 }
-
-static _Thread_local char last_error[512];
 
 const char *gcomp_last_error(void) { return last_error; }
 
@@ -66,6 +75,7 @@ static void log_line(const char *fmt, ...) __attribute__((format(printf, 1, 2)))
 
 static gcomp_result vfail(gcomp_result rc, const char *fmt, va_list ap)
 {
+    failed_since_entry = 1;
     vsnprintf(last_error, sizeof last_error, fmt, ap);
     if (gcomp__debug_enabled()) log_line("%s: %s", gcomp_result_name(rc), last_error);
     return rc;
@@ -116,6 +126,7 @@ gcomp_result gcomp_codec_fail(gcomp_result rc, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(raw, sizeof raw, fmt, ap);
     va_end(ap);
+    failed_since_entry = 1;
     gcomp__quote(last_error, sizeof last_error, raw, sizeof raw);
     if (gcomp__debug_enabled()) log_line("%s: %s", gcomp_result_name(rc), last_error);
     return rc;

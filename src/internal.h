@@ -20,8 +20,12 @@ int gcomp__debug_enabled(void);
 void gcomp__error_clear(void);
 /* 1 when rc is a value of gcomp_result (a user codec's entry may return anything). */
 int gcomp__result_known(gcomp_result rc);
-/* rc as codec `codec`'s entry `entry` returned it; a value that is no gcomp_result (a faulty
- * user codec) becomes GCOMP_ERR_INTERNAL naming the codec and the entry. */
+/* Call before a codec entry, then pass what it returned to gcomp__codec_entry_rc: rc as codec
+ * `codec`'s entry `entry` returned it; a value that is no gcomp_result (a faulty user codec)
+ * becomes GCOMP_ERR_INTERNAL naming the codec and the entry, and a failure the codec gave no
+ * detail for (no gcomp_codec_fail since the begin) gets one naming both, instead of leaving
+ * gcomp_last_error() at an older, unrelated failure. */
+void gcomp__codec_entry_begin(void);
 gcomp_result gcomp__codec_entry_rc(const char *codec, const char *entry, gcomp_result rc);
 /* Put back a detail saved from gcomp_last_error() (a call that succeeds leaves it as it was). */
 void gcomp__error_restore(const char *saved);

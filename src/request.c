@@ -169,6 +169,7 @@ gcomp_result gcomp_iallreduce(gcomp_comm *c, const void *send, void *recv, size_
     pthread_mutex_lock(&c->q.lock);
     if (c->q.mode == GCOMP__PROGRESS_UNDECIDED) decide_mode(c);
     enqueue(c, r);
+    c->q.outstanding++;
     pthread_mutex_unlock(&c->q.lock);
     *req = r;
     return GCOMP_SUCCESS;
@@ -185,6 +186,7 @@ gcomp_result gcomp_test(gcomp_request **req, int *done)
     pthread_mutex_lock(&c->q.lock);
     if (c->q.mode != GCOMP__PROGRESS_THREAD) run_until(c, r); /* no thread: this is the progress */
     *done = r->done;
+    if (*done) c->q.outstanding--;
     pthread_mutex_unlock(&c->q.lock);
     return *done ? finish(req) : GCOMP_SUCCESS;
 }
@@ -196,8 +198,35 @@ gcomp_result gcomp_wait(gcomp_request **req)
     c = (*req)->comm;
     pthread_mutex_lock(&c->q.lock);
     run_until(c, *req);
+    c->q.outstanding--;
     pthread_mutex_unlock(&c->q.lock);
     return finish(req);
+}
+
+/* The refusal depends only on what this thread issued and completed, never on how far the
+ * progress thread got: every rank that makes the same calls in the same order gets the same
+ * answer (a request that already ran but was not waited for still counts). */
+gcomp_result gcomp__comm_hold(gcomp_comm *c, const char *api)
+{
+    gcomp_result rc = GCOMP_SUCCESS;
+    pthread_mutex_lock(&c->q.lock);
+    if (c->q.outstanding || c->q.head || c->q.running)
+        rc = gcomp__fail(GCOMP_ERR_INVALID_ARG,
+                         "%s: a gcomp_iallreduce of this communicator is in flight (%d not yet completed by "
+                         "gcomp_wait/gcomp_test): call it when none is",
+                         api, c->q.outstanding);
+    else
+        c->q.running = 1;
+    pthread_mutex_unlock(&c->q.lock);
+    return rc;
+}
+
+void gcomp__comm_release(gcomp_comm *c)
+{
+    pthread_mutex_lock(&c->q.lock);
+    c->q.running = 0;
+    pthread_cond_broadcast(&c->q.cond); /* a call queued meanwhile (another thread) may start */
+    pthread_mutex_unlock(&c->q.lock);
 }
 
 /* iallreduce + wait, with the request on the stack: when the queue is idle (no nonblocking

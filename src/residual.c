@@ -215,3 +215,10 @@ void gcomp__residual_store_free(gcomp__residual_store *s)
     free(s->slots);
     memset(s, 0, sizeof *s);
 }
+
+void gcomp__residual_store_replace(gcomp__residual_store *s, gcomp__residual_store *with)
+{
+    gcomp__residual_store_free(s);
+    *s = *with;
+    memset(with, 0, sizeof *with);
+}

@@ -62,40 +62,60 @@ static int pairs_path(const gcomp__call *call)
 /* Device buffers: the codec's kernel sums every payload at once (else decode-add in order). */
 static int device_sum(const gcomp__call *call) { return call->on_device && call->vt->cuda->sum_payloads; }
 
-static void layout(gcomp__call *call, sparse_ctx *d)
+/* a * b * c, or SIZE_MAX when that does not fit: a workspace region that large fails its fit
+ * (GCOMP_ERR_NOMEM) instead of a wrapped product carving a region too small for its use. */
+static size_t product(size_t a, size_t b, size_t c)
+{
+    if (b && a > SIZE_MAX / b) return SIZE_MAX;
+    if (c && a * b > SIZE_MAX / c) return SIZE_MAX;
+    return a * b * c;
+}
+
+/* The pairs per payload, as the codec says: more than count cannot be (a user codec breaking
+ * its contract), and the pair lists are sized by it, so it is refused before anything is. */
+static gcomp_result pairs_per_payload(const gcomp__call *call, size_t *k)
+{
+    *k = call->vt->sparse_k(call->params, call->count);
+    if (*k > call->count)
+        return gcomp__fail(GCOMP_ERR_INTERNAL, "codec '%s': sparse_k returned %zu for %zu elements (at most count)",
+                           call->vt->name, *k, call->count);
+    return GCOMP_SUCCESS;
+}
+
+static gcomp_result layout(gcomp__call *call, sparse_ctx *d)
 {
     gcomp__workspace *ws = call->ws;
-    int n = call->ring.size;
+    size_t n = (size_t)call->ring.size, bound = gcomp_codec_max_encoded_bytes(call->codec, call->count);
     memset(d, 0, sizeof *d);
     d->call = call;
     d->pairs = pairs_path(call);
-    d->bound = (gcomp_codec_max_encoded_bytes(call->codec, call->count) + 7) & ~(size_t)7;
-    d->stride = d->bound + GCOMP__RING_TRAILER;
-    d->slots = gcomp__ws_take(ws, (size_t)n * d->stride, "sparse: payloads");
+    d->bound = bound > SIZE_MAX - 7 - GCOMP__RING_TRAILER ? SIZE_MAX : (bound + 7) & ~(size_t)7;
+    d->stride = d->bound == SIZE_MAX ? SIZE_MAX : d->bound + GCOMP__RING_TRAILER;
+    d->slots = gcomp__ws_take(ws, product(n, d->stride, 1), "sparse: payloads");
     d->hop = gcomp__ws_take(ws, 2 * GCOMP__RING_TRAILER, "sparse: outcome hop");
-    d->bytes = gcomp__ws_take(call->meta, (size_t)n * sizeof(size_t), "sparse: payload sizes");
+    d->bytes = gcomp__ws_take(call->meta, n * sizeof(size_t), "sparse: payload sizes");
     if (call->on_device) {
         size_t enc = gcomp__call_scratch_bytes(call, call->count, 1);
-        size_t sum = device_sum(call) ? gcomp__call_scratch_bytes(call, call->count, n) : 0;
+        size_t sum = device_sum(call) ? gcomp__call_scratch_bytes(call, call->count, (int)n) : 0;
         d->scratch = gcomp__ws_take(ws, enc > sum ? enc : sum, "sparse: codec scratch");
         d->res = gcomp__ws_take(ws, sizeof(gcomp_cuda_residual), "sparse: residual block");
         d->res_tmp = gcomp__ws_take(call->meta, sizeof(gcomp_cuda_residual), "sparse: residual block (host)");
-        d->ptrs = gcomp__ws_take(ws, (size_t)n * sizeof(uint8_t *), "sparse: payload addresses");
-        d->ptrs_tmp = gcomp__ws_take(call->meta, (size_t)n * sizeof(uint8_t *), "sparse: payload addresses (host)");
+        d->ptrs = gcomp__ws_take(ws, n * sizeof(uint8_t *), "sparse: payload addresses");
+        d->ptrs_tmp = gcomp__ws_take(call->meta, n * sizeof(uint8_t *), "sparse: payload addresses (host)");
     }
-    if (!d->pairs) return;
+    if (!d->pairs) return GCOMP_SUCCESS;
     /* k of this call: every rank's payload must hold exactly as many pairs (same spec, count) */
-    d->k = call->vt->sparse_k(call->params, call->count);
-    d->lists = gcomp__ws_take(call->meta, (size_t)n * sizeof(gcomp_pair_list), "sparse: pair lists");
-    d->idx = gcomp__ws_take(ws, (size_t)n * d->k * sizeof(uint64_t), "sparse: pair indices");
-    d->val = gcomp__ws_take(ws, (size_t)n * d->k * sizeof(float), "sparse: pair values");
+    GCOMP_CHECK(pairs_per_payload(call, &d->k));
+    d->lists = gcomp__ws_take(call->meta, n * sizeof(gcomp_pair_list), "sparse: pair lists");
+    d->idx = gcomp__ws_take(ws, product(n, d->k, sizeof(uint64_t)), "sparse: pair indices");
+    d->val = gcomp__ws_take(ws, product(n, d->k, sizeof(float)), "sparse: pair values");
+    return GCOMP_SUCCESS;
 }
 
 static gcomp_result sparse_prepare(gcomp__call *call)
 {
     sparse_ctx d;
-    layout(call, &d);
-    return GCOMP_SUCCESS;
+    return layout(call, &d);
 }
 
 static uint8_t *slot(sparse_ctx *d, int j) { return d->slots + (size_t)j * d->stride; }
@@ -191,7 +211,7 @@ static gcomp_result sparse_run(gcomp__call *call)
     gcomp__ring *ring = &call->ring;
     int n = ring->size, r = ring->rank, last = gcomp__ring_right(ring);
     sparse_ctx d;
-    layout(call, &d);
+    GCOMP_CHECK(layout(call, &d));
     GCOMP_CHECK(gcomp__ws_check(call->ws));
     d.bytes[r] = 0;
     GCOMP_STEP(ring, encode_own(&d));

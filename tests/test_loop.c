@@ -16,6 +16,8 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <cmocka.h>
@@ -894,6 +896,142 @@ static void test_exact_codec_drops_loaded_residuals(void **state)
     }
 }
 
+/* ---- a load that runs out of memory halfway -------------------------------------------------
+ * gcomp_comm_residuals_load is all or nothing, out of memory included: a blob whose first
+ * record fits and whose second cannot be allocated (an address-space limit, RLIMIT_AS, set in a
+ * child process just above what it uses) returns GCOMP_ERR_NOMEM and leaves the state byte for
+ * byte as it was (it used to drop the old keys and keep the first new one). A one-rank loopback
+ * communicator, whose state comes from loads alone (one rank bypasses). */
+#define OOM_BIG ((size_t)16 << 20) /* elements of the record that cannot be had: 64 MB, twice */
+
+/* A blob for c: its header (from a save of c) and records (key, count, step 3, elements
+ * 0.5), checksummed; NULL on failure. */
+static uint8_t *oom_blob(gcomp_comm *c, const uint64_t *keys, const size_t *counts, int n, size_t *bytes)
+{
+    size_t head = 0, pos;
+    uint8_t *empty = NULL, *b;
+    if (gcomp_comm_residuals_save(c, NULL, 0, &head) != GCOMP_SUCCESS || !(empty = malloc(head))) return NULL;
+    if (gcomp_comm_residuals_save(c, empty, head, &head) != GCOMP_SUCCESS) return free(empty), NULL;
+    pos = head - 16; /* before n_keys (0 keys) and the checksum */
+    *bytes = pos + 8 + 8;
+    for (int i = 0; i < n; i++) *bytes += 24 + counts[i] * sizeof(float);
+    if ((b = malloc(*bytes))) {
+        memcpy(b, empty, pos);
+        gcomp_le_store_u64(b + pos, (uint64_t)n);
+        pos += 8;
+        for (int i = 0; i < n; i++) {
+            gcomp_le_store_u64(b + pos, keys[i]);
+            gcomp_le_store_u64(b + pos + 8, counts[i]);
+            gcomp_le_store_u64(b + pos + 16, 3);
+            for (size_t e = 0; e < counts[i]; e++) gcomp_le_store_u32(b + pos + 24 + 4 * e, 0x3f000000u);
+            pos += 24 + counts[i] * sizeof(float);
+        }
+        gcomp_le_store_u64(b + pos, sc_hash(SC_HASH_INIT, b, pos));
+    }
+    free(empty);
+    return b;
+}
+
+/* The state of c as a hash of its checkpoint (0 on failure). */
+static uint64_t oom_state(gcomp_comm *c)
+{
+    size_t bytes = 0;
+    uint8_t *b;
+    uint64_t h = 0;
+    if (gcomp_comm_residuals_save(c, NULL, 0, &bytes) != GCOMP_SUCCESS || !(b = malloc(bytes))) return 0;
+    if (gcomp_comm_residuals_save(c, b, bytes, &bytes) == GCOMP_SUCCESS) h = sc_hash(SC_HASH_INIT, b, bytes);
+    free(b);
+    return h;
+}
+
+/* Limit the address space to what the process maps now plus margin bytes. */
+static int oom_limit(size_t margin)
+{
+    long pages = 0;
+    struct rlimit rl;
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (!f || fscanf(f, "%ld", &pages) != 1) return f ? fclose(f), -1 : -1;
+    fclose(f);
+    if (getrlimit(RLIMIT_AS, &rl) != 0) return -1;
+    rl.rlim_cur = (rlim_t)pages * (rlim_t)sysconf(_SC_PAGESIZE) + margin;
+    return setrlimit(RLIMIT_AS, &rl);
+}
+
+static void oom_unlimit(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_AS, &rl) == 0) {
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_AS, &rl);
+    }
+}
+
+/* What failed in the child, by its exit status. */
+static const char *const oom_steps[] = {
+    "",
+    "create",
+    "the blobs or the first load",
+    "setrlimit",
+    "the load did not fail with GCOMP_ERR_NOMEM",
+    "the failed load changed the state",
+    "the load with the memory failed",
+    "the load with the memory changed nothing",
+};
+
+/* The child's whole run: 0 when the failed load changed nothing, else the step that failed. */
+static int oom_child(void)
+{
+    static const uint64_t old_key[] = { 1 }, new_keys[] = { 5, 6 };
+    const size_t old_count[] = { 10 }, new_counts[] = { 10, OOM_BIG };
+    gcomp__loop_world *w = NULL;
+    gcomp_comm *c = NULL;
+    gcomp_config cfg = gcomp_config_default();
+    uint8_t *old_blob, *new_blob;
+    size_t old_bytes = 0, new_bytes = 0;
+    uint64_t before;
+    gcomp_result rc;
+    cfg.codec = "fp16";
+    cfg.timeout_ms = 20000;
+    if (gcomp__loop_world_create(1, &w) != GCOMP_SUCCESS || gcomp__comm_create_loop(w, 0, &cfg, &c) != GCOMP_SUCCESS)
+        return 1;
+    old_blob = oom_blob(c, old_key, old_count, 1, &old_bytes);
+    new_blob = oom_blob(c, new_keys, new_counts, 2, &new_bytes);
+    if (!old_blob || !new_blob || gcomp_comm_residuals_load(c, old_blob, old_bytes) != GCOMP_SUCCESS) return 2;
+    before = oom_state(c);
+    if (oom_limit((size_t)32 << 20) != 0) return 3;
+    rc = gcomp_comm_residuals_load(c, new_blob, new_bytes);
+    oom_unlimit();
+    if (rc != GCOMP_ERR_NOMEM) return fprintf(stderr, "load: %s (%s)\n", gcomp_result_name(rc), gcomp_last_error()), 4;
+    if (!before || oom_state(c) != before) return 5;
+    if (gcomp_comm_residuals_load(c, new_blob, new_bytes) != GCOMP_SUCCESS) return 6; /* with the memory: loads */
+    if (oom_state(c) == before) return 7;
+    gcomp_comm_destroy(c);
+    gcomp__loop_world_destroy(w);
+    free(old_blob);
+    free(new_blob);
+    return 0;
+}
+
+static void test_load_out_of_memory_changes_nothing(void **state)
+{
+    pid_t pid;
+    int status = 0;
+    (void)state;
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+    /* the sanitizers reserve terabytes of address space and allocate outside malloc's way */
+    skip();
+#endif
+    fflush(NULL);
+    pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) _exit(oom_child());
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        int code = WIFEXITED(status) ? WEXITSTATUS(status) : 0;
+        fail_msg("child status %#x: %s", status, code > 0 && code < 8 ? oom_steps[code] : "crashed");
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -912,6 +1050,7 @@ int main(void)
         cmocka_unit_test(test_truncated_message),
         cmocka_unit_test(test_avg_of_huge_inputs),
         cmocka_unit_test(test_empty_call_counted),
+        cmocka_unit_test(test_load_out_of_memory_changes_nothing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -8,8 +8,9 @@
  *    TernGrad's rounding both come back), through a buffer and through a file. Without the
  *    load the fresh communicator's step differs (the check can fail).
  *  - Refusals, each leaving the state as it was: another codec, another key count, another
- *    rank's file, a truncated blob (every length), a flipped byte, a newer version, a buffer
- *    too small, error feedback off, an unwritable path.
+ *    rank's file, a truncated blob (every length), a flipped byte, a newer version, unknown
+ *    flags, a buffer too small, error feedback off, an unwritable path.
+ *  - In flight: save and load refused while a gcomp_iallreduce is in flight, changing nothing.
  * Checks are per rank; rank 0 prints the totals and the exit code is nonzero if any failed.
  */
 #include <stdio.h>
@@ -178,6 +179,13 @@ static void test_refusals(void)
     expect_refused(c, copy, bytes, GCOMP_ERR_CORRUPT, "a flipped bit in the data");
 
     memcpy(copy, blob, bytes);
+    copy[12] = 1; /* a flag version 1 does not define */
+    resum(copy, bytes);
+    expect_refused(c, copy, bytes, GCOMP_ERR_UNSUPPORTED, "unknown flags");
+    CHECK(strstr(gcomp_last_error(), "flags 0x1 unknown") != NULL, "the message names the flags: %s",
+          gcomp_last_error());
+
+    memcpy(copy, blob, bytes);
     copy[8] = 2; /* version 2, checksum made valid again */
     resum(copy, bytes);
     expect_refused(c, copy, bytes, GCOMP_ERR_UNSUPPORTED, "a newer format version");
@@ -241,6 +249,11 @@ static void test_refusals(void)
     CHECK(gcomp_comm_residuals_load_file(c, "/tmp") == GCOMP_ERR_INVALID_ARG && strstr(gcomp_last_error(), "'/tmp'") &&
               strstr(gcomp_last_error(), "directory"),
           "a directory: %s", gcomp_last_error());
+    /* a procfs file says it has 0 bytes: it is read to its end (not a checkpoint, and the
+     * message says how many bytes it held) */
+    CHECK(gcomp_comm_residuals_load_file(c, "/proc/self/status") == GCOMP_ERR_CORRUPT &&
+              strstr(gcomp_last_error(), "bad magic") && !strstr(gcomp_last_error(), " 0 bytes"),
+          "a procfs file: %s", gcomp_last_error());
     CHECK(gcomp_comm_residuals_save_file(c, "/nonexistent-dir/x.bin") == GCOMP_ERR_INVALID_ARG,
           "unwritable path accepted");
     CHECK(gcomp_comm_residuals_load_file(c, "/nonexistent-dir/x.bin") == GCOMP_ERR_INVALID_ARG,
@@ -282,6 +295,40 @@ static void test_refusals(void)
     free(blob), free(copy), free(rank0), free(a), free(b);
 }
 
+/* A checkpoint call while a gcomp_iallreduce is in flight is refused and changes nothing (here
+ * below MPI_THREAD_MULTIPLE, without a progress thread, a load used to apply before the
+ * queued call); the call then gives what the same call made blocking gives, and after its
+ * wait a load works. */
+static void test_in_flight(void)
+{
+    float *a = malloc(N1 * 4), *b = malloc(N1 * 4), *x = malloc(N1 * 4);
+    gcomp_comm *c = make_comm("fp16", 1), *twin = make_comm("fp16", 1);
+    gcomp_request *req = NULL;
+    size_t bytes = 0, n1 = 0, n2 = 0, tmp = 0;
+    void *early, *s1, *s2;
+    step(c, 0, a, b);
+    step(twin, 0, a, b);
+    early = save(c, &bytes);
+    step(c, 1, a, b);
+    step(twin, 1, a, b);
+    fill(x, N1, rank, 2, 1);
+    CHECK(gcomp_iallreduce(c, x, a, N1, GCOMP_F32, GCOMP_SUM, 1, NULL, &req) == GCOMP_SUCCESS, "iallreduce: %s",
+          gcomp_last_error());
+    CHECK(gcomp_comm_residuals_load(c, early, bytes) == GCOMP_ERR_INVALID_ARG &&
+              strstr(gcomp_last_error(), "in flight"),
+          "a load in flight: %s", gcomp_last_error());
+    CHECK(gcomp_comm_residuals_save(c, NULL, 0, &tmp) == GCOMP_ERR_INVALID_ARG, "a save in flight accepted");
+    CHECK(gcomp_wait(&req) == GCOMP_SUCCESS, "wait: %s", gcomp_last_error());
+    CHECK(gcomp_allreduce(twin, x, b, N1, GCOMP_F32, GCOMP_SUM, 1, NULL) == GCOMP_SUCCESS, "%s", gcomp_last_error());
+    CHECK(memcmp(a, b, N1 * 4) == 0, "the request's result differs from the blocking call's");
+    s1 = save(c, &n1);
+    s2 = save(twin, &n2);
+    CHECK(n1 == n2 && memcmp(s1, s2, n1) == 0, "the refused calls changed the state");
+    CHECK(gcomp_comm_residuals_load(c, early, bytes) == GCOMP_SUCCESS, "a load after the wait: %s", gcomp_last_error());
+    gcomp_comm_destroy(c), gcomp_comm_destroy(twin);
+    free(a), free(b), free(x), free(early), free(s1), free(s2);
+}
+
 int main(int argc, char **argv)
 {
     static const char *const codecs[] = { "terngrad", "topk:ratio=0.01", "fp16", "bf16+zstd" };
@@ -292,6 +339,7 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < sizeof codecs / sizeof codecs[0]; i++) test_resume(codecs[i], 0);
     test_resume("terngrad", 1);
     test_refusals();
+    test_in_flight();
     fails = mpi_test_finish("test_mpi_checkpoint", "");
     MPI_Finalize();
     return fails ? 1 : 0;

@@ -4,7 +4,8 @@
  * progress inside test/wait (the mode a communicator takes over MPI below
  * MPI_THREAD_MULTIPLE): many requests in flight give bit-identical results to the same
  * calls made blocking; a stopped peer gives GCOMP_ERR_TIMEOUT from the wait; a mismatch
- * among requests in flight gives GCOMP_ERR_MISMATCH on every rank, without a hang.
+ * among requests in flight gives GCOMP_ERR_MISMATCH on every rank, without a hang; residual
+ * checkpoints are refused while requests are in flight and change nothing.
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -32,13 +33,22 @@ typedef struct job {
     int progressed; /* the first request completed while nobody tested or waited */
     int mode;
     char error[160]; /* gcomp_last_error() after the first wait that failed */
+    /* V_CHECKPOINT */
+    gcomp_result refused[6]; /* the checkpoint calls made while requests were in flight */
+    char refusal[200];       /* gcomp_last_error() after the first of them */
+    int file_written;        /* the refused save_file wrote its path anyway */
+    uint64_t state_hash;     /* the checkpoint after every call */
+    gcomp_result reload;     /* a load after every request completed */
+    int reload_same;         /* ... gave back exactly the state it loaded */
 } job;
 
 enum {
     V_MANY = 0,
     V_TIMEOUT = 1,
     V_MISMATCH = 2,
-    V_BAD_OP = 3 /* call 1 passes an invalid op on every rank */
+    V_BAD_OP = 3,    /* call 1 passes an invalid op on every rank */
+    V_CHECKPOINT = 4 /* calls 0-5 blocking (a checkpoint after call 2), 6-11 in flight while
+                      * the checkpoint calls run */
 };
 
 static uint64_t fnv(const void *p, size_t n)
@@ -63,6 +73,63 @@ static void fill(float *x, size_t n, int rank, int i)
     }
 }
 
+/* A checkpoint of comm in memory (malloc'd, NULL on failure) and its size. */
+static uint8_t *checkpoint(gcomp_comm *comm, size_t *bytes)
+{
+    uint8_t *blob;
+    *bytes = 0;
+    if (gcomp_comm_residuals_save(comm, NULL, 0, bytes) != GCOMP_SUCCESS || !(blob = malloc(*bytes))) return NULL;
+    if (gcomp_comm_residuals_save(comm, blob, *bytes, bytes) == GCOMP_SUCCESS) return blob;
+    free(blob);
+    return NULL;
+}
+
+/* V_CHECKPOINT, with calls 6.. in flight (req): every checkpoint call is refused, the load
+ * of `early` (the state after call 2, unlike the current one) included, and writes no file.
+ * The first load comes at once; before the others one request is completed (by gcomp_test:
+ * the rest stay in flight) and, with a progress thread, another has run but nobody waited
+ * for it: neither makes a difference. */
+static void checkpoint_in_flight(job *j, gcomp_comm *comm, gcomp_request **req, const uint8_t *early,
+                                 size_t early_bytes, const char *early_path, const char *path)
+{
+    size_t need = 0;
+    uint8_t buf[64];
+    int done = 0;
+    gcomp_result rc;
+    j->refused[0] = gcomp_comm_residuals_load(comm, early, early_bytes); /* at once: call 6 may be running */
+    snprintf(j->refusal, sizeof j->refusal, "%s", gcomp_last_error());
+    while ((rc = gcomp_test(&req[6], &done)) == GCOMP_SUCCESS && !done) usleep(1000);
+    j->rc[6] = rc;
+    for (int t = 0; t < 2000 && !j->no_thread; t++) {
+        pthread_mutex_lock(&comm->q.lock);
+        done = req[7]->done;
+        pthread_mutex_unlock(&comm->q.lock);
+        if (done) break;
+        usleep(1000);
+    }
+    j->refused[1] = gcomp_comm_residuals_save(comm, NULL, 0, &need);
+    j->refused[2] = gcomp_comm_residuals_save(comm, buf, sizeof buf, &need);
+    j->refused[3] = gcomp_comm_residuals_load_file(comm, early_path);
+    j->refused[4] = gcomp_comm_residuals_save_file(comm, path);
+    j->refused[5] = gcomp_comm_residuals_load(comm, early, early_bytes);
+    j->file_written = access(path, F_OK) == 0;
+}
+
+/* V_CHECKPOINT after every call: the state's hash, then a load of `early` must work and give
+ * back exactly that state. */
+static void checkpoint_after(job *j, gcomp_comm *comm, const uint8_t *early, size_t early_bytes)
+{
+    size_t bytes = 0;
+    uint8_t *now = checkpoint(comm, &bytes);
+    j->state_hash = now ? fnv(now, bytes) : 0;
+    free(now);
+    if (j->blocking) return;
+    j->reload = gcomp_comm_residuals_load(comm, early, early_bytes);
+    now = checkpoint(comm, &bytes);
+    j->reload_same = now && bytes == early_bytes && memcmp(now, early, bytes) == 0;
+    free(now);
+}
+
 static void *run_job(void *arg)
 {
     job *j = arg;
@@ -70,7 +137,12 @@ static void *run_job(void *arg)
     gcomp_comm *comm = NULL;
     gcomp_request *req[N_CALLS] = { 0 };
     float *x[N_CALLS], *y[N_CALLS];
-    int n_calls = j->variant == V_MANY ? N_CALLS : 4;
+    int n_calls = j->variant == V_MANY || j->variant == V_CHECKPOINT ? N_CALLS : 4;
+    uint8_t *early = NULL; /* V_CHECKPOINT: the state after call 2 */
+    size_t early_bytes = 0;
+    char early_path[96], path[96];
+    snprintf(early_path, sizeof early_path, "/tmp/gcomp_nb_ckpt_%d_%d_early.bin", (int)getpid(), j->at.rank);
+    snprintf(path, sizeof path, "/tmp/gcomp_nb_ckpt_%d_%d_refused.bin", (int)getpid(), j->at.rank);
     cfg.codec = j->spec;
     cfg.min_bytes = 4096;
     cfg.seed = 3;
@@ -88,8 +160,12 @@ static void *run_job(void *arg)
         size_t count = call_count(i);
         gcomp_op op = j->variant == V_BAD_OP && i == 1 ? GCOMP_OP_COUNT : GCOMP_SUM;
         if (j->variant == V_MISMATCH && i == 2 && j->at.rank == 1) count++;
-        if (j->blocking) {
+        if (j->blocking || (j->variant == V_CHECKPOINT && i < 6)) {
             j->rc[i] = gcomp_allreduce(comm, x[i], y[i], count, GCOMP_F32, op, call_key(i), NULL);
+            if (j->variant == V_CHECKPOINT && i == 2) {
+                early = checkpoint(comm, &early_bytes);
+                if (gcomp_comm_residuals_save_file(comm, early_path) != GCOMP_SUCCESS) j->rc[i] = GCOMP_ERR_INTERNAL;
+            }
         } else if (j->variant == V_MANY && i == 7) {
             /* a blocking call among requests in flight runs after them, in order */
             j->rc[i] = gcomp_allreduce(comm, x[i], y[i], count, GCOMP_F32, GCOMP_SUM, call_key(i), NULL);
@@ -97,7 +173,7 @@ static void *run_job(void *arg)
             j->rc[i] = gcomp_iallreduce(comm, x[i], y[i], count, GCOMP_F32, op, call_key(i), NULL, &req[i]);
             if (j->rc[i] == GCOMP_SUCCESS) j->rc[i] = GCOMP_ERR_INTERNAL; /* until waited */
         }
-        if (i == 0 && !j->blocking && !j->no_thread) {
+        if (i == 0 && req[0] && !j->no_thread) {
             /* the caller "computes": with a progress thread the call completes meanwhile */
             for (int t = 0; t < 400 && !j->progressed; t++) {
                 pthread_mutex_lock(&comm->q.lock);
@@ -108,6 +184,8 @@ static void *run_job(void *arg)
         }
     }
     j->mode = comm->q.mode;
+    if (j->variant == V_CHECKPOINT && !j->blocking)
+        checkpoint_in_flight(j, comm, req, early, early_bytes, early_path, path);
     /* complete them: some by gcomp_test polling, the rest by gcomp_wait in reverse order */
     for (int i = 0; i < n_calls; i += 3) {
         int done = 0;
@@ -126,7 +204,11 @@ static void *run_job(void *arg)
     }
     for (int i = 0; i < n_calls; i++)
         j->hash[i] = j->rc[i] == GCOMP_SUCCESS ? fnv(y[i], call_count(i) * sizeof(float)) : 0;
+    if (j->variant == V_CHECKPOINT) checkpoint_after(j, comm, early, early_bytes);
 out:
+    free(early);
+    unlink(early_path);
+    unlink(path);
     gcomp_comm_destroy(comm);
     for (int i = 0; i < N_CALLS; i++) {
         free(x[i]);
@@ -225,6 +307,44 @@ static void test_bad_argument_in_flight(void **state)
     }
 }
 
+/* Checkpoint calls while requests are in flight (a load used to free the residuals the
+ * progress thread was encoding with, or without a thread to apply before the queued calls):
+ * refused with GCOMP_ERR_INVALID_ARG, the requests' results and the state after them are the
+ * blocking run's bit for bit, and once every request is completed a load works. */
+static void test_checkpoint_while_in_flight(void **state)
+{
+    static const char *const specs[] = { "fp16", "terngrad", "topk:ratio=0.01" };
+    (void)state;
+    for (size_t s = 0; s < sizeof specs / sizeof specs[0]; s++)
+        for (int n = 2; n <= MAX_RANKS; n += 3) {
+            job ref[MAX_RANKS], nb[MAX_RANKS];
+            run(n, specs[s], V_CHECKPOINT, 1, 0, ref);
+            for (int no_thread = 0; no_thread <= 1; no_thread++) {
+                run(n, specs[s], V_CHECKPOINT, 0, no_thread, nb);
+                for (int r = 0; r < n; r++) {
+                    const job *b = &nb[r];
+                    for (int k = 0; k < 6; k++)
+                        if (b->refused[k] != GCOMP_ERR_INVALID_ARG)
+                            fail_msg("%s, %d ranks, %s: rank %d: checkpoint call %d in flight returned %s (%s)",
+                                     specs[s], n, no_thread ? "no thread" : "progress thread", r, k,
+                                     gcomp_result_name(b->refused[k]), b->refusal);
+                    if (!strstr(b->refusal, "gcomp_comm_residuals_load") || !strstr(b->refusal, "in flight"))
+                        fail_msg("rank %d: the refusal says '%s'", r, b->refusal);
+                    assert_false(b->file_written);
+                    for (int i = 0; i < N_CALLS; i++)
+                        if (ref[r].rc[i] != GCOMP_SUCCESS || b->rc[i] != GCOMP_SUCCESS || b->hash[i] != ref[r].hash[i])
+                            fail_msg("%s, %d ranks, %s: rank %d call %d: %s, differs from blocking: %d", specs[s], n,
+                                     no_thread ? "no thread" : "progress thread", r, i, gcomp_result_name(b->rc[i]),
+                                     b->hash[i] != ref[r].hash[i]);
+                    assert_true(ref[r].state_hash != 0);
+                    assert_true(b->state_hash == ref[r].state_hash); /* the refused calls changed nothing */
+                    assert_int_equal(b->reload, GCOMP_SUCCESS);
+                    assert_true(b->reload_same);
+                }
+            }
+        }
+}
+
 static void test_null_arguments(void **state)
 {
     gcomp_request *req = (gcomp_request *)1;
@@ -241,11 +361,9 @@ static void test_null_arguments(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_null_arguments),
-        cmocka_unit_test(test_many_in_flight_match_blocking),
-        cmocka_unit_test(test_stopped_peer_times_out),
-        cmocka_unit_test(test_mismatch_in_flight),
-        cmocka_unit_test(test_bad_argument_in_flight),
+        cmocka_unit_test(test_null_arguments),         cmocka_unit_test(test_many_in_flight_match_blocking),
+        cmocka_unit_test(test_stopped_peer_times_out), cmocka_unit_test(test_mismatch_in_flight),
+        cmocka_unit_test(test_bad_argument_in_flight), cmocka_unit_test(test_checkpoint_while_in_flight),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

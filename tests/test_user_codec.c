@@ -1211,19 +1211,224 @@ static void test_integer_entry_breaking_its_contract(void **state)
     }
 }
 
+/* ---- a failure without a detail --------------------------------------------------------------
+ * "bare" is "none" whose encode (bare_mode 1) or decode_add (bare_mode 2) returns an error
+ * without gcomp_codec_fail, "told" one that calls it. gcomp_last_error() must name the codec
+ * and the entry, never keep an older, unrelated failure's detail; a codec's own detail stays. */
+static const gcomp_codec_vtable *bare_base;
+static _Atomic int bare_mode;
+
+static gcomp_result bare_encode(const void *params, gcomp_encode_ctx *ctx, const float *g, const float *r_in,
+                                float *r_out, size_t count, uint8_t *body, size_t cap, size_t *written, uint32_t *flags)
+{
+    if (bare_mode == 1) return GCOMP_ERR_NOMEM;
+    return bare_base->encode(params, ctx, g, r_in, r_out, count, body, cap, written, flags);
+}
+
+static gcomp_result bare_decode_add(const void *params, uint32_t flags, const uint8_t *body, size_t bytes, float *acc,
+                                    size_t count)
+{
+    if (bare_mode == 2) return GCOMP_ERR_CORRUPT;
+    return bare_base->decode_add(params, flags, body, bytes, acc, count);
+}
+
+static gcomp_result told_encode(const void *params, gcomp_encode_ctx *ctx, const float *g, const float *r_in,
+                                float *r_out, size_t count, uint8_t *body, size_t cap, size_t *written, uint32_t *flags)
+{
+    (void)params, (void)ctx, (void)g, (void)r_in, (void)r_out, (void)count, (void)body, (void)cap, (void)written;
+    (void)flags;
+    return gcomp_codec_fail(GCOMP_ERR_NOMEM, "told: the pool is empty");
+}
+
+/* An unrelated failure first, so that a stale detail would show. */
+static void fail_unrelated(void)
+{
+    gcomp_codec *junk = NULL;
+    assert_int_equal(gcomp_codec_create("topk:ratio=2", NULL, &junk), GCOMP_ERR_INVALID_SPEC);
+    assert_non_null(strstr(gcomp_last_error(), "ratio"));
+}
+
+static void expect_detail(gcomp_result rc, gcomp_result want, const char *words)
+{
+    if (rc != want) fail_msg("%s, expected %s", gcomp_result_name(rc), gcomp_result_name(want));
+    if (!strstr(gcomp_last_error(), words)) fail_msg("gcomp_last_error() is '%s', not '%s'", gcomp_last_error(), words);
+}
+
+typedef struct bare_job {
+    loop_rank at; /* first: loop_run_world fills it */
+    gcomp_result rc;
+    char msg[512];
+} bare_job;
+
+/* bare_mode 1: the encode fails inside the engine, on every rank. */
+static void *bare_rank(void *arg)
+{
+    bare_job *j = arg;
+    gcomp_config cfg = gcomp_config_default();
+    gcomp_comm *comm = NULL;
+    float x[3000] = { 0 }, y[3000];
+    cfg.codec = "bare";
+    cfg.min_bytes = 0;
+    cfg.timeout_ms = 20000;
+    j->rc = gcomp__comm_create_loop(j->at.w, j->at.rank, &cfg, &comm);
+    if (j->rc == GCOMP_SUCCESS) {
+        gcomp_codec *junk = NULL;
+        gcomp_codec_create("topk:ratio=2", NULL, &junk); /* an older, unrelated failure */
+        j->rc = gcomp_allreduce(comm, x, y, 3000, GCOMP_F32, GCOMP_SUM, 1, NULL);
+    }
+    snprintf(j->msg, sizeof j->msg, "%s", gcomp_last_error());
+    gcomp_comm_destroy(comm);
+    return NULL;
+}
+
+static void test_codec_failure_without_detail(void **state)
+{
+    static gcomp_codec_vtable vt, told; /* the registry keeps the pointers */
+    float x[64] = { 1.0f }, acc[64] = { 0 };
+    uint8_t buf[512];
+    size_t bytes = 0;
+    gcomp_codec *c;
+    (void)state;
+    bare_base = register_none_variant(&vt, "bare", 214, bare_encode);
+    vt.decode_add = bare_decode_add; /* read at each call: the registry holds &vt */
+    register_none_variant(&told, "told", 215, told_encode);
+
+    c = codec_with("bare", 1, 0);
+    fail_unrelated();
+    bare_mode = 1;
+    expect_detail(gcomp_codec_encode(c, 1, x, 64, GCOMP_F32, buf, sizeof buf, &bytes), GCOMP_ERR_NOMEM,
+                  "codec 'bare': encode returned GCOMP_ERR_NOMEM (the codec gave no detail)");
+    bare_mode = 0;
+    assert_int_equal(gcomp_codec_encode(c, 1, x, 64, GCOMP_F32, buf, sizeof buf, &bytes), GCOMP_SUCCESS);
+    fail_unrelated();
+    bare_mode = 2;
+    expect_detail(gcomp_codec_decode_add(c, buf, bytes, acc, 64), GCOMP_ERR_CORRUPT,
+                  "codec 'bare': decode_add returned GCOMP_ERR_CORRUPT (the codec gave no detail)");
+    bare_mode = 0;
+    gcomp_codec_destroy(c);
+
+    c = codec_with("told", 1, 0);
+    fail_unrelated();
+    expect_detail(gcomp_codec_encode(c, 1, x, 64, GCOMP_F32, buf, sizeof buf, &bytes), GCOMP_ERR_NOMEM,
+                  "told: the pool is empty");
+    gcomp_codec_destroy(c);
+
+    /* through the engine: rank 0's encode fails, every rank fails the call, and rank 0's
+     * detail names the entry */
+    bare_mode = 1;
+    for (int n = 2; n <= 3; n++) {
+        bare_job jobs[3];
+        memset(jobs, 0, sizeof jobs);
+        loop_run_world(n, bare_rank, jobs, sizeof jobs[0]);
+        for (int r = 0; r < n; r++)
+            if (jobs[r].rc != GCOMP_ERR_NOMEM)
+                fail_msg("%d ranks, rank %d: %s (%s)", n, r, gcomp_result_name(jobs[r].rc), jobs[r].msg);
+        if (!strstr(jobs[0].msg, "encode returned GCOMP_ERR_NOMEM (the codec gave no detail)"))
+            fail_msg("%d ranks: rank 0's message is '%s'", n, jobs[0].msg);
+    }
+    bare_mode = 0;
+}
+
+/* ---- a sparse codec whose k breaks its contract -------------------------------------------------
+ * "hostk" is top-k whose sparse_k returns more than count: count + 5 (hostk_mode 1), or 2^62 + 1
+ * (2), whose product with the ranks and the pair size wrapped to a few bytes, and the codec
+ * was handed a pair buffer of that many (a heap overflow). Every rank must refuse the call with
+ * GCOMP_ERR_INTERNAL naming the codec and sparse_k, and the next honest call works. */
+static const gcomp_codec_vtable *hostk_base;
+static _Atomic int hostk_mode;
+static pthread_barrier_t hostk_barrier; /* the world's ranks, between the two calls */
+#define HOSTK_N 3000                    /* ratio 0.01: 30 pairs, the gather */
+
+static size_t hostk_k(const void *params, size_t count)
+{
+    if (hostk_mode == 1) return count + 5;
+    if (hostk_mode == 2) return ((size_t)1 << 62) + 1;
+    return hostk_base->sparse_k(params, count);
+}
+
+typedef struct hostk_job {
+    loop_rank at; /* first: loop_run_world fills it */
+    gcomp_result rc[2];
+    char msg[512];
+} hostk_job;
+
+static void *hostk_rank(void *arg)
+{
+    hostk_job *j = arg;
+    gcomp_config cfg = gcomp_config_default();
+    gcomp_comm *comm = NULL;
+    float *x = calloc(HOSTK_N, sizeof(float)), *y = calloc(HOSTK_N, sizeof(float));
+    for (size_t i = 0; i < HOSTK_N; i++) x[i] = (float)(i % 7) + (float)j->at.rank;
+    cfg.codec = "hostk:ratio=0.01";
+    cfg.min_bytes = 0;
+    cfg.timeout_ms = 20000;
+    j->rc[0] = j->rc[1] = gcomp__comm_create_loop(j->at.w, j->at.rank, &cfg, &comm);
+    if (j->rc[0] == GCOMP_SUCCESS) j->rc[0] = gcomp_allreduce(comm, x, y, HOSTK_N, GCOMP_F32, GCOMP_SUM, 1, NULL);
+    snprintf(j->msg, sizeof j->msg, "%s", gcomp_last_error());
+    /* the honest call after it: the mode is shared, so every rank makes the first call first */
+    pthread_barrier_wait(&hostk_barrier);
+    if (j->at.rank == 0) hostk_mode = 0;
+    pthread_barrier_wait(&hostk_barrier);
+    if (j->rc[1] == GCOMP_SUCCESS) j->rc[1] = gcomp_allreduce(comm, x, y, HOSTK_N, GCOMP_F32, GCOMP_SUM, 1, NULL);
+    gcomp_comm_destroy(comm);
+    free(x);
+    free(y);
+    return NULL;
+}
+
+static void test_sparse_k_more_than_count(void **state)
+{
+    static gcomp_codec_vtable vt; /* the registry keeps the pointer */
+    (void)state;
+    hostk_base = gcomp_codec_find("topk");
+    vt = *hostk_base;
+    vt.name = "hostk";
+    vt.wire_id = 216;
+    vt.sparse_k = hostk_k;
+    vt.cuda = NULL;
+    assert_int_equal(gcomp_codec_register(&vt), GCOMP_SUCCESS);
+    for (int mode = 1; mode <= 2; mode++)
+        for (int n = 2; n <= 3; n++) {
+            hostk_job jobs[3];
+            memset(jobs, 0, sizeof jobs);
+            hostk_mode = mode;
+            assert_int_equal(pthread_barrier_init(&hostk_barrier, NULL, (unsigned)n), 0);
+            loop_run_world(n, hostk_rank, jobs, sizeof jobs[0]);
+            pthread_barrier_destroy(&hostk_barrier);
+            for (int r = 0; r < n; r++) {
+                if (jobs[r].rc[0] != GCOMP_ERR_INTERNAL || !strstr(jobs[r].msg, "hostk") ||
+                    !strstr(jobs[r].msg, "sparse_k"))
+                    fail_msg("mode %d, %d ranks, rank %d: %s (%s), expected GCOMP_ERR_INTERNAL naming hostk's sparse_k",
+                             mode, n, r, gcomp_result_name(jobs[r].rc[0]), jobs[r].msg);
+                if (jobs[r].rc[1] != GCOMP_SUCCESS)
+                    fail_msg("mode %d, %d ranks, rank %d: the honest call after it gave %s", mode, n, r,
+                             gcomp_result_name(jobs[r].rc[1]));
+            }
+        }
+    hostk_mode = 0;
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_found_and_listed),         cmocka_unit_test(test_spec_and_round_trip),
-        cmocka_unit_test(test_default_and_bad_params),   cmocka_unit_test(test_deterministic_choice),
-        cmocka_unit_test(test_error_feedback),           cmocka_unit_test(test_chains),
-        cmocka_unit_test(test_corrupt_payloads),         cmocka_unit_test(test_register_errors),
-        cmocka_unit_test(test_register_param_tables),    cmocka_unit_test(test_register_valid_table),
-        cmocka_unit_test(test_integer_entries_required), cmocka_unit_test(test_user_integer_codec_ring),
+        cmocka_unit_test(test_found_and_listed),
+        cmocka_unit_test(test_spec_and_round_trip),
+        cmocka_unit_test(test_default_and_bad_params),
+        cmocka_unit_test(test_deterministic_choice),
+        cmocka_unit_test(test_error_feedback),
+        cmocka_unit_test(test_chains),
+        cmocka_unit_test(test_corrupt_payloads),
+        cmocka_unit_test(test_register_errors),
+        cmocka_unit_test(test_register_param_tables),
+        cmocka_unit_test(test_register_valid_table),
+        cmocka_unit_test(test_integer_entries_required),
+        cmocka_unit_test(test_user_integer_codec_ring),
         cmocka_unit_test(test_register_spec_length),
         cmocka_unit_test(test_rank_keyed_summable_codec),
         cmocka_unit_test(test_codec_breaking_its_contract),
         cmocka_unit_test(test_integer_entry_breaking_its_contract),
+        cmocka_unit_test(test_codec_failure_without_detail),
+        cmocka_unit_test(test_sparse_k_more_than_count),
     };
     return cmocka_run_group_tests(tests, group_setup, NULL);
 }
