@@ -482,7 +482,7 @@ class Comm(_Handle):
         current stream of the tensors' device; or a torch.cuda.Stream, or a raw cudaStream_t
         int): like torch's collectives, the result is ready for work enqueued on that stream
         after the call (synchronise it before reading the result from the host)."""
-        s, r, o, k = self._call_args(x, out, op, key, stream, host_only=False)
+        s, r, o, k = self._call_args(x, out, op, key, stream, "allreduce")
         if s.device is None:
             with self._use() as h:
                 _check(_lib.allreduce(h, s.ptr, r.ptr, s.count, s.dtype, o, k, None),
@@ -513,7 +513,7 @@ class Comm(_Handle):
         and the residual methods refuse while requests are in flight; close() completes
         them first."""
         _need(_lib.iallreduce, "gcomp_iallreduce")
-        s, r, o, k = self._call_args(x, out, op, key, None, host_only=True)
+        s, r, o, k = self._call_args(x, out, op, key, None, "iallreduce")
         req = ctypes.c_void_p()
         with self._use() as h:
             _check(_lib.iallreduce(h, s.ptr, r.ptr, s.count, s.dtype, o, k, None,
@@ -532,16 +532,17 @@ class Comm(_Handle):
             raise ValueError("Comm.%s: %d iallreduce request(s) in flight; wait() for them first"
                              % (what, len(self._pending)))
 
-    def _call_args(self, x, out, op, key, stream, host_only):
-        """The checked buffers, op and key of an allreduce or iallreduce; what is refused here
-        is refused on every rank (_refuse_call)."""
+    def _call_args(self, x, out, op, key, stream, call):
+        """The checked buffers, op and key of an allreduce or iallreduce (call: which one, for
+        the messages; iallreduce takes host buffers only); what is refused here is refused on
+        every rank (_refuse_call)."""
         try:
-            s, r = self._bufs(x, out)
+            s, r = self._bufs(x, out, "Comm." + call)
             o, k = _op(op), _key(key)
             if s.device is None and stream is not None:
                 raise ValueError("Comm.allreduce: stream goes with CUDA tensors; these buffers "
                                  "are in host memory")
-            if host_only and s.device is not None:
+            if call == "iallreduce" and s.device is not None:
                 raise NotImplementedError("Comm.iallreduce: CUDA tensors go through allreduce "
                                           "(its stream orders them); iallreduce takes host "
                                           "buffers")
@@ -561,29 +562,29 @@ class Comm(_Handle):
         with self._use() as h:
             _lib.allreduce(h, None, None, 1, F32, SUM, KEY_NONE, None)
 
-    def _bufs(self, x, out):
-        """The checked input and output of an allreduce, on the memory this Comm takes."""
-        s = _buffers.buf(x, "Comm.allreduce input", writable=out is None)
-        r = s if out is None else _buffers.buf(out, "Comm.allreduce out", writable=True)
+    def _bufs(self, x, out, what):
+        """The checked input and output of an allreduce, on the memory this Comm takes; what
+        names the call in the messages ("Comm.allreduce", "Comm.iallreduce")."""
+        s = _buffers.buf(x, what + " input", writable=out is None)
+        r = s if out is None else _buffers.buf(out, what + " out", writable=True)
         if r is not s:
             if r.count != s.count:
-                raise ValueError("Comm.allreduce: out has %d elements, input %d"
-                                 % (r.count, s.count))
+                raise ValueError("%s: out has %d elements, input %d" % (what, r.count, s.count))
             if r.dtype != s.dtype:
-                raise TypeError("Comm.allreduce: out is %s, input %s"
-                                % (_DTYPE_NAMES[r.dtype], _DTYPE_NAMES[s.dtype]))
+                raise TypeError("%s: out is %s, input %s"
+                                % (what, _DTYPE_NAMES[r.dtype], _DTYPE_NAMES[s.dtype]))
             if s.overlaps(r):
                 # the schedules read the input after writing parts of the output
-                raise ValueError("Comm.allreduce: out overlaps the input without being it; "
-                                 "reduce in place (out=None) or into separate memory")
+                raise ValueError("%s: out overlaps the input without being it; reduce in "
+                                 "place (out=None) or into separate memory" % what)
         if s.device != r.device:
-            raise ValueError("Comm.allreduce: the input is in %s, out in %s: pass both on the "
-                             "same device" % (_where(s), _where(r)))
+            raise ValueError("%s: the input is in %s, out in %s: pass both on the same device"
+                             % (what, _where(s), _where(r)))
         if self._device is not None and s.device != self._device:
-            raise ValueError("Comm.allreduce: the buffers are in %s, but this NCCL Comm "
+            raise ValueError("%s: the buffers are in %s, but this NCCL Comm "
                              "reduces tensors on %s (NCCL moves device memory of its own "
                              "device only): pass x.to(%r), or use an MPI Comm for host buffers"
-                             % (_where(s), self._device, str(self._device)))
+                             % (what, _where(s), self._device, str(self._device)))
         return s, r
 
     @contextlib.contextmanager

@@ -61,7 +61,15 @@ How it works
     difference). Velocities are kept per bucket layout, keyed like the residuals; when DDP
     rebuilds its buckets each parameter's velocity moves with it into its new bucket, and a
     resumed run's first (initial) layout takes each parameter's saved velocity. A resumed run
-    continues bit for bit under the same conditions as the residuals (below).
+    continues bit for bit under the same conditions as the residuals (below). A step whose
+    reduced result holds NaN or Inf (an overflow under a loss scaler, which then skips the
+    step) leaves the bucket's velocity as it was, as the library leaves the residual: the
+    new velocity is kept beside the old one until the bucket's result is known (so one
+    velocity's worth of memory more per bucket), then taken only if the result is finite.
+    The result is the same on every rank, so every rank decides the same with no collective
+    of the hook's own; CUDA buckets decide with a torch.where on the device (no host
+    synchronisation). Per bucket, as the residual: a bucket whose result was finite in a
+    skipped step keeps its new velocity.
     Momentum factor masking is not done. What differs from SGD's own momentum: the
     optimizer's weight_decay (and nesterov, dampening) act outside the velocity, so run them
     as usual only if that is what you want (DGC adds the weight decay to the gradient before
@@ -71,7 +79,13 @@ How it works
     counter counts hook rounds (calls with bucket.is_last()), and residuals stay per bucket.
   - state_dict()/load_state_dict() (and pickling) carry the counters, the bucket layouts and
     the residuals (through the library's residual checkpoint), so a resumed run continues
-    bit for bit.
+    bit for bit. load_state_dict refuses what state_dict() never writes (two layouts of a
+    bucket sharing a generation, parameter numbers or offsets that are not the layout's,
+    bools or floats where integers go, a field its version always holds missing, a NaN or
+    Inf velocity). It is not collective and cannot see the other ranks: every rank must
+    load its own rank's state dict of the same step (see the README).
+  - A state dropped without close() is closed by its __del__ (the worker thread holds the
+    queue only, not the state), as a gcomp.Comm is.
   - CUDA buckets with an MPI state (backend "mpi", e.g. DDP over gloo under mpirun) take the
     same caller-stream path; the library stages them through host memory. One state serves
     the buckets of one DDP model, all on one device: CPU buckets (worker thread) and CUDA
@@ -80,6 +94,7 @@ How it works
     on another GPU than its own, a meta tensor) is refused with ValueError naming both.
 """
 import atexit
+import math
 import numbers
 import os
 import queue
@@ -100,6 +115,40 @@ __all__ = ["GcompHookState", "hook"]
 # parameters (by number) and the velocities' placement is saved (2 loads: its layouts by
 # shapes are taken for the first layout of each bucket that matches them)
 _STATE_VERSION = 3
+
+
+class _Pending:
+    """A bucket's velocity step (momentum correction) until its reduced result is known.
+
+    old is the velocity before the step, new = momentum * old + gradient, which the bucket
+    carries into the reduction. A step whose reduced result holds NaN or Inf (a loss scaler
+    skips it) must leave the velocity as it was, as the library leaves the residual:
+    otherwise u = m u + g keeps the Inf for ever and every later step is non-finite too. The
+    reduced result is the same on every rank (gcomp's, and the plain allreduce's), so every
+    rank decides the same without a collective of its own. note() is called with the result
+    where it is known (the worker thread, a torch future's callback, or the caller for CUDA
+    buckets), fail() when the call failed; velocity() then says which one the bucket keeps.
+    For a CUDA bucket finite is a device tensor and the choice a torch.where on the current
+    stream: no host synchronisation.
+    """
+    __slots__ = ("old", "new", "finite")
+
+    def __init__(self, old, new):
+        self.old, self.new, self.finite = old, new, None
+
+    def note(self, result):
+        self.finite = torch.isfinite(result).all()
+
+    def fail(self):
+        self.finite = False
+
+    def velocity(self):
+        f = self.finite
+        if isinstance(f, torch.Tensor):
+            if f.device.type != "cpu":
+                return torch.where(f, self.new, self.old)
+            f = bool(f)
+        return self.new if f else self.old
 
 
 class GcompHookState:
@@ -162,6 +211,7 @@ class GcompHookState:
         self._velocity = {}  # bucket key -> velocity tensor (momentum > 0)
         self._where = {}  # parameter number -> (bucket key, offset) of its velocity
         self._ids = {}  # bucket key -> numbers of the parameters its velocity holds, in order
+        self._pending = {}  # bucket key -> _Pending: its step's velocity, result not seen yet
         if backend == "nccl":
             self.comm = gcomp.Comm(comm, codec=codec, min_bytes=min_bytes,
                                    error_feedback=error_feedback, seed=seed,
@@ -186,30 +236,22 @@ class GcompHookState:
         _live_states.add(self)
         if self.comm.device is None and _mpi_thread_multiple():  # CPU buckets (MPI): the worker
             self._queue = queue.Queue()
-            self._thread = threading.Thread(target=self._work, name="gcomp-ddp-hook",
-                                            daemon=True)
+            # the worker gets the queue only, never the state: a thread's target holds its
+            # arguments until it ends, and a bound method there would keep a state dropped
+            # without close() (its communicator, MPI duplicate and thread) alive until exit
+            self._thread = threading.Thread(target=_work, args=(self._queue,),
+                                            name="gcomp-ddp-hook", daemon=True)
             self._thread.start()
 
     # ---- the worker ------------------------------------------------------------------------
 
-    def _work(self):
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            fn, fut = item
-            try:
-                result = fn()
-            except Exception as exc:  # noqa: B902 - handed to the waiting side
-                fut.set_exception(exc)
-            except BaseException as exc:  # noqa: B902 - SystemExit...: torch's futures take
-                fut.set_exception(RuntimeError(repr(exc)))  # Exceptions only; never leave one open
-            else:
-                fut.set_result(result)
-
-    def _submit(self, fn):
+    def _open(self):
+        # every public method says which object was closed (not the gcomp.Comm inside it)
         if self._closed:
             raise ValueError("GcompHookState used after close()")
+
+    def _submit(self, fn):
+        self._open()
         fut = torch.futures.Future()
         if self._thread is None:  # no worker (MPI below MPI_THREAD_MULTIPLE): on this thread
             try:
@@ -226,8 +268,7 @@ class GcompHookState:
         caller's thread, and gcomp.Comm waits for the device before stats and residuals; MPI
         below MPI_THREAD_MULTIPLE, where every call ran on DDP's thread)."""
         if self._thread is None:
-            if self._closed:
-                raise ValueError("GcompHookState used after close()")
+            self._open()
             return fn()
         return self._submit(fn).wait()
 
@@ -262,8 +303,12 @@ class GcompHookState:
         return (gens[sig] << 32) | idx
 
     def _with_momentum(self, key, bucket, grad):
-        """u = momentum * u + grad for the bucket's velocity, written into grad (the bucket's
-        buffer, which is what gets reduced); on grad's device and current stream."""
+        """momentum * u + grad for the bucket's velocity u, written into grad (the bucket's
+        buffer, which is what gets reduced); on grad's device and current stream. u itself
+        stays the bucket's velocity until the reduced result is known: the returned
+        _Pending takes the new one then if the result is finite, and keeps u if not (see
+        _Pending)."""
+        self._settle()
         params = bucket.parameters()
         ids = self._param_numbers(params)
         u = self._velocity.get(key)
@@ -275,11 +320,24 @@ class GcompHookState:
             u = self._velocity_of_layout(params, ids, grad)
         elif u.device != grad.device:  # loaded from a state dict: on the CPU
             u = u.to(grad.device)
-        u.mul_(self.momentum).add_(grad)
-        grad.copy_(u)
+        new = torch.mul(u, self.momentum).add_(grad)  # the bits of u.mul_(m).add_(grad)
+        grad.copy_(new)
         self._velocity[key] = u
         if self._ids.get(key) != ids:
             self._place(key, params, ids)
+        pending = self._pending[key] = _Pending(u, new)
+        return pending
+
+    def _settle(self):
+        """Give each bucket whose reduced result is known its velocity of that step (on the
+        caller's thread: the worker and torch's callbacks only mark the _Pending). One whose
+        result is not known yet (its call still queued) is left for the next time."""
+        for key, p in list(self._pending.items()):
+            if p.finite is None:
+                continue
+            del self._pending[key]
+            if self._velocity.get(key) is p.old:  # not replaced since (load_state_dict)
+                self._velocity[key] = p.velocity()
 
     def _velocity_of_layout(self, params, ids, grad):
         """The velocity of a layout without one: each parameter's slice comes from where that
@@ -315,14 +373,22 @@ class GcompHookState:
 
     def stats(self):
         """gcomp's counters for the compressed iterations (a dict, see gcomp.Comm.stats)."""
+        self._open()
         return self._call(self.comm.stats)
 
     def stats_reset(self):
+        self._open()
         self._call(self.comm.stats_reset)
 
     def state_dict(self):
         """Everything a resumed run needs, residuals included. Call between iterations; it
         waits for queued allreduces first. Each rank saves its own (residuals differ)."""
+        self._open()
+        # None with error feedback off: there is nothing to carry, and the library refuses
+        # to load residuals into such a communicator. Either way the queued allreduces are
+        # done before the velocities are read, so their steps are settled.
+        residuals = self._call(self.comm.save_residuals) if self._ef else self._call(_nothing)
+        self._settle()
         return {
             "version": _STATE_VERSION,
             "codec": self.comm.codec,
@@ -333,126 +399,187 @@ class GcompHookState:
             "velocity": {k: u.detach().to("cpu", copy=True) for k, u in self._velocity.items()},
             "where": dict(self._where),  # parameter number -> (key, offset) of its velocity
             "ids": dict(self._ids),  # key -> the numbers of its velocity's parameters
-            # None with error feedback off: there is nothing to carry, and the library
-            # refuses to load residuals into such a communicator.
-            "residuals": self._call(self.comm.save_residuals) if self._ef else None,
+            "residuals": residuals,
         }
 
     def load_state_dict(self, sd):
         """Take a state_dict() of the same codec and error-feedback setting. All or nothing:
-        every field is checked before anything is replaced, and the residuals (the only part
-        the library has to accept) are loaded before the Python fields, which cannot fail;
-        a refused state dict (ValueError, TypeError, GcompError) leaves this state as it was."""
-        start_iter, it, layout, residuals = self._check_state_dict(sd)
-        velocity = self._check_velocity(sd, layout)
-        where, ids = self._check_placement(sd, velocity)
+        every field is checked, each on its own and against the others as state_dict()
+        writes them, before anything is replaced, and the residuals (the only part the
+        library has to accept) are loaded before the Python fields, which cannot fail; a
+        refused state dict (ValueError, TypeError, GcompError) leaves this state as it was.
+        Not collective: every rank loads its own rank's state dict of the same step (see
+        the README: ranks at different iterations are not detected)."""
+        self._open()
+        version, start_iter, it, layout, residuals = self._check_state_dict(sd)
+        velocity = self._check_velocity(sd, version, layout)
+        where, ids = self._check_placement(sd, version, layout, velocity)
         if self._ef:
-            self._call(lambda: self.comm.load_residuals(residuals))  # all or nothing in C
+            comm = self.comm
+            self._call(lambda: comm.load_residuals(residuals))  # all or nothing in C
         self.start_iter, self.iter, self._layout = start_iter, it, layout
         self._velocity, self._where, self._ids = velocity, where, ids
+        self._pending = {}  # steps in flight (none between iterations) belong to the old state
 
     def _check_state_dict(self, sd):
-        what = "GcompHookState.load_state_dict"
+        """The version, counters, layouts and residuals of a state dict, checked."""
         if not isinstance(sd, dict):
             raise TypeError("%s: expected a dict from state_dict(), got %s"
-                            % (what, type(sd).__name__))
+                            % (_LOAD, type(sd).__name__))
         missing = [k for k in ("version", "codec", "start_iter", "iter", "layout", "residuals")
                    if k not in sd]
         if missing:
-            raise ValueError("%s: the state dict lacks %s" % (what, ", ".join(missing)))
-        if sd["version"] not in (1, 2, _STATE_VERSION):
-            raise ValueError("%s: state version %r, expected 1 to %d"
-                             % (what, sd["version"], _STATE_VERSION))
+            raise ValueError("%s: the state dict lacks %s" % (_LOAD, ", ".join(missing)))
+        # an int, as state_dict() writes it: True or 3.0 is no version
+        version = _args.int_arg(_LOAD + ": state version", sd["version"], 1, _STATE_VERSION)
+        # what each version's state_dict() always holds: a missing one is not a default
+        missing = [k for k, since in (("momentum", 2), ("velocity", 2), ("where", 3), ("ids", 3))
+                   if version >= since and k not in sd]
+        if missing:
+            raise ValueError("%s: the state dict lacks %s, which every version-%d state dict "
+                             "holds" % (_LOAD, ", ".join(missing), version))
         if sd["codec"] != self.comm.codec:
             raise ValueError("%s: saved with codec %r, this state uses %r"
-                             % (what, sd["codec"], self.comm.codec))
+                             % (_LOAD, sd["codec"], self.comm.codec))
         residuals = sd["residuals"]
         if (residuals is None) == self._ef:
             raise ValueError("%s: saved with error feedback %s, this state has it %s"
-                             % (what, "off" if residuals is None else "on",
+                             % (_LOAD, "off" if residuals is None else "on",
                                 "on" if self._ef else "off"))
         if residuals is not None and not isinstance(residuals, (bytes, bytearray)):
             raise TypeError("%s: residuals must be bytes (Comm.save_residuals), got %s"
-                            % (what, type(residuals).__name__))
-        start_iter = _args.int_arg(what + ": start_iter", sd["start_iter"], 0, _args.INT64_MAX)
-        it = _args.int_arg(what + ": iter", sd["iter"], 0, _args.INT64_MAX)
-        return start_iter, it, self._check_layout(what, sd["layout"]), residuals
+                            % (_LOAD, type(residuals).__name__))
+        start_iter = _args.int_arg(_LOAD + ": start_iter", sd["start_iter"], 0, _args.INT64_MAX)
+        it = _args.int_arg(_LOAD + ": iter", sd["iter"], 0, _args.INT64_MAX)
+        return version, start_iter, it, self._check_layout(sd["layout"], version), residuals
 
-    def _check_velocity(self, sd, layout):
+    def _check_velocity(self, sd, version, layout):
         """The saved velocities ({bucket key: tensor}), checked against this state's
         momentum and against the bucket layouts of the same state dict (each velocity a dense
-        1-D tensor of its layout's element count and dtype); a version-1 state dict has none
-        and means momentum 0. Returns copies."""
-        what = "GcompHookState.load_state_dict"
-        momentum = sd.get("momentum", 0.0) if sd["version"] >= 2 else 0.0
-        velocity = sd.get("velocity", {}) if sd["version"] >= 2 else {}
+        1-D tensor of its layout's element count and dtype, finite: state_dict() never
+        holds a NaN or Inf, since a non-finite step leaves the velocity as it was, and one
+        would make every later step non-finite); a version-1 state dict has none and means
+        momentum 0. Returns copies."""
+        if version < 2:
+            if self.momentum:
+                raise ValueError("%s: a version-1 state dict was saved without momentum "
+                                 "correction (it loads into a state of momentum 0), this state "
+                                 "uses %r" % (_LOAD, self.momentum))
+            return {}
+        momentum = _momentum_arg(_LOAD + ": momentum", sd["momentum"])
+        velocity = sd["velocity"]
         if momentum != self.momentum:
             raise ValueError("%s: saved with momentum %r, this state uses %r"
-                             % (what, momentum, self.momentum))
+                             % (_LOAD, momentum, self.momentum))
         if not isinstance(velocity, dict):
-            raise TypeError("%s: velocity must be a dict, got %s" % (what, type(velocity).__name__))
+            raise TypeError("%s: velocity must be a dict, got %s" % (_LOAD, type(velocity).__name__))
         if velocity and not self.momentum:
-            raise ValueError("%s: velocities saved by a state without momentum" % what)
+            raise ValueError("%s: velocities saved by a state without momentum" % _LOAD)
         out = {}
         for k, u in velocity.items():
-            key = _args.int_arg(what + ": velocity key", k, 0, _args.KEY_NONE - 1)
+            key = _args.int_arg(_LOAD + ": velocity key", k, 0, _args.KEY_NONE - 1)
             if not isinstance(u, torch.Tensor):
                 raise TypeError("%s: velocity of key %d must be a tensor, got %s"
-                                % (what, key, type(u).__name__))
+                                % (_LOAD, key, type(u).__name__))
             if not u.is_floating_point() or u.layout != torch.strided or u.device.type == "meta":
                 raise TypeError("%s: velocity of key %d must be a dense floating-point tensor with "
-                                "data, got %s %s on %s" % (what, key, u.layout, u.dtype, u.device))
-            sig = next((s for s, g in layout.get(key & 0xffffffff, {}).items()
-                        if g == key >> 32), None)
-            if not (isinstance(sig, tuple) and len(sig) >= 2) or \
-                    u.dim() != 1 or u.numel() != sig[0] or str(u.dtype) != sig[1]:
+                                "data, got %s %s on %s" % (_LOAD, key, u.layout, u.dtype, u.device))
+            sig = _layout_of(layout, key)
+            if sig is None or u.dim() != 1 or u.numel() != sig[0] or str(u.dtype) != sig[1]:
                 raise ValueError("%s: velocity of key %d (%s, %s) does not match a bucket layout "
-                                 "of the state dict (%s)" % (what, key, tuple(u.shape), u.dtype,
+                                 "of the state dict (%s)" % (_LOAD, key, tuple(u.shape), u.dtype,
                                                              "none" if sig is None else sig[:2]))
-            out[key] = u.detach().clone()
+            if not bool(torch.isfinite(u).all()):
+                raise ValueError("%s: velocity of key %d holds NaN or Inf; state_dict() never "
+                                 "saves one (a step whose result is non-finite leaves the "
+                                 "velocity as it was), and every later step would be "
+                                 "non-finite" % (_LOAD, key))
+            out[key] = u.detach().clone(memory_format=torch.contiguous_format)
         return out
 
     @staticmethod
-    def _check_placement(sd, velocity):
+    def _check_placement(sd, version, layout, velocity):
         """Where each parameter's velocity is ({number: (key, offset)}) and which parameters
-        each velocity holds ({key: numbers}), checked against the saved velocities; empty
-        before version 3, whose velocities are then taken as they are."""
-        what = "GcompHookState.load_state_dict"
-        if sd["version"] < 3:
+        each velocity holds ({key: numbers}), checked against the saved layouts and
+        velocities as state_dict() writes them: a key's numbers are its layout's, in its
+        order; a parameter's offset is where its layout puts it; a velocity names its
+        parameters exactly when some parameter's velocity is in it, and every velocity of a
+        layout that names its parameters does. Empty before version 3, whose velocities are
+        then taken as they are."""
+        if version < 3:
             return {}, {}
-        where, ids = sd.get("where", {}), sd.get("ids", {})
+        where, ids = sd["where"], sd["ids"]
         if not isinstance(where, dict) or not isinstance(ids, dict):
-            raise TypeError("%s: where and ids must be dicts" % what)
-        out_where, out_ids = {}, {}
+            raise TypeError("%s: where and ids must be dicts, got %s and %s"
+                            % (_LOAD, type(where).__name__, type(ids).__name__))
+        out_ids, offsets = {}, {}
         for k, nums in ids.items():
-            key = _args.int_arg(what + ": ids key", k, 0, _args.KEY_NONE - 1)
-            if key not in velocity or not isinstance(nums, tuple) or \
-                    not all(isinstance(n, int) and n >= 0 for n in nums):
-                raise ValueError("%s: ids of key %d do not name a saved velocity's parameters"
-                                 % (what, key))
+            key = _args.int_arg(_LOAD + ": ids key", k, 0, _args.KEY_NONE - 1)
+            sig = _layout_of(layout, key)
+            if key not in velocity or sig is None or len(sig) != 4:
+                raise ValueError("%s: ids of key %d, which has no saved velocity of a layout "
+                                 "naming its parameters" % (_LOAD, key))
+            if not (isinstance(nums, tuple) and all(_is_int(n) for n in nums)) or nums != sig[3]:
+                raise ValueError("%s: ids of key %d must be the numbers of its layout's "
+                                 "parameters, %r, got %r" % (_LOAD, key, sig[3], nums))
+            sizes = [math.prod(shape) for shape in sig[2]]
+            if sum(sizes) > velocity[key].numel():
+                raise ValueError("%s: the parameters of key %d hold %d elements, its velocity %d"
+                                 % (_LOAD, key, sum(sizes), velocity[key].numel()))
             out_ids[key] = nums
+            offsets[key] = {n: sum(sizes[:i]) for i, n in enumerate(nums)}
+        out_where = {}
         for n, place in where.items():
-            if not (isinstance(n, int) and n >= 0 and isinstance(place, tuple) and len(place) == 2
-                    and place[0] in velocity and isinstance(place[1], int)
-                    and 0 <= place[1] <= velocity[place[0]].numel()):  # <=: an empty parameter last
-                raise ValueError("%s: where of parameter %r is not in a saved velocity" % (what, n))
-            out_where[n] = place
+            if not (_is_int(n) and isinstance(place, tuple) and len(place) == 2
+                    and all(_is_int(v) for v in place)):
+                raise TypeError("%s: where maps a parameter number to (key, offset), integers; "
+                                "got %r: %r" % (_LOAD, n, place))
+            key, off = place
+            if n < 0:
+                raise ValueError("%s: where of parameter %d: numbers are not negative" % (_LOAD, n))
+            if key not in out_ids or n not in offsets[key]:
+                raise ValueError("%s: where puts parameter %d in the velocity of key %d, which "
+                                 "does not hold it (ids)" % (_LOAD, n, key))
+            if off != offsets[key][n]:
+                raise ValueError("%s: where puts parameter %d at offset %d of key %d's velocity; "
+                                 "its layout has it at %d" % (_LOAD, n, off, key, offsets[key][n]))
+            out_where[n] = (key, off)
+        unused = sorted(set(out_ids) - {key for key, _ in out_where.values()})
+        if unused:
+            raise ValueError("%s: ids of key(s) %s, whose velocity holds no parameter's (where)"
+                             % (_LOAD, ", ".join(map(str, unused))))
+        unnamed = sorted(k for k in velocity if k not in out_ids and len(_layout_of(layout, k)) == 4)
+        if unnamed:
+            raise ValueError("%s: velocity of key(s) %s, of a layout naming its parameters, "
+                             "without its ids" % (_LOAD, ", ".join(map(str, unnamed))))
         return out_where, out_ids
 
     @staticmethod
-    def _check_layout(what, layout):
+    def _check_layout(layout, version):
         """{bucket index: {layout signature: generation}} with both numbers fitting the key
-        (generation << 32) | index below GCOMP_KEY_NONE; returns a copy."""
+        (generation << 32) | index below GCOMP_KEY_NONE, each signature as _key() makes
+        them (a version 1 or 2 state dict: by shapes only), and one generation per layout
+        of a bucket: two layouts sharing one would share a key, and a rebuilt bucket would
+        take the other layout's residual and velocity. Returns a copy."""
         if not isinstance(layout, dict):
-            raise TypeError("%s: layout must be a dict, got %s" % (what, type(layout).__name__))
+            raise TypeError("%s: layout must be a dict, got %s" % (_LOAD, type(layout).__name__))
         out = {}
         for i, gens in layout.items():
-            idx = _args.int_arg(what + ": layout bucket index", i, 0, (1 << 32) - 1)
+            idx = _args.int_arg(_LOAD + ": layout bucket index", i, 0, (1 << 32) - 1)
             if not isinstance(gens, dict):
                 raise TypeError("%s: layout of bucket %d must be a dict, got %s"
-                                % (what, idx, type(gens).__name__))
-            out[idx] = {sig: _args.int_arg(what + ": layout generation", g, 0, (1 << 32) - 2)
+                                % (_LOAD, idx, type(gens).__name__))
+            for sig in gens:
+                _check_signature(sig, idx, version)
+            out[idx] = {sig: _args.int_arg(_LOAD + ": layout generation", g, 0, (1 << 32) - 2)
                         for sig, g in gens.items()}
+            seen = set()
+            for g in out[idx].values():
+                if g in seen:
+                    raise ValueError("%s: bucket %d has several layouts of generation %d; each "
+                                     "layout of a bucket has its own (the key of its residual "
+                                     "and velocity)" % (_LOAD, idx, g))
+                seen.add(g)
         return out
 
     def __getstate__(self):
@@ -470,6 +597,15 @@ class GcompHookState:
 
     def _stop(self, wait_s):
         self._closed = True
+        if self._thread is not None and self._thread is threading.current_thread():
+            # on the worker itself (__del__ when a call it ran dropped the last reference, or
+            # close() from a future's callback): it cannot wait for itself. The calls queued
+            # so far run first, then the communicator is freed and the worker ends.
+            self._queue.put((self.comm.close, None))
+            self._queue.put(None)
+            self._thread = None
+            _live_states.discard(self)
+            return
         if self._thread is not None:
             self._queue.put(None)
             self._thread.join(wait_s)
@@ -489,6 +625,30 @@ class GcompHookState:
 
 
 _live_states = weakref.WeakSet()
+
+
+def _work(q):
+    """The worker thread of a GcompHookState: runs (fn, future) items in queue order until
+    None. It is given the queue alone (see GcompHookState.__init__). A future of None: an
+    item nobody waits for (the communicator's close() when the state is dropped)."""
+    while True:
+        item = q.get()
+        if item is None:
+            return
+        fn, fut = item
+        item = None  # hold nothing of a finished call while waiting for the next
+        try:
+            result = fn()
+        except Exception as exc:  # noqa: B902 - handed to the waiting side
+            if fut is not None:
+                fut.set_exception(exc)
+        except BaseException as exc:  # noqa: B902 - SystemExit...: torch's futures take
+            if fut is not None:  # Exceptions only; never leave one open
+                fut.set_exception(RuntimeError(repr(exc)))
+        else:
+            if fut is not None:
+                fut.set_result(result)
+        fn = fut = result = None
 
 
 @atexit.register
@@ -538,6 +698,43 @@ def _group_timeout_ms(process_group):
     return max(ms) if ms else None
 
 
+_LOAD = "GcompHookState.load_state_dict"
+
+
+def _nothing():
+    return None
+
+
+def _is_int(v):
+    # an integer as state_dict() writes one: not a bool, not a float
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _layout_of(layout, key):
+    """The signature of key's layout in a checked layout dict, or None."""
+    return next((s for s, g in layout.get(key & 0xffffffff, {}).items() if g == key >> 32), None)
+
+
+def _check_signature(sig, idx, version):
+    """A layout signature as GcompHookState._key() makes it: (element count, dtype name,
+    parameter shapes, parameter numbers); version 1 and 2 state dicts have the first three
+    only, and so may a version 3 one for a layout loaded from them and not met since."""
+    def count(v):
+        return _is_int(v) and v >= 0
+
+    ok = isinstance(sig, tuple) and len(sig) in ((3, 4) if version >= 3 else (3,))
+    ok = ok and count(sig[0]) and sig[1] in _buffers.TORCH_DTYPES and isinstance(sig[2], tuple) \
+        and all(isinstance(sh, tuple) and all(count(d) for d in sh) for sh in sig[2])
+    if ok and len(sig) == 4:
+        nums = sig[3]
+        ok = isinstance(nums, tuple) and len(nums) == len(sig[2]) and \
+            all(count(n) for n in nums) and len(set(nums)) == len(nums)
+    if not ok:
+        raise ValueError("%s: layout %r of bucket %d is not one state_dict() writes (version %d: "
+                         "(count, dtype, shapes%s))" % (_LOAD, sig, idx, version,
+                                                        ", parameter numbers" if version >= 3 else ""))
+
+
 def _momentum_arg(name, v):
     # any real number (numpy's included), not a bool
     if isinstance(v, (bool, np_bool)) or not isinstance(v, numbers.Real):
@@ -551,11 +748,26 @@ def _momentum_arg(name, v):
     return v + 0.0  # -0.0 -> 0.0
 
 
-def _plain_allreduce(state, tensor):
+def _plain_allreduce(state, tensor, pending=None):
+    """dist.all_reduce over the state's process group, averaged. pending (momentum): marked
+    from the result in the future's callback (torch runs it on the result's streams for CUDA
+    buckets), and settled on the caller's thread at the next bucket (_settle)."""
     group = state.process_group if state.process_group is not None else dist.group.WORLD
     n = dist.get_world_size(group)
     fut = dist.all_reduce(tensor, group=group, async_op=True).get_future()
-    return fut.then(lambda f: f.value()[0].div_(n))
+    if pending is None:
+        return fut.then(lambda f: f.value()[0].div_(n))
+
+    def done(f):
+        try:
+            result = f.value()[0].div_(n)
+        except BaseException:
+            pending.fail()
+            raise
+        pending.note(result)
+        return result
+
+    return fut.then(done)
 
 
 def _mpi_thread_multiple():
@@ -610,8 +822,7 @@ def hook(state, bucket):
         raise TypeError("gcomp.torch.hook: the state must be a gcomp.torch.GcompHookState, got %s "
                         "(model.register_comm_hook(GcompHookState(...), hook))"
                         % type(state).__name__)
-    if state._closed:  # the plain iterations too, not only once compression starts
-        raise ValueError("GcompHookState used after close()")
+    state._open()  # the plain iterations too, not only once compression starts
     tensor = bucket.buffer()
     if str(tensor.dtype) not in _buffers.TORCH_DTYPES:
         # refused from the first step, not only once compression starts (start_iter)
@@ -631,16 +842,34 @@ def hook(state, bucket):
     if bucket.is_last():
         state.iter += 1
     key = state._key(bucket, tensor)
-    if state.momentum:
-        state._with_momentum(key, bucket, tensor)
-    if not compress:
-        return _plain_allreduce(state, tensor)
+    # momentum: the velocity's step, kept or undone once the reduced result is known (_Pending)
+    pending = state._with_momentum(key, bucket, tensor) if state.momentum else None
+    try:
+        if not compress:
+            return _plain_allreduce(state, tensor, pending)
+        if cuda:
+            return _cuda_allreduce(state, tensor, key, pending)
+        return _cpu_allreduce(state, tensor, key, pending)
+    except BaseException:
+        if pending is not None:  # refused before any call: the velocity stays as it was
+            pending.fail()
+        raise
+
+
+def _cpu_allreduce(state, tensor, key, pending):
+    """A CPU bucket: on the worker thread (or on this one below MPI_THREAD_MULTIPLE). run()
+    holds the communicator, not the state (see GcompHookState.__init__)."""
     comm = state.comm
-    if cuda:
-        return _cuda_allreduce(state, tensor, key)
 
     def run():
-        comm.allreduce(tensor, op="avg", key=key)
+        try:
+            comm.allreduce(tensor, op="avg", key=key)
+        except BaseException:
+            if pending is not None:
+                pending.fail()
+            raise
+        if pending is not None:
+            pending.note(tensor)
         return tensor
 
     # DDP's reducer reads the future's value in C++: an exception set on the worker's future
@@ -653,17 +882,21 @@ def _value(fut):
     return fut.value()
 
 
-def _cuda_allreduce(state, tensor, key):
+def _cuda_allreduce(state, tensor, key, pending):
     """A CUDA bucket on the caller's thread and current stream (see the module's docstring):
     the future is complete when the call has been issued; its CUDA event, recorded on that
-    stream by set_result, is what DDP's stream waits for."""
-    if state._closed:
-        raise ValueError("GcompHookState used after close()")
+    stream by set_result, is what DDP's stream waits for. A velocity step (momentum) is
+    settled here, on the same stream, before the event: a torch.where on the device, no
+    host synchronisation."""
+    state._open()
     fut = torch.futures.Future(devices=[tensor.device])
     with torch.cuda.device(tensor.device):
         # a failure is raised here, on the caller's thread: DDP's reducer passes it on and
         # backward() raises it (a RuntimeError holding the GcompError), where an exception set
         # on the future would reach the reducer as a value ("Unable to cast ... to Tensor")
         state.comm.allreduce(tensor, op="avg", key=key)
+        if pending is not None:
+            pending.note(tensor)
+            state._settle()
         fut.set_result(tensor)
     return fut

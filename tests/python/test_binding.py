@@ -82,9 +82,10 @@ def test_dense_paths():
 
 
 def test_bad_input():
-    """Refused with a clear exception before any C call: the C entry is replaced by a trap."""
+    """Refused with a clear exception before any C call: the C entry is replaced by a trap.
+    The messages name the call: iallreduce's refusals said "Comm.allreduce" before."""
     comm = gcomp.Comm(WORLD, codec="terngrad")
-    real = _lib.allreduce
+    real, real_i = _lib.allreduce, _lib.iallreduce
 
     def trap(*a):
         # the one C call allowed: joining the call with no buffers, so that every rank hears
@@ -93,7 +94,10 @@ def test_bad_input():
             return real(*a)
         raise AssertionError("gcomp_allreduce reached with bad input")
 
-    _lib.allreduce = trap
+    def trap_i(*a):
+        raise AssertionError("gcomp_iallreduce reached with bad input")
+
+    _lib.allreduce, _lib.iallreduce = trap, trap_i
     try:
         x = grad(1)
         raises(TypeError, lambda: comm.allreduce(x.astype(np.float64)), "float64")
@@ -104,8 +108,15 @@ def test_bad_input():
         raises(ValueError, lambda: comm.allreduce(torch.zeros(16, 8).t()), "not contiguous")
         ro = x.copy()
         ro.flags.writeable = False
-        raises(ValueError, lambda: comm.allreduce(ro), "read-only")
+        e = raises(ValueError, lambda: comm.allreduce(ro), "read-only")
+        assert str(e).startswith("Comm.allreduce input:"), str(e)
         raises(ValueError, lambda: comm.allreduce(x, out=np.empty(N - 1, np.float32)), "elements")
+        raises(ValueError, lambda: comm.iallreduce(ro), "Comm.iallreduce input: ")
+        raises(ValueError, lambda: comm.iallreduce(x, out=np.empty(N - 1, np.float32)),
+               "Comm.iallreduce: out has")
+        raises(TypeError, lambda: comm.iallreduce(x, out=np.empty(N, np.float16)),
+               "Comm.iallreduce: out is float16")
+        raises(TypeError, lambda: comm.iallreduce(x.astype(np.float64)), "Comm.iallreduce input")
         raises(TypeError, lambda: comm.allreduce(x, out=np.empty(N, np.float16)), "float16")
         raises(ValueError, lambda: comm.allreduce(x, op="max"), "op")
         raises(ValueError, lambda: comm.allreduce(x, key=-1), "key")
@@ -116,7 +127,7 @@ def test_bad_input():
         raises(ValueError, lambda: comm.stats(), "after close()")
         comm.close()  # twice is fine
     finally:
-        _lib.allreduce = real
+        _lib.allreduce, _lib.iallreduce = real, real_i
     raises(TypeError, lambda: gcomp.Comm(object()), "mpi4py")
     e = raises(gcomp.GcompError, lambda: gcomp.Comm(WORLD, codec="topk:ratio=2"))
     assert e.name == "GCOMP_ERR_INVALID_SPEC" and "ratio=2" in e.detail, (e.name, e.detail)

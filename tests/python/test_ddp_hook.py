@@ -12,8 +12,13 @@ steps, and one resumed without the residuals does not (so the check can fail). M
 correction (momentum=0.9, optimizer without momentum): during plain iterations it matches
 SGD's own momentum to rounding (and plain SGD does not), with top-k the ranks stay identical
 and the loss falls, and a resume carries the velocities bit for bit; bad momentum values and
-a state dict of another momentum are refused. The hook's deadline follows the process
-group's timeout unless timeout_ms or GCOMP_TIMEOUT_MS is given.
+a state dict of another momentum are refused; a step that overflows (skipped, as a loss
+scaler does) leaves the velocity as it was on every rank, and later steps are finite.
+load_state_dict refuses state dicts that state_dict() never writes (shared generations,
+wrong ids or offsets, bool/float versions, missing fields, NaN velocities) and leaves the
+state as it was. A state dropped without close() frees its worker and communicator. The
+hook's deadline follows the process group's timeout unless timeout_ms or GCOMP_TIMEOUT_MS is
+given.
 """
 import datetime
 import os
@@ -349,6 +354,142 @@ def momentum_args_check():
     log("momentum: bad values, a state dict of another momentum, velocities that fit no layout -> clear errors")
 
 
+def nonfinite_momentum_check(data, rank, steps=9, start_iter=3, overflow=(2, 5)):
+    """Momentum correction under a loss scaler: a step whose gradients overflow (here rank 0's
+    alone: its loss times 3e39) gives a non-finite reduced result on every rank, the trainer
+    skips it as GradScaler does (no optimizer step; torch 1.13's GradScaler is CUDA-only, so
+    by hand), and the hook leaves every rank's velocity bit for bit as it was before that
+    step, in a plain iteration (2) and a compressed one (5); every other step is finite and
+    the ranks stay identical. Before, u = m u + g kept the Inf: every step after the first
+    overflow was non-finite and skipped, and training never recovered."""
+    ddp, opt = make_ddp(momentum=0.0)  # the hook applies the momentum
+    state = gcomp.torch.GcompHookState(codec="topk:ratio=0.05", start_iter=start_iter, momentum=0.9)
+    ddp.register_comm_hook(state, gcomp.torch.hook)
+    lossf = torch.nn.functional.cross_entropy
+    skipped = []
+    for s in range(steps):
+        before = state.state_dict()["velocity"] if s in overflow else None
+        opt.zero_grad()
+        x, y = data.batch(s)
+        loss = lossf(ddp(x), y)
+        if s in overflow and rank == 0:
+            loss = loss * 3e38 * 10  # +inf, as with a loss scale far too large
+        loss.backward()
+        if all(bool(torch.isfinite(p.grad).all()) for p in ddp.parameters()):
+            opt.step()
+        else:
+            skipped.append(s)  # GradScaler: skip the step (and lower the scale)
+            after = state.state_dict()["velocity"]
+            assert before and sorted(after) == sorted(before), (s, sorted(before), sorted(after))
+            for k in before:
+                assert torch.equal(after[k], before[k]), "step %d: velocity of key %d changed" % (s, k)
+        same_everywhere(ddp, "non-finite step %d" % s)
+    got = WORLD.allgather(skipped)
+    assert got == [list(overflow)] * WORLD.size, "skipped steps per rank: %s (want %s)" % (got, list(overflow))
+    assert all(bool(torch.isfinite(u).all()) for u in state.state_dict()["velocity"].values())
+    assert state.stats()["nonfinite_calls"] > 0  # the compressed overflow did reach gcomp
+    state.close()
+    log("momentum: an overflowing step (plain and compressed) is skipped, the velocity kept as it "
+        "was on every rank, later steps finite")
+
+
+def dropped_state_check():
+    """A GcompHookState dropped without close() is freed like a gcomp.Comm: its __del__ stops
+    the worker thread and frees the communicator (its MPI duplicate). Before, the worker's
+    target was a bound method of the state, which kept it (and its Comm and thread) alive
+    until exit: each dropped state leaked a thread and a communicator."""
+    import gc
+    import threading
+    import weakref
+
+    def make():
+        s = gcomp.torch.GcompHookState(codec="terngrad", start_iter=0)
+        p = torch.nn.Parameter(torch.zeros(4))
+        gcomp.torch.hook(s, FakeBucket(0, [p], torch.ones(4))).wait()  # used, then dropped
+        return weakref.ref(s), weakref.ref(s.comm), s._thread
+
+    refs = [make() for _ in range(5)]
+    workers = [t for _, _, t in refs if t is not None]
+    # mpi4py's MPI_THREAD_MULTIPLE: each state had its worker (the case that leaked)
+    assert len(workers) == 5, "expected a worker thread per state, got %d" % len(workers)
+    gc.collect()
+    alive = [i for i, (s, c, _) in enumerate(refs) if s() is not None or c() is not None]
+    assert not alive, "dropped states (or their Comms) still alive: %s" % alive
+    assert not any(t.is_alive() for t in workers), "dropped states' workers still running"
+    assert not [t for t in threading.enumerate() if t in workers]
+    WORLD.Barrier()
+    log("hook: a state dropped without close() frees its communicator and worker thread")
+
+
+def state_dict_consistency_check():
+    """load_state_dict refuses what state_dict() never writes, each with a message naming the
+    field, and a refused dict leaves the state as it was: two layouts of one bucket sharing
+    a generation (one key: a rebuilt bucket would take the other layout's residual),
+    parameter numbers (ids) that are not the layout's, a bool where an offset goes, a bool
+    or float version, a version-3 dict without momentum (before: "saved with momentum 0.0"),
+    a non-finite velocity (every later step would be non-finite). Before, all of these but
+    the momentum one loaded (that one with a wrong reason)."""
+    import copy
+    a, b = torch.nn.Parameter(torch.zeros(1)), torch.nn.Parameter(torch.zeros(2))
+    s = gcomp.torch.GcompHookState(codec="topk:ratio=0.5", start_iter=0, momentum=0.5)
+
+    def reduce(params, values):
+        return gcomp.torch.hook(s, FakeBucket(0, params, torch.tensor(values))).wait()
+
+    reduce([a, b], [3.0, 1.0, 1.0])
+    good = s.state_dict()
+    key = next(iter(good["ids"]))
+    (sig, gen), = good["layout"][0].items()
+    assert good["where"] == {0: (key, 0), 1: (key, 1)} and good["ids"][key] == (0, 1), good
+
+    def snapshot():
+        d = s.state_dict()
+        d["velocity"] = {k: u.tolist() for k, u in d["velocity"].items()}
+        return repr(d)
+
+    ref = snapshot()
+
+    def changed(fn):
+        sd = copy.deepcopy(good)
+        fn(sd)
+        return sd
+
+    cases = [
+        ("one generation for two layouts",
+         lambda sd: sd["layout"][0].__setitem__((3, sig[1], (sig[2][1], sig[2][0]), (1, 0)), gen),
+         ValueError, "several layouts of generation"),
+        ("ids longer than the velocity", lambda sd: sd["ids"].__setitem__(key, (0, 1, 2)),
+         ValueError, "ids of key"),
+        ("a bool offset in where", lambda sd: sd["where"].__setitem__(1, (key, True)),
+         TypeError, "where"),
+        ("version True", lambda sd: sd.__setitem__("version", True), TypeError, "version"),
+        ("version 3.0", lambda sd: sd.__setitem__("version", 3.0), TypeError, "version"),
+        ("a version-3 dict without momentum", lambda sd: sd.pop("momentum"),
+         ValueError, "lacks momentum"),
+        ("a version-3 dict without where and ids", lambda sd: (sd.pop("where"), sd.pop("ids")),
+         ValueError, "lacks where, ids"),
+        ("a NaN velocity", lambda sd: sd["velocity"][key].__setitem__(0, float("nan")),
+         ValueError, "NaN or Inf"),
+        ("an offset its layout does not give", lambda sd: sd["where"].__setitem__(1, (key, 2)),
+         ValueError, "offset 2"),
+        ("a layout naming its parameters in a version-2 dict", lambda sd: sd.__setitem__("version", 2),
+         ValueError, "not one state_dict() writes"),
+    ]
+    for what, fn, exc, match in cases:
+        try:
+            s.load_state_dict(changed(fn))
+        except exc as e:
+            assert match in str(e), "%s: message %r lacks %r" % (what, str(e), match)
+        else:
+            raise AssertionError("load_state_dict accepted %s" % what)
+        assert snapshot() == ref, "a refused state dict (%s) changed the state" % what
+    s.load_state_dict(good)  # and the good one still loads
+    assert snapshot() == ref
+    s.close()
+    log("hook: %d inconsistent state dicts refused with the state untouched (shared generation, "
+        "ids, bool offset, bool/float version, missing fields, NaN velocity)" % len(cases))
+
+
 def device_mismatch_check():
     """A bucket on a device other than the state's communicator's is refused with a message
     naming both (a meta tensor stands in for a device this MPI state does not reduce)."""
@@ -440,6 +581,7 @@ def closed_plain_check():
     ddp = DDP(torch.nn.Linear(16, 16))
     state = gcomp.torch.GcompHookState(codec="terngrad", start_iter=5)
     ddp.register_comm_hook(state, gcomp.torch.hook)
+    sd = state.state_dict()
     state.close()
     try:
         ddp(torch.randn(4, 16)).sum().backward()
@@ -447,8 +589,18 @@ def closed_plain_check():
         assert "used after close" in str(e), str(e)
     else:
         raise AssertionError("a closed state ran a plain iteration")
+    # every method names the state, not the gcomp.Comm inside it (before: state_dict() and
+    # load_state_dict() said "gcomp.Comm used after close()", stats() the state)
+    for name, call in (("state_dict", state.state_dict), ("load_state_dict", lambda: state.load_state_dict(sd)),
+                       ("stats", state.stats), ("stats_reset", state.stats_reset)):
+        try:
+            call()
+        except ValueError as e:
+            assert str(e) == "GcompHookState used after close()", "%s: %s" % (name, e)
+        else:
+            raise AssertionError("%s of a closed state did not raise" % name)
     WORLD.Barrier()
-    log("hook: a closed state -> refused from its first iteration")
+    log("hook: a closed state -> refused from its first iteration; its methods say GcompHookState")
 
 
 def main():
@@ -470,11 +622,14 @@ def main():
         train_check(codec, data)
         resume_check(codec, data)
     momentum_args_check()
+    state_dict_consistency_check()
     momentum_layout_check()
     layout_key_check()
     momentum_plain_check(data)
     train_check("topk:ratio=0.05", data, momentum=0.9)
     resume_check("topk:ratio=0.05", data, momentum=0.9)
+    nonfinite_momentum_check(data, rank)
+    dropped_state_check()
     timeout_check()
     worker_error_check(rank)
     group_mismatch_check(rank, size)
