@@ -42,8 +42,12 @@ extern "C" {
  * codecs), GCOMP_ERR_TRANSPORT, GCOMP_ERR_NOMEM, GCOMP_ERR_TIMEOUT (a rank never joined).
  * After such a timeout, the waiting ranks' duplication of comm stays pending (MPI cannot
  * cancel it) and their next creation over comm takes it over, so a creation that the
- * missing rank joins works on every rank; a rank that came late to the one that timed out
- * gets GCOMP_ERR_TIMEOUT there too, and the next creation starts afresh. */
+ * missing rank joins works on every rank. A rank that came late to the one that timed out
+ * gets GCOMP_ERR_TIMEOUT there too, and the next creation starts afresh, when it arrived
+ * before the others' next creation; one that arrives after it began is joined by it (its
+ * late creation and their next one succeed together, so the ranks then count creations
+ * differently: give up on the communicator after a creation timed out, or retry until one
+ * succeeds on every rank). */
 GCOMP_API gcomp_result gcomp_comm_create_mpi(MPI_Comm comm, const gcomp_config *cfg, gcomp_comm **out);
 
 #ifdef __cplusplus

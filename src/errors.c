@@ -47,19 +47,33 @@ int gcomp__result_known(gcomp_result rc)
 }
 
 static _Thread_local char last_error[512];
-/* A failure was recorded on this thread since gcomp__codec_entry_begin: whether a codec entry
- * that failed gave its own detail (gcomp_codec_fail) or left an older, unrelated one. */
-static _Thread_local int failed_since_entry;
+/* Whether a codec entry that failed gave its own detail (gcomp_codec_fail) or left an older,
+ * unrelated one: the failures recorded on this thread so far, and their number when each
+ * entry in progress began. A stack, since an entry may call into gcomp (a user codec
+ * running a built-in one): an inner entry that succeeds must not hide the outer one's
+ * detail. Past ENTRY_DEPTH nested entries the check is skipped (the detail is kept). */
+enum {
+    ENTRY_DEPTH = 16
+};
+static _Thread_local unsigned long failures;
+static _Thread_local unsigned long entry_mark[ENTRY_DEPTH];
+static _Thread_local int entry_depth;
 
-void gcomp__codec_entry_begin(void) { failed_since_entry = 0; }
+void gcomp__codec_entry_begin(void)
+{
+    if (entry_depth < ENTRY_DEPTH) entry_mark[entry_depth] = failures;
+    entry_depth++;
+}
 
 gcomp_result gcomp__codec_entry_rc(const char *codec, const char *entry, gcomp_result rc)
 {
+    int depth = entry_depth > 0 ? --entry_depth : 0; /* pairs with the entry's begin */
+    int detailed = depth >= ENTRY_DEPTH || failures != entry_mark[depth];
     if (rc == GCOMP_SUCCESS) return rc;
     if (!gcomp__result_known(rc))
         return gcomp__fail(GCOMP_ERR_INTERNAL, "codec '%s': %s returned %d, which is not a gcomp_result", codec, entry,
                            (int)rc);
-    if (!failed_since_entry)
+    if (!detailed)
         return gcomp__fail(rc, "codec '%s': %s returned %s (the codec gave no detail)", codec, entry,
                            gcomp_result_name(rc));
     return rc;
@@ -75,7 +89,7 @@ static void log_line(const char *fmt, ...) __attribute__((format(printf, 1, 2)))
 
 static gcomp_result vfail(gcomp_result rc, const char *fmt, va_list ap)
 {
-    failed_since_entry = 1;
+    failures++;
     vsnprintf(last_error, sizeof last_error, fmt, ap);
     if (gcomp__debug_enabled()) log_line("%s: %s", gcomp_result_name(rc), last_error);
     return rc;
@@ -126,7 +140,7 @@ gcomp_result gcomp_codec_fail(gcomp_result rc, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(raw, sizeof raw, fmt, ap);
     va_end(ap);
-    failed_since_entry = 1;
+    failures++;
     gcomp__quote(last_error, sizeof last_error, raw, sizeof raw);
     if (gcomp__debug_enabled()) log_line("%s: %s", gcomp_result_name(rc), last_error);
     return rc;

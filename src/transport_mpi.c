@@ -24,9 +24,12 @@
  * takes it over instead of starting another idup while it is still pending: the missing
  * rank's next idup completes it, so that creation works on every rank (before, each rank
  * that had waited stayed one duplication ahead, and every later creation timed out). If
- * it completed meanwhile, a late rank came and went: its creation waited timeout_ms in the
- * agreement nobody else joined and returned GCOMP_ERR_TIMEOUT too, so that duplicate is
- * never used nor freed (left to MPI_Finalize), and the next creation starts afresh.
+ * it completes meanwhile, or within a short drive of its progress (pending_take), a late
+ * rank came to the creation that timed out: its creation waits timeout_ms in the agreement
+ * nobody else joins and returns GCOMP_ERR_TIMEOUT too, that duplicate is never used nor
+ * freed (left to MPI_Finalize), and the next creation starts afresh. The two cannot be told
+ * apart for sure: a late rank that arrives after the others' next creation began is joined
+ * by it (its late creation and their next one then succeed together).
  */
 #include <limits.h>
 #include <pthread.h>
@@ -422,17 +425,27 @@ static void pending_keyval_create(void)
         pending_keyval = kv;
 }
 
+/* How long a creation drives a pending idup before it takes it over: Open MPI's idup takes
+ * several rounds, which advance only while this rank calls into MPI, so a late rank that
+ * is already in its creation needs a little of our progress to complete it. */
+#define PENDING_SETTLE_S 0.05
+
 /* The timed-out idup over comm that is still in flight, taken off comm; NULL when there is
- * none, or when it completed meanwhile (a late rank joined it and gave up: see the top). */
+ * none, or when it completes within PENDING_SETTLE_S (a late rank is there, in the creation
+ * it came late to, which then times out in the agreement: see the top). */
 static pending_dup *pending_take(MPI_Comm comm)
 {
     pending_dup *p = NULL;
     int found = 0, done = 0;
+    double until = gcomp__now() + PENDING_SETTLE_S;
     pthread_once(&pending_once, pending_keyval_create);
     if (pending_keyval == MPI_KEYVAL_INVALID) return NULL;
     if (MPI_Comm_get_attr(comm, pending_keyval, &p, &found) != MPI_SUCCESS || !found || !p) return NULL;
     MPI_Comm_delete_attr(comm, pending_keyval);
-    if (MPI_Test(&p->req, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && !done) return p;
+    do {
+        if (MPI_Test(&p->req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) done = 1; /* failed: start afresh */
+    } while (!done && gcomp__now() < until);
+    if (!done) return p;
     free(p); /* its duplicate, if any, is left to MPI_Finalize */
     return NULL;
 }

@@ -1240,6 +1240,24 @@ static gcomp_result told_encode(const void *params, gcomp_encode_ctx *ctx, const
     return gcomp_codec_fail(GCOMP_ERR_NOMEM, "told: the pool is empty");
 }
 
+/* "nested" gives its detail, then runs a built-in codec (an inner entry that succeeds) before
+ * it returns the failure: the inner entry must not make its detail look missing. */
+static gcomp_result nested_encode(const void *params, gcomp_encode_ctx *ctx, const float *g, const float *r_in,
+                                  float *r_out, size_t count, uint8_t *body, size_t cap, size_t *written,
+                                  uint32_t *flags)
+{
+    gcomp_codec *inner = NULL;
+    uint8_t tmp[512];
+    size_t n = 0;
+    gcomp_result rc = gcomp_codec_fail(GCOMP_ERR_NOMEM, "nested: the pool is empty");
+    (void)params, (void)ctx, (void)r_in, (void)r_out, (void)body, (void)cap, (void)written, (void)flags;
+    if (gcomp_codec_create("fp16", NULL, &inner) == GCOMP_SUCCESS) {
+        (void)gcomp_codec_encode(inner, GCOMP_KEY_NONE, g, count < 64 ? count : 64, GCOMP_F32, tmp, sizeof tmp, &n);
+        gcomp_codec_destroy(inner);
+    }
+    return rc;
+}
+
 /* An unrelated failure first, so that a stale detail would show. */
 static void fail_unrelated(void)
 {
@@ -1283,7 +1301,7 @@ static void *bare_rank(void *arg)
 
 static void test_codec_failure_without_detail(void **state)
 {
-    static gcomp_codec_vtable vt, told; /* the registry keeps the pointers */
+    static gcomp_codec_vtable vt, told, nested; /* the registry keeps the pointers */
     float x[64] = { 1.0f }, acc[64] = { 0 };
     uint8_t buf[512];
     size_t bytes = 0;
@@ -1292,6 +1310,7 @@ static void test_codec_failure_without_detail(void **state)
     bare_base = register_none_variant(&vt, "bare", 214, bare_encode);
     vt.decode_add = bare_decode_add; /* read at each call: the registry holds &vt */
     register_none_variant(&told, "told", 215, told_encode);
+    register_none_variant(&nested, "nested", 217, nested_encode);
 
     c = codec_with("bare", 1, 0);
     fail_unrelated();
@@ -1311,6 +1330,12 @@ static void test_codec_failure_without_detail(void **state)
     fail_unrelated();
     expect_detail(gcomp_codec_encode(c, 1, x, 64, GCOMP_F32, buf, sizeof buf, &bytes), GCOMP_ERR_NOMEM,
                   "told: the pool is empty");
+    gcomp_codec_destroy(c);
+
+    c = codec_with("nested", 1, 0);
+    fail_unrelated();
+    expect_detail(gcomp_codec_encode(c, 1, x, 64, GCOMP_F32, buf, sizeof buf, &bytes), GCOMP_ERR_NOMEM,
+                  "nested: the pool is empty");
     gcomp_codec_destroy(c);
 
     /* through the engine: rank 0's encode fails, every rank fails the call, and rank 0's
