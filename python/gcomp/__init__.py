@@ -387,12 +387,13 @@ class Comm(_Handle):
         except (TypeError, ValueError) as exc:
             # an NCCL Comm's creation shares NCCL's unique id first: join that share instead
             if isinstance(backend, str) and backend.lower() == "nccl":
-                _cuda.join_refused_share(exc, group=group, mpi_comm=_share_comm(mpi_comm))
+                _cuda.join_refused_share(exc, group=group, mpi_comm=_share_comm(mpi_comm),
+                                         device=device, timeout_s=_share_timeout_s(timeout_ms))
             else:
                 _join_refused_creation(mpi_comm)
             raise
         if backend == "nccl":
-            self._create_nccl(cfg, mpi_comm, group, device)
+            self._create_nccl(cfg, mpi_comm, group, device, _share_timeout_s(timeout_ms))
         else:
             self._create_mpi(cfg, mpi_comm)
         self.backend = backend
@@ -411,12 +412,13 @@ class Comm(_Handle):
                "gcomp_comm_create_mpi")
         self._h = h
 
-    def _create_nccl(self, cfg, mpi_comm, group, device):
+    def _create_nccl(self, cfg, mpi_comm, group, device, share_timeout_s):
         try:
             torch, dev = self._nccl_args(mpi_comm, group, device)
         except (TypeError, ValueError, RuntimeError, NotImplementedError) as exc:
             # the other ranks may be sharing the unique id already: fail them at once
-            _cuda.join_refused_share(exc, group=group, mpi_comm=_share_comm(mpi_comm))
+            _cuda.join_refused_share(exc, group=group, mpi_comm=_share_comm(mpi_comm),
+                                     device=device, timeout_s=share_timeout_s)
             raise
 
         def unique_id():
@@ -425,7 +427,8 @@ class Comm(_Handle):
             return uid.raw
 
         with torch.cuda.device(dev):  # NCCL binds its communicator to the current device
-            uid, rank, size = _cuda.share_unique_id(unique_id, group=group, mpi_comm=mpi_comm)
+            uid, rank, size = _cuda.share_unique_id(unique_id, group=group, mpi_comm=mpi_comm,
+                                                    timeout_s=share_timeout_s)
             h = ctypes.c_void_p()
             _check(_lib.comm_create_nccl_rank(uid, size, rank, ctypes.byref(cfg), ctypes.byref(h)),
                    "gcomp_comm_create_nccl_rank")
@@ -753,6 +756,21 @@ def _where(b):
 # The spec a rank whose arguments were refused in Python joins a creation with: no codec has
 # this name, so the library refuses it, and the refusal reaches every rank.
 _REFUSED_SPEC = b"(arguments refused in Python on this rank)"
+
+
+def _share_timeout_s(timeout_ms):
+    """The deadline of NCCL's unique id share over MPI, in seconds: the Comm's timeout_ms
+    where it is a valid one, else GCOMP_TIMEOUT_MS, else the library's default (300 s)."""
+    for v in (timeout_ms, os.environ.get("GCOMP_TIMEOUT_MS")):
+        if isinstance(v, bool):
+            continue
+        try:
+            v = int(v)
+        except (TypeError, ValueError):
+            continue
+        if v >= 1:
+            return v / 1000.0
+    return 300.0
 
 
 def _share_comm(mpi_comm):

@@ -70,11 +70,47 @@ def record_stream(bufs, stream, torch):
             b.obj.record_stream(stream)
 
 
-def group_allgather(group, mpi_comm):
+SLOT_BYTES = 1024  # one rank's state in the share over MPI: the id, "ok", or a reason
+_abandoned = []  # buffers of shares that timed out: MPI may still write them
+
+
+def _mpi_allgather_until(mpi_comm, obj, timeout_s):
+    """mpi_comm.allgather(obj) with a deadline: each rank's small object pickled into a slot
+    of SLOT_BYTES, one MPI_Iallgather polled until timeout_s. Past it, RuntimeError: a rank
+    that never comes (one that could not join over this communicator) must not leave the
+    others waiting for ever, as mpi4py's blocking allgather would."""
+    import pickle
+    import time
+    from mpi4py import MPI
+    data = pickle.dumps(obj)
+    if len(data) > SLOT_BYTES - 4:  # a reason too long: cut it
+        data = pickle.dumps((obj[0], str(obj[1])[:SLOT_BYTES // 2]))
+    mine = bytearray(SLOT_BYTES)
+    mine[:4] = len(data).to_bytes(4, "little")
+    mine[4:4 + len(data)] = data
+    size = mpi_comm.Get_size()
+    out = bytearray(SLOT_BYTES * size)
+    req = mpi_comm.Iallgather([mine, MPI.BYTE], [out, MPI.BYTE])
+    until = time.monotonic() + timeout_s
+    while not req.Test():
+        if time.monotonic() > until:
+            _abandoned.append((mine, out, req))
+            raise RuntimeError("gcomp.Comm(backend='nccl'): not every rank came to the sharing of "
+                               "NCCL's unique id within %g s (timeout_ms)" % timeout_s)
+        time.sleep(0.0005)
+    slots = [out[i * SLOT_BYTES:(i + 1) * SLOT_BYTES] for i in range(size)]
+    return [pickle.loads(bytes(b[4:4 + int.from_bytes(b[:4], "little")])) for b in slots]
+
+
+def group_allgather(group, mpi_comm, timeout_s=None):
     """(rank, size, allgather) of the group the unique id is shared over: mpi_comm (mpi4py)
-    when given, else the torch process group (None: the default group)."""
+    when given (with a deadline of timeout_s when given), else the torch process group
+    (None: the default group; the group's own timeout bounds it)."""
     if mpi_comm is not None:
-        return mpi_comm.Get_rank(), mpi_comm.Get_size(), mpi_comm.allgather
+        if timeout_s is None:
+            return mpi_comm.Get_rank(), mpi_comm.Get_size(), mpi_comm.allgather
+        return (mpi_comm.Get_rank(), mpi_comm.Get_size(),
+                lambda obj: _mpi_allgather_until(mpi_comm, obj, timeout_s))
     import torch.distributed as dist
     if not dist.is_available() or not dist.is_initialized():
         raise ValueError("backend='nccl' shares NCCL's unique id over a torch process group "
@@ -93,14 +129,15 @@ def group_allgather(group, mpi_comm):
     return rank, size, allgather
 
 
-def share_unique_id(get_id, group=None, mpi_comm=None, refusal=None):
+def share_unique_id(get_id, group=None, mpi_comm=None, refusal=None, timeout_s=300.0):
     """Rank 0 calls get_id() (-> 128 bytes) and every rank returns it, with (rank, size) of
     the group: over mpi_comm (mpi4py) when given, else over the torch process group (None:
     the default group). refusal: the exception this rank raised on its own arguments, which
     it raises again here. One allgather carries each rank's state, so a failure anywhere (rank
     0's get_id(), a rank's refusal) reaches every rank as an exception at once, instead of
-    leaving the others in NCCL's creation until their timeout."""
-    rank, size, allgather = group_allgather(group, mpi_comm)
+    leaving the others in NCCL's creation until their timeout. Over mpi_comm it gives up
+    after timeout_s (RuntimeError); over a torch group, after the group's timeout."""
+    rank, size, allgather = group_allgather(group, mpi_comm, timeout_s)
     err = refusal
     if err is not None:
         mine = ("error", "%s: %s" % (type(err).__name__, err))
@@ -124,13 +161,32 @@ def share_unique_id(get_id, group=None, mpi_comm=None, refusal=None):
     return uid, rank, size
 
 
-def join_refused_share(refusal, group=None, mpi_comm=None):
+def join_refused_share(refusal, group=None, mpi_comm=None, device=None, timeout_s=300.0):
     """This rank refused its own arguments to Comm(backend='nccl') before sharing NCCL's
     unique id; the other ranks would share it and wait in NCCL's creation for this one until
-    their timeout. Join the share with the refusal instead, so they raise at once. Best
+    their timeout. Join the share with the refusal instead, so they raise at once. Over a
+    torch group it runs on `device` where that names one (an NCCL group moves the objects
+    through the current device, which must be this rank's own, not another rank's). Best
     effort: with no group to share over (an mpi_comm that is no communicator, no torch
     process group) there is nothing to join; the caller raises its own error either way."""
     try:
-        share_unique_id(None, group=group, mpi_comm=mpi_comm, refusal=refusal)
+        with _share_device(device if mpi_comm is None else None):
+            share_unique_id(None, group=group, mpi_comm=mpi_comm, refusal=refusal,
+                            timeout_s=timeout_s)
     except Exception:  # noqa: B902 - the refusal itself, or a share that cannot run here
         pass
+
+
+def _share_device(device):
+    """torch.cuda.device(device) where device names a CUDA device of this process; else a
+    context that changes nothing (the current device stays)."""
+    import contextlib
+    if device is None:
+        return contextlib.nullcontext()
+    try:
+        import torch
+        if torch.cuda.is_available():
+            return torch.cuda.device(device_arg(torch, device))
+    except Exception:  # noqa: B902 - a device the refusal may be about: keep the current one
+        pass
+    return contextlib.nullcontext()

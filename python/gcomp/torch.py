@@ -190,7 +190,8 @@ class GcompHookState:
             b = backend if backend is not None else _default_backend(process_group)
             if isinstance(b, str) and b.lower() == "nccl":
                 gcomp._cuda.join_refused_share(exc, group=process_group if comm is None else None,
-                                               mpi_comm=gcomp._share_comm(comm))
+                                               mpi_comm=gcomp._share_comm(comm), device=device,
+                                               timeout_s=gcomp._share_timeout_s(timeout_ms))
             else:
                 gcomp._join_refused_creation(comm)
             raise

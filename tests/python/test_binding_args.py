@@ -526,8 +526,9 @@ def test_nccl_share_refusal():
     """NCCL's unique id is shared by one allgather of every rank's state: rank 0's id, or a
     rank's failure (rank 0's get_id(), a refusal of its own arguments), which then reaches
     every rank at once; before, rank 0 broadcast the id and a rank that refused its arguments
-    left the others in NCCL's creation until their timeout. Runs the share itself over MPI
-    (this machine has no CUDA for the creation after it)."""
+    left the others in NCCL's creation until their timeout. A rank that never comes makes
+    the others give up at the deadline. Runs the share itself over MPI (this machine has no
+    CUDA for the creation after it)."""
     from gcomp import _cuda
     uid = bytes(range(128))
     got = _cuda.share_unique_id(lambda: uid, mpi_comm=WORLD)
@@ -550,6 +551,17 @@ def test_nccl_share_refusal():
                        "rank %d: %s" % (who, "ValueError: codec" if refusal else "RuntimeError"))
             assert "another rank failed" in str(e), e
         assert time.monotonic() - t0 < 30, "a rank waited for the failing one"
+    # a rank that never comes to the share (it could not join over this communicator): the
+    # others give up after the deadline instead of waiting for ever in mpi4py's allgather;
+    # it comes later, completing their abandoned exchange, and the group is in step again
+    t0 = time.monotonic()
+    if RANK == culprit:
+        time.sleep(3)
+        _cuda._mpi_allgather_until(WORLD, ("ok", None), 60)
+    else:
+        raises(RuntimeError, lambda: _cuda.share_unique_id(lambda: uid, mpi_comm=WORLD, timeout_s=1),
+               "not every rank came")
+        assert time.monotonic() - t0 < 10, "the share waited past its deadline"
     # through Comm: one rank's codec refused, the others' creation stops at the share too
     # (here without CUDA on every rank: each raises its own reason, none waits)
     bad = RANK == culprit
