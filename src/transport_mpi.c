@@ -409,7 +409,8 @@ static void mpi_destroy(gcomp__transport *t)
 
 /* An MPI_Comm_idup of a creation that timed out, still in flight: the request and the
  * duplicate it will write. Kept as an attribute of the parent communicator until a later
- * creation over it takes it over (never freed with it: a parent freed meanwhile leaks one). */
+ * creation over it takes it over. Never freed with the parent: MPI may still write p->dup
+ * (a parent freed meanwhile leaks one record). */
 typedef struct pending_dup {
     MPI_Request req;
     MPI_Comm dup;
@@ -418,11 +419,23 @@ typedef struct pending_dup {
 static int pending_keyval = MPI_KEYVAL_INVALID;
 static pthread_once_t pending_once = PTHREAD_ONCE_INIT;
 
+/* MPI_Finalize deletes MPI_COMM_SELF's attributes first: the keyval goes with them. */
+static int pending_keyval_free(MPI_Comm comm, int keyval, void *value, void *extra)
+{
+    (void)comm, (void)keyval, (void)value, (void)extra;
+    if (pending_keyval != MPI_KEYVAL_INVALID) MPI_Comm_free_keyval(&pending_keyval);
+    return MPI_SUCCESS;
+}
+
 static void pending_keyval_create(void)
 {
-    int kv = MPI_KEYVAL_INVALID;
-    if (MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, MPI_COMM_NULL_DELETE_FN, &kv, NULL) == MPI_SUCCESS)
-        pending_keyval = kv;
+    int kv = MPI_KEYVAL_INVALID, at_finalize = MPI_KEYVAL_INVALID;
+    if (MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, MPI_COMM_NULL_DELETE_FN, &kv, NULL) != MPI_SUCCESS) return;
+    pending_keyval = kv;
+    if (MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, pending_keyval_free, &at_finalize, NULL) == MPI_SUCCESS) {
+        MPI_Comm_set_attr(MPI_COMM_SELF, at_finalize, NULL);
+        MPI_Comm_free_keyval(&at_finalize); /* the attribute keeps it until MPI_Finalize */
+    }
 }
 
 /* How long a creation drives a pending idup before it takes it over: Open MPI's idup takes
