@@ -30,6 +30,16 @@ expect_usage "--out /proc/e2" --ranks 2 --codec none --out /proc/e2
 expect_usage "--out $out/afile/sub" --ranks 2 --codec none --out "$out/afile/sub"
 expect_usage "--epochs must be a positive number" --ranks 2 --codec none --epochs nan --out "$out/e"
 expect_usage "--epochs must be a positive number" --ranks 2 --codec none --epochs inf --out "$out/e"
+# what the trainer's strtod or its seed range refuses is a usage error here, not failed points
+expect_usage "--epochs must be a positive number" --ranks 2 --codec none --epochs "0.05 " --out "$out/e"
+expect_usage "--epochs must be a positive number" --ranks 2 --codec none --epochs 0_05 --out "$out/e"
+expect_usage "--seed values must be distinct and in [0, 2^63)" --ranks 2 --codec none --seed 9223372036854775808 --out "$out/e"
+# a setting twice would run twice and be averaged as if seeds
+expect_usage "--codec values must be distinct" --ranks 2 --codec none --codec none --out "$out/e"
+expect_usage "--ef values must be distinct" --ranks 2 --codec none --ef 1,1 --out "$out/e"
+# the sweep's own settings after --: the trainer's last flag would win, the table would not say so
+expect_usage "--epochs after -- would override" --ranks 2 --codec none --out "$out/e" -- --epochs 0.2
+expect_usage "--model, --seed after -- would override" --ranks 2 --codec none --out "$out/e" -- --seed=3 --model cnn
 expect_usage "--evals-per-epoch must be >= 1" --ranks 2 --codec none --evals-per-epoch 0 --out "$out/e"
 expect_usage "--timeout must be a positive number" --ranks 2 --codec none --timeout 0 --out "$out/e"
 expect_usage "--timeout must be a positive number" --ranks 2 --codec none --timeout -5 --out "$out/e"
@@ -89,6 +99,31 @@ if [ "$rc" -ne 0 ] || [ -n "$stale" ] || [ ! -e "$out/zw/mine.txt" ] || [ ! -e "
   fails=$((fails + 1))
 else
   echo "ok: re-used --out: the first run's outputs removed, other files kept"
+fi
+
+# TERM to the sweep stops the point in progress too (before: its mpirun and ranks ran on).
+cat >"$out/slow.sh" <<'SH'
+#!/bin/sh
+echo $$ >"$1"
+exec sleep 60
+SH
+timeout 120 "${sweep[@]}" --ranks 2 --codec none --out "$out/term" --cmd "sh $out/slow.sh $out/term.pid" \
+  >"$out/stdout" 2>"$out/stderr" &
+spid=$!
+for _ in $(seq 50); do [ -s "$out/term.pid" ] && break; sleep 0.2; done
+kill -TERM "$spid"
+rc=0
+wait "$spid" || rc=$?
+sleep 1
+# alive: a state other than Z (a killed child of the point's shell may wait a moment to be reaped)
+alive() { case "$(ps -o stat= -p "$1" 2>/dev/null)" in "" | Z*) return 1 ;; esac; }
+if [ ! -s "$out/term.pid" ] || alive "$(cat "$out/term.pid")" || [ "$rc" -ne 143 ]; then
+  echo "FAIL: TERM to the sweep: exit $rc, the point's process $(cat "$out/term.pid" 2>/dev/null) still running:" \
+    "$(alive "$(cat "$out/term.pid" 2>/dev/null)" && echo yes || echo no)"
+  kill "$(cat "$out/term.pid" 2>/dev/null)" 2>/dev/null
+  fails=$((fails + 1))
+else
+  echo "ok: TERM to the sweep: exit 143, the point's process stopped"
 fi
 
 [ "$fails" -eq 0 ] || { echo "sweep_args_ci: $fails failed"; exit 1; }
