@@ -213,6 +213,7 @@ class GcompHookState:
         self._where = {}  # parameter number -> (bucket key, offset) of its velocity
         self._ids = {}  # bucket key -> numbers of the parameters its velocity holds, in order
         self._pending = {}  # bucket key -> _Pending: its step's velocity, result not seen yet
+        self._spare = {}  # bucket key -> a CPU velocity buffer for its next step (_settle)
         if backend == "nccl":
             self.comm = gcomp.Comm(comm, codec=codec, min_bytes=min_bytes,
                                    error_feedback=error_feedback, seed=seed,
@@ -321,7 +322,10 @@ class GcompHookState:
             u = self._velocity_of_layout(params, ids, grad)
         elif u.device != grad.device:  # loaded from a state dict: on the CPU
             u = u.to(grad.device)
-        new = torch.mul(u, self.momentum).add_(grad)  # the bits of u.mul_(m).add_(grad)
+        new = self._spare.pop(key, None)  # the velocity a CPU bucket's last step did not keep
+        if new is None or new.shape != u.shape or new.dtype != u.dtype or new.device != u.device:
+            new = torch.empty_like(u)
+        torch.mul(u, self.momentum, out=new).add_(grad)  # the bits of u.mul_(m).add_(grad)
         grad.copy_(new)
         self._velocity[key] = u
         if self._ids.get(key) != ids:
@@ -337,8 +341,14 @@ class GcompHookState:
             if p.finite is None:
                 continue
             del self._pending[key]
-            if self._velocity.get(key) is p.old:  # not replaced since (load_state_dict)
-                self._velocity[key] = p.velocity()
+            if self._velocity.get(key) is not p.old:  # replaced since (load_state_dict)
+                continue
+            kept = self._velocity[key] = p.velocity()
+            # the other one is the next step's buffer: no allocation (and page faults) of a
+            # bucket-sized tensor per step. CPU only: a CUDA tensor may still be read by work
+            # enqueued on a stream the next step's may not be ordered after.
+            if kept.device.type == "cpu":
+                self._spare[key] = p.new if kept is p.old else p.old
 
     def _velocity_of_layout(self, params, ids, grad):
         """The velocity of a layout without one: each parameter's slice comes from where that
@@ -369,6 +379,7 @@ class GcompHookState:
         self._velocity = {k: v for k, v in self._velocity.items()
                           if k in live or k not in self._ids}
         self._ids = {k: v for k, v in self._ids.items() if k in live}
+        self._spare = {k: v for k, v in self._spare.items() if k in self._velocity}
 
     # ---- public ----------------------------------------------------------------------------
 
@@ -421,6 +432,7 @@ class GcompHookState:
         self.start_iter, self.iter, self._layout = start_iter, it, layout
         self._velocity, self._where, self._ids = velocity, where, ids
         self._pending = {}  # steps in flight (none between iterations) belong to the old state
+        self._spare = {}
 
     def _check_state_dict(self, sd):
         """The version, counters, layouts and residuals of a state dict, checked."""
