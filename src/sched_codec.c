@@ -6,6 +6,7 @@
  * equal the host's bit for bit (the kernels equal the CPU reference per element), but for the
  * payload of a NaN + NaN in a pair sum (gcomp__call_decode_sum2: cast.h).
  */
+#include <stdint.h>
 #include <string.h>
 
 #include "schedule.h"
@@ -16,7 +17,9 @@ size_t gcomp__call_scratch_bytes(const gcomp__call *call, size_t count, int n)
     size_t one;
     if (!call->on_device || !cu || !cu->scratch_bytes) return 0;
     one = cu->scratch_bytes(call->params, count);
-    return n > 1 ? one * (size_t)n : one;
+    if (n <= 1) return one;
+    /* saturates, as gcomp__ws_take does, so the workspace sizing fails instead of wrapping */
+    return one > SIZE_MAX / (size_t)n ? SIZE_MAX : one * (size_t)n;
 }
 
 gcomp_result gcomp__call_res_blocks(gcomp__call *call, int n, const size_t *lo, gcomp_cuda_residual *host_tmp,

@@ -345,6 +345,86 @@ static void test_checkpoint_while_in_flight(void **state)
         }
 }
 
+/* A checkpoint call while another thread of the same rank is inside a blocking call (rank 0's
+ * second thread waits in its gcomp_allreduce for rank 1, which calls only once rank 0's main
+ * thread saw the refusal): refused, and the refusal names the other thread's call rather than
+ * requests in flight (it said "0 not yet completed by gcomp_wait/gcomp_test"). */
+typedef struct other_thread_job {
+    loop_rank at;
+    pthread_mutex_t *lock;
+    pthread_cond_t *cond;
+    int *refusal_seen;
+    gcomp_comm *comm;
+    float x[3001], y[3001];
+    gcomp_result call_rc, save_rc;
+    char refusal[240];
+} other_thread_job;
+
+static void *blocking_call(void *arg)
+{
+    other_thread_job *j = arg;
+    j->call_rc = gcomp_allreduce(j->comm, j->x, j->y, 3001, GCOMP_F32, GCOMP_SUM, 1, NULL);
+    return NULL;
+}
+
+static void *other_thread_rank(void *arg)
+{
+    other_thread_job *j = arg;
+    gcomp_config cfg = gcomp_config_default();
+    pthread_t t;
+    uint8_t buf[1 << 16];
+    size_t written = 0;
+    cfg.codec = "terngrad";
+    cfg.min_bytes = 0;
+    cfg.timeout_ms = 20000;
+    fill(j->x, 3001, j->at.rank, 0);
+    j->call_rc = j->save_rc = GCOMP_ERR_INTERNAL;
+    if (gcomp__comm_create_loop(j->at.w, j->at.rank, &cfg, &j->comm) != GCOMP_SUCCESS) return NULL;
+    if (j->at.rank == 0) {
+        assert_int_equal(pthread_create(&t, NULL, blocking_call, j), 0);
+        /* until the other thread's call holds the communicator (a save before it is fine) */
+        for (int tries = 0; tries < 4000; tries++) {
+            j->save_rc = gcomp_comm_residuals_save(j->comm, buf, sizeof buf, &written);
+            if (j->save_rc != GCOMP_SUCCESS) break;
+            usleep(500);
+        }
+        snprintf(j->refusal, sizeof j->refusal, "%s", gcomp_last_error());
+        pthread_mutex_lock(j->lock);
+        *j->refusal_seen = 1;
+        pthread_cond_broadcast(j->cond);
+        pthread_mutex_unlock(j->lock);
+        pthread_join(t, NULL);
+    } else {
+        pthread_mutex_lock(j->lock);
+        while (!*j->refusal_seen) pthread_cond_wait(j->cond, j->lock);
+        pthread_mutex_unlock(j->lock);
+        blocking_call(j);
+    }
+    gcomp_comm_destroy(j->comm);
+    return NULL;
+}
+
+static void test_checkpoint_while_other_thread_calls(void **state)
+{
+    static other_thread_job jobs[2];
+    pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+    pthread_cond_t cond = PTHREAD_COND_INITIALIZER;
+    int refusal_seen = 0;
+    (void)state;
+    memset(jobs, 0, sizeof jobs);
+    for (int r = 0; r < 2; r++) {
+        jobs[r].lock = &lock;
+        jobs[r].cond = &cond;
+        jobs[r].refusal_seen = &refusal_seen;
+    }
+    loop_run_world(2, other_thread_rank, jobs, sizeof jobs[0]);
+    assert_int_equal(jobs[0].call_rc, GCOMP_SUCCESS);
+    assert_int_equal(jobs[1].call_rc, GCOMP_SUCCESS);
+    if (jobs[0].save_rc != GCOMP_ERR_INVALID_ARG) fail_msg("save returned %s", gcomp_result_name(jobs[0].save_rc));
+    if (!strstr(jobs[0].refusal, "gcomp_comm_residuals_save") || !strstr(jobs[0].refusal, "another thread"))
+        fail_msg("the refusal says '%s'", jobs[0].refusal);
+}
+
 static void test_null_arguments(void **state)
 {
     gcomp_request *req = (gcomp_request *)1;
@@ -361,9 +441,13 @@ static void test_null_arguments(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_null_arguments),         cmocka_unit_test(test_many_in_flight_match_blocking),
-        cmocka_unit_test(test_stopped_peer_times_out), cmocka_unit_test(test_mismatch_in_flight),
-        cmocka_unit_test(test_bad_argument_in_flight), cmocka_unit_test(test_checkpoint_while_in_flight),
+        cmocka_unit_test(test_null_arguments),
+        cmocka_unit_test(test_many_in_flight_match_blocking),
+        cmocka_unit_test(test_stopped_peer_times_out),
+        cmocka_unit_test(test_mismatch_in_flight),
+        cmocka_unit_test(test_bad_argument_in_flight),
+        cmocka_unit_test(test_checkpoint_while_in_flight),
+        cmocka_unit_test(test_checkpoint_while_other_thread_calls),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
