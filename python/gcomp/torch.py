@@ -557,6 +557,12 @@ class GcompHookState:
                 raise ValueError("%s: where puts parameter %d at offset %d of key %d's velocity; "
                                  "its layout has it at %d" % (_LOAD, n, off, key, offsets[key][n]))
             out_where[n] = (key, off)
+        # every parameter a velocity names has a place (state_dict() never drops one: a
+        # parameter that moves is placed anew); without it its momentum would be zero
+        lost = sorted({n for nums in out_ids.values() for n in nums} - set(out_where))
+        if lost:
+            raise ValueError("%s: ids name parameter(s) %s, which where does not place"
+                             % (_LOAD, ", ".join(map(str, lost))))
         unused = sorted(set(out_ids) - {key for key, _ in out_where.values()})
         if unused:
             raise ValueError("%s: ids of key(s) %s, whose velocity holds no parameter's (where)"
@@ -746,6 +752,11 @@ def _check_signature(sig, idx, version):
         raise ValueError("%s: layout %r of bucket %d is not one state_dict() writes (version %d: "
                          "(count, dtype, shapes%s))" % (_LOAD, sig, idx, version,
                                                         ", parameter numbers" if version >= 3 else ""))
+    # a DDP bucket is its parameters' elements, unpadded: a layout of another count matches
+    # no bucket, and its residual and velocity would be dropped without a word
+    if sig[0] != sum(math.prod(shape) for shape in sig[2]):
+        raise ValueError("%s: layout %r of bucket %d counts %d elements, its parameter shapes %d"
+                         % (_LOAD, sig, idx, sig[0], sum(math.prod(shape) for shape in sig[2])))
 
 
 def _momentum_arg(name, v):

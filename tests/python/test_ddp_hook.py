@@ -348,10 +348,37 @@ def momentum_args_check():
         assert "without momentum" in str(e), str(e)
     else:
         raise AssertionError("velocities accepted by a state without momentum")
+    # a layout whose count is not its shapes' (it would match no bucket: with momentum its
+    # velocity does not fit it either, without momentum nothing else would tell), and a
+    # parameter named by ids without a place in where (its momentum would restart from zero)
+    q = torch.nn.Parameter(torch.zeros(2))
+    c = gcomp.torch.GcompHookState(codec="terngrad")
+    for st in (a, c):
+        gcomp.torch.hook(st, FakeBucket(1, [p, q], torch.ones(5))).wait()
+    good = a.state_dict()
+    (sig, gen), = good["layout"][1].items()
+    cases = [(c, "its parameter shapes"), (a, "its parameter shapes"), (a, "which where does not place")]
+    for st, words in cases:
+        sd = st.state_dict()
+        if words == "its parameter shapes":
+            sd["layout"] = {**sd["layout"], 1: {(sig[0] + 1,) + sig[1:]: gen}}
+        else:
+            sd["where"] = {n: w for n, w in sd["where"].items() if n != sig[3][1]}
+        before = st.state_dict()
+        try:
+            st.load_state_dict(sd)
+        except ValueError as e:
+            assert words in str(e), str(e)
+        else:
+            raise AssertionError("a state dict with %r accepted" % words)
+        after = st.state_dict()
+        assert after["layout"] == before["layout"] and after["where"] == before["where"], after
+    c.close()
     a.load_state_dict(good)  # and the good one still loads
     a.close()
     b.close()
-    log("momentum: bad values, a state dict of another momentum, velocities that fit no layout -> clear errors")
+    log("momentum: bad values, a state dict of another momentum, velocities that fit no layout, "
+        "miscounted layouts, unplaced parameters -> clear errors")
 
 
 def nonfinite_momentum_check(data, rank, steps=9, start_iter=3, overflow=(2, 5)):
