@@ -408,8 +408,15 @@ class Comm(_Handle):
         self._mpi_comm = MPI.COMM_WORLD if mpi_comm is None else mpi_comm
         handle = _mpi_handle(self._mpi_comm)
         h = ctypes.c_void_p()
-        _check(_lib.comm_create_mpi(handle, ctypes.byref(cfg), ctypes.byref(h)),
-               "gcomp_comm_create_mpi")
+        rc = _lib.comm_create_mpi(handle, ctypes.byref(cfg), ctypes.byref(h))
+        if rc != 0:
+            err = GcompError(rc, "gcomp_comm_create_mpi")
+            if err.name == "GCOMP_ERR_INVALID_SPEC" and "failed to create its communicator" in err.detail:
+                # a rank that refused its arguments in Python joins with a refused spec
+                # (_join_refused_creation): the codec is only one of the two causes
+                err.args = (err.args[0] + " (from Python: that rank's codec spec, or arguments "
+                            "gcomp's Python package refused there; see its exception)",)
+            raise err
         self._h = h
 
     def _create_nccl(self, cfg, mpi_comm, group, device, share_timeout_s):
