@@ -141,7 +141,9 @@ static void put_floats(uint8_t *p, const float *src, size_t count)
 static gcomp_result begin_state_access(gcomp_comm *comm, const char *api)
 {
     if (!comm->cfg.error_feedback)
-        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "%s: the communicator has error feedback off (GCOMP_EF=0)", api);
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG,
+                           "%s: the communicator has error feedback off (gcomp_config.error_feedback or GCOMP_EF = 0)",
+                           api);
     return gcomp__comm_hold(comm, api);
 }
 
@@ -229,6 +231,9 @@ static gcomp_result check_header(gcomp_comm *comm, const uint8_t *p, size_t byte
     rank = gcomp_le_load_u32(p + 16);
     size = gcomp_le_load_u32(p + 20);
     spec_len = gcomp_le_load_u32(p + 24);
+    if (version < CKPT_VERSION) /* no library wrote one: version 1 is the first */
+        return gcomp__fail(GCOMP_ERR_CORRUPT,
+                           "residual checkpoint: format version %u, which does not exist (the first is 1)", version);
     if (version != CKPT_VERSION)
         return gcomp__fail(GCOMP_ERR_UNSUPPORTED,
                            "residual checkpoint: format version %u, this library reads version %u", version,

@@ -190,6 +190,11 @@ static void test_refusals(void)
     resum(copy, bytes);
     expect_refused(c, copy, bytes, GCOMP_ERR_UNSUPPORTED, "a newer format version");
 
+    memcpy(copy, blob, bytes);
+    copy[8] = 0; /* version 0: no library wrote one (it said UNSUPPORTED, as for a newer one) */
+    resum(copy, bytes);
+    expect_refused(c, copy, bytes, GCOMP_ERR_CORRUPT, "format version 0");
+
     /* a damaged structure under a valid checksum (a file another program wrote):
      * every field that says where the next one is gets checked against the file's size */
     {
