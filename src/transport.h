@@ -104,6 +104,12 @@ struct gcomp__transport {
 gcomp_result gcomp__comm_create(gcomp__transport *tp, const gcomp_config *cfg, gcomp_comm **out);
 gcomp_result gcomp__comm_join_failed(gcomp__transport *tp, gcomp_result local);
 
+/* ---- the MPI transport's count limit (transport_mpi.c), for tests ----
+ * The most one MPI call moves (bytes of a message, elements of a collective): INT_MAX, MPI's
+ * int counts. Longer messages go as one element of a derived datatype, longer collectives
+ * in pieces. Tests lower it (before any creation) to run those paths on small buffers. */
+extern size_t gcomp__mpi_max_count;
+
 /* ---- the fault-injection decorator (transport_fault.c), for tests ----
  * Wraps inner (taking ownership); *out forwards everything to it, except what is armed. */
 gcomp_result gcomp__transport_fault_wrap(gcomp__transport *inner, gcomp__transport **out);

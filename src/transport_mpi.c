@@ -30,6 +30,13 @@
  * freed (left to MPI_Finalize), and the next creation starts afresh. The two cannot be told
  * apart for sure: a late rank that arrives after the others' next creation began is joined
  * by it (its late creation and their next one then succeed together).
+ *
+ * MPI counts are int. A ring message of more than INT_MAX bytes travels as one element of a
+ * derived datatype of that many bytes (blocks of GCOMP__MPI_BLOCK bytes and the rest, so its
+ * type signature is still that many bytes, and a receive posted with such a type of its
+ * capacity takes any shorter message too); a collective of more than INT_MAX elements runs
+ * as several of at most INT_MAX. Tests lower both limits (gcomp__mpi_max_count) to run these
+ * paths on small buffers.
  */
 #include <limits.h>
 #include <pthread.h>
@@ -45,6 +52,10 @@
 #include "gcomp_mpi.h"
 
 #define GCOMP_TAG 0x6763 /* "gc" */
+#define GCOMP__MPI_BLOCK ((size_t)1 << 20)
+
+/* The largest count one MPI call takes: INT_MAX, lower in tests (transport.h). */
+size_t gcomp__mpi_max_count = INT_MAX;
 
 typedef struct mpi_transport {
     gcomp__transport base;
@@ -68,6 +79,8 @@ typedef struct mpi_transport {
     size_t big_cap;
     int into_big;
     gcomp_result match_rc; /* a failure of match_any in progress(), reported by finish */
+    MPI_Datatype rtype;    /* the receive's derived datatype (a long one), until finish reads
+                            * its length; MPI_DATATYPE_NULL when it is MPI_BYTE */
 } mpi_transport;
 
 static gcomp_result mpi_fail(int err, const char *what)
@@ -173,11 +186,40 @@ static gcomp_result wait_all(int n, MPI_Request *reqs, MPI_Status *st, double de
     return rc;
 }
 
-/* MPI counts are int: a longer message is refused before anything is posted. */
-static gcomp_result check_bytes(size_t bytes)
+/* (type, count) for a message of `bytes` bytes: (MPI_BYTE, bytes) up to the count limit, else
+ * one element of a committed derived datatype of that many bytes, which the caller frees
+ * (MPI lets it go while the operation using it is still pending). */
+static int bytes_type(size_t bytes, MPI_Datatype *type, int *count)
 {
-    if (bytes <= INT_MAX) return GCOMP_SUCCESS;
-    return gcomp__fail(GCOMP_ERR_UNSUPPORTED, "MPI transport: message of %zu bytes exceeds 2 GiB", bytes);
+    size_t block = GCOMP__MPI_BLOCK < gcomp__mpi_max_count ? GCOMP__MPI_BLOCK : gcomp__mpi_max_count;
+    MPI_Datatype whole = MPI_DATATYPE_NULL, types[2] = { MPI_DATATYPE_NULL, MPI_BYTE };
+    int lens[2], err;
+    MPI_Aint at[2];
+    *type = MPI_BYTE;
+    *count = (int)bytes;
+    if (bytes <= gcomp__mpi_max_count) return MPI_SUCCESS;
+    /* at most 2^42 bytes (2^40 elements of 4): whole blocks number fewer than INT_MAX */
+    lens[0] = (int)(bytes / block);
+    lens[1] = (int)(bytes % block);
+    at[0] = 0;
+    at[1] = (MPI_Aint)(bytes - bytes % block);
+    err = MPI_Type_contiguous((int)block, MPI_BYTE, &types[0]);
+    if (err == MPI_SUCCESS) err = MPI_Type_create_struct(2, lens, at, types, &whole);
+    if (err == MPI_SUCCESS) err = MPI_Type_commit(&whole);
+    if (types[0] != MPI_DATATYPE_NULL) MPI_Type_free(&types[0]);
+    if (err != MPI_SUCCESS) {
+        if (whole != MPI_DATATYPE_NULL) MPI_Type_free(&whole);
+        return err;
+    }
+    *type = whole;
+    *count = 1;
+    return MPI_SUCCESS;
+}
+
+static void free_type(MPI_Datatype *type)
+{
+    if (*type != MPI_BYTE && *type != MPI_DATATYPE_NULL) MPI_Type_free(type);
+    *type = MPI_DATATYPE_NULL;
 }
 
 /* A call after MPI_Finalize (a communicator the program kept): an error, where any MPI call
@@ -195,7 +237,12 @@ static gcomp_result check_live(void)
 /* The exchange's send, as ring[1]; call between quiet_begin and quiet_end. */
 static int post_send(mpi_transport *m, int to, const void *sbuf, size_t sbytes)
 {
-    return MPI_Isend(sbuf, (int)sbytes, MPI_BYTE, to, GCOMP_TAG, m->comm, &m->ring[1]);
+    MPI_Datatype type;
+    int count, err = bytes_type(sbytes, &type, &count);
+    if (err != MPI_SUCCESS) return err;
+    err = MPI_Isend(sbuf, count, type, to, GCOMP_TAG, m->comm, &m->ring[1]);
+    free_type(&type);
+    return err;
 }
 
 static gcomp_result mpi_start(gcomp__transport *t, int to, const void *sbuf, size_t sbytes, int from, void *rbuf,
@@ -205,11 +252,14 @@ static gcomp_result mpi_start(gcomp__transport *t, int to, const void *sbuf, siz
     quiet q;
     gcomp_result rc = GCOMP_SUCCESS;
     int err;
+    int count;
     GCOMP_CHECK(check_live());
-    GCOMP_CHECK(check_bytes(sbytes > rcap ? sbytes : rcap));
     q = quiet_begin(MPI_COMM_WORLD);
-    err = MPI_Irecv(rbuf, (int)rcap, MPI_BYTE, from, GCOMP_TAG, m->comm, &m->ring[0]);
+    err = bytes_type(rcap, &m->rtype, &count);
+    if (err == MPI_SUCCESS) err = MPI_Irecv(rbuf, count, m->rtype, from, GCOMP_TAG, m->comm, &m->ring[0]);
+    if (m->rtype == MPI_BYTE) m->rtype = MPI_DATATYPE_NULL; /* finish reads MPI_BYTE's count */
     if (err != MPI_SUCCESS) {
+        free_type(&m->rtype);
         rc = mpi_fail(err, "MPI_Irecv");
     } else if ((err = post_send(m, to, sbuf, sbytes)) != MPI_SUCCESS) {
         MPI_Cancel(&m->ring[0]);
@@ -229,7 +279,6 @@ static gcomp_result mpi_start_any(gcomp__transport *t, int to, const void *sbuf,
     quiet q;
     int err;
     GCOMP_CHECK(check_live());
-    GCOMP_CHECK(check_bytes(sbytes));
     m->ring[0] = MPI_REQUEST_NULL;
     m->any = m->probing = 1;
     m->from = from;
@@ -254,23 +303,28 @@ static gcomp_result match_any(mpi_transport *m)
 {
     MPI_Message msg;
     MPI_Status st;
-    int flag = 0, n = 0, err;
+    MPI_Count len = 0;
+    MPI_Datatype type;
+    int flag = 0, count, err;
     void *dst = m->rbuf;
+    size_t take;
     if (!m->probing) return GCOMP_SUCCESS;
     err = MPI_Improbe(m->from, GCOMP_TAG, m->comm, &flag, &msg, &st);
     if (err != MPI_SUCCESS) return mpi_fail(err, "MPI_Improbe");
     if (!flag) return GCOMP_SUCCESS;
     m->probing = 0;
-    MPI_Get_count(&st, MPI_BYTE, &n);
-    m->got = (size_t)n;
+    MPI_Get_elements_x(&st, MPI_BYTE, &len); /* a probe's status: any datatype may count it */
+    m->got = take = (size_t)len;
     if (m->got > m->rcap) {
         /* without memory for it, receiving into rbuf reports MPI_ERR_TRUNCATE, an error of the
          * exchange: the message must be received once matched */
         m->into_big = gcomp__reserve(&m->big, &m->big_cap, m->got) == GCOMP_SUCCESS;
         dst = m->into_big ? m->big : m->rbuf;
-        if (!m->into_big) n = (int)m->rcap;
+        if (!m->into_big) take = m->rcap;
     }
-    err = MPI_Imrecv(dst, n, MPI_BYTE, &msg, &m->ring[0]);
+    err = bytes_type(take, &type, &count);
+    if (err == MPI_SUCCESS) err = MPI_Imrecv(dst, count, type, &msg, &m->ring[0]);
+    free_type(&type);
     return err == MPI_SUCCESS ? GCOMP_SUCCESS : mpi_fail(err, "MPI_Imrecv");
 }
 
@@ -298,18 +352,22 @@ static gcomp_result mpi_finish(gcomp__transport *t, size_t *rbytes, double deadl
 {
     mpi_transport *m = (mpi_transport *)t;
     MPI_Status st[2];
-    int got = 0, any = m->any;
+    MPI_Count got = 0;
+    int any = m->any;
+    gcomp_result rc;
     m->any = 0;
     if (any) GCOMP_CHECK(m->match_rc != GCOMP_SUCCESS ? m->match_rc : wait_match(m, deadline));
-    GCOMP_CHECK(wait_all(2, m->ring, st, deadline, 1, "ring exchange"));
-    if (any) { /* a longer message leaves its tail in rbuf (transport.h) */
+    rc = wait_all(2, m->ring, st, deadline, 1, "ring exchange");
+    if (rc == GCOMP_SUCCESS && any) { /* a longer message leaves its tail in rbuf (transport.h) */
         if (m->into_big && m->rcap) memcpy(m->rbuf, (uint8_t *)m->big + (m->got - m->rcap), m->rcap);
         *rbytes = m->got;
-        return GCOMP_SUCCESS;
+    } else if (rc == GCOMP_SUCCESS) {
+        /* the receive's own datatype counts its basic elements: bytes */
+        MPI_Get_elements_x(&st[0], m->rtype == MPI_DATATYPE_NULL ? MPI_BYTE : m->rtype, &got);
+        *rbytes = (size_t)got;
     }
-    MPI_Get_count(&st[0], MPI_BYTE, &got);
-    *rbytes = (size_t)got;
-    return GCOMP_SUCCESS;
+    free_type(&m->rtype);
+    return rc;
 }
 
 /* A progress thread calls MPI while the user's threads may too: that needs
@@ -356,19 +414,23 @@ static gcomp_result mpi_allreduce(mpi_transport *m, void *vals, size_t n, size_t
 {
     MPI_Request req;
     MPI_Status st;
-    gcomp_result rc;
+    gcomp_result rc = GCOMP_SUCCESS;
     quiet q;
     int err;
-    if (n > INT_MAX) return gcomp__fail(GCOMP_ERR_UNSUPPORTED, "MPI transport: %zu elements exceed INT_MAX", n);
     GCOMP_CHECK(check_live());
     if (m->abandoned) return gcomp__fail(GCOMP_ERR_COMM_INVALID, "an earlier collective timed out");
     GCOMP_CHECK(gcomp__reserve(&m->coll, &m->coll_cap, n * esize));
     memcpy(m->coll, vals, n * esize);
-    q = quiet_begin(MPI_COMM_WORLD);
-    err = MPI_Iallreduce(MPI_IN_PLACE, m->coll, (int)n, type, op, m->comm, &req);
-    quiet_end(&q);
-    if (err != MPI_SUCCESS) return mpi_fail(err, what);
-    rc = wait_all(1, &req, &st, deadline, 0, what);
+    /* n is the same on every rank, and so are the pieces */
+    for (size_t at = 0; rc == GCOMP_SUCCESS && (at < n || n == 0); at += gcomp__mpi_max_count) {
+        size_t k = n - at < gcomp__mpi_max_count ? n - at : gcomp__mpi_max_count;
+        q = quiet_begin(MPI_COMM_WORLD);
+        err = MPI_Iallreduce(MPI_IN_PLACE, (uint8_t *)m->coll + at * esize, (int)k, type, op, m->comm, &req);
+        quiet_end(&q);
+        if (err != MPI_SUCCESS) return mpi_fail(err, what);
+        rc = wait_all(1, &req, &st, deadline, 0, what);
+        if (n == 0) break;
+    }
     if (rc == GCOMP_ERR_TIMEOUT) {
         m->coll = NULL; /* still referenced by the pending request: leak it on purpose */
         m->coll_cap = 0;
@@ -401,6 +463,7 @@ static void mpi_destroy(gcomp__transport *t)
     if (!m) return;
     pending = m->abandoned || m->ring[0] != MPI_REQUEST_NULL || m->ring[1] != MPI_REQUEST_NULL;
     MPI_Finalized(&finalized);
+    if (!finalized) free_type(&m->rtype); /* an exchange started and never finished */
     if (!finalized && !pending) MPI_Comm_free(&m->comm);
     if (!pending) free(m->coll);
     if (!pending) free(m->big);
@@ -540,6 +603,7 @@ gcomp_result gcomp_comm_create_mpi(MPI_Comm comm, const gcomp_config *cfg, gcomp
     else
         m = &fallback;
     m->ring[0] = m->ring[1] = MPI_REQUEST_NULL;
+    m->rtype = MPI_DATATYPE_NULL;
     rc = dup_until(comm, &m->comm, &fallback_dup, deadline);
     if (rc != GCOMP_SUCCESS) {
         if (m->owned) free(m);

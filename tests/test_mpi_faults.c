@@ -12,6 +12,7 @@
  *              misses a creation, and the next ones work on every rank
  *   --kill     one rank is killed: the job must end non-zero (checked by the ctest wrapper)
  */
+#include <limits.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -296,6 +297,57 @@ static void test_any_size_receive(void)
     gcomp_comm_destroy(c);
 }
 
+/* Messages and collectives past the MPI transport's count limit (INT_MAX, lowered here to 1000
+ * so that small buffers cross it: transport.h): the ring's messages go as derived datatypes
+ * (fixed and any-size receives), the bypass's MPI_Iallreduce in pieces, and every call gives
+ * the result the same calls give under the normal limit, bit for bit. Before, a message past
+ * 2 GiB was GCOMP_ERR_UNSUPPORTED on the rank that sent it (and not always on the others). */
+static void test_long_messages(void)
+{
+    enum {
+        N = 30011,
+        CALLS = 3
+    };
+    static const char *const long_specs[] = { "none",           "fp16",           "bf16",      "terngrad",
+                                              "topk:ratio=0.1", "topk:ratio=0.6", "none+zstd", "terngrad+zstd" };
+    enum {
+        N_LONG = sizeof long_specs / sizeof long_specs[0]
+    };
+    static float x[N], y[N], ref[N_LONG + 1][CALLS][N];
+    for (int lowered = 0; lowered <= 1; lowered++) {
+        gcomp__mpi_max_count = lowered ? 1000 : INT_MAX;
+        for (size_t s = 0; s <= N_LONG; s++) {
+            gcomp_config cfg = gcomp_config_default();
+            gcomp_comm *c = NULL;
+            cfg.codec = s < N_LONG ? long_specs[s] : "fp16";
+            cfg.min_bytes = s < N_LONG ? 0 : (int64_t)1 << 30; /* the last: bypassed */
+            cfg.seed = 5;
+            cfg.timeout_ms = 60000;
+            CHECK(gcomp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &c) == GCOMP_SUCCESS, "create %s: %s", cfg.codec,
+                  gcomp_last_error());
+            for (int k = 0; k < CALLS && c; k++) {
+                gcomp_result rc;
+                fill(x, N, 1.0f + (float)k);
+                memset(y, 0, sizeof y);
+                rc = gcomp_allreduce(c, x, y, N, GCOMP_F32, k == 1 ? GCOMP_AVG : GCOMP_SUM, 1, NULL);
+                CHECK(rc == GCOMP_SUCCESS, "%s%s, limit %zu, call %d: %s (%s)", cfg.codec,
+                      s < N_LONG ? "" : " bypassed", gcomp__mpi_max_count, k, gcomp_result_name(rc),
+                      gcomp_last_error());
+                if (!lowered)
+                    memcpy(ref[s][k], y, sizeof y);
+                else
+                    CHECK(memcmp(ref[s][k], y, sizeof y) == 0,
+                          "%s%s, call %d: the result differs under a count limit "
+                          "of 1000",
+                          cfg.codec, s < N_LONG ? "" : " bypassed", k);
+            }
+            gcomp_comm_destroy(c);
+        }
+    }
+    test_any_size_receive(); /* its longest message, 64000 bytes, crosses the lowered limit */
+    gcomp__mpi_max_count = INT_MAX;
+}
+
 /* Collectives of different sizes inside the transport (what ranks out of step would do):
  * Open MPI reports the truncation through MPI_COMM_WORLD's error handler, which must not
  * abort the job; each rank gets an error (or a timeout), and the job goes on. */
@@ -564,6 +616,7 @@ int main(int argc, char **argv)
         test_min_bytes_mismatch();
         if (size > 1) test_disagreeing_plans();
         test_any_size_receive();
+        test_long_messages();
         test_create_local_failure();
         test_intercomm();
         /* it leaves a timed-out collective behind, whose communicator and buffer destroy
