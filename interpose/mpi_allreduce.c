@@ -111,6 +111,7 @@ typedef struct ip_comm {
     MPI_Comm comm;
     gcomp_comm *g; /* NULL when creation failed: every call on comm passes through */
     int64_t min_bytes;
+    int no_ef; /* error feedback off (GCOMP_EF=0): no keys, as for an exact codec */
     /* the keys given out: buffer mode, one per address (shared: seen with more than one
      * count, a fusion buffer: no error feedback); sequence mode, one per (address, count,
      * control context) */
@@ -421,6 +422,7 @@ static ip_comm *comm_state(MPI_Comm comm)
         c->g = NULL;
     } else if (gcomp_comm_config_get(c->g, &got) == GCOMP_SUCCESS) {
         c->min_bytes = got.min_bytes;
+        c->no_ef = !got.error_feedback;
         agree_settings(c, no_memory);
     }
     inside_gcomp--;
@@ -511,7 +513,7 @@ static uint64_t residual_key(ip_comm *c, const void *send, const void *buf, size
 {
     uint64_t context = 0, k;
     struct seen *s;
-    if (S.exact) return GCOMP_KEY_NONE; /* nothing to keep: no key, no table entry */
+    if (S.exact || c->no_ef) return GCOMP_KEY_NONE; /* nothing to keep: no key, no table entry */
     /* no control call seen yet on this communicator: nothing to key by but the buffer */
     if (S.ef_key == EF_KEY_SEQUENCE && c->run_calls) context = mix64(c->run_hash ^ mix64(c->since + 1));
     s = seen_entry(c, send, buf, n, context);

@@ -104,6 +104,7 @@ typedef struct ip_comm {
     gcomp_comm *g; /* NULL when creation failed: every call on comm passes through */
     int rank;
     int64_t min_bytes;
+    int no_ef;     /* error feedback off (GCOMP_EF=0): no keys, as for an exact codec */
     int users;     /* compressed calls in flight, and the creation (under S.lock) */
     int creating;  /* its gcomp communicator is being made (under S.lock) */
     int aborting;  /* ncclCommAbort came while it was in use: abort g as soon as it exists */
@@ -279,6 +280,7 @@ static void create_gcomp(ip_comm *c)
         g = NULL;
     } else if (gcomp_comm_config_get(g, &got) == GCOMP_SUCCESS) {
         c->min_bytes = got.min_bytes;
+        c->no_ef = !got.error_feedback;
     }
     inside_gcomp--;
     pthread_mutex_lock(&S.lock);
@@ -411,7 +413,7 @@ static uint64_t residual_key(ip_comm *c, const void *send, const void *buf, size
 {
     struct seen *s = NULL;
     uint64_t k;
-    if (S.exact) return GCOMP_KEY_NONE; /* nothing to keep: no key, no table entry */
+    if (S.exact || c->no_ef) return GCOMP_KEY_NONE; /* nothing to keep: no key, no table entry */
     k = ((uint64_t)(uintptr_t)c->comm * 0xff51afd7ed558ccdull) ^
         ((uint64_t)(uintptr_t)buf * 0x9e3779b97f4a7c15ull) ^ (uint64_t)n ^
         (send == buf ? 0 : (uint64_t)(uintptr_t)send * 0xc4ceb9fe1a85ec53ull);

@@ -21,6 +21,8 @@ env_args=(-x LD_PRELOAD="${asan:+$asan:}$lib" -x GCOMP_STATS_FILE="$out/stats_%r
 [ "$codec" != none ] && env_args+=(-x GCOMP_CODEC="$codec")
 # the residual key mode, when the test sets one (interpose_fusion.c)
 [ -n "${GCOMP_INTERPOSE_EF_KEY+set}" ] && env_args+=(-x GCOMP_INTERPOSE_EF_KEY="$GCOMP_INTERPOSE_EF_KEY")
+# error feedback off, when the test sets it (every compressed call then counts without it)
+[ -n "${GCOMP_EF:-}" ] && env_args+=(-x GCOMP_EF="$GCOMP_EF")
 # a deadline, when the test sets one (else the interposer's default is checked below)
 [ -n "${GCOMP_TIMEOUT_MS:-}" ] && env_args+=(-x GCOMP_TIMEOUT_MS="$GCOMP_TIMEOUT_MS")
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -36,6 +38,12 @@ for ((r = 0; r < np; r++)); do
     f="$out/stats_$r.json"
     [ -f "$f" ] || { echo "FAIL: no stats file for rank $r"; fail=1; continue; }
     got=$(/usr/bin/python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("compressed=%d passed=%d no_ef=%d" % (d["calls_compressed"], d["calls_passed_through"], d["calls_compressed_without_ef"]) + (" freed=%d" % d["communicators_freed_before_finalize"] if sys.argv[2] == "1" else ""))' "$f" "$([[ $exp == *freed=* ]] && echo 1 || echo 0)")
+    # every compressed call without error feedback: no residual key was given out
+    if [[ $got =~ compressed=([0-9]+)\ passed=[0-9]+\ no_ef=([0-9]+) ]] && [ "${BASH_REMATCH[1]}" = "${BASH_REMATCH[2]}" ] &&
+        keys=$(/usr/bin/python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["residual_keys"])' "$f") &&
+        [ "$keys" != 0 ]; then
+        echo "FAIL: rank $r: no call had error feedback, yet the stats file counts $keys residual keys"; fail=1
+    fi
     if [ "${exp#rank $r expects }" != "$got" ]; then
         echo "FAIL: rank $r: program expects ${exp#rank $r expects }, stats file says $got"; cat "$f"; fail=1
     else
