@@ -451,6 +451,15 @@ class GcompHookState:
         if missing:
             raise ValueError("%s: the state dict lacks %s, which every version-%d state dict "
                              "holds" % (_LOAD, ", ".join(missing), version))
+        # as torch's load_state_dict (strict): a field no state_dict() of its version writes
+        # is a mistake (a typo, another object's state), not something to skip
+        known = {"version", "codec", "start_iter", "iter", "layout", "residuals"}
+        known |= {k for k, since in (("momentum", 2), ("velocity", 2), ("where", 3), ("ids", 3))
+                  if version >= since}
+        unknown = sorted(repr(k) for k in sd if k not in known)
+        if unknown:
+            raise ValueError("%s: the state dict has %s, which no version-%d state dict holds"
+                             % (_LOAD, ", ".join(unknown), version))
         if sd["codec"] != self.comm.codec:
             raise ValueError("%s: saved with codec %r, this state uses %r"
                              % (_LOAD, sd["codec"], self.comm.codec))

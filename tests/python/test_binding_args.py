@@ -276,7 +276,8 @@ def test_hook_state_load_all_or_nothing():
                  bad(iter=KeyError), bad(iter=-3), bad(iter="7"), bad(start_iter=True),
                  bad(layout=KeyError), bad(version=KeyError), bad(codec="fp16"),
                  bad(residuals=KeyError), bad(residuals=None), bad(residuals=5),
-                 bad(residuals=saved["residuals"][:-1]), "not a dict", None]
+                 bad(residuals=saved["residuals"][:-1]), "not a dict", None,
+                 bad(iterr=4), bad(model={})]  # fields no state_dict() writes (were skipped)
         for sd in cases:
             try:
                 state.load_state_dict(sd)
