@@ -499,8 +499,11 @@ def state_dict_consistency_check():
          ValueError, "NaN or Inf"),
         ("an offset its layout does not give", lambda sd: sd["where"].__setitem__(1, (key, 2)),
          ValueError, "offset 2"),
-        ("a layout naming its parameters in a version-2 dict", lambda sd: sd.__setitem__("version", 2),
+        ("a layout naming its parameters in a version-2 dict",
+         lambda sd: (sd.__setitem__("version", 2), sd.pop("where"), sd.pop("ids")),
          ValueError, "not one state_dict() writes"),
+        ("where and ids in a version-2 dict", lambda sd: sd.__setitem__("version", 2),
+         ValueError, "'ids', 'where', which no version-2 state dict holds"),
     ]
     for what, fn, exc, match in cases:
         try:
