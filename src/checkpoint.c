@@ -231,7 +231,7 @@ static gcomp_result check_header(gcomp_comm *comm, const uint8_t *p, size_t byte
     rank = gcomp_le_load_u32(p + 16);
     size = gcomp_le_load_u32(p + 20);
     spec_len = gcomp_le_load_u32(p + 24);
-    if (version < CKPT_VERSION) /* no library wrote one: version 1 is the first */
+    if (version == 0) /* no library wrote one: version 1 is the first */
         return gcomp__fail(GCOMP_ERR_CORRUPT,
                            "residual checkpoint: format version %u, which does not exist (the first is 1)", version);
     if (version != CKPT_VERSION)

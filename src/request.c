@@ -210,15 +210,15 @@ gcomp_result gcomp__comm_hold(gcomp_comm *c, const char *api)
 {
     gcomp_result rc = GCOMP_SUCCESS;
     pthread_mutex_lock(&c->q.lock);
-    if (c->q.outstanding || c->q.head)
+    if (c->q.outstanding)
         rc = gcomp__fail(GCOMP_ERR_INVALID_ARG,
                          "%s: a gcomp_iallreduce of this communicator is in flight (%d not yet completed by "
                          "gcomp_wait/gcomp_test): call it when none is",
                          api, c->q.outstanding);
-    else if (c->q.running) /* outstanding counts only requests: this is another thread's call */
+    else if (c->q.head || c->q.running) /* no request in flight: another thread's call, queued or running */
         rc = gcomp__fail(GCOMP_ERR_INVALID_ARG,
-                         "%s: another thread is running a call on this communicator (a blocking "
-                         "gcomp_allreduce, a checkpoint): call it when none is",
+                         "%s: another thread is running or about to run a call on this communicator (a "
+                         "blocking gcomp_allreduce, a checkpoint): call it when none is",
                          api);
     else
         c->q.running = 1;

@@ -11,6 +11,7 @@
  *              one rank comes 3 s late to a creation with a 1 s deadline; one rank
  *              misses a creation, and the next ones work on every rank
  *   --kill     one rank is killed: the job must end non-zero (checked by the ctest wrapper)
+ *   --2gib     real messages past 2 GiB through the transport (about 4.3 GB per rank)
  */
 #include <limits.h>
 #include <math.h>
@@ -348,6 +349,39 @@ static void test_long_messages(void)
     gcomp__mpi_max_count = INT_MAX;
 }
 
+/* --2gib: real messages past 2 GiB through the transport (the lowered limit above cannot reach
+ * Open MPI's own int limits): 2^31 + 12345 bytes into a larger capacity (what the schedules
+ * post: their bounds), fixed and any-size, must arrive whole with their length. Before, the
+ * fixed receive reported MPI_UNDEFINED as its length. About 4.3 GB per rank. */
+static void test_2gib_exchange(void)
+{
+    const size_t n = ((size_t)1 << 31) + 12345, cap = n + ((size_t)1 << 20) + 7;
+    uint8_t *s = malloc(n), *r = malloc(cap);
+    gcomp_comm *c = make_comm("none", 120000);
+    int right = (rank + 1) % size, left = (rank + size - 1) % size;
+    CHECK(s && r, "no memory for two buffers of %zu bytes", n);
+    if (!s || !r || !c) goto out;
+    for (size_t i = 0; i < n; i += 4093) s[i] = (uint8_t)(i / 4093 + (size_t)rank);
+    s[n - 1] = (uint8_t)(77 + rank);
+    for (int any = 0; any <= 1; any++) {
+        gcomp__transport *tp = c->tp;
+        size_t got = 0;
+        int ok;
+        gcomp_result rc = any ? tp->start_sendrecv_any(tp, right, s, n, left, r, cap)
+                              : tp->start_sendrecv(tp, right, s, n, left, r, cap);
+        if (rc == GCOMP_SUCCESS) rc = tp->finish_sendrecv(tp, &got, gcomp__now() + 100.0);
+        CHECK(rc == GCOMP_SUCCESS && got == n, "%s exchange of %zu bytes into %zu: %s, length %zu (%s)",
+              any ? "any-size" : "fixed", n, cap, gcomp_result_name(rc), got, gcomp_last_error());
+        ok = rc == GCOMP_SUCCESS && r[n - 1] == (uint8_t)(77 + left);
+        for (size_t i = 0; ok && i < n - 1; i += 4093) ok = r[i] == (uint8_t)(i / 4093 + (size_t)left);
+        CHECK(ok, "%s exchange of %zu bytes: wrong bytes", any ? "any-size" : "fixed", n);
+    }
+out:
+    gcomp_comm_destroy(c);
+    free(s);
+    free(r);
+}
+
 /* Collectives of different sizes inside the transport (what ranks out of step would do):
  * Open MPI reports the truncation through MPI_COMM_WORLD's error handler, which must not
  * abort the job; each rank gets an error (or a timeout), and the job goes on. */
@@ -608,6 +642,8 @@ int main(int argc, char **argv)
         test_absent_create();
     } else if (!strcmp(mode, "--kill")) {
         test_killed_rank();
+    } else if (!strcmp(mode, "--2gib")) {
+        test_2gib_exchange();
     } else {
         test_alloc_failure();
         test_truncated_wire();
