@@ -163,7 +163,8 @@ static void usage(FILE *f, const char *prog)
             "                          MPI_Allreduce, copy back)\n"
             "      --transport T       device cuda: nccl, mpi or all (default all): gcomp over NCCL\n"
             "                          (gcomp_comm_create_nccl) and/or over MPI (gcomp_comm_create_mpi,\n"
-            "                          device buffers staged through host memory), a block each\n"
+            "                          device buffers staged through host memory), a block each;\n"
+            "                          --device host runs over MPI only (nccl is refused)\n"
             "  -J, --json FILE         also write one JSON object per row to FILE (JSON lines)\n"
             "  -v, --verbose           print where gcomp's time goes (encode, comm, decode)\n"
             "  -h, --help              this text\n"
@@ -182,7 +183,8 @@ static void usage(FILE *f, const char *prog)
             "                1e-12; a drift counts every element). Needs a few thousand elements.\n"
             "            avg divides by n; half/bfloat16 data add one output rounding.\n"
             "  wire_B    bytes one rank sends per call (gcomp_comm_stats), max over ranks\n"
-            "  cr        2(n-1)/n * size (what a plain ring sends per rank) / wire_B\n"
+            "  cr        2(n-1)/n * size (what a plain ring sends per rank) / wire_B; n/a (null\n"
+            "            in the JSON) at one rank, which sends nothing\n"
             "  rel_err   ||y - exact|| / ||exact|| of the checked call; max_err its max |y - exact|\n"
             "  base_us   us per MPI_Allreduce of the same buffers (half types: a user-defined\n"
             "            MPI_Op summing in fp32; avg: sum, then a local division, timed);\n"
@@ -346,6 +348,11 @@ static int parse_args(int argc, char **argv, struct options *o)
         if (o->talk) fprintf(stderr, "allreduce_perf: unexpected argument '%s'\n", argv[optind]);
         return 2;
     }
+    if (o->transports == TR_NCCL && !o->cuda) { /* host buffers go over MPI only */
+        if (o->talk)
+            fprintf(stderr, "allreduce_perf: --transport nccl needs --device cuda (--device host runs over MPI)\n");
+        return 2;
+    }
     if (o->ncodecs == 0)
         for (size_t i = 0; i < sizeof default_codecs / sizeof *default_codecs; i++)
             o->codecs[o->ncodecs++] = default_codecs[i];
@@ -506,7 +513,8 @@ struct check {
 static void add_error(struct check *out, double y, double exact, double *num, double *den)
 {
     double err = fabs(y - exact);
-    if (!(err <= out->max_abs_err)) out->max_abs_err = err;
+    /* a NaN element makes max_err NaN, as it makes rel_err: a later finite one must not hide it */
+    if (!(err <= out->max_abs_err) && !isnan(out->max_abs_err)) out->max_abs_err = err;
     *num += err * err;
     *den += exact * exact;
 }
@@ -996,20 +1004,31 @@ static void print_block_header(const struct bench *b, const char *spec)
     fflush(stdout); /* rows on slow links take minutes: show what is running */
 }
 
+/* A ratio's cell: "n/a" where it is undefined (cr at one rank, which sends nothing), as the
+ * JSON's null. */
+static const char *ratio_cell(char *buf, size_t n, double v)
+{
+    if (!isfinite(v)) return "n/a";
+    snprintf(buf, n, "%.2f", v);
+    return buf;
+}
+
 static void print_row(const struct bench *b, const struct row *r)
 {
     double bw = algbw(r->bytes, r->time_s);
     char wrong[24] = "N/A", rel[24] = "N/A", max_err[24] = "N/A"; /* -c 0: not checked */
+    char cr[24], speedup[24];
     if (r->nwrong >= 0) {
         snprintf(wrong, sizeof wrong, "%lld", r->nwrong);
         snprintf(rel, sizeof rel, "%.3e", r->rel_err);
         snprintf(max_err, sizeof max_err, "%.3e", r->max_abs_err);
     }
-    printf("%12zu  %12zu  %8s  %6s  %6d %10.1f %8.3f %8.3f %6s %13.0f %8.2f %10s %10s "
-           "%12.1f %8.2f  %s\n",
+    printf("%12zu  %12zu  %8s  %6s  %6d %10.1f %8.3f %8.3f %6s %13.0f %8s %10s %10s "
+           "%12.1f %8s  %s\n",
            r->bytes, r->count, dtype_name(b->o.dtype), op_name(b->o.op), -1, r->time_s * 1e6, bw,
-           bw * bus_factor(b->nranks), wrong, r->wire_bytes, ratio(b, r), rel, max_err, r->base_s * 1e6,
-           r->base_s / r->time_s, gcomp_schedule_name(r->schedule));
+           bw * bus_factor(b->nranks), wrong, r->wire_bytes, ratio_cell(cr, sizeof cr, ratio(b, r)), rel, max_err,
+           r->base_s * 1e6, ratio_cell(speedup, sizeof speedup, r->base_s / r->time_s),
+           gcomp_schedule_name(r->schedule));
     if (b->o.verbose)
         printf("#   phases per call, us, each the max over ranks: encode %.1f  comm %.1f  "
                "decode %.1f  (call %.1f)\n",

@@ -18,6 +18,7 @@
  */
 #define _GNU_SOURCE /* sched_getaffinity, getopt_long */
 #include <errno.h>
+#include <float.h>
 #include <getopt.h>
 #include <math.h>
 #include <sched.h>
@@ -112,7 +113,8 @@ static void usage(FILE *f, const char *prog)
             "  --dist gauss|heavy    gauss: N(0,1) (default); heavy: Student-t, 3 degrees of freedom.\n"
             "                        Deterministic (fixed seed), the same tensor for every codec.\n"
             "  --scale X             multiply the data by X (default 1), e.g. 1e-4 to see fp16\n"
-            "                        underflow on realistic gradient magnitudes\n"
+            "                        underflow on realistic gradient magnitudes; one that takes the\n"
+            "                        data beyond float's range (inf) is refused\n"
             "  --ef 0|1              1 (default): encode with a key so error feedback is on; the\n"
             "                        timed calls run in steady state (the residual exists).\n"
             "                        0: encode with GCOMP_KEY_NONE (no residual).\n"
@@ -367,6 +369,19 @@ void fill_data(float *x, size_t count, enum dist dist, double scale)
 {
     uint64_t s = DATA_SEED;
     for (size_t i = 0; i < count; i++) x[i] = (float)(scale * (dist == DIST_HEAVY ? student_t3(&s) : normal(&s)));
+}
+
+/* The largest |value| fill_data writes at scale 1: the data are fixed, so this is the real
+ * bound on --scale (the Box-Muller normal is bounded, about 8.65, but the heavy one is not). */
+static double data_peak(size_t count, enum dist dist)
+{
+    uint64_t s = DATA_SEED;
+    double peak = 0;
+    for (size_t i = 0; i < count; i++) {
+        double v = fabs(dist == DIST_HEAVY ? student_t3(&s) : normal(&s));
+        if (v > peak) peak = v;
+    }
+    return peak;
 }
 
 double rel_error(const float *x, const float *xhat, size_t count)
@@ -770,6 +785,18 @@ int main(int argc, char **argv)
 
     size_t payload_cap;
     if ((rc = check_specs(&cfg, argv[0], &payload_cap)) != 0) return rc;
+
+    /* a scale that turns data into +-inf measures nothing (rel_err nan): only above 1 can it */
+    if (cfg.scale > 1) {
+        double peak = data_peak(cfg.max_bytes / sizeof(float), cfg.dist);
+        if (isinf((float)(cfg.scale * peak))) {
+            char val[32], want[160];
+            snprintf(val, sizeof val, "%g", cfg.scale);
+            snprintf(want, sizeof want, "a scale below %.3g: the data's largest |value| is %.4g, and float ends at %g",
+                     FLT_MAX / peak, peak, FLT_MAX);
+            return bad_value(argv[0], "--scale", val, want);
+        }
+    }
 
     struct machine m;
     describe_machine(&m);

@@ -143,14 +143,18 @@ static double parse_num(const char *opt, const char *s)
 }
 
 /* An integer flag, written as one (strtod would take 100.9 or 1e30 and a cast would then
- * truncate or wrap it without a word), within [lo, hi]. */
-static long long parse_int(const char *opt, const char *s, long long lo, long long hi)
+ * truncate or wrap it without a word), within [lo, hi], the flag's own range (an overflow of
+ * long long says that range too). want, if not NULL, says what the range means instead. */
+static long long parse_int(const char *opt, const char *s, long long lo, long long hi, const char *want)
 {
     char *end;
     errno = 0;
     long long v = strtoll(s, &end, 10);
     if (*s == '\0' || *end != '\0') die("%s: '%s' is not an integer", opt, s);
-    if (errno == ERANGE || v < lo || v > hi) die("%s: %s is out of range [%lld, %lld]", opt, s, lo, hi);
+    if (errno == ERANGE || v < lo || v > hi) {
+        if (want) die("%s must be %s, not %s", opt, want, s);
+        die("%s: %s is out of range [%lld, %lld]", opt, s, lo, hi);
+    }
     return v;
 }
 
@@ -232,7 +236,8 @@ static void parse_options(int argc, char **argv, options *o)
                                               { "momentum-correction", 0, 0, O_MC },
                                               { "help", 0, 0, O_HELP },
                                               { 0, 0, 0, 0 } };
-    int c;
+    int c, li;
+    char seen[sizeof longopts / sizeof *longopts] = { 0 };
     *o = (options){ .model = "mlp",
                     .codec = "none",
                     .data = TRAIN_DATA_DEFAULT_DIR,
@@ -245,8 +250,11 @@ static void parse_options(int argc, char **argv, options *o)
                     .momentum = 0.9,
                     .seed = 1 };
     opterr = 0;
-    while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+    while ((li = -1, c = getopt_long(argc, argv, "h", longopts, &li)) != -1) {
         const char *name = optind > 1 ? argv[optind - 1] : "";
+        /* a flag's value given twice: getopt keeps the last, and a sweep's own setting or a
+         * script's default would be overridden without a word */
+        if (li >= 0 && longopts[li].has_arg && seen[li]++) die("--%s is given twice", longopts[li].name);
         switch (c) {
         case O_MODEL:
             o->model = optarg;
@@ -255,19 +263,20 @@ static void parse_options(int argc, char **argv, options *o)
             o->codec = optarg;
             break;
         case O_EF:
-            o->ef = (int)parse_int("--ef", optarg, INT_MIN, INT_MAX);
+            o->ef = (int)parse_int("--ef", optarg, 0, 1, "0 or 1");
             break;
         case O_MINB:
-            o->min_bytes = parse_int("--min-bytes", optarg, LLONG_MIN, LLONG_MAX);
+            o->min_bytes = parse_int("--min-bytes", optarg, 0, LLONG_MAX, NULL);
             break;
         case O_BUCKET:
-            o->bucket_bytes = parse_int("--bucket-bytes", optarg, LLONG_MIN, LLONG_MAX);
+            o->bucket_bytes = parse_int("--bucket-bytes", optarg, -1, LLONG_MAX,
+                                        "-1 (the whole model), 0 (one key per tensor) or a byte count <= 2^63-1");
             break;
         case O_EPOCHS:
             o->epochs = parse_num("--epochs", optarg);
             break;
         case O_BATCH:
-            o->batch = (int)parse_int("--batch", optarg, INT_MIN, INT_MAX);
+            o->batch = (int)parse_int("--batch", optarg, 1, INT_MAX, NULL);
             break;
         case O_LR:
             o->lr = parse_num("--lr", optarg);
@@ -283,10 +292,10 @@ static void parse_options(int argc, char **argv, options *o)
             break;
         case O_SEED:
             /* gcomp takes seeds in [0, INT64_MAX] (GCOMP_SEED) */
-            o->seed = (unsigned long long)parse_int("--seed", optarg, 0, INT64_MAX);
+            o->seed = (unsigned long long)parse_int("--seed", optarg, 0, INT64_MAX, NULL);
             break;
         case O_EVALS:
-            o->evals_per_epoch = (int)parse_int("--evals-per-epoch", optarg, INT_MIN, INT_MAX);
+            o->evals_per_epoch = (int)parse_int("--evals-per-epoch", optarg, 1, INT_MAX, NULL);
             break;
         case O_DATA:
             o->data = optarg;
@@ -314,16 +323,10 @@ static void parse_options(int argc, char **argv, options *o)
     }
     if (optind < argc) die("unexpected argument '%s'", argv[optind]);
     if (strcmp(o->model, "mlp") && strcmp(o->model, "cnn")) die("--model must be mlp or cnn, not '%s'", o->model);
-    if (o->ef != 0 && o->ef != 1) die("--ef must be 0 or 1");
     if (!(o->epochs > 0)) die("--epochs must be > 0");
     if (o->batch < g_size) die("--batch must be at least the number of ranks");
-    if (o->evals_per_epoch < 1) die("--evals-per-epoch must be >= 1");
     if (strcmp(o->schedule, "cosine") && strcmp(o->schedule, "const"))
         die("--lr-schedule must be cosine or const, not '%s'", o->schedule);
-    if (o->min_bytes < 0) die("--min-bytes must be >= 0");
-    if (o->bucket_bytes < -1)
-        die("--bucket-bytes must be -1 (the whole model), 0 (one key per tensor) or a byte count, not %lld",
-            o->bucket_bytes);
     /* parse_num has refused inf and nan already */
     if (!(o->lr > 0)) die("--lr must be > 0, not %g", o->lr);
     if (!(o->momentum >= 0 && o->momentum < 1)) die("--momentum must be in [0, 1), not %g", o->momentum);
@@ -345,8 +348,10 @@ static void plan_steps(const options *o, int n, long *spe, long *total, long *ev
         die("--epochs %g is %.3g steps of %ld per epoch: more than the %ld a run may take", o->epochs, steps, *spe,
             MAX_STEPS);
     *total = (long)llround(steps);
+    if (*total < 1) /* (a run of no step would still report a trained model) */
+        die("--epochs %g is %.3g steps of %ld per epoch, which rounds to none: one step is %g epochs", o->epochs, steps,
+            *spe, 1.0 / (double)*spe);
     *eval_every = *spe / o->evals_per_epoch;
-    if (*total < 1) *total = 1;
     if (*eval_every < 1) *eval_every = 1;
 }
 

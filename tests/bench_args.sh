@@ -1,5 +1,6 @@
 #!/bin/bash
-# The benchmarks' command lines: sizes at the edges of what they accept.
+# The benchmarks' command lines: sizes at the edges of what they accept, and options that
+# do not fit together.
 # usage: bench_args.sh MPIEXEC ALLREDUCE_PERF CODEC_PERF
 set -u
 mpiexec=$1 perf=$2 codec_perf=$3
@@ -23,5 +24,25 @@ expect 0 "65536         16384" "$mpiexec" -np 2 "$perf" -e 64K -n 1 -w 0 --codec
 expect 0 "131072         32768" "$mpiexec" -np 2 "$perf" -b 128K -n 1 -w 0 -e 128K --codec none
 # both given the wrong way round: a usage error
 expect 2 "-b 131072 is larger than -e 65536" "$mpiexec" -np 2 "$perf" -b 128K -e 64K --codec none
+# host buffers go over MPI only: --transport nccl was ignored without a word
+expect 2 "--transport nccl needs --device cuda" "$mpiexec" -np 2 "$perf" -e 64K -n 1 -w 0 --codec none --transport nccl
+# one rank sends nothing: no ratio, n/a as the JSON's null (was "nan")
+expect 0 "             0      n/a  " "$mpiexec" -np 1 "$perf" -e 64K -n 1 -w 0 --codec fp16
+# a scale that takes the data beyond float (was accepted: +-inf data, rel_err nan)
+expect 2 "bad value '3e+38' for --scale" "$codec_perf" -s 64K -n 1 -w 0 --scale 3e38 none
+expect 0 "none" "$codec_perf" -s 64K -n 1 -w 0 --scale 1e37 none
+# bench/train (built next to allreduce_perf): its integer ranges, a flag given twice, an
+# --epochs of no step (was: run 1 step)
+train=$(dirname "$perf")/train
+if [ -x "$train" ]; then
+    expect 2 "--min-bytes: 99999999999999999999 is out of range [0, 9223372036854775807]" \
+        "$train" --min-bytes 99999999999999999999
+    expect 2 "--codec is given twice" "$train" --codec none --codec terngrad
+    expect 2 "--epochs is given twice" "$train" --epochs=1 --epochs 2
+    if [ -r /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
+        expect 2 "--epochs 1e-09 is 4.68e-07 steps of 468 per epoch, which rounds to none: one step is 0.00213675" \
+            "$train" --epochs 1e-9
+    fi
+fi
 [ $fail = 0 ] && echo ok
 exit $fail

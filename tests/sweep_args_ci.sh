@@ -37,9 +37,20 @@ expect_usage "--seed values must be distinct and in [0, 2^63)" --ranks 2 --codec
 # a setting twice would run twice and be averaged as if seeds
 expect_usage "--codec values must be distinct" --ranks 2 --codec none --codec none --out "$out/e"
 expect_usage "--ef values must be distinct" --ranks 2 --codec none --ef 1,1 --out "$out/e"
-# the sweep's own settings after --: the trainer's last flag would win, the table would not say so
+# the sweep's own settings after --: the trainer would get them twice (and refuse them at every point)
 expect_usage "--epochs after -- would override" --ranks 2 --codec none --out "$out/e" -- --epochs 0.2
 expect_usage "--model, --seed after -- would override" --ranks 2 --codec none --out "$out/e" -- --seed=3 --model cnn
+# lists and integers: ASCII digits only, no empty item (Python's int() takes '1_0' and U+FF12)
+fw2=$(printf '\357\274\222') # U+FF12, FULLWIDTH DIGIT TWO, in UTF-8
+expect_usage "argument --ranks: '2,' has an empty item" --ranks 2, --codec none --out "$out/e"
+expect_usage "argument --ef: '0,,1' has an empty item" --ranks 2 --ef 0,,1 --codec none --out "$out/e"
+expect_usage "argument --ef: empty list" --ranks 2 --ef '' --codec none --out "$out/e"
+expect_usage "argument --ranks: '1_0' is not a comma-separated list of integers" --ranks 1_0 --codec none --out "$out/e"
+expect_usage "argument --ranks: '$fw2' is not a comma-separated list" --ranks "$fw2" --codec none --out "$out/e"
+expect_usage "argument --evals-per-epoch: '1_0' is not an integer" --ranks 2 --evals-per-epoch 1_0 --codec none \
+  --out "$out/e"
+expect_usage "argument --evals-per-epoch: '$fw2' is not an integer" --ranks 2 --evals-per-epoch "$fw2" --codec none \
+  --out "$out/e"
 expect_usage "--evals-per-epoch must be >= 1" --ranks 2 --codec none --evals-per-epoch 0 --out "$out/e"
 expect_usage "--timeout must be a positive number" --ranks 2 --codec none --timeout 0 --out "$out/e"
 expect_usage "--timeout must be a positive number" --ranks 2 --codec none --timeout -5 --out "$out/e"

@@ -5,7 +5,8 @@
 #     rows with learned accuracies and the bytes of the stats files, the plots are written.
 #  2. With INTERPOSER (libgcomp_mpi.so): an unmodified mpi4py program under LD_PRELOAD, its
 #     stats written by the interposer: the wire bytes per step are what fp16 must send.
-#  3. A command without a GCOMP_RESULT line fails its point (exit 1, FAILED in results.md);
+#  3. A command without a GCOMP_RESULT line fails its point (exit 1, FAILED in results.md), so
+#     does one whose figures are not finite numbers in their range (NaN, 1e999, 2.5 steps...);
 #     --netem with a command that does not start with {mpirun} is a usage error (exit 2).
 # Runs with /usr/bin/python3 (torch, mpi4py); PYTHONPATH and GCOMP_LIBRARY come from ctest.
 set -euo pipefail
@@ -81,6 +82,42 @@ rc=0
 "${sweep[@]}" --codec none --out "$out/bad" --cmd "{mpirun} true" || rc=$?
 [ "$rc" -eq 1 ] && grep -q "FAILED: \`none\`" "$out/bad/results.md" ||
   { echo "a command without GCOMP_RESULT should fail its point (exit 1), got $rc"; exit 1; }
+# A figure that Python's json reads but that is no number of its range (NaN, Infinity, 1e999,
+# a fraction of a step, true) fails its point, naming the field; a NaN loss (a run that
+# diverged) is noted as no loss, as bench/train's null. A stand-in command, no gcomp: fast.
+cat >"$out/figures.sh" <<'SH'
+#!/bin/sh
+for r in 0 1; do
+  echo '{"wire_bytes": 1000, "raw_bytes": 2000, "baseline_bytes": 2000}' >"$(echo "$GCOMP_STATS_FILE" | sed "s/%r/$r/")"
+done
+case $1 in
+acc_nan) echo 'GCOMP_RESULT {"test_acc": NaN, "steps": 10}' ;;
+acc_inf) echo 'GCOMP_RESULT {"test_acc": 1e999, "steps": 10}' ;;
+acc_range) echo 'GCOMP_RESULT {"test_acc": 100.5, "steps": 10}' ;;
+steps_inf) echo 'GCOMP_RESULT {"test_acc": 80, "steps": Infinity}' ;;
+steps_frac) echo 'GCOMP_RESULT {"test_acc": 80, "steps": 2.5}' ;;
+steps_bool) echo 'GCOMP_RESULT {"test_acc": 80, "steps": true}' ;;
+time_nan) echo 'GCOMP_RESULT {"test_acc": 80, "steps": 10, "train_time_s": NaN}' ;;
+train_steps_0) echo 'GCOMP_RESULT {"test_acc": 80, "steps": 10, "train_time_s": 1, "train_steps": 0}' ;;
+loss_nan) echo 'GCOMP_RESULT {"test_acc": 80, "steps": 10, "loss": NaN, "train_time_s": 1}' ;;
+esac
+SH
+cases=(acc_nan acc_inf acc_range steps_inf steps_frac steps_bool time_nan train_steps_0 loss_nan)
+rc=0
+"${sweep[@]}" "${cases[@]/#/--codec=}" --out "$out/fig" --cmd "sh $out/figures.sh {codec}" >/dev/null 2>&1 || rc=$?
+[ "$rc" -eq 1 ] || { echo "points with non-finite or out-of-range figures should fail (exit 1), got $rc"; exit 1; }
+i=0
+for want in "test_acc is NaN" "test_acc is Infinity" "test_acc is 100.5" "steps is Infinity" "steps is 2.5" \
+  "steps is true" "train_time_s is NaN" "train_steps is 0"; do
+  i=$((i + 1))
+  grep -q "FAILED: \`${cases[i - 1]}\`" "$out/fig/results.md" &&
+    grep -qF "GCOMP_RESULT $want: must be" "$out/fig/points/0${i}_${cases[i - 1]}_ef1_r2.log" ||
+    { echo "${cases[i - 1]}: the point should fail with 'GCOMP_RESULT $want'"; exit 1; }
+done
+[ "$(cut -d, -f1,5,6,10 "$out/fig/results.csv" | tail -n +2)" = "loss_nan,80.00,,0.100000" ] &&
+  grep -q "loss NaN (reported as no loss" "$out/fig/results.md" ||
+  { echo "loss_nan: expected a row without a loss and a note"; cat "$out/fig/results.csv"; exit 1; }
+echo "non-finite figures: $i points failed, naming the field; a NaN loss noted"
 rc=0
 "${sweep[@]}" --codec none --netem 1gbit --out "$out/bad2" --cmd "mpirun -np 2 true" 2>/dev/null || rc=$?
 [ "$rc" -eq 2 ] || { echo "--netem with a command not starting with {mpirun} should exit 2, got $rc"; exit 1; }
