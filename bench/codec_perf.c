@@ -365,10 +365,13 @@ static double student_t3(uint64_t *s)
     return z / sqrt((a * a + b * b + c * c) / 3.0);
 }
 
+/* The next value of the fixed data, at scale 1. */
+static double draw(uint64_t *s, enum dist dist) { return dist == DIST_HEAVY ? student_t3(s) : normal(s); }
+
 void fill_data(float *x, size_t count, enum dist dist, double scale)
 {
     uint64_t s = DATA_SEED;
-    for (size_t i = 0; i < count; i++) x[i] = (float)(scale * (dist == DIST_HEAVY ? student_t3(&s) : normal(&s)));
+    for (size_t i = 0; i < count; i++) x[i] = (float)(scale * draw(&s, dist));
 }
 
 /* The largest |value| fill_data writes at scale 1: the data are fixed, so this is the real
@@ -378,7 +381,7 @@ static double data_peak(size_t count, enum dist dist)
     uint64_t s = DATA_SEED;
     double peak = 0;
     for (size_t i = 0; i < count; i++) {
-        double v = fabs(dist == DIST_HEAVY ? student_t3(&s) : normal(&s));
+        double v = fabs(draw(&s, dist));
         if (v > peak) peak = v;
     }
     return peak;

@@ -424,16 +424,17 @@ static gcomp_result mpi_allreduce(mpi_transport *m, void *vals, size_t n, size_t
     if (m->abandoned) return gcomp__fail(GCOMP_ERR_COMM_INVALID, "an earlier collective timed out");
     GCOMP_CHECK(gcomp__reserve(&m->coll, &m->coll_cap, n * esize));
     memcpy(m->coll, vals, n * esize);
-    /* n is the same on every rank, and so are the pieces */
-    for (size_t at = 0; rc == GCOMP_SUCCESS && (at < n || n == 0); at += gcomp__mpi_max_count) {
+    /* n is the same on every rank, and so are the pieces (one, of 0 elements, for n = 0) */
+    size_t at = 0;
+    do {
         size_t k = n - at < gcomp__mpi_max_count ? n - at : gcomp__mpi_max_count;
         q = quiet_begin(MPI_COMM_WORLD);
         err = MPI_Iallreduce(MPI_IN_PLACE, (uint8_t *)m->coll + at * esize, (int)k, type, op, m->comm, &req);
         quiet_end(&q);
         if (err != MPI_SUCCESS) return mpi_fail(err, what);
         rc = wait_all(1, &req, &st, deadline, 0, what);
-        if (n == 0) break;
-    }
+        at += k;
+    } while (rc == GCOMP_SUCCESS && at < n);
     if (rc == GCOMP_ERR_TIMEOUT) {
         m->coll = NULL; /* still referenced by the pending request: leak it on purpose */
         m->coll_cap = 0;
