@@ -519,9 +519,9 @@ class Comm(_Handle):
         while Python goes on (with mpi4py's MPI_THREAD_MULTIPLE, which gcomp.init_mpi asks
         for; with a lower thread level they run inside test() and wait()). x and out must not
         be touched until the request completes: the Request keeps them alive. A failure is
-        raised by the wait() or test() that completes the request. stats(), stats_reset()
-        and the residual methods refuse while requests are in flight; close() completes
-        them first."""
+        raised by the wait() or test() that completes the request. stats(), stats_reset(),
+        the residual methods and close() first complete the requests in flight (their
+        errors stay on their Requests)."""
         _need(_lib.iallreduce, "gcomp_iallreduce")
         s, r, o, k = self._call_args(x, out, op, key, None, "iallreduce")
         req = ctypes.c_void_p()
@@ -532,15 +532,14 @@ class Comm(_Handle):
             self._pending.append(request)
         return request
 
-    def _in_flight(self, what):
-        # a request may have completed unseen (its Request dropped, or not tested since):
-        # ask the library first; its error, if any, stays on the Request
+    def _complete_in_flight(self):
+        """Complete the requests in flight, in issue order, as close() does: stats and
+        residuals are then read after the same calls on every rank, whether or not their
+        Requests were waited for or kept. A failed call's error stays on its Request (raised by
+        its wait())."""
         with self._use():
             for r in list(self._pending):
-                r._poll()
-        if self._pending:
-            raise ValueError("Comm.%s: %d iallreduce request(s) in flight; wait() for them first"
-                             % (what, len(self._pending)))
+                r._wait_locked()
 
     def _call_args(self, x, out, op, key, stream, call):
         """The checked buffers, op and key of an allreduce or iallreduce (call: which one, for
@@ -615,7 +614,7 @@ class Comm(_Handle):
         """Counters of all calls (key None) or of one key, as a dict."""
         s = _lib.CommStats()
         k = None if key is None else _key(key)
-        self._in_flight("stats")
+        self._complete_in_flight()
         with self._settled(), self._use() as h:
             if k is None:
                 _check(_lib.comm_stats_get(h, ctypes.byref(s)), "gcomp_comm_stats_get")
@@ -624,14 +623,14 @@ class Comm(_Handle):
         return _stats_dict(s, _lib.CommStats._fields_)
 
     def stats_reset(self):
-        self._in_flight("stats_reset")
+        self._complete_in_flight()
         with self._settled(), self._use() as h:
             _check(_lib.comm_stats_reset(h), "gcomp_comm_stats_reset")
 
     def save_residuals(self):
         """The communicator's residuals (every key) as bytes, in the library's versioned
         checkpoint format."""
-        self._in_flight("save_residuals")
+        self._complete_in_flight()
         with self._settled(), self._use() as h:
             return _residuals_save(h)
 
@@ -641,7 +640,7 @@ class Comm(_Handle):
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError("load_residuals: expected bytes, got %s" % type(data).__name__)
         data = bytes(data)
-        self._in_flight("load_residuals")
+        self._complete_in_flight()
         with self._settled(), self._use() as h:
             _residuals_load(h, data)
 
@@ -649,14 +648,14 @@ class Comm(_Handle):
         """save_residuals() into a file (written to a temporary file renamed over path)."""
         _need(_lib.comm_residuals_save_file, "gcomp_comm_residuals_save_file")
         path = _args.path_arg("path", path)
-        self._in_flight("save_residuals_file")
+        self._complete_in_flight()
         with self._settled(), self._use() as h:
             _check(_lib.comm_residuals_save_file(h, path), "gcomp_comm_residuals_save_file")
 
     def load_residuals_file(self, path):
         _need(_lib.comm_residuals_load_file, "gcomp_comm_residuals_load_file")
         path = _args.path_arg("path", path)
-        self._in_flight("load_residuals_file")
+        self._complete_in_flight()
         with self._settled(), self._use() as h:
             _check(_lib.comm_residuals_load_file(h, path), "gcomp_comm_residuals_load_file")
 
