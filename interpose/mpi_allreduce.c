@@ -57,6 +57,16 @@
  *     CONTROL_HASH_BYTES each.
  * At most MAX_BUFFERS keys per communicator keep a residual (and in sequence mode at most
  * MAX_CONTEXTS per buffer address); calls on further ones run without error feedback too.
+ * A program that reduces freshly allocated arrays every step (mpi4py with new numpy
+ * gradients) shows new addresses at most calls, and some old ones again where the allocator
+ * recycles them: a residual per address would keep two copies of each call's buffer that no
+ * later call reads (memory growing by that per call). So a key reduced once gets its
+ * residual only while fewer than MAX_ONCE keys of the communicator have been reduced once and
+ * not again (the others get theirs at their second call), and once CHURN_NEW of the last 64
+ * calls after the first repeated address were on new addresses, the communicator gives no
+ * new residual keys (a program that keeps its buffers shows no new ones after its first
+ * round of calls). Buffer mode only: in sequence mode a buffer's contexts are bounded by
+ * MAX_CONTEXTS, and Horovod's compositions change with the timing of its cycles.
  *
  * Environment (read once, here): GCOMP_CODEC (opt-in; the rest of gcomp's GCOMP_* variables
  * configure the communicator as usual), GCOMP_INTERPOSE_EF_KEY (above), GCOMP_DEBUG (any value
@@ -84,6 +94,8 @@
 #define EXPORT __attribute__((visibility("default")))
 #define MAX_BUFFERS 4096         /* keys with error feedback, per communicator */
 #define MAX_CONTEXTS 256         /* sequence mode: control contexts per buffer address */
+#define MAX_ONCE 16              /* keys with a residual that were reduced only once, per communicator */
+#define CHURN_NEW 16             /* of the last 64 calls after the first repeat, on new addresses */
 #define CONTROL_HASH_BYTES 65536 /* of each control result, hashed */
 
 /* GCOMP_INTERPOSE_EF_KEY */
@@ -121,8 +133,14 @@ typedef struct ip_comm {
         size_t count;
         uint64_t context;
         int shared;
+        int uses;  /* calls on it: 0, 1, or 2 for more */
+        int keyed; /* has a residual key (see MAX_ONCE) */
     } * seen;
     size_t n_seen, cap_seen;
+    size_t n_once;   /* keyed entries with one call so far (MAX_ONCE) */
+    int repeated;    /* an entry has had a second call */
+    uint64_t recent; /* since then, one bit per call: on a new entry (CHURN_NEW) */
+    int churn;       /* addresses keep changing: no new keys */
     int warned_full, warned_contexts;
     /* sequence mode: the run of control calls that leads to the next compressed call */
     uint64_t run_hash;  /* their results, hashed */
@@ -193,7 +211,8 @@ static int comm_delete(MPI_Comm comm, int keyval, void *val, void *extra)
         S.live = c->next;
     if (c->next) c->next->prev = c->prev;
     add_stats(c->g);
-    for (size_t i = 0; i < c->n_seen; i++) S.ef_keys += !c->seen[i].shared;
+    for (size_t i = 0; i < c->n_seen; i++)
+        S.ef_keys += (c->seen[i].keyed || S.ef_key != EF_KEY_BUFFER) && !c->seen[i].shared;
     if (c->g && !S.finalizing) S.comms_freed++;
     pthread_mutex_unlock(&S.lock);
     inside_gcomp++;
@@ -500,8 +519,40 @@ static struct seen *seen_entry(ip_comm *c, const void *send, const void *buf, si
     struct seen *p = ip_room_for_one(c->seen, &c->cap_seen, c->n_seen, sizeof *p);
     if (!p) return NULL;
     c->seen = p;
-    c->seen[c->n_seen] = (struct seen){ buf, send, n, context, 0 };
+    c->seen[c->n_seen] = (struct seen){ buf, send, n, context, 0, 0, 0 };
     return &c->seen[c->n_seen++];
+}
+
+/* Whether the calls since the first repeated address keep landing on new ones (see
+ * CHURN_NEW); fresh: this call's entry is new. */
+static int churning(ip_comm *c, int fresh)
+{
+    if (c->churn || !c->repeated) return c->churn;
+    c->recent = c->recent << 1 | (uint64_t)fresh;
+    c->churn = __builtin_popcountll(c->recent) >= CHURN_NEW;
+    if (c->churn && S.debug)
+        fprintf(stderr,
+                "gcomp_mpi: rank %d: %d of the last calls on one communicator were on new buffer addresses (new "
+                "arrays every step?): no new residual keys on it from now on (keep the buffers, or see "
+                "GCOMP_INTERPOSE_EF_KEY=sequence)\n",
+                world_rank(), CHURN_NEW);
+    return c->churn;
+}
+
+/* One more call on entry s: its first is keyed while fewer than MAX_ONCE keyed entries have
+ * had one call only, its second unless the communicator's addresses churn. */
+static void count_use(ip_comm *c, struct seen *s)
+{
+    int churn = churning(c, s->uses == 0);
+    if (s->uses == 0) {
+        s->keyed = !churn && c->n_once < MAX_ONCE;
+        c->n_once += (size_t)s->keyed;
+    } else if (s->uses == 1) {
+        c->repeated = 1;
+        if (s->keyed) c->n_once--;
+        s->keyed = s->keyed || !churn;
+    }
+    if (s->uses < 2) s->uses++;
 }
 
 /* The residual key of a compressed call, or GCOMP_KEY_NONE for no error feedback (a buffer
@@ -518,6 +569,8 @@ static uint64_t residual_key(ip_comm *c, const void *send, const void *buf, size
     if (S.ef_key == EF_KEY_SEQUENCE && c->run_calls) context = mix64(c->run_hash ^ mix64(c->since + 1));
     s = seen_entry(c, send, buf, n, context);
     if (!s) return GCOMP_KEY_NONE;
+    if (S.ef_key == EF_KEY_BUFFER) count_use(c, s); /* sequence mode: MAX_CONTEXTS bounds it */
+    if (S.ef_key == EF_KEY_BUFFER && !s->keyed) return GCOMP_KEY_NONE;
     if (!s->shared && s->count != n) {
         s->shared = 1;
         if (S.debug)
