@@ -361,12 +361,13 @@ static __global__ void header_check_kernel(const uint8_t *p, size_t bytes, uint1
     }
 }
 
-/* An encode that failed (st->error) keeps its residual as a non-finite one does: the CPU
- * path abandons the new one then; the step advances either way. */
+/* A non-finite encode keeps its residual and advances the step (the rounding of a skipped
+ * step is not replayed); one that failed (st->error) keeps both, as the CPU path abandons a
+ * failed call. */
 static __global__ void residual_commit_kernel(gcomp_cuda_residual *res, const gcomp_cuda_status *st)
 {
     if (res->buf[1] && !st->nonfinite && !st->error) res->cur ^= 1u;
-    res->step++;
+    if (!st->error) res->step++;
 }
 
 static __global__ void status_fold_kernel(const gcomp_cuda_status *st, gcomp__device_tally *tally)

@@ -164,8 +164,9 @@ GCOMP_API size_t gcomp_codec_max_encoded_bytes(const gcomp_codec *codec, size_t 
  * the payload size. With error feedback on and key != GCOMP_KEY_NONE, the residual of the
  * key is added before encoding and replaced by what the codec dropped (the residual is
  * created zero at the first call of a key and reset when the key's count changes). Each call
- * with a key advances that key's step, which keys the stochastic rounding (a failed first
- * call of a key leaves no key).
+ * with a key advances that key's step, which keys the stochastic rounding (calls without
+ * one advance the codec object's own step); a call that fails leaves the residual and the
+ * step as they were (a failed first call of a key leaves no key).
  * If src holds NaN/Inf, the payload decodes to a non-finite result and the residual is left
  * untouched. count may be 0.
  * A dst_cap of gcomp_codec_max_encoded_bytes() always suffices (and is required with
@@ -211,7 +212,9 @@ GCOMP_API gcomp_result gcomp_codec_decode(gcomp_codec *codec, const void *payloa
  * relies on the absence of device-side errors. *written is known at once for the fixed-size
  * codecs (none, fp16, bf16, terngrad): their async calls never synchronise the host, so they
  * can be captured in a CUDA graph and replayed (each replay advances the residual's step and
- * buffers on the device, as a call would). top-k's size depends on the data: its encode
+ * buffers on the device, as a call would; a call without a residual -- error feedback off,
+ * GCOMP_KEY_NONE -- takes its step on the host at capture, so every replay of a TernGrad
+ * encode rounds as the captured call did). top-k's size depends on the data: its encode
  * waits for the stream once to read it back. A call's first use of a key, size or dtype
  * allocates device memory (not allowed during capture): capture after one warm-up call.
  * Calls on one codec object must be ordered (one stream, or streams the caller orders).
@@ -416,6 +419,8 @@ typedef struct gcomp_comm_stats {
  * names which), GCOMP_ERR_TIMEOUT (a peer did not answer within timeout_ms; the communicator is
  * then unusable), GCOMP_ERR_COMM_INVALID (after an earlier timeout or transport error),
  * GCOMP_ERR_TRANSPORT, GCOMP_ERR_CORRUPT (a payload failed its checks), GCOMP_ERR_NOMEM.
+ * A call that fails on every rank (refused or mismatched) leaves the key's residual and
+ * rounding step as they were, so the calls after it give the bits of a run without it.
  * Not thread-safe on the same communicator. */
 GCOMP_API gcomp_result gcomp_allreduce(gcomp_comm *comm, const void *send, void *recv, size_t count, gcomp_dtype dtype,
                                        gcomp_op op, uint64_t key, struct CUstream_st *stream);

@@ -344,7 +344,8 @@ gcomp_result gcomp_codec_encode(gcomp_codec *c, uint64_t key, const void *src, s
         ctx.step = c->nokey_step++;
     }
     rc = encode_chain(c, &ctx, x, ef.r_in, ef.r_out, count, dtype, dst, dst_cap, written);
-    if (rc != GCOMP_SUCCESS) {
+    if (rc != GCOMP_SUCCESS) { /* as if it had not run: the residual and the step as they were */
+        if (!ef.res) c->nokey_step = ctx.step;
         gcomp__ef_abandon(&ef);
         return rc;
     }

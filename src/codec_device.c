@@ -457,20 +457,11 @@ static gcomp_result sparse_body_bytes(const gcomp__device_ops *ops, const gcomp_
 
 /* A public encode that failed after it took the key's residual, as codec.c abandons one: a
  * key the call created goes again (a failed first call leaves no key), any other keeps its
- * residual and advances its step (the commit kernel told to keep, as ef_end does). Best
- * effort: the caller gets the call's own error. */
-static void abandon_res(gcomp__codec_device *d, uint64_t key, int created, gcomp_cuda_residual *res,
-                        struct CUstream_st *stream)
+ * residual and its step (no commit kernel: the state block is as the call found it). */
+static void abandon_res(gcomp__codec_device *d, uint64_t key, int created)
 {
     dev_residual *r = find_res(d, key);
-    if (!r) return;
-    if (created) { /* free waits for the kernels that may still use it */
-        remove_res(d, r);
-        return;
-    }
-    if (d->ops->memset_async(&d->status->nonfinite, 1, 1, stream) == GCOMP_SUCCESS &&
-        d->ops->residual_commit(res, d->status, stream) == GCOMP_SUCCESS)
-        r->known = 0;
+    if (r && created) remove_res(d, r); /* free waits for the kernels that may still use it */
 }
 
 /* The public encode's checks before anything is enqueued; *ops: the buffers' device ops. */
@@ -560,7 +551,10 @@ gcomp_result gcomp__codec_device_encode(const gcomp__codec_parts *c, uint64_t ke
     if (blocking) GCOMP_CHECK(gcomp__codec_device_sync(c, stream));
     return GCOMP_SUCCESS;
 fail:
-    if (res) abandon_res(d, key, created, res, stream);
+    if (res)
+        abandon_res(d, key, created);
+    else
+        *c->nokey_step = ctx.step;
     return rc;
 }
 
@@ -747,8 +741,8 @@ void gcomp__codec_device_ef_abandon(const gcomp__codec_parts *c, gcomp__dev_ef *
         if (d->ops->wait(stream, 1000) == GCOMP_SUCCESS) gcomp__codec_device_residual_drop(d, ef->key);
         return;
     }
-    if (!fresh) {
-        if (gcomp__codec_device_ef_end(c, ef, 1, stream) == GCOMP_SUCCESS) (void)d->ops->wait(stream, 1000);
+    if (!fresh) { /* the residual and its step as they were: nothing to commit */
+        ef->active = 0;
         return;
     }
     ef->active = 0;

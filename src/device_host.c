@@ -167,7 +167,7 @@ static gcomp_result host_residual_commit(gcomp_cuda_residual *res, const gcomp_c
 {
     (void)stream;
     if (res->buf[1] && !st->nonfinite && !st->error) res->cur ^= 1;
-    res->step++;
+    if (!st->error) res->step++;
     return GCOMP_SUCCESS;
 }
 

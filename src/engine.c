@@ -99,6 +99,7 @@ typedef struct plan {
     gcomp__key *key;
     gcomp__ef ef;      /* the key's residual, host buffers */
     gcomp__dev_ef def; /* the key's residual, device buffers */
+    uint64_t *stepped; /* the step counter a call without a residual advanced (rolled back on failure) */
     gcomp_dtype dtype;
     float prescale; /* AVG on the dense schedules (sums_prescaled): the wire never carries sums
                      * larger than the result */
@@ -355,7 +356,8 @@ static gcomp_result prepare_call(gcomp_comm *c, gcomp__call *call, plan *p, cons
          * buffer the size of the gradient and a read and a write of it on every call. The
          * stochastic rounding must still move on every call, or the same input rounds the same
          * way forever and the average over steps never converges */
-        call->step = key == GCOMP_KEY_NONE ? c->nokey_step++ : p->key->step++;
+        p->stepped = key == GCOMP_KEY_NONE ? &c->nokey_step : &p->key->step;
+        call->step = (*p->stepped)++;
         return GCOMP_SUCCESS;
     }
     /* The residual is committed only when no rank saw a non-finite value and the result is
@@ -456,14 +458,16 @@ static gcomp_result end_residual(gcomp_comm *c, gcomp__call *call, plan *p, int 
     return gcomp__comm_transport_failed(c, gcomp__call_wait(call));
 }
 
-/* The same for a call that failed: the residual kept, the step advanced (a key whose count
- * changed keeps its old residual and step: the ranks may not have agreed on the new count;
- * a key the call created is dropped again); the commit's wait is bounded (the call's own
- * error is what the caller gets). */
+/* The same for a call that failed: as if it had not run, on every rank alike (the ranks agreed
+ * on the failure): the residual and its step kept (a key whose count changed keeps its old
+ * residual and step: the ranks may not have agreed on the new count; a key the call created
+ * is dropped again), and a call without a residual gives its step back. Calls of a
+ * communicator run one at a time, so no other call took a step since. */
 static void abandon_residual(gcomp_comm *c, gcomp__call *call, plan *p)
 {
     gcomp__ef_abandon(&p->ef);
     gcomp__codec_dev_ef_abandon(c->codec, &p->def, call->stream);
+    if (p->stepped) *p->stepped = call->step;
 }
 
 /* Host buffers: the outcome the ring's trailers carried (ring.h) -- a failure anywhere, a
@@ -754,9 +758,9 @@ gcomp_result gcomp__engine_run(gcomp_comm *c, const gcomp__args *a)
     /* a call issued on another thread (gcomp_iallreduce) runs on the device that was current there */
     if (a->device >= 0) GCOMP_CHECK(gcomp__device_use(a->device));
     rc = run_call(c, a, &call, &p);
-    /* a call that ends early still ends its residual: kept as it was, its step advanced (as a
-     * host residual's, which advances at the start) */
-    abandon_residual(c, &call, &p);
+    /* a call that ends early leaves the residual and the step as they were (after one that
+     * ended its residual there is nothing left to abandon) */
+    if (rc != GCOMP_SUCCESS) abandon_residual(c, &call, &p);
     /* a user's thread runs calls too (gcomp_allreduce, gcomp_wait, destroy's drain): it
      * comes back on its own device */
     if (prev >= 0) (void)gcomp__device_use(prev);

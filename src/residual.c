@@ -130,10 +130,11 @@ gcomp_result gcomp__residual_acquire(gcomp__residual_store *s, uint64_t key, siz
 
 void gcomp__residual_commit(gcomp__residual *r) { r->cur ^= 1; }
 
-/* The step advances with every call that takes the residual, committed or not, as the
- * checkpointed step promises (the rounding of a skipped step is not replayed). A key whose
- * count changed starts from a zero residual and step 0 in a new entry; the old one stays in
- * the store until the call ends, so a call that fails (gcomp__ef_abandon) changes nothing. */
+/* The step advances with every call that takes the residual, committed or not (a non-finite
+ * step is not replayed: the checkpointed step says so), and is given back by a call that fails
+ * (gcomp__ef_abandon). A key whose count changed starts from a zero residual and step 0 in a
+ * new entry; the old one stays in the store until the call ends, so a call that fails
+ * changes nothing. */
 gcomp_result gcomp__ef_begin(gcomp__residual_store *s, uint64_t key, size_t count, int in_place, gcomp__ef *ef)
 {
     gcomp__residual *r = gcomp__residual_find(s, key);
@@ -180,13 +181,18 @@ void gcomp__ef_end(gcomp__ef *ef, int nonfinite)
     ef->created = 0;
 }
 
-/* A call that failed: a new entry is dropped (the key keeps its old residual and count), and
- * so is a key the call brought (it held nothing before: a refused first call leaves no key
- * for a checkpoint to list or a load to compare counts with). */
+/* A call that failed changes nothing: a new entry is dropped (the key keeps its old residual,
+ * count and step), and so is a key the call brought (it held nothing before: a refused first
+ * call leaves no key for a checkpoint to list or a load to compare counts with); a key's
+ * own entry gets its step back. */
 void gcomp__ef_abandon(gcomp__ef *ef)
 {
-    if (ef->fresh) free_entry(ef->res);
-    if (ef->res && ef->created) gcomp__residual_drop(ef->store, ef->res->key);
+    if (ef->fresh)
+        free_entry(ef->res);
+    else if (ef->res && ef->created)
+        gcomp__residual_drop(ef->store, ef->res->key);
+    else if (ef->res)
+        ef->res->step = ef->step;
     ef->res = NULL;
     ef->fresh = 0;
     ef->created = 0;

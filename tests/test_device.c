@@ -126,7 +126,7 @@ static void test_header_status_commit(void **state)
     assert_int_equal(t.error, GCOMP_ERR_INTERNAL);
     assert_int_equal(t.where, GCOMP__WHERE_SIZE);
 
-    /* commit: non-finite keeps the buffer, the step advances either way */
+    /* commit: non-finite keeps the buffer and advances the step */
     assert_int_equal(ops->residual_commit(&res, &st, NULL), GCOMP_SUCCESS);
     assert_int_equal(res.cur, 0);
     assert_int_equal(res.step, 6);
@@ -138,6 +138,13 @@ static void test_header_status_commit(void **state)
     assert_int_equal(ops->residual_commit(&res, &st, NULL), GCOMP_SUCCESS);
     assert_int_equal(res.cur, 0);
     assert_int_equal(res.step, 8);
+    /* a failed encode keeps the buffer and the step, as the CPU path abandons a failed call */
+    res.buf[1] = b1; /* double-buffered again: an error still does not flip */
+    st.error = GCOMP_ERR_INTERNAL;
+    assert_int_equal(ops->residual_commit(&res, &st, NULL), GCOMP_SUCCESS);
+    assert_int_equal(res.cur, 0);
+    assert_int_equal(res.step, 8);
+    st.error = 0;
 
     /* header check: the right header passes, each wrong field sets the status */
     {

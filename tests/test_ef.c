@@ -188,6 +188,32 @@ static void test_residual_lifetime(void **state)
     gcomp_codec_destroy(c);
 }
 
+/* An encode that fails leaves the step that keys TernGrad's rounding as it was: the next
+ * call gives the bytes of a codec that never made the failed one (here without a key, whose
+ * step is the codec object's own, with a too-small output). */
+static void test_failed_encode_keeps_step(void **state)
+{
+    enum {
+        N = 1000
+    };
+    gcomp_codec *c = tu_codec("terngrad"), *fresh = tu_codec("terngrad");
+    size_t cap = gcomp_codec_max_encoded_bytes(c, N), wa = 0, wb = 0;
+    uint8_t *a = malloc(cap), *b = malloc(cap);
+    float x[N];
+    (void)state;
+    for (int i = 0; i < N; i++) x[i] = sinf(0.37f * (float)i);
+    assert_int_equal(gcomp_codec_encode(c, GCOMP_KEY_NONE, x, N, GCOMP_F32, a, cap / 2, &wa),
+                     GCOMP_ERR_BUFFER_TOO_SMALL);
+    assert_int_equal(gcomp_codec_encode(c, GCOMP_KEY_NONE, x, N, GCOMP_F32, a, cap, &wa), GCOMP_SUCCESS);
+    assert_int_equal(gcomp_codec_encode(fresh, GCOMP_KEY_NONE, x, N, GCOMP_F32, b, cap, &wb), GCOMP_SUCCESS);
+    assert_int_equal(wa, wb);
+    assert_memory_equal(a, b, wa);
+    free(a);
+    free(b);
+    gcomp_codec_destroy(c);
+    gcomp_codec_destroy(fresh);
+}
+
 /* Many keys: the store grows, drops keep others reachable. */
 static void test_many_keys(void **state)
 {
@@ -208,6 +234,7 @@ int main(void)
         cmocka_unit_test(test_ef_beats_no_ef),
         cmocka_unit_test(test_nonfinite_keeps_residual),
         cmocka_unit_test(test_residual_lifetime),
+        cmocka_unit_test(test_failed_encode_keeps_step),
         cmocka_unit_test(test_many_keys),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

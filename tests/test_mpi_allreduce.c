@@ -337,6 +337,64 @@ static void test_mismatch(void)
     gcomp_comm_destroy(c);
 }
 
+/* Residual checkpoints of two communicators hold the same bytes on this rank. */
+static int same_checkpoint(gcomp_comm *a, gcomp_comm *b)
+{
+    static unsigned char ba[1 << 18], bb[1 << 18];
+    size_t wa = 0, wb = 0;
+    if (gcomp_comm_residuals_save(a, ba, sizeof ba, &wa) != GCOMP_SUCCESS) return 0;
+    if (gcomp_comm_residuals_save(b, bb, sizeof bb, &wb) != GCOMP_SUCCESS) return 0;
+    return wa == wb && memcmp(ba, bb, wa) == 0;
+}
+
+/* A call that fails on every rank (refused: count, dtype or op differ, or one rank's bad
+ * buffer) is as if it had not run: the key's residual and step, and a keyless call's step,
+ * stay, so the next calls give the bits of a run without it and the checkpoints are equal.
+ * TernGrad with and without error feedback (the step keys its rounding), top-k. */
+static void test_refused_call_changes_nothing(void)
+{
+    enum {
+        N = 5000
+    };
+    static const char *specs[] = { "terngrad", "terngrad", "topk:ratio=0.05" };
+    static const int efs[] = { 1, 0, 1 };
+    float *x = malloc((N + 1) * sizeof(float)), *a = malloc((N + 1) * sizeof(float)), *b = malloc(N * sizeof(float));
+    const char *what[] = { "count", "dtype", "op", "NULL send" };
+    fill_input(x, N + 1, rank, 21);
+    for (int s = 0; s < 3; s++)
+        for (int w = 0; w < 4; w++)
+            for (int k = 0; k < 2; k++) {
+                uint64_t key = k ? GCOMP_KEY_NONE : 5;
+                gcomp_comm *with = make_comm(specs[s], 0, efs[s]), *without = make_comm(specs[s], 0, efs[s]);
+                int odd = rank == size - 1, same = 1;
+                gcomp_result rc;
+                gcomp_allreduce(with, x, a, N, GCOMP_F32, GCOMP_SUM, key, NULL);
+                gcomp_allreduce(without, x, b, N, GCOMP_F32, GCOMP_SUM, key, NULL);
+                rc = gcomp_allreduce(with, w == 3 && odd ? NULL : x, a, w == 0 && odd ? N + 1 : N,
+                                     w == 1 && odd ? GCOMP_F16 : GCOMP_F32, w == 2 && odd ? GCOMP_AVG : GCOMP_SUM, key,
+                                     NULL);
+                CHECK(all_ranks(rc != GCOMP_SUCCESS), "%s ef %d: the call with another %s on rank %d succeeded",
+                      specs[s], efs[s], what[w], size - 1);
+                for (int t = 0; t < 2; t++) {
+                    gcomp_allreduce(with, x, a, N, GCOMP_F32, GCOMP_SUM, key, NULL);
+                    gcomp_allreduce(without, x, b, N, GCOMP_F32, GCOMP_SUM, key, NULL);
+                    same &= memcmp(a, b, N * sizeof(float)) == 0;
+                }
+                CHECK(all_ranks(same),
+                      "%s ef %d key %s: after a call refused for its %s, results differ from a run "
+                      "without it",
+                      specs[s], efs[s], k ? "none" : "5", what[w]);
+                CHECK(!efs[s] || all_ranks(same_checkpoint(with, without)),
+                      "%s key %s: after a call refused for its %s, the checkpoint differs", specs[s], k ? "none" : "5",
+                      what[w]);
+                gcomp_comm_destroy(with);
+                gcomp_comm_destroy(without);
+            }
+    free(x);
+    free(a);
+    free(b);
+}
+
 /* NaN on one rank: non-finite on every rank; the next finite step is finite everywhere. */
 static void test_nonfinite(void)
 {
@@ -671,6 +729,7 @@ int main(int argc, char **argv)
     test_zero_and_bypass();
     test_error_feedback();
     test_mismatch();
+    test_refused_call_changes_nothing();
     test_nonfinite();
     test_nonfinite_keeps_residual();
     test_nonfinite_bypass();
