@@ -58,6 +58,19 @@ class GcompError(RuntimeError):
         self.detail = _lib.last_error().decode(errors="replace")
         super().__init__("%s: %s: %s" % (what, self.name, self.detail))
 
+    def __reduce__(self):
+        # pickle and copy rebuild the error from its fields: __init__ would read this
+        # thread's gcomp_last_error() again (multiprocessing, concurrent.futures)
+        return (_rebuilt_error, (type(self), self.code, self.name, self.detail, self.args),
+                self.__dict__)
+
+
+def _rebuilt_error(cls, code, name, detail, args):
+    e = cls.__new__(cls)
+    RuntimeError.__init__(e, *args)
+    e.code, e.name, e.detail = code, name, detail
+    return e
+
 
 def _check(rc, what):
     if rc != 0:

@@ -41,8 +41,9 @@ How it works
     into equal-shaped parameters in another order. A layout seen before keeps its key (and
     residual). Parameters are named by number, in the order the hook first meets them (DDP's
     initial buckets, the same on every rank), not by object identity, so a layout means the
-    same thing in a resumed process. Bucket gradients of float64 (or other dtypes) are refused
-    from the first iteration: gcomp reduces float32, float16 and bfloat16.
+    same thing in a resumed process. Bucket gradients of float64 (or other dtypes), and sparse
+    ones (nn.Embedding(sparse=True)), are refused from the first iteration: gcomp reduces
+    dense float32, float16 and bfloat16.
   - Bit-for-bit resume needs the resumed DDP to bucket gradients as the saved one did. A DDP
     that rebuilds its buckets after its first iteration (the default) runs that first resumed
     iteration with its initial layout: those buckets are compressed under the initial
@@ -857,8 +858,12 @@ def hook(state, bucket):
                         % type(state).__name__)
     state._open()  # the plain iterations too, not only once compression starts
     tensor = bucket.buffer()
+    # refused from the first step, not only once compression starts (start_iter)
+    if tensor.layout != torch.strided:
+        raise TypeError("gcomp.torch.hook: a bucket of %s gradients (e.g. nn.Embedding(sparse=True)); "
+                        "gcomp reduces dense gradients: make the layer's gradients dense "
+                        "(sparse=False)" % tensor.layout)
     if str(tensor.dtype) not in _buffers.TORCH_DTYPES:
-        # refused from the first step, not only once compression starts (start_iter)
         raise TypeError("gcomp.torch.hook: a bucket of %s; gcomp reduces float32, float16 and "
                         "bfloat16 gradients" % tensor.dtype)
     cuda = tensor.device.type == "cuda"

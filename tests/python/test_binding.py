@@ -5,7 +5,9 @@ save/load, stats.
 Run: timeout 300 mpirun -np 2 /usr/bin/python3 tests/python/test_binding.py
 (PYTHONPATH=python, GCOMP_LIBRARY=build/libgcomp.so).
 """
+import copy
 import os
+import pickle
 import sys
 import tempfile
 import threading
@@ -137,8 +139,14 @@ def test_bad_input():
     with gcomp.Comm(WORLD, codec="terngrad", min_bytes=0) as c2:
         e = raises(gcomp.GcompError, lambda: c2.allreduce(grad(2, 70000 + 1000 * RANK)))
         assert e.name == "GCOMP_ERR_MISMATCH", e.name
-    log("bad input refused before C; GcompError carries the code name and last_error (%s)"
-        % e.detail[:60])
+    # pickled (multiprocessing, concurrent.futures) and copied with its fields, not rebuilt
+    # from this thread's gcomp_last_error(), which a later failure has replaced
+    raises(gcomp.GcompError, lambda: gcomp.Codec("fp16").decode(b"garbage" * 8, 16))
+    for twin in (pickle.loads(pickle.dumps(e)), copy.copy(e), copy.deepcopy(e)):
+        assert type(twin) is gcomp.GcompError and str(twin) == str(e), (str(twin), str(e))
+        assert (twin.code, twin.name, twin.detail) == (e.code, e.name, e.detail), twin.detail
+    log("bad input refused before C; GcompError carries the code name and last_error (%s), "
+        "and survives pickle and copy" % e.detail[:60])
 
 
 def test_residuals():

@@ -631,8 +631,11 @@ def test_hook_arguments():
     st = gcomp.torch.GcompHookState(codec="fp16", start_iter=5)
     raises(TypeError, lambda: gcomp.torch.hook(st, Bucket(torch.zeros(4, dtype=torch.float64))),
            "torch.float64")
+    # a sparse bucket (nn.Embedding(sparse=True)) too: it ran start_iter plain steps, then failed
+    sparse = torch.sparse_coo_tensor([[0, 2]], [1.0, 2.0], (4,))
+    raises(TypeError, lambda: gcomp.torch.hook(st, Bucket(sparse)), "sparse_coo gradients")
     st.close()
-    log("hook: a wrong state and a float64 bucket refused from the first step")
+    log("hook: a wrong state, a float64 bucket and a sparse one refused from the first step")
 
 
 def main(names):
