@@ -40,6 +40,8 @@ expect_usage "--ef values must be distinct" --ranks 2 --codec none --ef 1,1 --ou
 # the sweep's own settings after --: the trainer would get them twice (and refuse them at every point)
 expect_usage "--epochs after -- would override" --ranks 2 --codec none --out "$out/e" -- --epochs 0.2
 expect_usage "--model, --seed after -- would override" --ranks 2 --codec none --out "$out/e" -- --seed=3 --model cnn
+# and their abbreviations, which the trainer's getopt_long takes (--ep: --epochs)
+expect_usage "--epochs after -- would override" --ranks 2 --codec none --out "$out/e" -- --ep 0.2
 # lists and integers: ASCII digits only, no empty item (Python's int() takes '1_0' and U+FF12)
 fw2=$(printf '\357\274\222') # U+FF12, FULLWIDTH DIGIT TWO, in UTF-8
 expect_usage "argument --ranks: '2,' has an empty item" --ranks 2, --codec none --out "$out/e"

@@ -100,6 +100,7 @@ steps_bool) echo 'GCOMP_RESULT {"test_acc": 80, "steps": true}' ;;
 time_nan) echo 'GCOMP_RESULT {"test_acc": 80, "steps": 10, "train_time_s": NaN}' ;;
 train_steps_0) echo 'GCOMP_RESULT {"test_acc": 80, "steps": 10, "train_time_s": 1, "train_steps": 0}' ;;
 loss_nan) echo 'GCOMP_RESULT {"test_acc": 80, "steps": 10, "loss": NaN, "train_time_s": 1}' ;;
+ok) echo 'GCOMP_RESULT {"test_acc": 80, "steps": 10}' ;;
 esac
 SH
 cases=(acc_nan acc_inf acc_range steps_inf steps_frac steps_bool time_nan train_steps_0 loss_nan)
@@ -118,6 +119,14 @@ done
   grep -q "loss NaN (reported as no loss" "$out/fig/results.md" ||
   { echo "loss_nan: expected a row without a loss and a note"; cat "$out/fig/results.csv"; exit 1; }
 echo "non-finite figures: $i points failed, naming the field; a NaN loss noted"
+# an output folder whose name holds glob's characters: the ranks' stats files are still found
+# (every point failed, "no stats file"); one holding %r is refused (gcomp would replace it)
+"${sweep[@]}" --codec ok --out "$out/g[1]*" --cmd "sh $out/figures.sh {codec}" >/dev/null
+[ "$(cut -d, -f1,5,7 "$out/g[1]*/results.csv" | tail -n +2)" = "ok,80.00,100" ] ||
+  { echo "--out with [ ] *: expected the point's row"; cat "$out/g[1]*/results.csv"; exit 1; }
+rc=0
+"${sweep[@]}" --codec ok --out "$out/run%r" --cmd "sh $out/figures.sh {codec}" 2>/dev/null || rc=$?
+[ "$rc" -eq 2 ] || { echo "--out holding %r with --cmd should exit 2, got $rc"; exit 1; }
 rc=0
 "${sweep[@]}" --codec none --netem 1gbit --out "$out/bad2" --cmd "mpirun -np 2 true" 2>/dev/null || rc=$?
 [ "$rc" -eq 2 ] || { echo "--netem with a command not starting with {mpirun} should exit 2, got $rc"; exit 1; }
