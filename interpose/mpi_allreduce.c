@@ -62,7 +62,7 @@
  * recycles them: a residual per address would keep two copies of each call's buffer that no
  * later call reads (memory growing by that per call). So a key reduced once gets its
  * residual only while fewer than MAX_ONCE keys of the communicator have been reduced once and
- * not again (the others get theirs at their second call), and once CHURN_NEW of the last 64
+ * not again (the others get theirs at a later call), and while CHURN_NEW of the last 64
  * calls after the first repeated address were on new addresses, the communicator gives no
  * new residual keys (a program that keeps its buffers shows no new ones after its first
  * round of calls). Buffer mode only: in sequence mode a buffer's contexts are bounded by
@@ -140,7 +140,8 @@ typedef struct ip_comm {
     size_t n_once;   /* keyed entries with one call so far (MAX_ONCE) */
     int repeated;    /* an entry has had a second call */
     uint64_t recent; /* since then, one bit per call: on a new entry (CHURN_NEW) */
-    int churn;       /* addresses keep changing: no new keys */
+    int churn;       /* addresses keep changing: no new keys (CHURN_NEW) */
+    int warned_churn;
     int warned_full, warned_contexts;
     /* sequence mode: the run of control calls that leads to the next compressed call */
     uint64_t run_hash;  /* their results, hashed */
@@ -523,33 +524,38 @@ static struct seen *seen_entry(ip_comm *c, const void *send, const void *buf, si
     return &c->seen[c->n_seen++];
 }
 
-/* Whether the calls since the first repeated address keep landing on new ones (see
- * CHURN_NEW); fresh: this call's entry is new. */
+/* Whether CHURN_NEW of the last 64 calls since the first repeated address were on new
+ * addresses; fresh: this call's entry is new. Not latched: a program that added buffers in
+ * a burst (a warm-up call, then its first round) stops churning once its calls repeat. */
 static int churning(ip_comm *c, int fresh)
 {
-    if (c->churn || !c->repeated) return c->churn;
+    int was = c->churn;
+    if (!c->repeated) return 0;
     c->recent = c->recent << 1 | (uint64_t)fresh;
     c->churn = __builtin_popcountll(c->recent) >= CHURN_NEW;
-    if (c->churn && S.debug)
+    if (c->churn && !was && S.debug && !c->warned_churn)
         fprintf(stderr,
-                "gcomp_mpi: rank %d: %d of the last calls on one communicator were on new buffer addresses (new "
-                "arrays every step?): no new residual keys on it from now on (keep the buffers, or see "
-                "GCOMP_INTERPOSE_EF_KEY=sequence)\n",
+                "gcomp_mpi: rank %d: %d of the last 64 calls on one communicator were on new buffer addresses "
+                "(new arrays every step?): no new residual keys on it while that lasts (keep the buffers, or "
+                "see GCOMP_INTERPOSE_EF_KEY=sequence)\n",
                 world_rank(), CHURN_NEW);
+    c->warned_churn |= c->churn;
     return c->churn;
 }
 
 /* One more call on entry s: its first is keyed while fewer than MAX_ONCE keyed entries have
- * had one call only, its second unless the communicator's addresses churn. */
+ * had one call only; a later one while the communicator's addresses do not churn. */
 static void count_use(ip_comm *c, struct seen *s)
 {
     int churn = churning(c, s->uses == 0);
     if (s->uses == 0) {
         s->keyed = !churn && c->n_once < MAX_ONCE;
         c->n_once += (size_t)s->keyed;
-    } else if (s->uses == 1) {
-        c->repeated = 1;
-        if (s->keyed) c->n_once--;
+    } else {
+        if (s->uses == 1) {
+            c->repeated = 1;
+            if (s->keyed) c->n_once--;
+        }
         s->keyed = s->keyed || !churn;
     }
     if (s->uses < 2) s->uses++;
