@@ -346,7 +346,7 @@ gcomp_result gcomp_codec_encode(gcomp_codec *c, uint64_t key, const void *src, s
     rc = encode_chain(c, &ctx, x, ef.r_in, ef.r_out, count, dtype, dst, dst_cap, written);
     if (rc != GCOMP_SUCCESS) { /* as if it had not run: the residual and the step as they were */
         if (!ef.res) c->nokey_step = ctx.step;
-        gcomp__ef_abandon(&ef);
+        gcomp__ef_abandon(&ef, 0);
         return rc;
     }
     /* A non-finite result must not poison the residual: keep the old one. */
@@ -694,9 +694,9 @@ gcomp_result gcomp__codec_dev_ef_end(gcomp_codec *c, gcomp__dev_ef *ef, int keep
     return gcomp__codec_device_ef_end(DEVICE_PARTS(c), ef, keep, stream);
 }
 
-void gcomp__codec_dev_ef_abandon(gcomp_codec *c, gcomp__dev_ef *ef, struct CUstream_st *stream)
+void gcomp__codec_dev_ef_abandon(gcomp_codec *c, gcomp__dev_ef *ef, int keep_step, struct CUstream_st *stream)
 {
-    gcomp__codec_device_ef_abandon(DEVICE_PARTS(c), ef, stream);
+    gcomp__codec_device_ef_abandon(DEVICE_PARTS(c), ef, keep_step, stream);
 }
 
 gcomp_result gcomp__codec_dev_encode(gcomp_codec *c, const gcomp__device_ops *ops, const gcomp_encode_ctx *ctx,

@@ -730,7 +730,8 @@ gcomp_result gcomp__codec_device_ef_end(const gcomp__codec_parts *c, gcomp__dev_
     return GCOMP_SUCCESS;
 }
 
-void gcomp__codec_device_ef_abandon(const gcomp__codec_parts *c, gcomp__dev_ef *ef, struct CUstream_st *stream)
+void gcomp__codec_device_ef_abandon(const gcomp__codec_parts *c, gcomp__dev_ef *ef, int keep_step,
+                                    struct CUstream_st *stream)
 {
     gcomp__codec_device *d = *c->dev;
     dev_residual *fresh = ef->fresh;
@@ -739,6 +740,10 @@ void gcomp__codec_device_ef_abandon(const gcomp__codec_parts *c, gcomp__dev_ef *
         ef->active = 0;
         ef->created = 0;
         if (d->ops->wait(stream, 1000) == GCOMP_SUCCESS) gcomp__codec_device_residual_drop(d, ef->key);
+        return;
+    }
+    if (!fresh && keep_step) {
+        if (gcomp__codec_device_ef_end(c, ef, 1, stream) == GCOMP_SUCCESS) (void)d->ops->wait(stream, 1000);
         return;
     }
     if (!fresh) { /* the residual and its step as they were: nothing to commit */

@@ -66,9 +66,11 @@ gcomp_result gcomp__codec_device_ef_begin(const gcomp__codec_parts *c, const gco
  * the commit kernel). A no-op once done or when ef is inactive. */
 gcomp_result gcomp__codec_device_ef_end(const gcomp__codec_parts *c, gcomp__dev_ef *ef, int keep,
                                         struct CUstream_st *stream);
-/* A call that failed: as ef_end with keep, but a key whose count changed keeps its old
- * residual (the new one is freed once the stream is done with it). */
-void gcomp__codec_device_ef_abandon(const gcomp__codec_parts *c, gcomp__dev_ef *ef, struct CUstream_st *stream);
+/* A call that failed: the residual and its step as they were (keep_step: as ef_end with keep,
+ * the step advanced, where other ranks may have completed the call); a key whose count
+ * changed keeps its old residual (the new one is freed once the stream is done with it). */
+void gcomp__codec_device_ef_abandon(const gcomp__codec_parts *c, gcomp__dev_ef *ef, int keep_step,
+                                    struct CUstream_st *stream);
 /* GCOMP_ERR_UNSUPPORTED, with the reason named after api (the call), when the chain cannot
  * run on the device. */
 gcomp_result gcomp__codec_device_check(const char *api, const gcomp__chain *chain);

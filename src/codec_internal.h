@@ -82,7 +82,8 @@ typedef struct gcomp__ef {
 
 gcomp_result gcomp__ef_begin(gcomp__residual_store *s, uint64_t key, size_t count, int in_place, gcomp__ef *ef);
 void gcomp__ef_end(gcomp__ef *ef, int nonfinite);
-void gcomp__ef_abandon(gcomp__ef *ef);
+/* keep_step: the step stays advanced (other ranks may have completed the call) */
+void gcomp__ef_abandon(gcomp__ef *ef, int keep_step);
 
 /* The same protocol for a key whose residual lives in device memory (codec_device.c):
  * always double-buffered; begin gives the buffers and the step, end commits on the device
@@ -138,7 +139,7 @@ gcomp_result gcomp__codec_device_usable(const gcomp_codec *c, const char *api);
 gcomp_result gcomp__codec_dev_ef_begin(gcomp_codec *c, const struct gcomp__device_ops *ops, uint64_t key, size_t count,
                                        struct CUstream_st *stream, gcomp__dev_ef *ef);
 gcomp_result gcomp__codec_dev_ef_end(gcomp_codec *c, gcomp__dev_ef *ef, int keep, struct CUstream_st *stream);
-void gcomp__codec_dev_ef_abandon(gcomp_codec *c, gcomp__dev_ef *ef, struct CUstream_st *stream);
+void gcomp__codec_dev_ef_abandon(gcomp_codec *c, gcomp__dev_ef *ef, int keep_step, struct CUstream_st *stream);
 gcomp_result gcomp__codec_dev_encode(gcomp_codec *c, const struct gcomp__device_ops *ops, const gcomp_encode_ctx *ctx,
                                      const float *x, const gcomp_cuda_residual *res, size_t count, void *dst,
                                      size_t cap, void *scratch, gcomp_cuda_status *st,

@@ -100,6 +100,7 @@ typedef struct plan {
     gcomp__ef ef;      /* the key's residual, host buffers */
     gcomp__dev_ef def; /* the key's residual, device buffers */
     uint64_t *stepped; /* the step counter a call without a residual advanced (rolled back on failure) */
+    int agreed;        /* every rank learnt that the call succeeded: a later local failure keeps the step */
     gcomp_dtype dtype;
     float prescale; /* AVG on the dense schedules (sums_prescaled): the wire never carries sums
                      * larger than the result */
@@ -458,16 +459,19 @@ static gcomp_result end_residual(gcomp_comm *c, gcomp__call *call, plan *p, int 
     return gcomp__comm_transport_failed(c, gcomp__call_wait(call));
 }
 
-/* The same for a call that failed: as if it had not run, on every rank alike (the ranks agreed
- * on the failure): the residual and its step kept (a key whose count changed keeps its old
+/* The same for a call that failed: the residual kept (a key whose count changed keeps its old
  * residual and step: the ranks may not have agreed on the new count; a key the call created
- * is dropped again), and a call without a residual gives its step back. Calls of a
- * communicator run one at a time, so no other call took a step since. */
+ * is dropped again), and the step given back, also by a call without a residual, as on every
+ * other rank: the ranks agreed on the failure. Not where another rank may have completed the
+ * call (a failure after the outcome agreement, or one that broke the communicator): the step
+ * stays advanced, as theirs. Calls of a communicator run one at a time, so no other call took
+ * a step since. */
 static void abandon_residual(gcomp_comm *c, gcomp__call *call, plan *p)
 {
-    gcomp__ef_abandon(&p->ef);
-    gcomp__codec_dev_ef_abandon(c->codec, &p->def, call->stream);
-    if (p->stepped) *p->stepped = call->step;
+    int keep_step = p->agreed || c->broken;
+    gcomp__ef_abandon(&p->ef, keep_step);
+    gcomp__codec_dev_ef_abandon(c->codec, &p->def, keep_step, call->stream);
+    if (p->stepped && !keep_step) *p->stepped = call->step;
 }
 
 /* Host buffers: the outcome the ring's trailers carried (ring.h) -- a failure anywhere, a
@@ -539,6 +543,7 @@ static gcomp_result run_compressed(gcomp_comm *c, gcomp__call *call, plan *p, co
         GCOMP_CHECK(gcomp__comm_agree_outcome(c, call->ring.error, local_nonfinite, &nonfinite, call->ring.deadline));
         call->ring.st->agree_s += gcomp__now() - t0;
     }
+    p->agreed = 1;
     if (nonfinite) call->ring.st->nonfinite_calls++;
     GCOMP_CHECK(end_residual(c, call, p, nonfinite));
     call->ring.st->compressed_calls++;

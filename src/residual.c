@@ -181,17 +181,18 @@ void gcomp__ef_end(gcomp__ef *ef, int nonfinite)
     ef->created = 0;
 }
 
-/* A call that failed changes nothing: a new entry is dropped (the key keeps its old residual,
- * count and step), and so is a key the call brought (it held nothing before: a refused first
- * call leaves no key for a checkpoint to list or a load to compare counts with); a key's
- * own entry gets its step back. */
-void gcomp__ef_abandon(gcomp__ef *ef)
+/* A call that failed: a new entry is dropped (the key keeps its old residual, count and
+ * step), and so is a key the call brought (it held nothing before: a refused first call
+ * leaves no key for a checkpoint to list or a load to compare counts with); a key's own entry
+ * keeps its residual (an in-place one, TernGrad's on the integer ring, may already be
+ * written) and gets its step back unless keep_step. */
+void gcomp__ef_abandon(gcomp__ef *ef, int keep_step)
 {
     if (ef->fresh)
         free_entry(ef->res);
     else if (ef->res && ef->created)
         gcomp__residual_drop(ef->store, ef->res->key);
-    else if (ef->res)
+    else if (ef->res && !keep_step)
         ef->res->step = ef->step;
     ef->res = NULL;
     ef->fresh = 0;

@@ -549,7 +549,8 @@ class Comm(_Handle):
         """Complete the requests in flight, in issue order, as close() does: stats and
         residuals are then read after the same calls on every rank, whether or not their
         Requests were waited for or kept. A failed call's error stays on its Request (raised by
-        its wait())."""
+        its wait()). Called inside the _use() that then reads or writes them, so that no other
+        thread's call slips in between."""
         with self._use():
             for r in list(self._pending):
                 r._wait_locked()
@@ -627,8 +628,8 @@ class Comm(_Handle):
         """Counters of all calls (key None) or of one key, as a dict."""
         s = _lib.CommStats()
         k = None if key is None else _key(key)
-        self._complete_in_flight()
         with self._settled(), self._use() as h:
+            self._complete_in_flight()
             if k is None:
                 _check(_lib.comm_stats_get(h, ctypes.byref(s)), "gcomp_comm_stats_get")
             else:
@@ -636,15 +637,15 @@ class Comm(_Handle):
         return _stats_dict(s, _lib.CommStats._fields_)
 
     def stats_reset(self):
-        self._complete_in_flight()
         with self._settled(), self._use() as h:
+            self._complete_in_flight()
             _check(_lib.comm_stats_reset(h), "gcomp_comm_stats_reset")
 
     def save_residuals(self):
         """The communicator's residuals (every key) as bytes, in the library's versioned
         checkpoint format."""
-        self._complete_in_flight()
         with self._settled(), self._use() as h:
+            self._complete_in_flight()
             return _residuals_save(h)
 
     def load_residuals(self, data):
@@ -653,23 +654,23 @@ class Comm(_Handle):
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError("load_residuals: expected bytes, got %s" % type(data).__name__)
         data = bytes(data)
-        self._complete_in_flight()
         with self._settled(), self._use() as h:
+            self._complete_in_flight()
             _residuals_load(h, data)
 
     def save_residuals_file(self, path):
         """save_residuals() into a file (written to a temporary file renamed over path)."""
         _need(_lib.comm_residuals_save_file, "gcomp_comm_residuals_save_file")
         path = _args.path_arg("path", path)
-        self._complete_in_flight()
         with self._settled(), self._use() as h:
+            self._complete_in_flight()
             _check(_lib.comm_residuals_save_file(h, path), "gcomp_comm_residuals_save_file")
 
     def load_residuals_file(self, path):
         _need(_lib.comm_residuals_load_file, "gcomp_comm_residuals_load_file")
         path = _args.path_arg("path", path)
-        self._complete_in_flight()
         with self._settled(), self._use() as h:
+            self._complete_in_flight()
             _check(_lib.comm_residuals_load_file(h, path), "gcomp_comm_residuals_load_file")
 
     def config(self):
