@@ -212,8 +212,7 @@ static int comm_delete(MPI_Comm comm, int keyval, void *val, void *extra)
         S.live = c->next;
     if (c->next) c->next->prev = c->prev;
     add_stats(c->g);
-    for (size_t i = 0; i < c->n_seen; i++)
-        S.ef_keys += (c->seen[i].keyed || S.ef_key != EF_KEY_BUFFER) && !c->seen[i].shared;
+    for (size_t i = 0; i < c->n_seen; i++) S.ef_keys += c->seen[i].keyed && !c->seen[i].shared;
     if (c->g && !S.finalizing) S.comms_freed++;
     pthread_mutex_unlock(&S.lock);
     inside_gcomp++;
@@ -520,7 +519,8 @@ static struct seen *seen_entry(ip_comm *c, const void *send, const void *buf, si
     struct seen *p = ip_room_for_one(c->seen, &c->cap_seen, c->n_seen, sizeof *p);
     if (!p) return NULL;
     c->seen = p;
-    c->seen[c->n_seen] = (struct seen){ buf, send, n, context, 0, 0, 0 };
+    /* sequence mode keys every entry (MAX_CONTEXTS bounds them); buffer mode: count_use */
+    c->seen[c->n_seen] = (struct seen){ buf, send, n, context, 0, 0, S.ef_key != EF_KEY_BUFFER };
     return &c->seen[c->n_seen++];
 }
 
@@ -575,8 +575,8 @@ static uint64_t residual_key(ip_comm *c, const void *send, const void *buf, size
     if (S.ef_key == EF_KEY_SEQUENCE && c->run_calls) context = mix64(c->run_hash ^ mix64(c->since + 1));
     s = seen_entry(c, send, buf, n, context);
     if (!s) return GCOMP_KEY_NONE;
-    if (S.ef_key == EF_KEY_BUFFER) count_use(c, s); /* sequence mode: MAX_CONTEXTS bounds it */
-    if (S.ef_key == EF_KEY_BUFFER && !s->keyed) return GCOMP_KEY_NONE;
+    if (S.ef_key == EF_KEY_BUFFER) count_use(c, s);
+    if (!s->keyed) return GCOMP_KEY_NONE;
     if (!s->shared && s->count != n) {
         s->shared = 1;
         if (S.debug)
