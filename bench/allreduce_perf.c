@@ -152,8 +152,8 @@ static void usage(FILE *f, const char *prog)
             "                          (default: none, fp16, terngrad, topk:ratio=0.01)\n"
             "      --ef 0|1            error feedback (default 1); the timed calls run with the\n"
             "                          residual of the warmup calls, i.e. in steady state\n"
-            "      --min-bytes N       gcomp_config.min_bytes (default 0): tensors smaller than N\n"
-            "                          bytes bypass compression. 0 compresses every size, so small\n"
+            "      --min-bytes N       gcomp_config.min_bytes (default 0; a size as for -b): tensors\n"
+            "                          under N bytes bypass compression. 0 compresses every size, so small\n"
             "                          rows show the codec's own overhead instead of a bypass.\n"
             "      --device host|cuda  host (default): host buffers over MPI. cuda: device buffers\n"
             "                          of each rank's GPU (node-local rank modulo the GPUs) and the\n"
@@ -258,9 +258,12 @@ static int parse_option(struct options *o, int c, const char *arg)
         return 0;
     case 'd':
         return parse_dtype(arg, &o->dtype) ? bad_value(o, "-d", arg, "float, half or bfloat16") : 0;
-    case OPT_MIN_BYTES:
-        if (bench_parse_int(arg, 0, LLONG_MAX, &v)) return bad_value(o, "--min-bytes", arg, "bytes >= 0");
-        o->gcomp_min_bytes = v;
+    case OPT_MIN_BYTES: {
+        size_t n;
+        /* a size like -b's (4K, 1M): the same tool should read bytes one way */
+        if (bench_parse_size(arg, &n) || n > LLONG_MAX) return bad_value(o, "--min-bytes", arg, "a size like 4K");
+        o->gcomp_min_bytes = (long long)n;
+    }
         return 0;
     case OPT_CODEC:
         if (o->ncodecs == MAX_CODECS) return bad_value(o, "--codec", arg, "at most 32 codecs");
