@@ -174,7 +174,7 @@ static struct {
     uint64_t comms_created, comms_freed; /* gcomp communicators; freed: by MPI_Comm_free */
     /* stats of gcomp communicators already destroyed */
     uint64_t raw_bytes, wire_bytes, baseline_bytes;
-    char codec[256];
+    char codec[512]; /* GCOMP_CODEC as given: a spec has at most 511 characters (gcomp.h) */
 } S = { .lock = PTHREAD_MUTEX_INITIALIZER };
 
 /* Calls that gcomp itself makes to MPI pass straight through. */

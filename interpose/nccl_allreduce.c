@@ -128,7 +128,7 @@ static struct {
     int exact;         /* the codec keeps no residual (ip_codec_exact): no keys */
     int test_no_state; /* GCOMP_TEST_INTERPOSE_NO_STATE (tests only): act as if out of memory */
     const char *stats_file;
-    char codec[256];
+    char codec[512]; /* GCOMP_CODEC as given: a spec has at most 511 characters (gcomp.h) */
     allreduce_fn *allreduce;
     group_fn *group_start, *group_end;
     comm_fn *destroy, *abort;
@@ -357,7 +357,7 @@ static ncclResult_t comm_gone(ncclComm_t comm, comm_fn *real, int is_abort)
 {
     ip_comm *c, **at;
     gcomp_comm_stats st;
-    char line[640];
+    char line[1024]; /* the summary with a 511-character spec */
     ncclResult_t r = ncclSuccess;
     int real_done = 0;
     pthread_mutex_lock(&S.lock);

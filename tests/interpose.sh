@@ -45,6 +45,11 @@ for ((r = 0; r < np; r++)); do
         [ "$keys" != 0 ]; then
         echo "FAIL: rank $r: no call had error feedback, yet the stats file counts $keys residual keys"; fail=1
     fi
+    # the summary names the codec as given (it was cut at 255 characters; a spec may have 511)
+    if [ "$codec" != none ] &&
+        ! /usr/bin/python3 -c 'import json,sys; sys.exit(json.load(open(sys.argv[1]))["codec"] != sys.argv[2])' "$f" "$codec"; then
+        echo "FAIL: rank $r: the stats file's codec is not '$codec'"; fail=1
+    fi
     if [ "${exp#rank $r expects }" != "$got" ]; then
         echo "FAIL: rank $r: program expects ${exp#rank $r expects }, stats file says $got"; cat "$f"; fail=1
     else
