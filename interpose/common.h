@@ -112,13 +112,13 @@ static inline uint64_t ip_sum(const uint64_t *counts, int n)
 /* The stats file's call counts, as both interposers write them: "calls_compressed",
  * "calls_compressed_without_ef", "calls_passed_through" (the sum) and "passed_through", an
  * object of the n reasons by name. */
-static inline void ip_json_calls(FILE *f, uint64_t compressed, uint64_t no_ef, const uint64_t *passed,
+static inline void ip_json_calls(FILE *f, uint64_t compressed, uint64_t no_ef, uint64_t failed, const uint64_t *passed,
                                  const char *const *names, int n)
 {
     fprintf(f,
             "\"calls_compressed\": %" PRIu64 ", \"calls_compressed_without_ef\": %" PRIu64
-            ", \"calls_passed_through\": %" PRIu64 ", \"passed_through\": {",
-            compressed, no_ef, ip_sum(passed, n));
+            ", \"calls_failed\": %" PRIu64 ", \"calls_passed_through\": %" PRIu64 ", \"passed_through\": {",
+            compressed, no_ef, failed, ip_sum(passed, n));
     for (int i = 0; i < n; i++) fprintf(f, "%s\"%s\": %" PRIu64, i ? ", " : "", names[i], passed[i]);
     fputc('}', f);
 }

@@ -134,6 +134,7 @@ static struct {
     comm_fn *destroy, *abort;
     ip_comm *live;
     uint64_t compressed, passed[PASS_REASONS], no_ef_calls;
+    uint64_t failed; /* compressed calls that returned an error (to an MPI_ERRORS_RETURN caller) */
     uint64_t comms_created, comms_destroyed;
     uint64_t raw_bytes, wire_bytes, baseline_bytes; /* of gcomp communicators already destroyed */
 } S = { .lock = PTHREAD_MUTEX_INITIALIZER, .idle = PTHREAD_COND_INITIALIZER };
@@ -178,12 +179,13 @@ static void summary_line(int rank, char *out, size_t cap)
     uint64_t passed = ip_sum(S.passed, PASS_REASONS);
     snprintf(out, cap,
              "gcomp_nccl: rank %d: codec %s, ncclAllReduce calls: %" PRIu64 " compressed (%" PRIu64
-             " without error feedback), %" PRIu64 " passed through (disabled %" PRIu64 ", group %" PRIu64
-             ", capture %" PRIu64 ", datatype %" PRIu64 ", op %" PRIu64 ", communicator %" PRIu64 ", small %" PRIu64
-             "); %" PRIu64 " bytes sent instead of %" PRIu64 " (%" PRId64 " saved)",
-             rank, S.enabled ? S.codec : "(off)", S.compressed, S.no_ef_calls, passed, S.passed[PASS_DISABLED],
-             S.passed[PASS_GROUP], S.passed[PASS_CAPTURE], S.passed[PASS_TYPE], S.passed[PASS_OP], S.passed[PASS_COMM],
-             S.passed[PASS_SMALL], S.wire_bytes, S.baseline_bytes, (int64_t)(S.baseline_bytes - S.wire_bytes));
+             " without error feedback), %" PRIu64 " failed, %" PRIu64 " passed through (disabled %" PRIu64
+             ", group %" PRIu64 ", capture %" PRIu64 ", datatype %" PRIu64 ", op %" PRIu64 ", communicator %" PRIu64
+             ", small %" PRIu64 "); %" PRIu64 " bytes sent instead of %" PRIu64 " (%" PRId64 " saved)",
+             rank, S.enabled ? S.codec : "(off)", S.compressed, S.no_ef_calls, S.failed, passed,
+             S.passed[PASS_DISABLED], S.passed[PASS_GROUP], S.passed[PASS_CAPTURE], S.passed[PASS_TYPE],
+             S.passed[PASS_OP], S.passed[PASS_COMM], S.passed[PASS_SMALL], S.wire_bytes, S.baseline_bytes,
+             (int64_t)(S.baseline_bytes - S.wire_bytes));
 }
 
 static void write_stats_file(int rank)
@@ -193,7 +195,7 @@ static void write_stats_file(int rank)
     fprintf(f, "{\"rank\": %d, \"codec\": \"", rank);
     ip_json_string(f, S.enabled ? S.codec : "");
     fputs("\", ", f);
-    ip_json_calls(f, S.compressed, S.no_ef_calls, S.passed, pass_names, PASS_REASONS);
+    ip_json_calls(f, S.compressed, S.no_ef_calls, S.failed, S.passed, pass_names, PASS_REASONS);
     fprintf(f,
             ", \"raw_bytes\": %" PRIu64 ", \"wire_bytes\": %" PRIu64 ", \"baseline_bytes\": %" PRIu64
             ", \"bytes_saved\": %" PRId64 ", \"communicators\": %" PRIu64 ", \"communicators_destroyed\": %" PRIu64
@@ -527,6 +529,7 @@ static ncclResult_t compressed_allreduce(ip_comm *c, const void *send, void *rec
         return ncclSuccess;
     }
     /* gcomp reports a failure on every rank; NCCL's nearest words for it */
+    ip_bump(&S.failed);
     fprintf(stderr, "gcomp_nccl: rank %d: compressed ncclAllReduce of %zu elements failed: %s: %s\n", c->rank, count,
             gcomp_result_name(rc), gcomp_last_error());
     return rc == GCOMP_ERR_INVALID_ARG ? ncclInvalidArgument

@@ -6,9 +6,9 @@
 #   interpose.sh NP CODEC LIB -- COMMAND...
 # CODEC "none" runs without GCOMP_CODEC (the interposer loaded but off: every call passes).
 # IP_DEBUG=NONE runs with GCOMP_DEBUG=NONE and checks that the interposer logs nothing.
-# The command's stdout must hold "rank R expects compressed=C passed=P no_ef=E[ freed=F][ keys=K]"
-# per rank (freed: gcomp communicators destroyed by MPI_Comm_free before MPI_Finalize; keys:
-# residual keys given out).
+# The command's stdout must hold "rank R expects compressed=C passed=P no_ef=E[ failed=X][ freed=F][ keys=K]"
+# per rank (failed: compressed calls that returned an error; freed: gcomp communicators
+# destroyed by MPI_Comm_free before MPI_Finalize; keys: residual keys given out).
 set -euo pipefail
 np=$1 codec=$2 lib=$3
 shift 4
@@ -34,11 +34,11 @@ grep "^gcomp_mpi: rank" "$out/stderr" || true
 fail=0
 for ((r = 0; r < np; r++)); do
     # -o: lines of different ranks may arrive interleaved in mpirun's stdout
-    exp=$(grep -o "rank $r expects compressed=[0-9]* passed=[0-9]* no_ef=[0-9]*\( freed=[0-9]*\)\?\( keys=[0-9]*\)\?" "$out/stdout") ||
+    exp=$(grep -o "rank $r expects compressed=[0-9]* passed=[0-9]* no_ef=[0-9]*\( failed=[0-9]*\)\?\( freed=[0-9]*\)\?\( keys=[0-9]*\)\?" "$out/stdout") ||
         { echo "FAIL: rank $r printed no expectation"; fail=1; continue; }
     f="$out/stats_$r.json"
     [ -f "$f" ] || { echo "FAIL: no stats file for rank $r"; fail=1; continue; }
-    got=$(/usr/bin/python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("compressed=%d passed=%d no_ef=%d" % (d["calls_compressed"], d["calls_passed_through"], d["calls_compressed_without_ef"]) + (" freed=%d" % d["communicators_freed_before_finalize"] if sys.argv[2] == "1" else "") + (" keys=%d" % d["residual_keys"] if sys.argv[3] == "1" else ""))' "$f" "$([[ $exp == *freed=* ]] && echo 1 || echo 0)" "$([[ $exp == *keys=* ]] && echo 1 || echo 0)")
+    got=$(/usr/bin/python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("compressed=%d passed=%d no_ef=%d" % (d["calls_compressed"], d["calls_passed_through"], d["calls_compressed_without_ef"]) + (" failed=%d" % d["calls_failed"] if sys.argv[4] == "1" else "") + (" freed=%d" % d["communicators_freed_before_finalize"] if sys.argv[2] == "1" else "") + (" keys=%d" % d["residual_keys"] if sys.argv[3] == "1" else ""))' "$f" "$([[ $exp == *freed=* ]] && echo 1 || echo 0)" "$([[ $exp == *keys=* ]] && echo 1 || echo 0)" "$([[ $exp == *failed=* ]] && echo 1 || echo 0)")
     # every compressed call without error feedback: no residual key was given out
     if [[ $got =~ compressed=([0-9]+)\ passed=[0-9]+\ no_ef=([0-9]+) ]] && [ "${BASH_REMATCH[1]}" = "${BASH_REMATCH[2]}" ] &&
         keys=$(/usr/bin/python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["residual_keys"])' "$f") &&
@@ -56,7 +56,9 @@ for ((r = 0; r < np; r++)); do
         echo "rank $r stats file: $got (as expected)"
     fi
     if [ "$debug" = NONE ]; then
-        ! grep -q "^gcomp_mpi: rank $r: " "$out/stderr" || { echo "FAIL: GCOMP_DEBUG=NONE, yet rank $r logged"; fail=1; }
+        # (a failed call is an error, reported whatever GCOMP_DEBUG says)
+        ! grep -v "^gcomp_mpi: rank $r: compressed MPI_Allreduce of [0-9]* floats failed: " "$out/stderr" |
+            grep -q "^gcomp_mpi: rank $r: " || { echo "FAIL: GCOMP_DEBUG=NONE, yet rank $r logged"; fail=1; }
     else
         grep -q "^gcomp_mpi: rank $r: " "$out/stderr" || { echo "FAIL: no GCOMP_DEBUG summary line from rank $r"; fail=1; }
     fi

@@ -15,9 +15,9 @@
  *     compressed yet lossless) within fp32 rounding of MPI's answer, every compressed call
  *     without error feedback (the interposer gives an exact codec no residual key); under
  *     GCOMP_EF=0 every compressed call is without error feedback too.
- * Each rank prints "rank R expects compressed=C passed=P no_ef=E freed=F", the MPI_Allreduce
- * calls the interposer should have compressed (E of them without error feedback) and passed
- * through, and the gcomp communicators MPI_Comm_free should have destroyed, for the runner to
+ * Each rank prints "rank R expects compressed=C passed=P no_ef=E failed=X freed=F", the
+ * MPI_Allreduce calls the interposer should have compressed (E of them without error
+ * feedback), refused on every rank (X, ranks that disagree on the count) and passed through, and the gcomp communicators MPI_Comm_free should have destroyed, for the runner to
  * compare with GCOMP_STATS_FILE.
  *
  * usage: interpose_prog --bound exact|none|fp16|terngrad|topk [--min-bytes B]
@@ -34,7 +34,7 @@
 #define N_SMALL 1000
 #define STEPS 3
 
-static int n_compressed, n_passed, n_no_ef, n_freed;
+static int n_compressed, n_passed, n_no_ef, n_failed, n_freed;
 static const char *bound = "exact";
 
 
@@ -308,10 +308,23 @@ int main(int argc, char **argv)
     else
         n_passed += 2;
 
+    /* ranks that disagree on a compressed float sum's count (erroneous in MPI): gcomp refuses
+     * it on every rank (GCOMP_ERR_MISMATCH), a program's MPI_ERRORS_RETURN gets the error
+     * instead of a hang or a truncated result, and the summary counts the call as failed */
+    if (compress && size > 1) {
+        int rc;
+        fill(fa, n, rank, 7);
+        MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+        rc = MPI_Allreduce(MPI_IN_PLACE, fa, rank ? n - 50 : n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+        MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_ARE_FATAL);
+        CHECK(rc != MPI_SUCCESS, "a float sum whose count differs across ranks succeeded");
+        n_failed++;
+    }
+
     if (!strcmp(bound, "none")) n_no_ef = n_compressed; /* an exact codec: no residual keys at all */
     if (getenv("GCOMP_EF") && !strcmp(getenv("GCOMP_EF"), "0")) n_no_ef = n_compressed; /* nor without feedback */
-    printf("rank %d expects compressed=%d passed=%d no_ef=%d freed=%d\n", rank, n_compressed, n_passed, n_no_ef,
-           n_freed);
+    printf("rank %d expects compressed=%d passed=%d no_ef=%d failed=%d freed=%d\n", rank, n_compressed, n_passed,
+           n_no_ef, n_failed, n_freed);
     {
         int all = 0;
         PMPI_Allreduce(&n_fail, &all, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
