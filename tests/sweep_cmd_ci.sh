@@ -118,12 +118,29 @@ done
 [ "$(cut -d, -f1,5,6,10 "$out/fig/results.csv" | tail -n +2)" = "loss_nan,80.00,,0.100000" ] &&
   grep -q "loss NaN (reported as no loss" "$out/fig/results.md" ||
   { echo "loss_nan: expected a row without a loss and a note"; cat "$out/fig/results.csv"; exit 1; }
+# the commands reported no epochs: the plot's title names none (was "...,  epochs, 2 ranks")
+if command -v gnuplot >/dev/null; then
+  grep -q '^set title ".*figures.sh {codec}, 2 ranks"' "$out/fig/accuracy_vs_bytes.png.gp" ||
+    { echo "the plot's title should end '{codec}, 2 ranks'"; grep "set title" "$out/fig/accuracy_vs_bytes.png.gp"; exit 1; }
+fi
 echo "non-finite figures: $i points failed, naming the field; a NaN loss noted"
 # an output folder whose name holds glob's characters: the ranks' stats files are still found
-# (every point failed, "no stats file"); one holding %r is refused (gcomp would replace it)
-"${sweep[@]}" --codec ok --out "$out/g[1]*" --cmd "sh $out/figures.sh {codec}" >/dev/null
+# (every point failed, "no stats file"); one holding %r is refused (gcomp would replace it).
+# Its command is long: the plot's title is wrapped and cut, not clipped at the picture's edges.
+long=$(printf ' --unused-argument-%d' {1..40})
+"${sweep[@]}" --codec ok --out "$out/g[1]*" --cmd "sh $out/figures.sh {codec}$long" >/dev/null
 [ "$(cut -d, -f1,5,7 "$out/g[1]*/results.csv" | tail -n +2)" = "ok,80.00,100" ] ||
   { echo "--out with [ ] *: expected the point's row"; cat "$out/g[1]*/results.csv"; exit 1; }
+if command -v gnuplot >/dev/null; then
+  /usr/bin/python3 - "$out/g[1]*/accuracy_vs_bytes.png.gp" <<'PY' || exit 1
+import sys
+title = [l for l in open(sys.argv[1]) if l.startswith("set title ")][0]
+parts = title[len('set title "'):title.rindex('"')].split("\\n")
+if len(parts) != 3 or max(map(len, parts)) > 100 or not parts[-1].endswith("..."):
+    sys.exit("a long --cmd: the plot's title should be 3 lines of at most 100 characters, "
+             "the last cut with '...': %r" % title)
+PY
+fi
 rc=0
 "${sweep[@]}" --codec ok --out "$out/run%r" --cmd "sh $out/figures.sh {codec}" 2>/dev/null || rc=$?
 [ "$rc" -eq 2 ] || { echo "--out holding %r with --cmd should exit 2, got $rc"; exit 1; }
