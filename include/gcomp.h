@@ -336,7 +336,8 @@ typedef struct gcomp_comm_stats {
                                  * agreements (TernGrad, NCCL) are not counted, except
                                  * TernGrad's shared scales (8 bytes a scale) */
     uint64_t baseline_bytes;   /* bytes an uncompressed ring would have sent: 2(N-1)/N * raw */
-    uint64_t overflow_count;   /* fp16/bf16 overflows to inf */
+    uint64_t overflow_count;   /* fp16/bf16 overflows to inf in this rank's own encodes (a
+                                 * partial sum re-encoded at another rank counts there) */
     uint64_t nonfinite_calls;  /* calls whose result held NaN/Inf, or whose input did on any
                                  * rank; counted on every rank, bypassed calls included; the
                                  * residual is kept on every rank */
@@ -351,7 +352,9 @@ typedef struct gcomp_comm_stats {
     gcomp_schedule last_schedule;
 } gcomp_comm_stats;
 
-/* Collective over the communicator: every rank calls it with the same arguments.
+/* Collective over the communicator: every rank calls it with the same arguments, but for key,
+ * which is each rank's own (as error_feedback, seed and timeout_ms of the configuration are):
+ * ranks that differ in it get identical results, each feeding back its own residual.
  * Reduce count elements of send (dtype) over all ranks with op and write the result to recv
  * (send == recv is in place; send and recv that partly overlap are invalid, and both are
  * aligned to the dtype's element size: see "Buffers" at the top). key names the tensor for
@@ -391,7 +394,10 @@ typedef struct gcomp_comm_stats {
  * residual. Recursive doubling (GCOMP_SCHED_DOUBLING) does the same at each of its log2 N
  * exchanges, except the last, whose fp32 sum is the result: at 2 ranks (one exchange) no sum
  * is re-encoded, so an fp16 sum past 65504 of two finite inputs stays finite there (in f32
- * or bf16 buffers; narrowed to f16 buffers it is +-inf, counted as non-finite). (top-k's dense fallback, GCOMP_SCHED_SPARSE_AS_DENSE, sums in fp32 and
+ * or bf16 buffers; narrowed to f16 buffers it is +-inf, counted as non-finite). At more
+ * ranks a partial sum past 65504 becomes +-inf when re-encoded to fp16 (a non-finite call on
+ * every rank): the fp16 bounds below hold while every partial sum stays within fp16's range,
+ * which bf16 (and fp32 for none) make no concern. (top-k's dense fallback, GCOMP_SCHED_SPARSE_AS_DENSE, sums in fp32 and
  * re-encodes nothing.)
  * Accuracy of a call whose key holds a zero residual (its first; later calls also return what
  * earlier ones dropped), per element, with S = sum over ranks of |x_r| of that element and
@@ -482,7 +488,8 @@ GCOMP_API void gcomp_comm_destroy(gcomp_comm *comm);
  * gcomp_iallreduce of this communicator is in flight. */
 GCOMP_API gcomp_result gcomp_comm_stats_get(const gcomp_comm *comm, gcomp_comm_stats *out);
 /* Stats of one key; GCOMP_ERR_INVALID_ARG if the key was never used (no call on it succeeded:
- * a refused or failed first call leaves no key behind, in the stats or in a checkpoint). */
+ * a refused or failed first call leaves no key behind, in the stats or in a checkpoint).
+ * GCOMP_KEY_NONE has stats too, those of the calls made without a key, once one succeeded. */
 GCOMP_API gcomp_result gcomp_comm_key_stats_get(const gcomp_comm *comm, uint64_t key, gcomp_comm_stats *out);
 GCOMP_API gcomp_result gcomp_comm_stats_reset(gcomp_comm *comm);
 
