@@ -1190,6 +1190,30 @@ static void run_all(struct bench *b)
     if (b->rank == 0) print_footer(b);
 }
 
+/* Parses and checks the arguments: -1 to run, 0 after -h, 2 for bad usage. */
+static int usage_status(int argc, char **argv, struct options *o)
+{
+    int rc = parse_args(argc, argv, o);
+    return rc < 0 && check_codecs(o) ? 2 : rc;
+}
+
+/* Ranks may be launched with different arguments (mpirun -np 1 A : -np 1 B): bad usage on
+ * any rank ends every rank with status 2, where the others would wait for it in the first
+ * collective. Only rank 0 prints usage errors, so when its own arguments were fine the lowest
+ * rank refused parses its arguments again, aloud. */
+static int agree_usage(int rc, int rank, int argc, char **argv, struct options defaults)
+{
+    int mine[2] = { rc, rc == 2 ? -rank : INT_MIN }, all[2];
+    MPI_Allreduce(mine, all, 2, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    if (all[0] == 2 && all[1] != 0 && rank == -all[1]) {
+        fprintf(stderr, "allreduce_perf: rank %d was given other arguments than rank 0, and refused them:\n", rank);
+        defaults.talk = 1;
+        optind = 0; /* getopt_long starts over */
+        (void)usage_status(argc, argv, &defaults);
+    }
+    return all[0];
+}
+
 int main(int argc, char **argv)
 {
     struct bench b = { 0 };
@@ -1208,8 +1232,8 @@ int main(int argc, char **argv)
                             .dtype = GCOMP_F32,
                             .talk = b.rank == 0,
                             .transports = TR_NCCL | TR_MPI };
-    int rc = parse_args(argc, argv, &b.o);
-    if (rc < 0) rc = check_codecs(&b.o) ? 2 : -1;
+    const struct options defaults = b.o;
+    int rc = agree_usage(usage_status(argc, argv, &b.o), b.rank, argc, argv, defaults);
     if (rc >= 0) { /* -h or bad usage: nothing was allocated */
         MPI_Finalize();
         return rc;

@@ -143,7 +143,8 @@ static void usage(FILE *f, const char *prog)
             "            copy), enc_ratio and dec_ratio (to copy_GBps), enc_ms, dec_ms; memcpy_ms\n"
             "            or copy_ms; device in cuda mode\n"
             "\n"
-            "Exit status: 0 ok, 1 a codec call failed, 2 bad usage or a bad spec.\n",
+            "Exit status: 0 ok, 1 a codec call failed, 2 bad usage, a bad spec or no CUDA device\n"
+            "for --device cuda.\n",
             prog, MAX_ITERS);
 }
 

@@ -446,6 +446,7 @@ static void print_untimed(const struct config *cfg, const struct machine *m, con
 /* Setup                                                                                     */
 /* ---------------------------------------------------------------------------------------- */
 
+/* 0, 1 on a CUDA error, 2 when there is no device (exit status 2, as without CUDA) */
 static int open_device(struct gpu *d)
 {
     int n = 0;
@@ -455,7 +456,7 @@ static int open_device(struct gpu *d)
     if (e != cudaSuccess || n == 0) {
         fprintf(stderr, "codec_perf: --device cuda: no CUDA device (%s)\n",
                 e != cudaSuccess ? cudaGetErrorString(e) : "count is 0");
-        return 1;
+        return 2;
     }
     if (cuda_failed(cudaGetDevice(&d->id), "cudaGetDevice") ||
         cuda_failed(cudaGetDeviceProperties(&prop, d->id), "cudaGetDeviceProperties") ||
@@ -571,8 +572,10 @@ int codec_perf_cuda(const struct config *cfg, const struct machine *m, size_t pa
 {
     struct gpu d;
     struct dbuffers b = { 0 };
-    int failed = 1;
-    if (open_device(&d) || alloc_dbuffers(&b, cfg, payload_cap)) goto out;
+    int failed = open_device(&d);
+    if (failed == 2) return 2;
+    failed = 1;
+    if (alloc_dbuffers(&b, cfg, payload_cap)) goto out;
     if (!cfg->json) print_header(cfg, m, &d);
     failed = 0;
     for (size_t i = 0; i < cfg->nspecs; i++) failed |= run_spec(cfg, &b, &d, m, json_out, cfg->specs[i], prog);

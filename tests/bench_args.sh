@@ -28,10 +28,19 @@ expect 2 "-b 131072 is larger than -e 65536" "$mpiexec" -np 2 "$perf" -b 128K -e
 expect 2 "--transport nccl needs --device cuda" "$mpiexec" -np 2 "$perf" -e 64K -n 1 -w 0 --codec none --transport nccl
 # one rank sends nothing: no ratio, n/a as the JSON's null (was "nan")
 expect 0 "             0      n/a  " "$mpiexec" -np 1 "$perf" -e 64K -n 1 -w 0 --codec fp16
+# ranks launched with other arguments (MPMD): a usage error on rank 1 only ends every rank
+# with status 2, and rank 1 says why (was: rank 0 waited for it in the first collective)
+expect 2 "rank 1 was given other arguments than rank 0, and refused them:" "$mpiexec" -np 1 "$perf" -e 64K -n 1 -w 0 --codec none : -np 1 "$perf" -e 64K -n 0 --codec none
 # --min-bytes reads sizes as -b does (was: "4K" refused while -b took it)
 expect 0 "min_bytes 4096," "$mpiexec" -np 2 "$perf" -e 64K -n 1 -w 0 --codec none --min-bytes 4K
 expect 2 "bad value '-1' for --min-bytes" "$mpiexec" -np 2 "$perf" -e 64K --codec none --min-bytes -1
 expect 2 "bad value '4X' for --min-bytes" "$mpiexec" -np 2 "$perf" -e 64K --codec none --min-bytes 4X
+# --device cuda without a GPU (or without CUDA in the build): status 2 from both benchmarks,
+# naming the cause (codec_perf exited 1, "a codec call failed")
+if ! nvidia-smi -L >/dev/null 2>&1; then
+    expect 2 "codec_perf: --device cuda: " "$codec_perf" --device cuda -s 64K -n 1 -w 0 none
+    expect 2 "cuda" "$mpiexec" -np 2 "$perf" --device cuda -e 64K -n 1 -w 0 --codec none
+fi
 # a scale that takes the data beyond float (was accepted: +-inf data, rel_err nan)
 expect 2 "bad value '3e+38' for --scale" "$codec_perf" -s 64K -n 1 -w 0 --scale 3e38 none
 expect 0 "none" "$codec_perf" -s 64K -n 1 -w 0 --scale 1e37 none
