@@ -552,7 +552,9 @@ int main(int argc, char **argv)
     cfg.seed = (int64_t)o.seed;
     gcomp_comm *comm = NULL;
     gcomp_result rc = gcomp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &comm);
-    if (rc != GCOMP_SUCCESS) die("--codec '%s': %s", o.codec, gcomp_last_error());
+    /* name --codec only when the spec is what was refused (not a GCOMP_* variable's value) */
+    if (rc == GCOMP_ERR_INVALID_SPEC) die("--codec '%s': %s", o.codec, gcomp_last_error());
+    if (rc != GCOMP_SUCCESS) die("gcomp_comm_create_mpi: %s", gcomp_last_error());
 
     int local_lo = (int)((long long)o.batch * g_rank / g_size);
     int local_hi = (int)((long long)o.batch * (g_rank + 1) / g_size);

@@ -78,6 +78,9 @@ grep -q "# final" "$out/stdout" && { echo "FAIL: trained although --json cannot 
 if [ -w /dev/full ]; then
   expect 1 "cannot write /dev/full" 2 "${tiny[@]}" --json /dev/full
 fi
+# a bad spec names --codec; a bad GCOMP_* variable names itself, not --codec (it did)
+expect 2 "--codec 'bogus': unknown codec" 1 "${tiny[@]}" --codec bogus
+GCOMP_DEBUG=bogus expect 2 "gcomp_comm_create_mpi: environment variable GCOMP_DEBUG='bogus'" 1 "${tiny[@]}"
 # 4. optimiser settings out of range
 expect 2 "--lr must be > 0" 1 "${tiny[@]}" --lr 0
 expect 2 "--lr must be > 0" 1 "${tiny[@]}" --lr -0.1
