@@ -37,6 +37,9 @@ extern "C" {
  * runs its calls on a progress thread only when MPI provides MPI_THREAD_MULTIPLE
  * (MPI_Query_thread, here and at the first gcomp_iallreduce); with a lower level they run
  * inside gcomp_test/gcomp_wait on the caller's thread (GCOMP_DEBUG=1 logs which).
+ * A call still waiting for a peer when another thread calls MPI_Finalize (a program that
+ * exits with a thread stuck in a call) stops touching MPI once finalization has begun and
+ * fails with GCOMP_ERR_TRANSPORT, the communicator broken, instead of crashing the process.
  * Errors: GCOMP_ERR_INVALID_ARG (NULL out, MPI not initialised or already finalized,
  * MPI_COMM_NULL), GCOMP_ERR_INVALID_SPEC, GCOMP_ERR_MISMATCH (ranks configured different
  * codecs), GCOMP_ERR_TRANSPORT, GCOMP_ERR_NOMEM, GCOMP_ERR_TIMEOUT (a rank never joined).

@@ -89,13 +89,31 @@ static gcomp_result mpi_fail(int err, const char *what)
     return gcomp__fail(GCOMP_ERR_TRANSPORT, "%s: %s", what, msg);
 }
 
+/* MPI_Finalize has begun, in another thread: a program that exits while a (daemon) thread
+ * still waits in a call, for a peer that will never come. No MPI call may follow -- polling
+ * a finalized Open MPI crashes the process -- so the wait ends with an error instead, and no
+ * MPI call is made on the way out. MPI_Finalized may be called at any time, from any thread. */
+static int mpi_gone(void)
+{
+    int gone = 0;
+    MPI_Finalized(&gone);
+    return gone;
+}
+
+static gcomp_result mpi_gone_fail(const char *what)
+{
+    return gcomp__fail(GCOMP_ERR_TRANSPORT, "%s: MPI was finalized (by another thread) while this call waited", what);
+}
+
 /* Poll until every request completes or the deadline passes. Spinning is what MPI's own
- * blocking calls do; after a while we yield so oversubscribed ranks can progress. */
+ * blocking calls do; after a while we yield so oversubscribed ranks can progress (and look
+ * whether MPI is still there: a long wait is where an exiting program finds a thread). */
 static gcomp_result poll_all(int n, MPI_Request *reqs, MPI_Status *st, double deadline, int cancellable,
                              const char *what)
 {
     long spins = 0;
     for (;;) {
+        if (spins > 64 && mpi_gone()) return mpi_gone_fail(what);
         int done = 0, err = MPI_Testall(n, reqs, &done, st);
         if (err == MPI_ERR_IN_STATUS)
             for (int i = 0; i < n; i++)
@@ -160,17 +178,19 @@ static void restore_handler(MPI_Comm comm, MPI_Errhandler saved)
 
 static void quiet_end(quiet *q)
 {
+    int gone = mpi_gone(); /* then there is nothing to put back, and no MPI call to make */
     if (q->comm == MPI_COMM_WORLD) {
         pthread_mutex_lock(&world_lock);
         if (--world_depth == 0) {
-            if (world_swapped) restore_handler(MPI_COMM_WORLD, world_saved);
-            if (world_saved != MPI_ERRHANDLER_NULL) MPI_Errhandler_free(&world_saved);
+            if (world_swapped && !gone) restore_handler(MPI_COMM_WORLD, world_saved);
+            if (world_saved != MPI_ERRHANDLER_NULL && !gone) MPI_Errhandler_free(&world_saved);
             world_saved = MPI_ERRHANDLER_NULL;
             world_swapped = 0;
         }
         pthread_mutex_unlock(&world_lock);
         return;
     }
+    if (gone) return;
     if (q->swapped) restore_handler(q->comm, q->saved);
     if (q->saved != MPI_ERRHANDLER_NULL) MPI_Errhandler_free(&q->saved);
 }
@@ -335,6 +355,10 @@ static gcomp_result wait_match(mpi_transport *m, double deadline)
     gcomp_result rc = GCOMP_SUCCESS;
     long spins = 0;
     while (rc == GCOMP_SUCCESS && m->probing) {
+        if (spins > 64 && mpi_gone()) {
+            rc = mpi_gone_fail("ring exchange");
+            break;
+        }
         rc = match_any(m);
         if (rc != GCOMP_SUCCESS || !m->probing) break;
         if (++spins > 64) sched_yield();
