@@ -624,7 +624,7 @@ class GcompHookState:
         """Stop the worker and free the communicator (after queued work has finished)."""
         self._stop(wait_s=None)
 
-    def _stop(self, wait_s):
+    def _stop(self, wait_s, close_comm=True):
         self._closed = True
         if self._thread is not None and self._thread is threading.current_thread():
             # on the worker itself (__del__ when a call it ran dropped the last reference, or
@@ -641,7 +641,7 @@ class GcompHookState:
             if self._thread.is_alive():
                 return  # still inside a call (exit handler only): leave its communicator alone
             self._thread = None
-        if getattr(self, "comm", None) is not None:
+        if close_comm and getattr(self, "comm", None) is not None:
             self.comm.close()
         _live_states.discard(self)
 
@@ -687,8 +687,10 @@ def _close_states():
     # Python then ends the thread through a C++ frame and the process aborts. Stop the
     # workers first (registered after gcomp's own exit handler, so this runs before it). A
     # worker inside a call that does not finish in a few seconds is left to the process's end.
+    # The communicators are left to gcomp's handler, which closes every Comm in creation
+    # order (a GCOMP_STATS_FILE they share then holds the last-created one's stats).
     for s in list(_live_states):
-        s._stop(wait_s=10.0)
+        s._stop(wait_s=10.0, close_comm=False)
 
 
 def _default_backend(process_group):
