@@ -134,7 +134,7 @@ static struct {
     comm_fn *destroy, *abort;
     ip_comm *live;
     uint64_t compressed, passed[PASS_REASONS], no_ef_calls;
-    uint64_t failed; /* compressed calls that returned an error (to an MPI_ERRORS_RETURN caller) */
+    uint64_t failed; /* compressed calls that returned an error */
     uint64_t comms_created, comms_destroyed;
     uint64_t raw_bytes, wire_bytes, baseline_bytes; /* of gcomp communicators already destroyed */
 } S = { .lock = PTHREAD_MUTEX_INITIALIZER, .idle = PTHREAD_COND_INITIALIZER };

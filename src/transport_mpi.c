@@ -41,9 +41,11 @@
 #include <limits.h>
 #include <pthread.h>
 #include <sched.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <mpi.h>
 
@@ -89,16 +91,26 @@ static gcomp_result mpi_fail(int err, const char *what)
     return gcomp__fail(GCOMP_ERR_TRANSPORT, "%s: %s", what, msg);
 }
 
-/* MPI_Finalize has begun, in another thread: a program that exits while a (daemon) thread
- * still waits in a call, for a peer that will never come. No MPI call may follow -- polling
- * a finalized Open MPI crashes the process -- so the wait ends with an error instead, and no
- * MPI call is made on the way out. MPI_Finalized may be called at any time, from any thread. */
-static int mpi_gone(void)
+/* MPI_Finalize in another thread while a call waits: a program that exits while a (daemon)
+ * thread waits for a peer that will never come. No MPI call may follow -- polling a finalized
+ * Open MPI crashes the process -- so the wait ends with an error, making no MPI call on its
+ * way out. MPI_Finalize deletes MPI_COMM_SELF's attributes first, while MPI still works:
+ * gcomp's delete callback there (at_finalize) sets `finalizing`, then waits for the threads
+ * counted in `in_wait` (inside a wait's MPI calls) to leave. A thread counts itself in, then
+ * looks at `finalizing`: with sequentially consistent atomics one of the two sees the other,
+ * so no wait's MPI call starts after the callback has returned. */
+static atomic_int finalizing, in_wait;
+
+/* Enter a wait's MPI calls: 1, or 0 (nothing entered) once MPI_Finalize has begun. */
+static int wait_enter(void)
 {
-    int gone = 0;
-    MPI_Finalized(&gone);
-    return gone;
+    atomic_fetch_add(&in_wait, 1);
+    if (!atomic_load(&finalizing)) return 1;
+    atomic_fetch_sub(&in_wait, 1);
+    return 0;
 }
+
+static void wait_leave(void) { atomic_fetch_sub(&in_wait, 1); }
 
 static gcomp_result mpi_gone_fail(const char *what)
 {
@@ -113,8 +125,10 @@ static gcomp_result poll_all(int n, MPI_Request *reqs, MPI_Status *st, double de
 {
     long spins = 0;
     for (;;) {
-        if (spins > 64 && mpi_gone()) return mpi_gone_fail(what);
-        int done = 0, err = MPI_Testall(n, reqs, &done, st);
+        int done = 0, err;
+        if (!wait_enter()) return mpi_gone_fail(what);
+        err = MPI_Testall(n, reqs, &done, st);
+        wait_leave();
         if (err == MPI_ERR_IN_STATUS)
             for (int i = 0; i < n; i++)
                 if (st[i].MPI_ERROR != MPI_SUCCESS && st[i].MPI_ERROR != MPI_ERR_PENDING) err = st[i].MPI_ERROR;
@@ -138,6 +152,7 @@ typedef struct quiet {
     MPI_Comm comm;
     MPI_Errhandler saved;
     int swapped;
+    int live; /* begun before MPI_Finalize: quiet_end has something to undo */
 } quiet;
 
 /* MPI_COMM_WORLD's swap is shared by every gcomp thread of the process: progress threads of
@@ -152,17 +167,20 @@ static int world_swapped;
 
 static quiet quiet_begin(MPI_Comm comm)
 {
-    quiet q = { comm, MPI_ERRHANDLER_NULL, 0 };
+    quiet q = { comm, MPI_ERRHANDLER_NULL, 0, 0 };
+    if (!wait_enter()) return q;
+    q.live = 1;
     if (comm == MPI_COMM_WORLD) {
         pthread_mutex_lock(&world_lock);
         if (world_depth++ == 0)
             world_swapped = MPI_Comm_get_errhandler(comm, &world_saved) == MPI_SUCCESS &&
                             MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN) == MPI_SUCCESS;
         pthread_mutex_unlock(&world_lock);
-        return q;
+    } else {
+        q.swapped = MPI_Comm_get_errhandler(comm, &q.saved) == MPI_SUCCESS &&
+                    MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN) == MPI_SUCCESS;
     }
-    q.swapped = MPI_Comm_get_errhandler(comm, &q.saved) == MPI_SUCCESS &&
-                MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN) == MPI_SUCCESS;
+    wait_leave();
     return q;
 }
 
@@ -178,21 +196,23 @@ static void restore_handler(MPI_Comm comm, MPI_Errhandler saved)
 
 static void quiet_end(quiet *q)
 {
-    int gone = mpi_gone(); /* then there is nothing to put back, and no MPI call to make */
+    int live;
+    if (!q->live) return;
+    live = wait_enter(); /* else MPI_Finalize has begun: the depth is kept, no MPI call made */
     if (q->comm == MPI_COMM_WORLD) {
         pthread_mutex_lock(&world_lock);
         if (--world_depth == 0) {
-            if (world_swapped && !gone) restore_handler(MPI_COMM_WORLD, world_saved);
-            if (world_saved != MPI_ERRHANDLER_NULL && !gone) MPI_Errhandler_free(&world_saved);
+            if (world_swapped && live) restore_handler(MPI_COMM_WORLD, world_saved);
+            if (world_saved != MPI_ERRHANDLER_NULL && live) MPI_Errhandler_free(&world_saved);
             world_saved = MPI_ERRHANDLER_NULL;
             world_swapped = 0;
         }
         pthread_mutex_unlock(&world_lock);
-        return;
+    } else if (live) {
+        if (q->swapped) restore_handler(q->comm, q->saved);
+        if (q->saved != MPI_ERRHANDLER_NULL) MPI_Errhandler_free(&q->saved);
     }
-    if (gone) return;
-    if (q->swapped) restore_handler(q->comm, q->saved);
-    if (q->saved != MPI_ERRHANDLER_NULL) MPI_Errhandler_free(&q->saved);
+    if (live) wait_leave();
 }
 
 static gcomp_result wait_all(int n, MPI_Request *reqs, MPI_Status *st, double deadline, int cancellable,
@@ -355,11 +375,12 @@ static gcomp_result wait_match(mpi_transport *m, double deadline)
     gcomp_result rc = GCOMP_SUCCESS;
     long spins = 0;
     while (rc == GCOMP_SUCCESS && m->probing) {
-        if (spins > 64 && mpi_gone()) {
+        if (!wait_enter()) {
             rc = mpi_gone_fail("ring exchange");
             break;
         }
         rc = match_any(m);
+        wait_leave();
         if (rc != GCOMP_SUCCESS || !m->probing) break;
         if (++spins > 64) sched_yield();
         if ((spins & 255) == 0 && gcomp__now() > deadline) {
@@ -427,13 +448,15 @@ static void mpi_progress(gcomp__transport *t)
     /* nothing in flight, nothing to advance: a schedule may progress before its first
      * exchange, which after MPI_Finalize (check_live) must make no MPI call */
     if (!m->probing && m->ring[0] == MPI_REQUEST_NULL && m->ring[1] == MPI_REQUEST_NULL) return;
+    if (!wait_enter()) return; /* MPI_Finalize has begun: the finish reports it */
     if (m->probing) { /* an any-size message is posted as soon as it is seen */
         quiet q = quiet_begin(MPI_COMM_WORLD);
         if (m->match_rc == GCOMP_SUCCESS) m->match_rc = match_any(m); /* finish reports it */
         quiet_end(&q);
-        return;
+    } else {
+        MPI_Iprobe(MPI_ANY_SOURCE, GCOMP_TAG + 1, m->comm, &flag, MPI_STATUS_IGNORE);
     }
-    MPI_Iprobe(MPI_ANY_SOURCE, GCOMP_TAG + 1, m->comm, &flag, MPI_STATUS_IGNORE);
+    wait_leave();
 }
 
 static gcomp_result mpi_allreduce(mpi_transport *m, void *vals, size_t n, size_t esize, MPI_Datatype type, MPI_Op op,
@@ -509,22 +532,30 @@ typedef struct pending_dup {
 static int pending_keyval = MPI_KEYVAL_INVALID;
 static pthread_once_t pending_once = PTHREAD_ONCE_INIT;
 
-/* MPI_Finalize deletes MPI_COMM_SELF's attributes first: the keyval goes with them. */
-static int pending_keyval_free(MPI_Comm comm, int keyval, void *value, void *extra)
+/* MPI_Finalize deletes MPI_COMM_SELF's attributes first: the keyval goes with them, and
+ * the waits of other threads stop calling MPI (finalizing, at the top). A thread inside one
+ * of their MPI calls is waited for, at most 2 s (a poll returns at once; only a lock of MPI
+ * held by this thread could keep it). */
+static int at_finalize(MPI_Comm comm, int keyval, void *value, void *extra)
 {
     (void)comm, (void)keyval, (void)value, (void)extra;
+    atomic_store(&finalizing, 1);
+    for (int ms = 0; ms < 2000 && atomic_load(&in_wait) > 0; ms++) {
+        struct timespec one_ms = { 0, 1000000 };
+        nanosleep(&one_ms, NULL);
+    }
     if (pending_keyval != MPI_KEYVAL_INVALID) MPI_Comm_free_keyval(&pending_keyval);
     return MPI_SUCCESS;
 }
 
 static void pending_keyval_create(void)
 {
-    int kv = MPI_KEYVAL_INVALID, at_finalize = MPI_KEYVAL_INVALID;
+    int kv = MPI_KEYVAL_INVALID, self_kv = MPI_KEYVAL_INVALID;
     if (MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, MPI_COMM_NULL_DELETE_FN, &kv, NULL) != MPI_SUCCESS) return;
     pending_keyval = kv;
-    if (MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, pending_keyval_free, &at_finalize, NULL) == MPI_SUCCESS) {
-        MPI_Comm_set_attr(MPI_COMM_SELF, at_finalize, NULL);
-        MPI_Comm_free_keyval(&at_finalize); /* the attribute keeps it until MPI_Finalize */
+    if (MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, at_finalize, &self_kv, NULL) == MPI_SUCCESS) {
+        MPI_Comm_set_attr(MPI_COMM_SELF, self_kv, NULL);
+        MPI_Comm_free_keyval(&self_kv); /* the attribute keeps it until MPI_Finalize */
     }
 }
 

@@ -22,7 +22,7 @@ import gcomp.torch
 world = MPI.COMM_WORLD
 first = gcomp.Comm(world, codec="terngrad", min_bytes=0)
 first.allreduce(np.ones(1000, np.float32))
-stuck = gcomp.Comm(world, codec="fp16", min_bytes=0, timeout_ms=60000)
+stuck = gcomp.Comm(world, codec="bf16", min_bytes=0, timeout_ms=60000)
 state = gcomp.torch.GcompHookState(codec="fp16", min_bytes=0)  # its Comm is created last
 if world.Get_rank() == 0:
     threading.Thread(target=lambda: stuck.allreduce(np.ones(1000, np.float32)), daemon=True).start()
