@@ -572,12 +572,9 @@ int codec_perf_cuda(const struct config *cfg, const struct machine *m, size_t pa
 {
     struct gpu d;
     struct dbuffers b = { 0 };
-    int failed = open_device(&d);
-    if (failed == 2) return 2;
-    if (failed || alloc_dbuffers(&b, cfg, payload_cap)) {
-        failed = 1;
-        goto out;
-    }
+    int opened = open_device(&d), failed = 1;
+    if (opened == 2) return 2;
+    if (opened || alloc_dbuffers(&b, cfg, payload_cap)) goto out;
     if (!cfg->json) print_header(cfg, m, &d);
     failed = 0;
     for (size_t i = 0; i < cfg->nspecs; i++) failed |= run_spec(cfg, &b, &d, m, json_out, cfg->specs[i], prog);
