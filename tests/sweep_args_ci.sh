@@ -34,6 +34,10 @@ expect_usage "--epochs must be a positive number" --ranks 2 --codec none --epoch
 expect_usage "--epochs must be a positive number" --ranks 2 --codec none --epochs "0.05 " --out "$out/e"
 expect_usage "--epochs must be a positive number" --ranks 2 --codec none --epochs 0_05 --out "$out/e"
 expect_usage "--seed values must be distinct and in [0, 2^63)" --ranks 2 --codec none --seed 9223372036854775808 --out "$out/e"
+# a spec the library refuses is refused before the first point (not a failed point per spec)
+expect_usage "--codec bogus: GCOMP_ERR_INVALID_SPEC: unknown codec 'bogus'" --ranks 2 --codec none --codec bogus --out "$out/e"
+expect_usage "ratio=2 is out of range" --ranks 2 --codec topk:ratio=2 --out "$out/e"
+expect_usage "clip='x' is not a number" --ranks 2 --codec terngrad:clip=x --cmd 'true' --out "$out/e"
 # a setting twice would run twice and be averaged as if seeds
 expect_usage "--codec values must be distinct" --ranks 2 --codec none --codec none --out "$out/e"
 expect_usage "--ef values must be distinct" --ranks 2 --codec none --ef 1,1 --out "$out/e"
