@@ -508,8 +508,8 @@ class Comm(_Handle):
         s, r, o, k = self._call_args(x, out, op, key, stream, "allreduce")
         if s.device is None:
             with self._use() as h:
-                _check(_lib.allreduce(h, s.ptr, r.ptr, s.count, s.dtype, o, k, None),
-                       "gcomp_allreduce")
+                self._after_blocking(_lib.allreduce(h, s.ptr, r.ptr, s.count, s.dtype, o, k, None),
+                                     "gcomp_allreduce")
         else:
             torch = sys.modules["torch"]  # imported: x is a torch tensor
             self._devices.add(s.device)
@@ -517,8 +517,8 @@ class Comm(_Handle):
                 handle, tstream = _cuda.stream_arg(torch, s.device, stream)
                 with self._use() as h:
                     # cudaStream_t 0 is the legacy default stream, torch's default: NULL
-                    _check(_lib.allreduce(h, s.ptr, r.ptr, s.count, s.dtype, o, k, handle or None),
-                           "gcomp_allreduce")
+                    self._after_blocking(_lib.allreduce(h, s.ptr, r.ptr, s.count, s.dtype, o, k,
+                                                        handle or None), "gcomp_allreduce")
                 _cuda.record_stream((s, r), tstream, torch)
         return x if out is None else out
 
@@ -544,6 +544,16 @@ class Comm(_Handle):
             request = Request(self, req, (x, out), x if out is None else out)
             self._pending.append(request)
         return request
+
+    def _after_blocking(self, rc, what):
+        """After a blocking call (under _use()): the calls issued before it have completed, in
+        issue order, so their Requests are completed now (done is True at once, their errors
+        kept for their wait()); then this call's own error, if any, is raised."""
+        error = GcompError(rc, what) if rc != 0 else None  # before a poll reads last_error again
+        for request in list(self._pending):
+            request._poll()
+        if error is not None:
+            raise error
 
     def _complete_in_flight(self):
         """Complete the requests in flight, in issue order, as close() does: stats and
@@ -711,7 +721,10 @@ class Request:
     """An allreduce in flight, from Comm.iallreduce. test() -> whether it has completed;
     wait() -> its output once it has. A failure of the call (GcompError) is raised by the
     test() or wait() that completes it, and again by every later wait(). Calls of one Comm
-    complete in the order they were issued, so waiting for the last one waits for them all."""
+    complete in the order they were issued, so waiting for the last one waits for them all.
+    done is True once the call is known to have completed: by this Request's test() or wait(),
+    or by the completion of a later call of the Comm (a Request's wait or test, a blocking
+    allreduce), or by stats(), the residual methods or close()."""
 
     def __init__(self, comm, req, keep, result):
         self._comm = comm
@@ -759,8 +772,12 @@ class Request:
         self._error = GcompError(rc, what) if rc != 0 else None
         self._req = None
         self._keep = None
-        if self in self._comm._pending:
-            self._comm._pending.remove(self)
+        pending = self._comm._pending
+        if self in pending:
+            earlier = pending[:pending.index(self)]
+            pending.remove(self)
+            for request in earlier:  # completed before this one (issue order): done at once
+                request._poll()
 
     def _wait_locked(self):
         """wait()'s C call, under the Comm's lock (also Comm.close(): calls in flight finish,

@@ -235,6 +235,9 @@ def test_iallreduce():
             if step == 1:  # stats() completes the calls in flight first: every rank counts them
                 assert nb.stats()["compressed_calls"] == 2 * len(xs), nb.stats()
                 assert all(r.done for r in reqs), "stats() left requests in flight"
+            if step == 0:  # the last call's completion completes the earlier ones (issue order)
+                reqs[-1].wait()
+                assert all(r.done for r in reqs), "a later wait left earlier Requests not done"
             got = [r.wait() for r in reversed(reqs)][::-1]
             for i in range(len(xs)):
                 g = got[i].numpy() if isinstance(got[i], torch.Tensor) else got[i]
@@ -262,10 +265,17 @@ def test_iallreduce():
         assert e.name == "GCOMP_ERR_MISMATCH", e
         nb.allreduce(xs[2].copy(), key=12)  # the Comm goes on
         assert nb.stats()["compressed_calls"] == 2 * len(xs) + 3
+        # a blocking call completes the Requests issued before it; a failed one keeps its error
+        first = nb.iallreduce(xs[3].copy(), key=14)
+        failed = nb.iallreduce(xs[0][: 4099 - RANK].copy(), key=15)
+        nb.allreduce(xs[4].copy(), key=16)
+        assert first.done and failed.done, "a blocking call left earlier Requests not done"
+        assert raises(gcomp.GcompError, failed.wait).name == "GCOMP_ERR_MISMATCH"
         pending = [nb.iallreduce(x.copy(), key=20 + i) for i, x in enumerate(xs[:2])]
     assert all(p.done for p in pending), "close() left requests in flight"
     log("iallreduce: 5 in flight == blocking bit for bit over 2 steps; test(); mismatch raised "
-        "by wait on every rank; stats() completes requests, dropped or failed; close() completes requests")
+        "by wait on every rank; stats() completes requests, dropped or failed; a later wait or "
+        "blocking call makes earlier requests done; close() completes requests")
 
 
 def after_finalize():
