@@ -302,6 +302,15 @@ static gcomp_result walk_records(gcomp_comm *comm, const uint8_t *p, size_t byte
         if (i > 0 && key <= prev)
             return gcomp__fail(GCOMP_ERR_CORRUPT, "residual checkpoint: keys out of order or repeated at key %llu",
                                (unsigned long long)key);
+        /* no call makes a residual of 0 elements (a count-0 call returns before its key is
+         * looked at), nor reaches the last step (the next call's step would wrap to 0) */
+        if (count == 0)
+            return gcomp__fail(GCOMP_ERR_CORRUPT, "residual checkpoint: key %llu has 0 elements, which no call saves",
+                               (unsigned long long)key);
+        if (step == UINT64_MAX)
+            return gcomp__fail(GCOMP_ERR_CORRUPT,
+                               "residual checkpoint: key %llu is at step 2^64 - 1, which no run reaches",
+                               (unsigned long long)key);
         if (count > (end - pos) / sizeof(float))
             return gcomp__fail(GCOMP_ERR_CORRUPT,
                                "residual checkpoint: key %llu declares %llu elements, more than the file holds",

@@ -233,6 +233,19 @@ static void test_refusals(void)
         CHECK(strstr(gcomp_last_error(), "element 7") && strstr(gcomp_last_error(), "not finite"), "%s",
               gcomp_last_error());
 
+        memcpy(copy, blob, bytes);
+        put_u64(copy + rec0 + 16, UINT64_MAX); /* the first record's step: one no run reaches */
+        resum(copy, bytes);
+        expect_refused(c, copy, bytes, GCOMP_ERR_CORRUPT, "a step of 2^64 - 1");
+        CHECK(strstr(gcomp_last_error(), "step 2^64 - 1") != NULL, "%s", gcomp_last_error());
+
+        memcpy(copy, blob, rec0); /* one record of 0 elements: no call makes one */
+        put_u64(copy + keys_at, 1);
+        put_u64(copy + rec0, 5), put_u64(copy + rec0 + 8, 0), put_u64(copy + rec0 + 16, 0);
+        resum(copy, rec0 + 24 + 8);
+        expect_refused(c, copy, rec0 + 24 + 8, GCOMP_ERR_CORRUPT, "a record of 0 elements");
+        CHECK(strstr(gcomp_last_error(), "0 elements") != NULL, "%s", gcomp_last_error());
+
         memcpy(longer, blob, bytes - 8); /* 4 bytes between the last record and the checksum */
         memset(longer + bytes - 8, 0, 4);
         resum(longer, bytes + 4);
