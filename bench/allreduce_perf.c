@@ -1199,14 +1199,19 @@ static int usage_status(int argc, char **argv, struct options *o)
 
 /* Ranks may be launched with different arguments (mpirun -np 1 A : -np 1 B): bad usage on
  * any rank ends every rank with status 2, where the others would wait for it in the first
- * collective. Only rank 0 prints usage errors, so when its own arguments were fine the lowest
- * rank refused parses its arguments again, aloud. */
+ * collective, and -h on any rank (none refused) ends every rank with status 0. Only rank 0
+ * prints, so when its own arguments ran the lowest rank that refused (or asked for help)
+ * parses its arguments again, aloud. */
 static int agree_usage(int rc, int rank, int argc, char **argv, struct options defaults)
 {
-    int mine[2] = { rc, rc == 2 ? -rank : INT_MIN }, all[2];
-    MPI_Allreduce(mine, all, 2, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-    if (all[0] == 2 && all[1] != 0 && rank == -all[1]) {
-        fprintf(stderr, "allreduce_perf: rank %d was given other arguments than rank 0, and refused them:\n", rank);
+    int mine[3] = { rc, rc == 2 ? -rank : INT_MIN, rc == 0 ? -rank : INT_MIN }, all[3];
+    MPI_Allreduce(mine, all, 3, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    int speaker = all[0] == 2 ? -all[1] : all[0] == 0 ? -all[2] : 0;
+    if (speaker != 0 && rank == speaker) {
+        if (all[0] == 2)
+            fprintf(stderr, "allreduce_perf: rank %d refused its arguments (rank 0's were fine):\n", rank);
+        else
+            printf("allreduce_perf: rank %d was asked for help (-h); no rank runs:\n", rank);
         defaults.talk = 1;
         optind = 0; /* getopt_long starts over */
         (void)usage_status(argc, argv, &defaults);
