@@ -264,8 +264,9 @@ class Codec(_Handle):
         if count is not None and _args.count_arg("count", count) != b.count:
             raise ValueError("decode: count %d != out's %d elements" % (count, b.count))
         with self._use() as h:
-            _check(_lib.codec_decode(h, data, len(data), b.ptr, b.count, b.dtype),
-                   "gcomp_codec_decode")
+            rc = _lib.codec_decode(h, data, len(data), b.ptr, b.count, b.dtype)
+        _buffers.mark_written(b)
+        _check(rc, "gcomp_codec_decode")
         return out
 
     def decode_add(self, payload, acc):
@@ -275,8 +276,9 @@ class Codec(_Handle):
         if b.dtype != F32:
             raise TypeError("decode_add: acc must be float32, got %s" % _DTYPE_NAMES[b.dtype])
         with self._use() as h:
-            _check(_lib.codec_decode_add(h, data, len(data), b.ptr, b.count),
-                   "gcomp_codec_decode_add")
+            rc = _lib.codec_decode_add(h, data, len(data), b.ptr, b.count)
+        _buffers.mark_written(b)
+        _check(rc, "gcomp_codec_decode_add")
         return acc
 
     def residual(self, key, count):
@@ -506,6 +508,13 @@ class Comm(_Handle):
         int): like torch's collectives, the result is ready for work enqueued on that stream
         after the call (synchronise it before reading the result from the host)."""
         s, r, o, k = self._call_args(x, out, op, key, stream, "allreduce")
+        try:
+            self._allreduce_into(s, r, o, k, stream)
+        finally:  # even a failed call may have written into out
+            _buffers.mark_written(r)
+        return x if out is None else out
+
+    def _allreduce_into(self, s, r, o, k, stream):
         if s.device is None:
             with self._use() as h:
                 self._after_blocking(_lib.allreduce(h, s.ptr, r.ptr, s.count, s.dtype, o, k, None),
@@ -520,7 +529,6 @@ class Comm(_Handle):
                     self._after_blocking(_lib.allreduce(h, s.ptr, r.ptr, s.count, s.dtype, o, k,
                                                         handle or None), "gcomp_allreduce")
                 _cuda.record_stream((s, r), tstream, torch)
-        return x if out is None else out
 
     def iallreduce(self, x, out=None, op="sum", key=None):
         """Start an allreduce and return a Request at once; its wait() returns out (default:
@@ -543,6 +551,7 @@ class Comm(_Handle):
                                    ctypes.byref(req)), "gcomp_iallreduce")
             request = Request(self, req, (x, out), x if out is None else out)
             self._pending.append(request)
+        _buffers.mark_written(r)
         return request
 
     def _after_blocking(self, rc, what):

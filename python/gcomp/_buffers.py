@@ -41,6 +41,19 @@ def torch_module(x):
     return torch if torch is not None and isinstance(x, torch.Tensor) else None
 
 
+def mark_written(b):
+    """Tell autograd that the library wrote into b's tensor, as torch's own in-place ops do:
+    its version counter goes up, so a backward pass that saved the old values raises instead of
+    using the new ones. An in-place op on an empty view of it does this (the counter is shared
+    with views) without touching an element; no_grad lets it reach a leaf that requires grad.
+    Inference tensors have no counter; numpy arrays none to keep."""
+    torch = torch_module(b.obj)
+    if torch is None or (hasattr(b.obj, "is_inference") and b.obj.is_inference()):
+        return
+    with torch.no_grad():
+        b.obj.view(-1)[:0].zero_()
+
+
 def check_aligned(ptr, dt, what):
     """C reads a float32 buffer through a float * and a float16/bfloat16 one through a
     uint16_t *: both must be aligned to the element size (C11 6.3.2.3; compilers vectorise on

@@ -221,6 +221,30 @@ def test_codec_roundtrip():
     log("codec objects: fp16 round trip exact, decode into torch bf16, decode_add")
 
 
+def test_autograd_version():
+    """A tensor the library wrote into is marked modified, as torch's in-place ops mark it: a
+    backward pass that saved its old values raises instead of using the new ones (silently
+    wrong gradients), through allreduce, iallreduce and decode; a leaf that requires grad is
+    written without complaint (as torch.distributed.all_reduce writes it)."""
+    x = grad(60)
+    with gcomp.Comm(WORLD, codec="none", min_bytes=0) as comm, gcomp.Codec("fp16") as codec:
+        payload = codec.encode(x)
+        calls = (("allreduce", lambda t: comm.allreduce(t)),
+                 ("allreduce out", lambda t: comm.allreduce(torch.from_numpy(x.copy()), out=t)),
+                 ("iallreduce", lambda t: comm.iallreduce(t).wait()),
+                 ("decode", lambda t: codec.decode(payload, out=t)),
+                 ("decode_add", lambda t: codec.decode_add(payload, t)))
+        for name, call in calls:
+            leaf = torch.from_numpy(x.copy()).requires_grad_()
+            loss = (leaf * leaf).sum()  # saves leaf for its backward
+            version = leaf._version
+            call(leaf)
+            assert leaf._version > version, "%s: the version counter did not move" % name
+            e = raises(RuntimeError, loss.backward)
+            assert "modified by an inplace operation" in str(e), (name, e)
+    log("allreduce, iallreduce, decode into a tensor saved for backward: backward raises")
+
+
 def test_iallreduce():
     """Requests in flight give the blocking calls' bits; test() polls, wait() twice is the
     same result; stats complete the calls in flight first; a count mismatch is raised by the
@@ -298,7 +322,7 @@ def after_finalize():
 def main():
     log("library:", gcomp.library_path)
     for t in (test_topk_equals_codec_reference, test_dense_paths, test_bad_input, test_residuals,
-              test_stats_and_gil, test_codec_roundtrip, test_iallreduce):
+              test_stats_and_gil, test_codec_roundtrip, test_autograd_version, test_iallreduce):
         t()
     if RANK == 0:
         test_lib_lookup.check(gcomp.library_path)  # no MPI in it: one rank is enough
