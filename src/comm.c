@@ -127,9 +127,37 @@ static gcomp_result vote_failure(const vote *mine, const uint64_t *got, const ch
                        (unsigned)(uint32_t)got[V_FAIL], what, gcomp_result_name(rc), gcomp_strerror(rc));
 }
 
-/* The names of the fields on which ranks differ ("" if none), comma-separated: mine and got
- * point at the (v, ~v) pairs of this rank and of the max over ranks. The path follows from
- * the others (a bypass, an empty call, device buffers run a pass): named only alone. */
+static const char *dtype_name(gcomp_dtype d)
+{
+    return d == GCOMP_F32 ? "f32" : d == GCOMP_F16 ? "f16" : d == GCOMP_BF16 ? "bf16" : "invalid";
+}
+
+static const char *op_name(gcomp_op op) { return op == GCOMP_SUM ? "sum" : op == GCOMP_AVG ? "avg" : "invalid"; }
+
+/* What the ranks hold of a field that differs, from its lowest and highest value (the max
+ * over ranks of v and of ~v): " (lowest 10, highest 12)", " (f32 on some ranks, bf16 on
+ * others)"; "" for the fields whose values say nothing to a reader (a hash, a version). */
+static int field_range(int f, uint64_t lo, uint64_t hi, char *out, size_t cap)
+{
+    switch (f) {
+    case F_COUNT:
+    case F_MIN_BYTES:
+        return snprintf(out, cap, " (lowest %llu, highest %llu)", (unsigned long long)lo, (unsigned long long)hi);
+    case F_DTYPE:
+        return snprintf(out, cap, " (%s on some ranks, %s on others)", dtype_name((gcomp_dtype)lo),
+                        dtype_name((gcomp_dtype)hi));
+    case F_OP:
+        return snprintf(out, cap, " (%s on some ranks, %s on others)", op_name((gcomp_op)lo), op_name((gcomp_op)hi));
+    default:
+        if (cap) out[0] = 0;
+        return 0;
+    }
+}
+
+/* The names of the fields on which ranks differ ("" if none), comma-separated, each with what
+ * the ranks hold of it: mine and got point at the (v, ~v) pairs of this rank and of the max
+ * over ranks. The path follows from the others (a bypass, an empty call, device buffers run a
+ * pass): named only alone. */
 static void field_differences(const uint64_t *mine, const uint64_t *got, char *out, size_t cap)
 {
     size_t n = 0;
@@ -139,9 +167,11 @@ static void field_differences(const uint64_t *mine, const uint64_t *got, char *o
         differs[f] = got[2 * f] != mine[2 * f] || got[2 * f + 1] != mine[2 * f + 1];
         others |= f != F_PATH && differs[f];
     }
-    for (int f = 0; f < N_FIELDS; f++)
-        if (differs[f] && !(f == F_PATH && others))
-            n += (size_t)snprintf(out + n, n < cap ? cap - n : 0, "%s%s", n ? ", " : "", field_names[f]);
+    for (int f = 0; f < N_FIELDS; f++) {
+        if (!differs[f] || (f == F_PATH && others)) continue;
+        n += (size_t)snprintf(out + n, n < cap ? cap - n : 0, "%s%s", n ? ", " : "", field_names[f]);
+        n += (size_t)field_range(f, ~got[2 * f + 1], got[2 * f], n < cap ? out + n : NULL, n < cap ? cap - n : 0);
+    }
 }
 
 /* What ranks exchange, numbered: 2 the vote of AGREE_N = 28 uint64 (TernGrad's scales in
@@ -170,18 +200,13 @@ static void call_fields(const gcomp_comm *c, size_t count, gcomp_dtype dtype, gc
     fields[F_PATH] = in_ring != 0;
 }
 
-static const char *dtype_name(gcomp_dtype d)
-{
-    return d == GCOMP_F32 ? "f32" : d == GCOMP_F16 ? "f16" : d == GCOMP_BF16 ? "bf16" : "invalid";
-}
-
 static gcomp_result call_mismatch(const gcomp_comm *c, const char *diff, size_t count, gcomp_dtype dtype, gcomp_op op)
 {
     return gcomp__fail(GCOMP_ERR_MISMATCH,
                        "ranks disagree on the call's %s (this rank: count %zu dtype %s op %s min_bytes %lld codec "
                        "'%s')",
-                       diff, count, dtype_name(dtype), op == GCOMP_SUM ? "sum" : op == GCOMP_AVG ? "avg" : "invalid",
-                       (long long)c->cfg.min_bytes, gcomp_codec_spec(c->codec));
+                       diff, count, dtype_name(dtype), op_name(op), (long long)c->cfg.min_bytes,
+                       gcomp_codec_spec(c->codec));
 }
 
 #define CREATE_TIMEOUT_MS 300000 /* the agreement's deadline when the configuration is unknown */
@@ -379,7 +404,7 @@ gcomp_result gcomp__comm_agree_call(gcomp_comm *c, gcomp_result local, size_t co
                                     double deadline)
 {
     uint64_t fields[N_FIELDS], got[AGREE_N];
-    char diff[128];
+    char diff[320];
     vote mine;
     call_fields(c, count, dtype, op, on_device, 0, fields);
     vote_init(&mine, c->tp->rank, local, 0, fields);
@@ -437,7 +462,7 @@ size_t gcomp__comm_in_band_block(gcomp_comm *c, gcomp__agreement *a, gcomp_resul
 gcomp_result gcomp__comm_in_band_verdict(void *ctx, const uint64_t *mine, const uint64_t *all, size_t n)
 {
     const gcomp__agreement *a = ctx;
-    char diff[128];
+    char diff[320];
     (void)n;
     if (all[B_FAIL]) {
         gcomp_result rc = (gcomp_result)(all[B_FAIL] >> 32);
