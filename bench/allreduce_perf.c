@@ -192,8 +192,8 @@ static void usage(FILE *f, const char *prog)
             "  speedup   base_us / time;  sched  the schedule gcomp ran\n"
             "\n"
             "Data: Gaussian-like (Irwin-Hall sum of 4 uniforms, mean 0, sd 1), a fixed function of\n"
-            "(rank, index), the same for every codec. Exit status: 0 ok, 1 wrong results (with -c 1)\n"
-            "or a failed call, 2 bad usage.\n",
+            "(rank, index), the same for every codec. Exit status: 0 ok, 1 wrong results (with -c 1),\n"
+            "a failed call or output that could not be written, 2 bad usage.\n",
             prog);
 }
 
@@ -1149,14 +1149,18 @@ static int setup(struct bench *b)
     return open_json(b);
 }
 
-static void teardown(struct bench *b)
+/* Frees what setup made; 1 if rank 0's rows could not be written (its JSON file or its
+ * standard output), else 0. */
+static int teardown(struct bench *b)
 {
+    int lost = bench_finish_output(b->json, "allreduce_perf", b->o.json_path);
+    if (b->rank == 0) lost |= bench_finish_output(stdout, "allreduce_perf", "standard output");
     if (b->own_op) MPI_Op_free(&b->mpi_op);
     if (b->o.cuda) apc_close();
-    if (b->json) fclose(b->json);
     free(b->send);
     free(b->recv);
     free(b->per_rank);
+    return lost;
 }
 
 /* The rows of one codec over one transport. */
@@ -1246,7 +1250,7 @@ int main(int argc, char **argv)
     rc = setup(&b);
     if (rc == 0) run_all(&b);
     if (rc == 0 && b.rank == 0 && b.o.check && b.nwrong_total > 0) rc = 1;
-    teardown(&b);
+    if (teardown(&b) && rc == 0) rc = 1;
     MPI_Finalize();
     return rc;
 }

@@ -84,4 +84,19 @@ static inline void *bench_alloc_touched(size_t bytes)
     return p;
 }
 
+/* Close an output file (f may be NULL: nothing to close) or flush stdout (f == stdout),
+ * saying on stderr when any write to it failed (a full disk, /dev/full, a closed pipe):
+ * the rows were lost, so the run did not do what it was asked. 0, or 1 after the message. */
+static inline int bench_finish_output(FILE *f, const char *prog, const char *name)
+{
+    int bad;
+    if (!f) return 0;
+    errno = 0;
+    bad = fflush(f) != 0 || ferror(f);
+    if (f != stdout) bad |= fclose(f) != 0;
+    if (!bad) return 0;
+    fprintf(stderr, "%s: cannot write %s%s%s\n", prog, name, errno ? ": " : "", errno ? strerror(errno) : "");
+    return 1;
+}
+
 #endif /* GCOMP_BENCH_UTIL_H */

@@ -143,8 +143,8 @@ static void usage(FILE *f, const char *prog)
             "            copy), enc_ratio and dec_ratio (to copy_GBps), enc_ms, dec_ms; memcpy_ms\n"
             "            or copy_ms; device in cuda mode\n"
             "\n"
-            "Exit status: 0 ok, 1 a codec call failed, 2 bad usage, a bad spec or no CUDA device\n"
-            "for --device cuda.\n",
+            "Exit status: 0 ok, 1 a codec call failed or output could not be written, 2 bad usage,\n"
+            "a bad spec or no CUDA device for --device cuda.\n",
             prog, MAX_ITERS);
 }
 
@@ -812,7 +812,8 @@ int main(int argc, char **argv)
 #ifdef GCOMP_BENCH_CUDA
     if (cfg.device == DEVICE_CUDA) {
         rc = codec_perf_cuda(&cfg, &m, payload_cap, json_out, argv[0]);
-        if (json_out && fclose(json_out) != 0) rc = 1;
+        if (bench_finish_output(json_out, argv[0], cfg.json_out)) rc = rc ? rc : 1;
+        if (bench_finish_output(stdout, argv[0], "standard output")) rc = rc ? rc : 1;
         return rc;
     }
 #endif
@@ -830,6 +831,7 @@ int main(int argc, char **argv)
 
     rc = run_all(&cfg, &buf, &m, json_out, argv[0]);
     free_buffers(&buf);
-    if (json_out && fclose(json_out) != 0) rc = 1;
+    if (bench_finish_output(json_out, argv[0], cfg.json_out)) rc = rc ? rc : 1;
+    if (bench_finish_output(stdout, argv[0], "standard output")) rc = rc ? rc : 1;
     return rc;
 }

@@ -44,6 +44,12 @@ if ! nvidia-smi -L >/dev/null 2>&1; then
     expect 2 "codec_perf: --device cuda: " "$codec_perf" --device cuda -s 64K -n 1 -w 0 none
     expect 2 "cuda" "$mpiexec" -np 2 "$perf" --device cuda -e 64K -n 1 -w 0 --codec none
 fi
+# rows that could not be written (a full disk): status 1 and a message (was: exit 0, silent)
+if [ -w /dev/full ]; then
+    expect 1 "cannot write /dev/full" "$codec_perf" -s 64K -n 1 -w 0 --json-out /dev/full none
+    expect 1 "cannot write standard output" bash -c '"$0" -s 64K -n 1 -w 0 --json none >/dev/full' "$codec_perf"
+    expect 1 "allreduce_perf: cannot write /dev/full" "$mpiexec" -np 2 "$perf" -e 64K -n 1 -w 0 --codec none -J /dev/full
+fi
 # a scale that takes the data beyond float (was accepted: +-inf data, rel_err nan)
 expect 2 "bad value '3e+38' for --scale" "$codec_perf" -s 64K -n 1 -w 0 --scale 3e38 none
 expect 0 "none" "$codec_perf" -s 64K -n 1 -w 0 --scale 1e37 none

@@ -46,6 +46,8 @@ expect_usage "--epochs after -- would override" --ranks 2 --codec none --out "$o
 expect_usage "--model, --seed after -- would override" --ranks 2 --codec none --out "$out/e" -- --seed=3 --model cnn
 # and their abbreviations, which the trainer's getopt_long takes (--ep: --epochs)
 expect_usage "--epochs after -- would override" --ranks 2 --codec none --out "$out/e" -- --ep 0.2
+expect_usage "--json after -- would override the sweep's own setting: the sweep writes each point's JSON itself" \
+  --ranks 2 --codec none --out "$out/e" -- --json x.json
 # lists and integers: ASCII digits only, no empty item (Python's int() takes '1_0' and U+FF12)
 fw2=$(printf '\357\274\222') # U+FF12, FULLWIDTH DIGIT TWO, in UTF-8
 expect_usage "argument --ranks: '2,' has an empty item" --ranks 2, --codec none --out "$out/e"
