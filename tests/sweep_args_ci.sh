@@ -38,6 +38,13 @@ expect_usage "--seed values must be distinct and in [0, 2^63)" --ranks 2 --codec
 expect_usage "--codec bogus: GCOMP_ERR_INVALID_SPEC: unknown codec 'bogus'" --ranks 2 --codec none --codec bogus --out "$out/e"
 expect_usage "ratio=2 is out of range" --ranks 2 --codec topk:ratio=2 --out "$out/e"
 expect_usage "clip='x' is not a number" --ranks 2 --codec terngrad:clip=x --cmd 'true' --out "$out/e"
+# what argparse's float() takes and strtod does not, and a rate bench/netem.sh would refuse at
+# every point; a launcher behind --netem's {mpirun} (its processes would escape the links)
+expect_usage "--timeout must be a positive number of seconds, got '1_0'" --ranks 2 --codec none --timeout 1_0 --out "$out/e"
+expect_usage "--timeout must be a positive number of seconds, got '$(printf '\u0661')'" --ranks 2 --codec none --timeout "$(printf '\u0661')" --out "$out/e"
+expect_usage "--netem RATE must be none or a tc rate like 1gbit" --ranks 2 --codec none --netem 1gigabit --out "$out/e"
+expect_usage "would start a launcher on every emulated host" --ranks 2 --codec none --netem 1gbit \
+  --cmd '{mpirun} /usr/bin/torchrun x.py' --out "$out/e"
 # a setting twice would run twice and be averaged as if seeds
 expect_usage "--codec values must be distinct" --ranks 2 --codec none --codec none --out "$out/e"
 expect_usage "--ef values must be distinct" --ranks 2 --codec none --ef 1,1 --out "$out/e"
