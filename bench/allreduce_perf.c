@@ -1213,7 +1213,7 @@ static int agree_usage(int rc, int rank, int argc, char **argv, struct options d
     int speaker = all[0] == 2 ? -all[1] : all[0] == 0 ? -all[2] : 0;
     if (speaker != 0 && rank == speaker) {
         if (all[0] == 2)
-            fprintf(stderr, "allreduce_perf: rank %d refused its arguments (rank 0's were fine):\n", rank);
+            fprintf(stderr, "allreduce_perf: rank %d refused its arguments (rank 0 did not):\n", rank);
         else
             printf("allreduce_perf: rank %d was asked for help (-h); no rank runs:\n", rank);
         defaults.talk = 1;

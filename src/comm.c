@@ -135,19 +135,18 @@ static const char *dtype_name(gcomp_dtype d)
 static const char *op_name(gcomp_op op) { return op == GCOMP_SUM ? "sum" : op == GCOMP_AVG ? "avg" : "invalid"; }
 
 /* What the ranks hold of a field that differs, from its lowest and highest value (the max
- * over ranks of v and of ~v): " (lowest 10, highest 12)", " (f32 on some ranks, bf16 on
- * others)"; "" for the fields whose values say nothing to a reader (a hash, a version). */
+ * over ranks of v and of ~v): " (lowest 10, highest 12)", " (at least f32 and bf16)";
+ * "" for the fields whose values say nothing to a reader (a hash, a version). */
 static int field_range(int f, uint64_t lo, uint64_t hi, char *out, size_t cap)
 {
     switch (f) {
     case F_COUNT:
     case F_MIN_BYTES:
         return snprintf(out, cap, " (lowest %llu, highest %llu)", (unsigned long long)lo, (unsigned long long)hi);
-    case F_DTYPE:
-        return snprintf(out, cap, " (%s on some ranks, %s on others)", dtype_name((gcomp_dtype)lo),
-                        dtype_name((gcomp_dtype)hi));
+    case F_DTYPE: /* the lowest and highest of three or more: others may lie between */
+        return snprintf(out, cap, " (at least %s and %s)", dtype_name((gcomp_dtype)lo), dtype_name((gcomp_dtype)hi));
     case F_OP:
-        return snprintf(out, cap, " (%s on some ranks, %s on others)", op_name((gcomp_op)lo), op_name((gcomp_op)hi));
+        return snprintf(out, cap, " (at least %s and %s)", op_name((gcomp_op)lo), op_name((gcomp_op)hi));
     default:
         if (cap) out[0] = 0;
         return 0;

@@ -302,8 +302,7 @@ static void test_mismatch(void)
     rc = gcomp_allreduce(c, x, y, rank == 0 ? 600 : 300, rank == 0 ? GCOMP_F16 : GCOMP_F32, GCOMP_SUM, 1, NULL);
     CHECK(all_ranks(rc == GCOMP_ERR_MISMATCH), "different dtype -> %s", gcomp_result_name(rc));
     CHECK(strstr(gcomp_last_error(),
-                 "call's count (lowest 300, highest 600), dtype (f32 on some ranks, f16 on others) (this rank:") !=
-              NULL,
+                 "call's count (lowest 300, highest 600), dtype (at least f32 and f16) (this rank:") != NULL,
           "the message does not say count and dtype differ, and what the ranks hold: %s", gcomp_last_error());
     rc = gcomp_allreduce(c, x, y, 300, rank == 0 ? (gcomp_dtype)77 : GCOMP_F32, GCOMP_SUM, 1, NULL);
     CHECK(all_ranks(rc == GCOMP_ERR_INVALID_ARG), "bad dtype on rank 0 -> %s", gcomp_result_name(rc));

@@ -265,8 +265,10 @@ class Codec(_Handle):
             raise ValueError("decode: count %d != out's %d elements" % (count, b.count))
         with self._use() as h:
             rc = _lib.codec_decode(h, data, len(data), b.ptr, b.count, b.dtype)
+            error = GcompError(rc, "gcomp_codec_decode") if rc != 0 else None  # last_error now
         _buffers.mark_written(b)
-        _check(rc, "gcomp_codec_decode")
+        if error is not None:
+            raise error
         return out
 
     def decode_add(self, payload, acc):
@@ -277,8 +279,10 @@ class Codec(_Handle):
             raise TypeError("decode_add: acc must be float32, got %s" % _DTYPE_NAMES[b.dtype])
         with self._use() as h:
             rc = _lib.codec_decode_add(h, data, len(data), b.ptr, b.count)
+            error = GcompError(rc, "gcomp_codec_decode_add") if rc != 0 else None  # last_error now
         _buffers.mark_written(b)
-        _check(rc, "gcomp_codec_decode_add")
+        if error is not None:
+            raise error
         return acc
 
     def residual(self, key, count):
@@ -603,6 +607,8 @@ class Comm(_Handle):
             return
         with self._use() as h:
             _lib.allreduce(h, None, None, 1, F32, SUM, KEY_NONE, None)
+            for request in list(self._pending):  # completed before it, in issue order
+                request._poll()
 
     def _bufs(self, x, out, what):
         """The checked input and output of an allreduce, on the memory this Comm takes; what
