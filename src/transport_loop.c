@@ -41,6 +41,7 @@ struct gcomp__loop_world {
     loop_msg **head, **tail; /* size * size queues, index from * size + to */
     /* the collective meeting point */
     uint64_t open_seq; /* sequence number of the collective the slot takes now */
+    uint64_t *entered; /* per rank, the collectives it has entered, over all its transports */
     uint64_t done_seq; /* the last collective whose result is ready (0: none yet) */
     int arrived, readers, kind;
     size_t n;       /* elements of the collective in progress */
@@ -54,7 +55,6 @@ struct gcomp__loop_world {
 typedef struct loop_transport {
     gcomp__transport base;
     gcomp__loop_world *w;
-    uint64_t seq; /* collectives this rank has entered */
     int from;     /* the receive in flight */
     void *rbuf;
     size_t rcap;
@@ -88,7 +88,8 @@ gcomp_result gcomp__loop_world_create(int size, gcomp__loop_world **out)
     w->tail = calloc((size_t)size * (size_t)size, sizeof *w->tail);
     w->contrib = calloc((size_t)size, sizeof *w->contrib);
     w->contrib_cap = calloc((size_t)size, sizeof *w->contrib_cap);
-    if (!w->head || !w->tail || !w->contrib || !w->contrib_cap) {
+    w->entered = calloc((size_t)size, sizeof *w->entered);
+    if (!w->head || !w->tail || !w->contrib || !w->contrib_cap || !w->entered) {
         gcomp__loop_world_destroy(w);
         return gcomp__fail(GCOMP_ERR_NOMEM, "loop world: out of memory");
     }
@@ -121,6 +122,7 @@ void gcomp__loop_world_destroy(gcomp__loop_world *w)
     free(w->tail);
     free(w->contrib);
     free(w->contrib_cap);
+    free(w->entered);
     free(w->result);
     free(w);
 }
@@ -219,7 +221,7 @@ static gcomp_result grow(void **buf, size_t *cap, size_t bytes) { return gcomp__
 static gcomp_result loop_collective(loop_transport *lt, int kind, void *vals, size_t n, size_t esize, double deadline)
 {
     gcomp__loop_world *w = lt->w;
-    uint64_t seq = ++lt->seq;
+    uint64_t seq = ++w->entered[lt->base.rank]; /* only this rank's thread writes its slot */
     gcomp_result rc = GCOMP_SUCCESS;
     pthread_mutex_lock(&w->lock);
     while (w->open_seq != seq) { /* the previous collective is still being read */
@@ -310,8 +312,7 @@ gcomp_result gcomp__transport_loop_create(gcomp__loop_world *w, int rank, gcomp_
 gcomp_result gcomp__comm_create_loop(gcomp__loop_world *w, int rank, const gcomp_config *cfg, gcomp_comm **out)
 {
     gcomp__transport *tp = NULL; /* gcc cannot see through GCOMP_CHECK */
-    if (!out) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp__comm_create_loop: out is NULL");
-    *out = NULL;
+    if (out) *out = NULL;
     GCOMP_CHECK(gcomp__transport_loop_create(w, rank, &tp));
-    return gcomp__comm_create(tp, cfg, out);
+    return gcomp__comm_create(tp, cfg, out); /* a NULL out still joins (the others do not wait) */
 }

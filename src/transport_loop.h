@@ -24,7 +24,10 @@ gcomp_result gcomp__transport_loop_create(gcomp__loop_world *w, int rank, struct
  * collectives: read by a rank between two of its calls, it is exact (no later collective can
  * complete without that rank). */
 uint64_t gcomp__loop_world_collectives(gcomp__loop_world *w);
-/* A communicator over the world for this rank: collective over the world's ranks. */
+/* A communicator over the world for this rank: collective over the world's ranks (a NULL out
+ * on one rank fails on every rank, as gcomp_comm_create_mpi does). The ranks may create
+ * communicators one after another over one world, each rank holding one at a time, in the
+ * same order on every rank (the world counts each rank's collectives across them). */
 gcomp_result gcomp__comm_create_loop(gcomp__loop_world *w, int rank, const gcomp_config *cfg, gcomp_comm **out);
 
 #endif

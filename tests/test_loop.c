@@ -1034,6 +1034,53 @@ static void test_load_out_of_memory_changes_nothing(void **state)
     }
 }
 
+/* Communicators one after another over one world (the world counts each rank's collectives
+ * across them: the second creation timed out), and a rank whose creation fails on a NULL out
+ * (it still joins: the others failed only at their deadline). */
+static void *run_successive(void *arg)
+{
+    rank_job *j = arg;
+    gcomp_config cfg = gcomp_config_default();
+    float x[64], y[64];
+    cfg.codec = "fp16";
+    cfg.min_bytes = 0;
+    cfg.timeout_ms = 20000;
+    for (int i = 0; i < 64; i++) x[i] = (float)(i + j->at.rank);
+    j->rc = GCOMP_SUCCESS;
+    for (int round = 0; round < 3 && j->rc == GCOMP_SUCCESS; round++) {
+        gcomp_comm *c = NULL;
+        j->rc = gcomp__comm_create_loop(j->at.w, j->at.rank, &cfg, &c);
+        if (j->rc == GCOMP_SUCCESS) j->rc = gcomp_allreduce(c, x, y, 64, GCOMP_F32, GCOMP_SUM, 1, NULL);
+        if (j->rc == GCOMP_SUCCESS && y[5] != (float)(5 * j->at.size + j->at.size * (j->at.size - 1) / 2))
+            j->rc = GCOMP_ERR_INTERNAL;
+        gcomp_comm_destroy(c);
+    }
+    if (j->rc == GCOMP_SUCCESS) { /* then a creation with a NULL out on rank 1 */
+        gcomp_comm *c = NULL;
+        double t0 = gcomp__now();
+        j->rc = gcomp__comm_create_loop(j->at.w, j->at.rank, &cfg, j->at.rank == 1 ? NULL : &c);
+        if (j->rc != GCOMP_ERR_INVALID_ARG || c != NULL || gcomp__now() - t0 > 10.0)
+            j->rc = GCOMP_ERR_INTERNAL;
+        else
+            j->rc = GCOMP_SUCCESS;
+        gcomp_comm_destroy(c);
+    }
+    return NULL;
+}
+
+static void test_successive_comms_and_null_out(void **state)
+{
+    (void)state;
+    for (int n = 2; n <= 3; n++) {
+        rank_job jobs[MAX_RANKS];
+        memset(jobs, 0, sizeof jobs);
+        loop_run_world(n, run_successive, jobs, sizeof jobs[0]);
+        for (int r = 0; r < n; r++)
+            if (jobs[r].rc != GCOMP_SUCCESS)
+                fail_msg("%d ranks, rank %d: %s (%s)", n, r, gcomp_result_name(jobs[r].rc), gcomp_last_error());
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1053,6 +1100,7 @@ int main(void)
         cmocka_unit_test(test_avg_of_huge_inputs),
         cmocka_unit_test(test_empty_call_counted),
         cmocka_unit_test(test_load_out_of_memory_changes_nothing),
+        cmocka_unit_test(test_successive_comms_and_null_out),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
