@@ -773,6 +773,14 @@ static int run_all(const struct config *cfg, struct buffers *buf, const struct m
     return 0;
 }
 
+/* rc, or 1 when it is 0 and the rows could not all be written (the JSON file, stdout). */
+static int finish_outputs(int rc, FILE *json_out, const char *json_path, const char *prog)
+{
+    int lost = bench_finish_output(json_out, prog, json_path);
+    lost |= bench_finish_output(stdout, prog, "standard output");
+    return rc ? rc : lost;
+}
+
 int main(int argc, char **argv)
 {
     struct config cfg = { .min_bytes = 64 * MIB,
@@ -812,9 +820,7 @@ int main(int argc, char **argv)
 #ifdef GCOMP_BENCH_CUDA
     if (cfg.device == DEVICE_CUDA) {
         rc = codec_perf_cuda(&cfg, &m, payload_cap, json_out, argv[0]);
-        if (bench_finish_output(json_out, argv[0], cfg.json_out)) rc = rc ? rc : 1;
-        if (bench_finish_output(stdout, argv[0], "standard output")) rc = rc ? rc : 1;
-        return rc;
+        return finish_outputs(rc, json_out, cfg.json_out, argv[0]);
     }
 #endif
 
@@ -831,7 +837,5 @@ int main(int argc, char **argv)
 
     rc = run_all(&cfg, &buf, &m, json_out, argv[0]);
     free_buffers(&buf);
-    if (bench_finish_output(json_out, argv[0], cfg.json_out)) rc = rc ? rc : 1;
-    if (bench_finish_output(stdout, argv[0], "standard output")) rc = rc ? rc : 1;
-    return rc;
+    return finish_outputs(rc, json_out, cfg.json_out, argv[0]);
 }

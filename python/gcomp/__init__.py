@@ -563,10 +563,17 @@ class Comm(_Handle):
         issue order, so their Requests are completed now (done is True at once, their errors
         kept for their wait()); then this call's own error, if any, is raised."""
         error = GcompError(rc, what) if rc != 0 else None  # before a poll reads last_error again
-        for request in list(self._pending):
-            request._poll()
+        self._poll_issued_before(None)
         if error is not None:
             raise error
+
+    def _poll_issued_before(self, request):
+        """Poll the pending Requests issued before request (all of them for None), whose calls
+        have completed since calls complete in issue order: they are done at once, a failed
+        one's error kept for its wait()."""
+        pending = list(self._pending)
+        for earlier in pending[:pending.index(request)] if request is not None else pending:
+            earlier._poll()
 
     def _complete_in_flight(self):
         """Complete the requests in flight, in issue order, as close() does: stats and
@@ -607,8 +614,7 @@ class Comm(_Handle):
             return
         with self._use() as h:
             _lib.allreduce(h, None, None, 1, F32, SUM, KEY_NONE, None)
-            for request in list(self._pending):  # completed before it, in issue order
-                request._poll()
+            self._poll_issued_before(None)
 
     def _bufs(self, x, out, what):
         """The checked input and output of an allreduce, on the memory this Comm takes; what
@@ -787,12 +793,9 @@ class Request:
         self._error = GcompError(rc, what) if rc != 0 else None
         self._req = None
         self._keep = None
-        pending = self._comm._pending
-        if self in pending:
-            earlier = pending[:pending.index(self)]
-            pending.remove(self)
-            for request in earlier:  # completed before this one (issue order): done at once
-                request._poll()
+        if self in self._comm._pending:
+            self._comm._poll_issued_before(self)
+            self._comm._pending.remove(self)
 
     def _wait_locked(self):
         """wait()'s C call, under the Comm's lock (also Comm.close(): calls in flight finish,
