@@ -122,7 +122,7 @@ static gcomp_result vote_share(gcomp__transport *tp, const vote *mine, uint64_t 
 static gcomp_result vote_failure(const vote *mine, const uint64_t *got, const char *what)
 {
     gcomp_result rc = (gcomp_result)(got[V_FAIL] >> 32);
-    if (mine->v[V_FAIL]) return gcomp__fail((gcomp_result)(mine->v[V_FAIL] >> 32), "%s", mine->detail);
+    if (mine->v[V_FAIL]) return gcomp__fail_again((gcomp_result)(mine->v[V_FAIL] >> 32), mine->detail);
     return gcomp__fail(rc, "rank %u failed %s: %s (%s); see that rank's gcomp_last_error()",
                        (unsigned)(uint32_t)got[V_FAIL], what, gcomp_result_name(rc), gcomp_strerror(rc));
 }
@@ -217,7 +217,7 @@ gcomp_result gcomp__comm_join_failed(gcomp__transport *tp, gcomp_result local)
     vote_init(&mine, tp->rank, local, 0, NULL);
     (void)vote_share(tp, &mine, got, gcomp__now() + 1e-3 * CREATE_TIMEOUT_MS);
     tp->destroy(tp);
-    return gcomp__fail(local, "%s", mine.detail);
+    return gcomp__fail_again(local, mine.detail);
 }
 
 /* The lock and condition of the request queue (request.c runs it). */
@@ -465,7 +465,7 @@ gcomp_result gcomp__comm_in_band_verdict(void *ctx, const uint64_t *mine, const 
     (void)n;
     if (all[B_FAIL]) {
         gcomp_result rc = (gcomp_result)(all[B_FAIL] >> 32);
-        if (mine[B_FAIL]) return gcomp__fail((gcomp_result)(mine[B_FAIL] >> 32), "%s", a->detail);
+        if (mine[B_FAIL]) return gcomp__fail_again((gcomp_result)(mine[B_FAIL] >> 32), a->detail);
         return gcomp__fail(rc, "rank %u failed before the call started (its arguments or buffers): %s (%s); see that "
                                "rank's gcomp_last_error()",
                            (unsigned)(uint32_t)all[B_FAIL], gcomp_result_name(rc), gcomp_strerror(rc));

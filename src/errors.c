@@ -85,6 +85,12 @@ void gcomp__error_clear(void) { last_error[0] = '\0'; }
 
 void gcomp__error_restore(const char *saved) { snprintf(last_error, sizeof last_error, "%s", saved); }
 
+gcomp_result gcomp__fail_again(gcomp_result rc, const char *detail)
+{
+    if (rc != GCOMP_SUCCESS) gcomp__error_restore(detail);
+    return rc;
+}
+
 static void log_line(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 static gcomp_result vfail(gcomp_result rc, const char *fmt, va_list ap)

@@ -29,6 +29,10 @@ void gcomp__codec_entry_begin(void);
 gcomp_result gcomp__codec_entry_rc(const char *codec, const char *entry, gcomp_result rc);
 /* Put back a detail saved from gcomp_last_error() (a call that succeeds leaves it as it was). */
 void gcomp__error_restore(const char *saved);
+/* A failure already recorded (and logged under GCOMP_DEBUG) on some thread, passed on as this
+ * thread's last error: rc with detail, without logging it again. For the outcome of a call
+ * another thread ran, and for this rank's own failure restated after an agreement. */
+gcomp_result gcomp__fail_again(gcomp_result rc, const char *detail);
 /* s made safe to echo in a message: control/non-ASCII bytes as \xNN, at most max_chars
  * characters of s then "..."; written to out (cap bytes), which is returned. */
 const char *gcomp__quote(char *out, size_t cap, const char *s, size_t max_chars);

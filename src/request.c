@@ -131,12 +131,12 @@ static void enqueue(gcomp_comm *c, gcomp_request *r)
     pthread_cond_broadcast(&c->q.cond);
 }
 
-/* The request's outcome for the caller (its detail set again on this thread); frees it. */
+/* The request's outcome for the caller (its detail set again on this thread: the thread that
+ * ran the call has logged the failure already); frees it. */
 static gcomp_result finish(gcomp_request **req)
 {
     gcomp_request *r = *req;
-    gcomp_result rc = r->rc;
-    if (rc != GCOMP_SUCCESS) gcomp__fail(rc, "%s", r->detail);
+    gcomp_result rc = gcomp__fail_again(r->rc, r->detail);
     free(r);
     *req = NULL;
     return rc;
@@ -260,6 +260,5 @@ gcomp_result gcomp_allreduce(gcomp_comm *c, const void *send, void *recv, size_t
     enqueue(c, &r);
     run_until(c, &r);
     pthread_mutex_unlock(&c->q.lock);
-    if (r.rc != GCOMP_SUCCESS) return gcomp__fail(r.rc, "%s", r.detail);
-    return GCOMP_SUCCESS;
+    return gcomp__fail_again(r.rc, r.detail);
 }

@@ -9,6 +9,9 @@
  *    every line is exactly one of the messages, each once.
  *  - test_long_line: a message longer than the line buffer is cut with "..." and still
  *    ends in one newline.
+ *  - test_queued_failure_logged_once: a call that fails on the thread that ran it (the
+ *    progress thread, or a caller running the queue) is logged once, not again when its
+ *    gcomp_wait or queued gcomp_allreduce hands the error to the caller (2 loopback ranks).
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -18,6 +21,8 @@
 
 #include "test_util.h"
 #include "internal.h"
+#include "comm.h"
+#include "loop_world.h"
 
 #define THREADS 8
 #define LINES 2000
@@ -113,11 +118,68 @@ static void test_long_line(void **state)
     fclose(f);
 }
 
+typedef struct bad_op_job {
+    loop_rank at; /* first: loop_run_world fills it */
+    gcomp_result rc[2];
+} bad_op_job;
+
+#define BAD_OP_RANKS 2
+
+/* Each rank: an iallreduce with an invalid op, completed by gcomp_wait; then a blocking
+ * gcomp_allreduce with an invalid op issued while another request is in flight (queued
+ * behind it unless that one is already done). */
+static void *bad_op_rank(void *arg)
+{
+    bad_op_job *j = arg;
+    gcomp_config cfg = gcomp_config_default();
+    gcomp_comm *comm = NULL;
+    gcomp_request *req = NULL;
+    float x[64] = { 0 }, y[64];
+    cfg.codec = "fp16";
+    cfg.min_bytes = 0;
+    cfg.timeout_ms = 20000;
+    j->rc[0] = j->rc[1] = GCOMP_ERR_INTERNAL;
+    if (gcomp__comm_create_loop(j->at.w, j->at.rank, &cfg, &comm) != GCOMP_SUCCESS) return NULL;
+    if (gcomp_iallreduce(comm, x, y, 64, GCOMP_F32, GCOMP_OP_COUNT, 1, NULL, &req) == GCOMP_SUCCESS)
+        j->rc[0] = gcomp_wait(&req);
+    if (gcomp_iallreduce(comm, x, y, 64, GCOMP_F32, GCOMP_SUM, 2, NULL, &req) == GCOMP_SUCCESS) {
+        j->rc[1] = gcomp_allreduce(comm, x, x, 64, GCOMP_F32, GCOMP_OP_COUNT, 3, NULL);
+        if (gcomp_wait(&req) != GCOMP_SUCCESS) j->rc[1] = GCOMP_ERR_INTERNAL;
+    }
+    gcomp_comm_destroy(comm);
+    return NULL;
+}
+
+static bad_op_job bad_op_jobs[BAD_OP_RANKS];
+
+static void run_bad_op_world(void) { loop_run_world(BAD_OP_RANKS, bad_op_rank, bad_op_jobs, sizeof bad_op_jobs[0]); }
+
+static void test_queued_failure_logged_once(void **state)
+{
+    char line[4096];
+    size_t failures = 0;
+    FILE *f;
+    (void)state;
+    setenv("GCOMP_DEBUG", "1", 1);
+    assert_int_equal(gcomp__debug_enabled(), 1);
+    f = capture_stderr(run_bad_op_world);
+    while (fgets(line, sizeof line, f))
+        if (strstr(line, "GCOMP_ERR_INVALID_ARG") && strstr(line, "invalid op")) failures++;
+    fclose(f);
+    for (int r = 0; r < BAD_OP_RANKS; r++)
+        for (int i = 0; i < 2; i++)
+            if (bad_op_jobs[r].rc[i] != GCOMP_ERR_INVALID_ARG)
+                fail_msg("rank %d call %d: %s", r, i, gcomp_result_name(bad_op_jobs[r].rc[i]));
+    /* one line per rank and failed call (each rank's own refusal); the wait used to log it again */
+    assert_int_equal(failures, (size_t)BAD_OP_RANKS * 2);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_concurrent_lines),
         cmocka_unit_test(test_long_line),
+        cmocka_unit_test(test_queued_failure_logged_once),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
