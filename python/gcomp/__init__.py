@@ -786,11 +786,13 @@ class Request:
             flag = ctypes.c_int(0)
             rc = _lib.request_test(ctypes.byref(self._req), ctypes.byref(flag))
             if flag.value or rc != 0:
-                self._finish(rc, "gcomp_test")
+                self._finish(rc)
 
-    def _finish(self, rc, what):
-        # gcomp_last_error() is this thread's: read it now
-        self._error = GcompError(rc, what) if rc != 0 else None
+    def _finish(self, rc):
+        # gcomp_last_error() is this thread's: read it now. The error names the call that
+        # failed, gcomp_iallreduce, whichever completion (gcomp_test or gcomp_wait, this
+        # Request's or a later call's poll) found it
+        self._error = GcompError(rc, "gcomp_iallreduce") if rc != 0 else None
         self._req = None
         self._keep = None
         if self in self._comm._pending:
@@ -801,7 +803,7 @@ class Request:
         """wait()'s C call, under the Comm's lock (also Comm.close(): calls in flight finish,
         or fail, before the communicator goes)."""
         if self._req is not None:
-            self._finish(_lib.request_wait(ctypes.byref(self._req)), "gcomp_wait")
+            self._finish(_lib.request_wait(ctypes.byref(self._req)))
 
 
 def _where(b):
