@@ -124,7 +124,9 @@ for f in "${first[@]}"; do # (else the check below could not fail)
 done
 touch "$out/zw/mine.txt" "$out/zw/points/mine.json"
 rc=0
-timeout 120 "${sweep[@]}" --ranks 2 --codec none --out "$out/zw" --cmd "$cmd" >"$out/stdout" 2>"$out/stderr" || rc=$?
+# (--epochs 0 and --evals-per-epoch 0 do not apply to a command: not refused)
+timeout 120 "${sweep[@]}" --ranks 2 --codec none --out "$out/zw" --cmd "$cmd" --epochs 0 --evals-per-epoch 0 \
+  >"$out/stdout" 2>"$out/stderr" || rc=$?
 stale=""
 for f in "${first[@]}"; do
   [ -e "$out/zw/$f" ] && stale="$stale $f"
