@@ -103,7 +103,8 @@ void gcomp_comm_destroy(gcomp_comm *c)
 static void decide_mode(gcomp_comm *c)
 {
     char why[160] = "";
-    int ok = c->threads_ok && (!c->tp->threads_ok || c->tp->threads_ok(why, sizeof why));
+    /* the transport first, for its reason (the MPI thread level); threads_ok is creation's */
+    int ok = (!c->tp->threads_ok || c->tp->threads_ok(why, sizeof why)) && c->threads_ok;
     c->q.mode = GCOMP__PROGRESS_CALLER;
     if (ok) {
         if (pthread_create(&c->q.thread, NULL, progress_main, c) == 0) {
