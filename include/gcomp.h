@@ -512,8 +512,8 @@ GCOMP_API gcomp_result gcomp_comm_config_get(const gcomp_comm *comm, gcomp_confi
  * saved with another codec spec, by another rank or communicator size, or with a key whose
  * count differs from the one this communicator already uses (GCOMP_ERR_MISMATCH), a damaged
  * or truncated blob (GCOMP_ERR_CORRUPT, checksummed; also a residual holding a NaN or Inf,
- * which no call commits, a record of 0 elements or at step 2^64 - 1, which no save makes, and
- * format version 0, which none writes), a newer format version
+ * which no call commits, a record of 0 elements, which no save makes, and format version 0,
+ * which none writes), a newer format version
  * (GCOMP_ERR_UNSUPPORTED; also flags it does not know), or memory for the new state
  * (GCOMP_ERR_NOMEM: the new state is built whole before it replaces the old one). Save and
  * load both refuse a communicator with error feedback off (GCOMP_ERR_INVALID_ARG): it has no
