@@ -244,10 +244,12 @@ static gcomp_result check_header(gcomp_comm *comm, const uint8_t *p, size_t byte
                            flags, version);
     if (spec_len > bytes - CKPT_FIXED - 16)
         return gcomp__fail(GCOMP_ERR_CORRUPT, "residual checkpoint: spec length %u runs past the end", spec_len);
-    if (spec_len != strlen(spec) || memcmp(p + CKPT_FIXED, spec, spec_len) != 0)
+    if (spec_len != strlen(spec) || memcmp(p + CKPT_FIXED, spec, spec_len) != 0) {
+        char q[4 * 200 + 8]; /* the file's bytes, escaped: it may hold anything */
         return gcomp__fail(GCOMP_ERR_MISMATCH,
-                           "residual checkpoint: saved with codec '%.*s', this communicator uses '%s'",
-                           (int)(spec_len > 200 ? 200 : spec_len), (const char *)p + CKPT_FIXED, spec);
+                           "residual checkpoint: saved with codec '%s', this communicator uses '%s'",
+                           gcomp__quote_bytes(q, sizeof q, (const char *)p + CKPT_FIXED, spec_len, 200), spec);
+    }
     if ((int)rank != gcomp_comm_rank(comm) || (int)size != gcomp_comm_size(comm))
         return gcomp__fail(GCOMP_ERR_MISMATCH, "residual checkpoint: saved by rank %u of %u, this is rank %d of %d",
                            rank, size, gcomp_comm_rank(comm), gcomp_comm_size(comm));
@@ -395,6 +397,15 @@ static gcomp_result save_to_memory(gcomp_comm *comm, void **out, size_t *bytes)
     return rc;
 }
 
+/* A file's failure: "what 'path': reason", the path as messages echo user text (escaped, cut
+ * after QUOTE_PATH characters, so the reason after it always fits). */
+#define QUOTE_PATH 160
+static gcomp_result file_fail(gcomp_result rc, const char *what, const char *path, const char *reason)
+{
+    char q[4 * QUOTE_PATH + 8];
+    return gcomp__fail(rc, "%s '%s': %s", what, gcomp__quote(q, sizeof q, path, QUOTE_PATH), reason);
+}
+
 /* Write beside, then rename: a crash mid-write never leaves a half file at path. */
 static gcomp_result write_file(const char *path, const void *buf, size_t bytes)
 {
@@ -402,11 +413,11 @@ static gcomp_result write_file(const char *path, const void *buf, size_t bytes)
     gcomp_result rc = GCOMP_SUCCESS;
     FILE *f = create_beside(path, tmp, sizeof tmp);
     int bad;
-    if (!f) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "cannot create '%s': %s", tmp, strerror(errno));
+    if (!f) return file_fail(GCOMP_ERR_INVALID_ARG, "cannot write", path, strerror(errno)); /* (its temporary file) */
     bad = fwrite(buf, 1, bytes, f) != bytes;
     bad |= fclose(f) != 0;
     if (bad || rename(tmp, path) != 0) {
-        rc = gcomp__fail(GCOMP_ERR_INVALID_ARG, "cannot write '%s': %s", path, strerror(errno));
+        rc = file_fail(GCOMP_ERR_INVALID_ARG, "cannot write", path, strerror(errno));
         remove(tmp);
     }
     return rc;
@@ -440,14 +451,14 @@ static gcomp_result read_all(FILE *f, const char *path, size_t hint, void **out,
         if (n < cap) break; /* the end, or an error */
         if (cap > SIZE_MAX / 2 || !(grown = realloc(buf, cap * 2))) {
             free(buf);
-            return gcomp__fail(GCOMP_ERR_NOMEM, "residual checkpoint: '%s' holds more than %zu bytes", path, cap);
+            return file_fail(GCOMP_ERR_NOMEM, "residual checkpoint: cannot hold", path, "out of memory");
         }
         buf = grown;
         cap *= 2;
     }
     if (ferror(f)) {
         free(buf);
-        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "cannot read '%s': %s", path, strerror(errno));
+        return file_fail(GCOMP_ERR_INVALID_ARG, "cannot read", path, strerror(errno));
     }
     *out = buf;
     *len = n;
@@ -465,16 +476,16 @@ static gcomp_result read_file(const char *path, void **out, size_t *len)
      * the regular-file check below refuses it (a regular file's reads ignore the flag) */
     fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0 || !(f = fdopen(fd, "rb"))) {
-        rc = gcomp__fail(GCOMP_ERR_INVALID_ARG, "cannot open '%s': %s", path, strerror(errno));
+        rc = file_fail(GCOMP_ERR_INVALID_ARG, "cannot open", path, strerror(errno));
         if (fd >= 0) close(fd);
         return rc;
     }
     /* fstat, not fseek/ftell: glibc opens a directory and its ftell says LONG_MAX */
     if (fstat(fileno(f), &st) != 0)
-        rc = gcomp__fail(GCOMP_ERR_INVALID_ARG, "cannot read '%s': %s", path, strerror(errno));
+        rc = file_fail(GCOMP_ERR_INVALID_ARG, "cannot read", path, strerror(errno));
     else if (!S_ISREG(st.st_mode) || st.st_size < 0 || (uint64_t)st.st_size >= SIZE_MAX)
-        rc = gcomp__fail(GCOMP_ERR_INVALID_ARG, "cannot read '%s': %s", path,
-                         S_ISDIR(st.st_mode) ? "it is a directory" : "not a regular file");
+        rc = file_fail(GCOMP_ERR_INVALID_ARG, "cannot read", path,
+                       S_ISDIR(st.st_mode) ? "it is a directory" : "not a regular file");
     else
         rc = read_all(f, path, (size_t)st.st_size, out, len);
     fclose(f);

@@ -106,10 +106,14 @@ static gcomp_result vfail(gcomp_result rc, const char *fmt, va_list ap)
  * with "..." so the reason, printed first, is never pushed out of the 512-byte buffer. */
 const char *gcomp__quote(char *out, size_t cap, const char *s, size_t max_chars)
 {
+    return gcomp__quote_bytes(out, cap, s ? s : "(null)", s ? strlen(s) : 6, max_chars);
+}
+
+const char *gcomp__quote_bytes(char *out, size_t cap, const char *s, size_t len, size_t max_chars)
+{
     size_t o = 0, i = 0;
     if (!cap) return out;
-    if (!s) s = "(null)";
-    for (; s[i] && i < max_chars; i++) {
+    for (; i < len && i < max_chars; i++) {
         unsigned char ch = (unsigned char)s[i];
         int printable = ch >= 0x20 && ch < 0x7f && ch != '\\';
         size_t need = printable ? 1 : 4;
@@ -119,7 +123,7 @@ const char *gcomp__quote(char *out, size_t cap, const char *s, size_t max_chars)
         else
             o += (size_t)snprintf(out + o, cap - o, "\\x%02x", ch);
     }
-    if (s[i] && o + 4 <= cap) {
+    if (i < len && o + 4 <= cap) {
         memcpy(out + o, "...", 3);
         o += 3;
     }

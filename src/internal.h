@@ -36,6 +36,9 @@ gcomp_result gcomp__fail_again(gcomp_result rc, const char *detail);
 /* s made safe to echo in a message: control/non-ASCII bytes as \xNN, at most max_chars
  * characters of s then "..."; written to out (cap bytes), which is returned. */
 const char *gcomp__quote(char *out, size_t cap, const char *s, size_t max_chars);
+/* The same for len bytes that need not end in a NUL (a NUL among them becomes \x00): text
+ * read from a file. */
+const char *gcomp__quote_bytes(char *out, size_t cap, const char *s, size_t len, size_t max_chars);
 
 /* Propagate a failure; at debug level, log where it passed through. */
 #define GCOMP_CHECK(x)                                                                                \

@@ -232,6 +232,13 @@ static void test_refusals(void)
         CHECK(strstr(gcomp_last_error(), "spec length") != NULL, "%s", gcomp_last_error());
 
         memcpy(copy, blob, bytes);
+        memcpy(copy + 28, "x\n\x1b[", 4); /* the saved spec (file content: anything) is echoed escaped */
+        resum(copy, bytes);
+        expect_refused(c, copy, bytes, GCOMP_ERR_MISMATCH, "a spec with control bytes");
+        CHECK(strstr(gcomp_last_error(), "codec 'x\\x0a\\x1b[") && !strchr(gcomp_last_error(), '\n'), "%s",
+              gcomp_last_error());
+
+        memcpy(copy, blob, bytes);
         put_u64(copy + keys_at, 3); /* three keys, two records */
         resum(copy, bytes);
         expect_refused(c, copy, bytes, GCOMP_ERR_CORRUPT, "more keys than records");
@@ -295,10 +302,27 @@ static void test_refusals(void)
     CHECK(gcomp_comm_residuals_load_file(c, "/proc/self/status") == GCOMP_ERR_CORRUPT &&
               strstr(gcomp_last_error(), "bad magic") && !strstr(gcomp_last_error(), " 0 bytes"),
           "a procfs file: %s", gcomp_last_error());
-    CHECK(gcomp_comm_residuals_save_file(c, "/nonexistent-dir/x.bin") == GCOMP_ERR_INVALID_ARG,
-          "unwritable path accepted");
+    CHECK(gcomp_comm_residuals_save_file(c, "/nonexistent-dir/x.bin") == GCOMP_ERR_INVALID_ARG &&
+              strstr(gcomp_last_error(), "cannot write '/nonexistent-dir/x.bin': No such file"),
+          "unwritable path accepted, or the message names another (the temporary file): %s", gcomp_last_error());
     CHECK(gcomp_comm_residuals_load_file(c, "/nonexistent-dir/x.bin") == GCOMP_ERR_INVALID_ARG,
           "missing file accepted");
+    {
+        /* a path is user text: escaped and cut, so the reason after it stays (a 600-character
+         * path filled the whole message, and a newline or escape went into it raw) */
+        char odd[700];
+        memset(odd, 'p', sizeof odd - 1);
+        odd[sizeof odd - 1] = '\0';
+        for (size_t k = 100; k < sizeof odd - 1; k += 100) odd[k] = '/'; /* no name over NAME_MAX */
+        memcpy(odd, "/nonexistent-\n\x1b[31m/", 19);
+        for (int save_it = 0; save_it <= 1; save_it++) {
+            gcomp_result rc = save_it ? gcomp_comm_residuals_save_file(c, odd) : gcomp_comm_residuals_load_file(c, odd);
+            const char *e = gcomp_last_error();
+            CHECK(rc == GCOMP_ERR_INVALID_ARG && strstr(e, "No such file or directory") &&
+                      strstr(e, "\\x0a\\x1b[31m") && !strchr(e, '\n') && !strchr(e, 0x1b),
+                  "%s of an odd path: %s", save_it ? "save_file" : "load_file", e);
+        }
+    }
     {
         /* a FIFO: opening it for reading used to wait for a writer forever */
         char fifo[128], keep[160], got[8] = { 0 }, leftover[200];
