@@ -270,14 +270,19 @@ static gcomp_result append_canonical(const char *spec, gcomp__chain *c, const gc
 static gcomp_result check_params(const char *spec, const gcomp_codec_vtable *vt, const void *params)
 {
     char msg[256] = "", qm[4 * 200 + 8], saved[512];
+    gcomp_result rc;
     /* the check may report through gcomp_codec_fail: clear the detail to see whether it did,
      * and put back the caller's on success (a successful call leaves the last error alone) */
     snprintf(saved, sizeof saved, "%s", gcomp_last_error());
     gcomp__error_clear();
-    if (vt->check_params(params, msg, sizeof msg) == GCOMP_SUCCESS) {
+    rc = vt->check_params(params, msg, sizeof msg);
+    if (rc == GCOMP_SUCCESS) {
         gcomp__error_restore(saved);
         return GCOMP_SUCCESS;
     }
+    if (!gcomp__result_known(rc)) /* as for every entry (gcomp_codec.h) */
+        return gcomp__fail(GCOMP_ERR_INTERNAL, "codec '%s': check_params returned %d, which is not a gcomp_result",
+                           vt->name, (int)rc);
     /* a reason given through gcomp_codec_fail is escaped already (errors.c); one written into
      * msg is escaped here. Either is cut at 200 characters, an escape whole or not at all */
     if (msg[0]) {

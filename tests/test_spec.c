@@ -206,6 +206,7 @@ static gcomp_result chk_check_params(const void *params, char *msg, size_t cap)
     (void)params;
     if (chk_mode == 0) return gcomp_codec_fail(GCOMP_ERR_INVALID_SPEC, "refused through gcomp_codec_fail");
     if (chk_mode == 1) snprintf(msg, cap, "refused through msg");
+    if (chk_mode == 4) return (gcomp_result)77; /* no gcomp_result */
     return chk_mode == 3 ? GCOMP_SUCCESS : GCOMP_ERR_INVALID_SPEC;
 }
 
@@ -228,6 +229,10 @@ static void test_check_params(void **state)
     chk_mode = 2;
     expect_error("bogus", "unknown codec"); /* an older message that must not be echoed */
     expect_error("chk", "chk: its parameters were refused (no reason given) (spec 'chk')");
+    chk_mode = 4; /* a value outside the enum is the codec's bug, as from every entry */
+    assert_int_equal(gcomp_codec_create("chk", NULL, &c), GCOMP_ERR_INTERNAL);
+    assert_null(c);
+    assert_non_null(strstr(gcomp_last_error(), "codec 'chk': check_params returned 77, which is not a gcomp_result"));
     chk_mode = 3;
     assert_int_equal(gcomp_codec_create("chk", NULL, &c), GCOMP_SUCCESS);
     gcomp_codec_destroy(c);
