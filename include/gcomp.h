@@ -167,8 +167,9 @@ GCOMP_API size_t gcomp_codec_max_encoded_bytes(const gcomp_codec *codec, size_t 
  * with a key advances that key's step, which keys the stochastic rounding (calls without
  * one advance the codec object's own step); a call that fails leaves the residual and the
  * step as they were (a failed first call of a key leaves no key).
- * If src holds NaN/Inf, the payload decodes to a non-finite result and the residual is left
- * untouched. count may be 0.
+ * If src holds NaN/Inf, or an fp16/bf16 cast overflows a finite value to +-Inf, the payload
+ * decodes to a non-finite result and the residual is left untouched (stats: nonfinite_calls).
+ * count may be 0.
  * A dst_cap of gcomp_codec_max_encoded_bytes() always suffices (and is required with
  * error feedback on for codecs that update the residual in place, terngrad); a smaller
  * dst is encoded into scratch first. A failing call writes nothing to dst.
@@ -257,7 +258,8 @@ typedef struct gcomp_stats {
     uint64_t raw_bytes;       /* bytes of the input tensors encoded (count * dtype size) */
     uint64_t wire_bytes;      /* bytes of the payloads produced, headers included */
     uint64_t overflow_count;  /* finite inputs that became +-inf in fp16/bf16 */
-    uint64_t nonfinite_calls; /* encodes whose input held NaN/Inf (residual left untouched) */
+    uint64_t nonfinite_calls; /* encodes whose input held NaN/Inf, or whose payload did (an fp16/bf16
+                               * overflow of a finite input); the residual is left untouched */
 } gcomp_stats;
 
 /* Every object's counters are read with <object>_stats_get and zeroed with <object>_stats_reset
