@@ -220,17 +220,12 @@ static gcomp_result check_header(gcomp_comm *comm, const uint8_t *p, size_t byte
 {
     const char *spec = gcomp_codec_spec(comm->codec);
     uint32_t version, flags, rank, size, spec_len;
-    if (bytes < CKPT_FIXED + 16 || memcmp(p, CKPT_MAGIC, 8) != 0)
+    /* magic and version first: a newer format may differ in everything after them, its
+     * checksum included, and is UNSUPPORTED (gcomp.h), not corrupt */
+    if (bytes < 12 || memcmp(p, CKPT_MAGIC, 8) != 0)
         return gcomp__fail(GCOMP_ERR_CORRUPT,
                            "residual checkpoint: not a gcomp residual checkpoint (bad magic or %zu bytes)", bytes);
-    if (fnv1a(p, bytes - 8) != gcomp_le_load_u64(p + bytes - 8))
-        return gcomp__fail(GCOMP_ERR_CORRUPT,
-                           "residual checkpoint: checksum mismatch (truncated or damaged, %zu bytes)", bytes);
     version = gcomp_le_load_u32(p + 8);
-    flags = gcomp_le_load_u32(p + 12);
-    rank = gcomp_le_load_u32(p + 16);
-    size = gcomp_le_load_u32(p + 20);
-    spec_len = gcomp_le_load_u32(p + 24);
     if (version == 0) /* no library wrote one: version 1 is the first */
         return gcomp__fail(GCOMP_ERR_CORRUPT,
                            "residual checkpoint: format version %u, which does not exist (the first is 1)", version);
@@ -238,6 +233,15 @@ static gcomp_result check_header(gcomp_comm *comm, const uint8_t *p, size_t byte
         return gcomp__fail(GCOMP_ERR_UNSUPPORTED,
                            "residual checkpoint: format version %u, this library reads version %u", version,
                            CKPT_VERSION);
+    if (bytes < CKPT_FIXED + 16)
+        return gcomp__fail(GCOMP_ERR_CORRUPT, "residual checkpoint: truncated (%zu bytes)", bytes);
+    if (fnv1a(p, bytes - 8) != gcomp_le_load_u64(p + bytes - 8))
+        return gcomp__fail(GCOMP_ERR_CORRUPT,
+                           "residual checkpoint: checksum mismatch (truncated or damaged, %zu bytes)", bytes);
+    flags = gcomp_le_load_u32(p + 12);
+    rank = gcomp_le_load_u32(p + 16);
+    size = gcomp_le_load_u32(p + 20);
+    spec_len = gcomp_le_load_u32(p + 24);
     if (flags != 0)
         return gcomp__fail(GCOMP_ERR_UNSUPPORTED,
                            "residual checkpoint: flags %#x unknown to this library (format version %u defines none)",

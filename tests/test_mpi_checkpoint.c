@@ -213,6 +213,12 @@ static void test_refusals(void)
     copy[8] = 2; /* version 2, checksum made valid again */
     resum(copy, bytes);
     expect_refused(c, copy, bytes, GCOMP_ERR_UNSUPPORTED, "a newer format version");
+    /* a newer format may change everything after the version, its checksum too: still a
+     * newer version, not a damaged file (the checksum was checked first) */
+    memcpy(copy, blob, bytes);
+    copy[8] = 2;
+    expect_refused(c, copy, bytes, GCOMP_ERR_UNSUPPORTED, "a newer format version with another checksum");
+    expect_refused(c, copy, 12, GCOMP_ERR_UNSUPPORTED, "a newer format version, 12 bytes");
 
     memcpy(copy, blob, bytes);
     copy[8] = 0; /* version 0: no library wrote one (it said UNSUPPORTED, as for a newer one) */
