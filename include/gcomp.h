@@ -239,7 +239,8 @@ GCOMP_API gcomp_result gcomp_codec_sync(gcomp_codec *codec, struct CUstream_st *
 
 /* Residuals (error feedback). Copy a key's residual out (count must equal the key's
  * count; GCOMP_ERR_INVALID_ARG if the key has none), set it (creates or resizes the key; for
- * restoring checkpoints; a NaN or Inf in a host src is refused, GCOMP_ERR_INVALID_ARG, and the
+ * restoring checkpoints; count at most GCOMP_MAX_COUNT, as for encode; a NaN or Inf in a host
+ * src is refused, GCOMP_ERR_INVALID_ARG, and the
  * key keeps its residual; so is GCOMP_KEY_NONE, which holds none), or drop it. An object
  * created with error_feedback 0 keeps no residuals: get and set are GCOMP_ERR_INVALID_ARG
  * there ("error feedback off"), and reset has nothing to drop. The residual is not the key's

@@ -521,6 +521,10 @@ gcomp_result gcomp_codec_residual_set(gcomp_codec *c, uint64_t key, const float 
     gcomp__residual *r;
     int src_on_device;
     if (!c || (count && !src)) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_codec_residual_set: NULL argument");
+    if (count > GCOMP_MAX_COUNT) /* no encode makes such a key; src would be read before the refusal */
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG,
+                           "gcomp_codec_residual_set: count %zu is more than GCOMP_MAX_COUNT (%zu)", count,
+                           (size_t)GCOMP_MAX_COUNT);
     GCOMP_CHECK(check_ef_on(c, "gcomp_codec_residual_set"));
     if (key == GCOMP_KEY_NONE)
         return gcomp__fail(GCOMP_ERR_INVALID_ARG,

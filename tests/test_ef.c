@@ -151,6 +151,9 @@ static void test_residual_lifetime(void **state)
         assert_non_null(strstr(gcomp_last_error(), "element 1"));
         bad[1] = NAN;
         assert_int_equal(gcomp_codec_residual_set(c, 1, bad, 3), GCOMP_ERR_INVALID_ARG);
+        /* a count past GCOMP_MAX_COUNT is refused before src is read (it was scanned first) */
+        assert_int_equal(gcomp_codec_residual_set(c, 1, bad, (size_t)GCOMP_MAX_COUNT + 1), GCOMP_ERR_INVALID_ARG);
+        assert_non_null(strstr(gcomp_last_error(), "GCOMP_MAX_COUNT"));
         assert_int_equal(gcomp_codec_residual_get(c, 1, kept, 3), GCOMP_SUCCESS);
         assert_memory_equal(kept, r3, sizeof kept);
     }
