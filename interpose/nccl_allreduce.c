@@ -63,7 +63,9 @@
 #define _GNU_SOURCE
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
+#include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -188,9 +190,30 @@ static void summary_line(int rank, char *out, size_t cap)
              (int64_t)(S.baseline_bytes - S.wire_bytes));
 }
 
-static void write_stats_file(int rank)
+/* The number that names this process's stats file: its rank in the job as the launcher gave
+ * it (torchrun's RANK, Open MPI's, PMI's, Slurm's), else comm_rank, the rank in the
+ * communicator being destroyed. Not comm_rank first: in a communicator of a subset of the
+ * ranks (world ranks {2, 3}), world rank 2 is rank 0 and would overwrite world rank 0's file,
+ * which holds the same process-wide counts of another process. */
+static int process_rank(int comm_rank)
+{
+    static const char *const vars[] = { "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID" };
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+        const char *v = getenv(vars[i]);
+        char *end;
+        long r;
+        if (!v || !*v) continue;
+        errno = 0;
+        r = strtol(v, &end, 10);
+        if (!*end && !errno && r >= 0 && r <= INT_MAX) return (int)r;
+    }
+    return comm_rank;
+}
+
+static void write_stats_file(int comm_rank)
 {
     FILE *f;
+    int rank = process_rank(comm_rank);
     if (!(f = ip_open_stats_file("gcomp_nccl", S.stats_file, rank))) return;
     fprintf(f, "{\"rank\": %d, \"codec\": \"", rank);
     ip_json_string(f, S.enabled ? S.codec : "");
@@ -457,14 +480,19 @@ static int gcomp_dtype_of(ncclDataType_t t, gcomp_dtype *out)
     }
 }
 
-/* Which reason sends this call to NCCL, or -1 to compress it (*out set, in use). */
+/* classify's answer for a call whose communicator ncclCommAbort ended while the call was
+ * creating its gcomp side: NCCL's abort has freed comm, so the call must not reach NCCL. */
+#define CALL_ABORTED (-2)
+
+/* Which reason sends this call to NCCL, or -1 to compress it (*out set, in use), or
+ * CALL_ABORTED. */
 static int classify(size_t count, ncclDataType_t type, ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream,
                     ip_comm **out)
 {
     enum cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
     gcomp_dtype dt;
     ip_comm *c;
-    int size = 0, why;
+    int size = 0, why, aborted;
     if (!S.enabled) return PASS_DISABLED;
     if (group_depth > 0) return PASS_GROUP;
     if (cudaStreamIsCapturing(stream, &cap) != cudaSuccess) {
@@ -477,8 +505,14 @@ static int classify(size_t count, ncclDataType_t type, ncclRedOp_t op, ncclComm_
     if (ncclCommCount(comm, &size) != ncclSuccess || (size < 2 && !S.one_rank)) return PASS_COMM;
     if (count == 0) return PASS_SMALL;
     c = acquire(comm);
-    why = !c->g ? PASS_COMM : (int64_t)(count * gcomp_dtype_size(dt)) < c->min_bytes ? PASS_SMALL : -1;
-    if (why >= 0)
+    pthread_mutex_lock(&S.lock);
+    aborted = c->aborting; /* during the creation (comm_gone ran NCCL's abort then) */
+    pthread_mutex_unlock(&S.lock);
+    why = aborted                                                  ? CALL_ABORTED
+          : !c->g                                                  ? PASS_COMM
+          : (int64_t)(count * gcomp_dtype_size(dt)) < c->min_bytes ? PASS_SMALL
+                                                                   : -1;
+    if (why != -1) /* passed through, or aborted: comm_gone may go on */
         release(c);
     else
         *out = c; /* in use until compressed_allreduce releases it */
@@ -546,6 +580,12 @@ EXPORT ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t c
     if (!S.allreduce) return ncclSystemError;
     if (inside_gcomp) return S.allreduce(sendbuff, recvbuff, count, datatype, op, comm, stream);
     why = classify(count, datatype, op, comm, stream, &c);
+    if (why == CALL_ABORTED) {
+        ip_bump(&S.failed);
+        fprintf(stderr, "gcomp_nccl: ncclAllReduce of %zu elements: ncclCommAbort ended its communicator meanwhile\n",
+                count);
+        return ncclInvalidUsage;
+    }
     if (why < 0) return compressed_allreduce(c, sendbuff, recvbuff, count, datatype, op, stream);
     ip_bump(&S.passed[why]);
     return S.allreduce(sendbuff, recvbuff, count, datatype, op, comm, stream);
