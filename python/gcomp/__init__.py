@@ -403,6 +403,8 @@ class Comm(_Handle):
             if backend == "mpi" and (group is not None or device is not None):
                 raise ValueError("group and device are for backend='nccl'; an MPI Comm runs "
                                  "over mpi_comm on host memory")
+            if backend == "mpi" and mpi_comm is not None and _lib.comm_create_mpi is not None:
+                _mpi_handle(mpi_comm)  # refused here, where the other ranks can be told
         except (TypeError, ValueError) as exc:
             # an NCCL Comm's creation shares NCCL's unique id first: join that share instead
             if isinstance(backend, str) and backend.lower() == "nccl":
@@ -846,12 +848,16 @@ def _join_refused_creation(mpi_comm):
     """This rank refused its own arguments to a collective creation over MPI (Comm,
     GcompHookState) before reaching it; the other ranks may be in it already and would wait
     for this one until their timeout. Join it with a spec the library refuses instead: the
-    creation then fails on every rank at once. Best effort: nothing to join without MPI or
-    with an mpi_comm that is no communicator (the caller raises its own error either way)."""
+    creation then fails on every rank at once. An mpi_comm that is no mpi4py communicator at
+    all joins over COMM_WORLD, the default the other ranks most likely use. Best effort:
+    nothing to join without MPI, or for MPI.COMM_NULL (the rank is outside the communicator
+    the others create over), and the caller raises its own error either way."""
     try:
         if _lib.comm_create_mpi is None:
             return
         MPI = init_mpi()
+        if mpi_comm is not None and not isinstance(mpi_comm, MPI.Comm):
+            mpi_comm = None
         handle = _mpi_handle(MPI.COMM_WORLD if mpi_comm is None else mpi_comm)
         cfg = _lib.config_default()
         cfg.codec = _REFUSED_SPEC

@@ -185,9 +185,12 @@ class GcompHookState:
         try:
             start_iter = _args.int_arg("start_iter", start_iter, 0, _args.INT64_MAX)
             momentum = _momentum_arg("momentum", momentum)
+            _group_arg(process_group)
         except (TypeError, ValueError) as exc:
             # the other ranks may be in the communicator's creation already: fail it there too
             # (an NCCL state's creation shares NCCL's unique id first: join that share)
+            if not _is_group(process_group):
+                process_group = None  # the default group, which the other ranks most likely use
             b = backend if backend is not None else _default_backend(process_group)
             if isinstance(b, str) and b.lower() == "nccl":
                 gcomp._cuda.join_refused_share(exc, group=process_group if comm is None else None,
@@ -691,6 +694,18 @@ def _close_states():
     # order (a GCOMP_STATS_FILE they share then holds the last-created one's stats).
     for s in list(_live_states):
         s._stop(wait_s=10.0, close_comm=False)
+
+
+def _is_group(process_group):
+    return process_group is None or (dist.is_available() and
+                                     isinstance(process_group, dist.ProcessGroup))
+
+
+def _group_arg(process_group):
+    """process_group is None or a torch process group (torch's own functions assert)."""
+    if not _is_group(process_group):
+        raise TypeError("GcompHookState: process_group must be a torch.distributed process group "
+                        "or None (the default group), got %s" % type(process_group).__name__)
 
 
 def _default_backend(process_group):

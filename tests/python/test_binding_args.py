@@ -495,11 +495,17 @@ def test_one_rank_refuses_creation():
              (lambda: gcomp.Comm(WORLD, codec="fp16", min_bytes=-1), good_comm),
              (lambda: gcomp.Comm(WORLD, codec="fp16", backend="gloo"), good_comm),
              (lambda: gcomp.torch.GcompHookState(codec="fp16", start_iter=-1), good_hook),
-             (lambda: gcomp.torch.GcompHookState(codec="fp16", momentum=1.5), good_hook))
+             (lambda: gcomp.torch.GcompHookState(codec="fp16", momentum=1.5), good_hook),
+             # no communicator, no process group: joined over COMM_WORLD and the default group
+             # (before: a TypeError there, and a bare AssertionError from torch here, while the
+             # others waited)
+             (lambda: gcomp.Comm("x", codec="fp16"), good_comm),
+             (lambda: gcomp.torch.GcompHookState(codec="fp16", comm="x"), good_hook),
+             (lambda: gcomp.torch.GcompHookState(codec="fp16", process_group="x"), good_hook))
     for bad, good in cases:
         t0 = time.monotonic()
         if RANK == 0:
-            raises(ValueError, bad)
+            raises((ValueError, TypeError), bad)
         else:
             e = raises(gcomp.GcompError, good, "rank 0 failed to create")
             assert e.name == "GCOMP_ERR_INVALID_SPEC", e
