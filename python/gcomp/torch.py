@@ -215,6 +215,7 @@ class GcompHookState:
         self._next_number = 0
         self._velocity = {}  # bucket key -> velocity tensor (momentum > 0)
         self._where = {}  # parameter number -> (bucket key, offset) of its velocity
+        self._shapes = {}  # parameter number -> its shape where its velocity was placed
         self._ids = {}  # bucket key -> numbers of the parameters its velocity holds, in order
         self._pending = {}  # bucket key -> _Pending: its step's velocity, result not seen yet
         self._spare = {}  # bucket key -> a CPU velocity buffer for its next step (_settle)
@@ -363,6 +364,14 @@ class GcompHookState:
         for p, num in zip(params, ids):
             n = p.numel()
             was = self._where.get(num)
+            had = self._shapes.get(num)
+            if was is not None and had is not None and had != tuple(p.shape):
+                # another model's velocity (a state dict loaded into the wrong model): it
+                # would move this parameter by another one's momentum
+                raise ValueError("gcomp.torch.hook: parameter %d (numbered in the order the hook "
+                                 "meets them) has shape %s, but its momentum velocity is for "
+                                 "shape %s: the loaded state dict is another model's"
+                                 % (num, tuple(p.shape), had))
             old = self._velocity.get(was[0]) if was is not None else None
             if old is not None and old.dtype == u.dtype and was[1] + n <= old.numel():
                 u[off:off + n].copy_(old[was[1]:was[1] + n].to(u.device))
@@ -377,6 +386,7 @@ class GcompHookState:
         off = 0
         for p, num in zip(params, ids):
             self._where[num] = (key, off)
+            self._shapes[num] = tuple(p.shape)
             off += p.numel()
         self._ids[key] = ids
         live = {w[0] for w in self._where.values()}
@@ -435,6 +445,7 @@ class GcompHookState:
             self._call(lambda: comm.load_residuals(residuals))  # all or nothing in C
         self.start_iter, self.iter, self._layout = start_iter, it, layout
         self._velocity, self._where, self._ids = velocity, where, ids
+        self._shapes = _layout_shapes(layout)
         self._pending = {}  # steps in flight (none between iterations) belong to the old state
         self._spare = {}
 
@@ -694,6 +705,17 @@ def _close_states():
     # order (a GCOMP_STATS_FILE they share then holds the last-created one's stats).
     for s in list(_live_states):
         s._stop(wait_s=10.0, close_comm=False)
+
+
+def _layout_shapes(layout):
+    """Parameter number -> shape, from the bucket layouts of a state dict (a version-3 layout
+    names its parameters; older ones give shapes only, and nothing is checked for them)."""
+    shapes = {}
+    for gens in layout.values():
+        for sig in gens:
+            if len(sig) == 4:
+                shapes.update(zip(sig[3], sig[2]))
+    return shapes
 
 
 def _is_group(process_group):

@@ -226,7 +226,8 @@ def momentum_layout_check():
     """Velocities follow their parameters when the buckets are rebuilt, and a resumed state
     gives each parameter its saved velocity in the initial layout that a resumed DDP runs
     first (before: that layout started from zero and the rebuilt one took its stale saved
-    velocity back); a version-2 state dict (layouts by shapes) still loads. Plain
+    velocity back); a state dict of another model (other shapes) is refused at the first
+    step; a version-2 state dict (layouts by shapes) still loads. Plain
     iterations (every rank holds the same values, so the average is the value)."""
     def reduce(state, index, params, value):
         n = sum(p.numel() for p in params)
@@ -250,6 +251,17 @@ def momentum_layout_check():
     assert torch.equal(got, torch.full((5,), 2.25)), got
     got = reduce(r, 0, [q2], 2.0)  # the rebuilt layout: q2's velocity moves with it again
     assert torch.equal(got, torch.full((2,), 3.125)), got
+    r.close()
+    # the same state dict loaded for another model (its parameters' shapes differ, numbered
+    # alike): refused at its first step, where it gave parameter 0 parameter 0's velocity
+    r = gcomp.torch.GcompHookState(codec="terngrad", start_iter=1 << 40, momentum=0.5)
+    r.load_state_dict(sd)
+    o1, o2 = torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(3))
+    try:
+        reduce(r, 0, [o1, o2], 1.0)
+        raise AssertionError("another model's velocities were taken")
+    except ValueError as e:
+        assert "has shape (2,), but its momentum velocity is for shape (3,)" in str(e), e
     r.close()
     # a version-2 state dict: layouts by shapes, velocities without their parameters
     s = gcomp.torch.GcompHookState(codec="terngrad", start_iter=1 << 40, momentum=0.5)
