@@ -48,6 +48,10 @@
 #define CKPT_FIXED 28u  /* magic .. spec_len */
 #define CKPT_RECORD 24u /* key, count, step */
 #define TMP_PATH_MAX 4096 /* the temporary file's path, beside the one saved to */
+/* User text in messages (a path, a file's spec bytes) is escaped and cut to at most this many
+ * characters of message, an escape counting the four it takes, so the reason after it always
+ * fits in gcomp_last_error() */
+#define QUOTE_CHARS 160
 
 static uint64_t fnv1a(const uint8_t *p, size_t n)
 {
@@ -249,10 +253,10 @@ static gcomp_result check_header(gcomp_comm *comm, const uint8_t *p, size_t byte
     if (spec_len > bytes - CKPT_FIXED - 16)
         return gcomp__fail(GCOMP_ERR_CORRUPT, "residual checkpoint: spec length %u runs past the end", spec_len);
     if (spec_len != strlen(spec) || memcmp(p + CKPT_FIXED, spec, spec_len) != 0) {
-        char q[4 * 200 + 8]; /* the file's bytes, escaped: it may hold anything */
+        char q[QUOTE_CHARS + 1]; /* the file's bytes, escaped: it may hold anything */
         return gcomp__fail(GCOMP_ERR_MISMATCH,
                            "residual checkpoint: saved with codec '%s', this communicator uses '%s'",
-                           gcomp__quote_bytes(q, sizeof q, (const char *)p + CKPT_FIXED, spec_len, 200), spec);
+                           gcomp__quote_bytes(q, sizeof q, (const char *)p + CKPT_FIXED, spec_len, QUOTE_CHARS), spec);
     }
     if ((int)rank != gcomp_comm_rank(comm) || (int)size != gcomp_comm_size(comm))
         return gcomp__fail(GCOMP_ERR_MISMATCH, "residual checkpoint: saved by rank %u of %u, this is rank %d of %d",
@@ -401,13 +405,11 @@ static gcomp_result save_to_memory(gcomp_comm *comm, void **out, size_t *bytes)
     return rc;
 }
 
-/* A file's failure: "what 'path': reason", the path as messages echo user text (escaped, cut
- * after QUOTE_PATH characters, so the reason after it always fits). */
-#define QUOTE_PATH 160
+/* A file's failure: "what 'path': reason", the path quoted as user text (QUOTE_CHARS). */
 static gcomp_result file_fail(gcomp_result rc, const char *what, const char *path, const char *reason)
 {
-    char q[4 * QUOTE_PATH + 8];
-    return gcomp__fail(rc, "%s '%s': %s", what, gcomp__quote(q, sizeof q, path, QUOTE_PATH), reason);
+    char q[QUOTE_CHARS + 1];
+    return gcomp__fail(rc, "%s '%s': %s", what, gcomp__quote(q, sizeof q, path, QUOTE_CHARS), reason);
 }
 
 /* Write beside, then rename: a crash mid-write never leaves a half file at path. */
@@ -417,7 +419,8 @@ static gcomp_result write_file(const char *path, const void *buf, size_t bytes)
     gcomp_result rc = GCOMP_SUCCESS;
     FILE *f = create_beside(path, tmp, sizeof tmp);
     int bad;
-    if (!f) return file_fail(GCOMP_ERR_INVALID_ARG, "cannot write", path, strerror(errno)); /* (its temporary file) */
+    if (!f) /* named by the caller's path: the temporary file's name is ours */
+        return file_fail(GCOMP_ERR_INVALID_ARG, "cannot write", path, strerror(errno));
     bad = fwrite(buf, 1, bytes, f) != bytes;
     bad |= fclose(f) != 0;
     if (bad || rename(tmp, path) != 0) {

@@ -315,9 +315,10 @@ static void test_refusals(void)
           "missing file accepted");
     {
         /* a path is user text: escaped and cut, so the reason after it stays (a 600-character
-         * path filled the whole message, and a newline or escape went into it raw) */
+         * path filled the whole message, a newline or escape went into it raw, and a cut by
+         * bytes, not by the escapes' length, still lost the reason) */
         char odd[700];
-        memset(odd, 'p', sizeof odd - 1);
+        memset(odd, 0xe9, sizeof odd - 1); /* non-ASCII: each byte's escape takes 4 characters */
         odd[sizeof odd - 1] = '\0';
         for (size_t k = 100; k < sizeof odd - 1; k += 100) odd[k] = '/'; /* no name over NAME_MAX */
         memcpy(odd, "/nonexistent-\n\x1b[31m/", 19);
