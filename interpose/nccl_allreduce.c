@@ -36,7 +36,8 @@
  * returns at its next poll with an error), so the wait is short, and gcomp's communicator is
  * then aborted, not finalised (no wait for peers that are gone); then NCCL's ncclCommAbort.
  * A communicator aborted while its gcomp communicator is being created gets NCCL's abort at
- * once (which ends an ncclCommSplit stuck on a dead peer), then the creation is waited for.
+ * once (which ends an ncclCommSplit stuck on a dead peer), then the creation is waited for;
+ * the call that was creating it returns ncclInvalidUsage without reaching NCCL.
  *
  * Devices. gcomp runs a call on the current CUDA device, NCCL on the communicator's: when
  * they differ, the communicator's device is made current for the compressed call and the
@@ -55,7 +56,8 @@
  * communicator as usual), GCOMP_DEBUG (any value but "0" or "NONE": one summary line per rank on
  * stderr at each ncclCommDestroy/ncclCommAbort of a communicator gcomp used),
  * GCOMP_STATS_FILE (the same as JSON, rewritten at each of those: every %r in the path becomes the
- * communicator's rank, else ".rank<N>" is appended).
+ * process's rank from its launcher, else the communicator's (process_rank); else ".rank<N>" is
+ * appended).
  *
  * A program linked with a static NCCL (some PyTorch builds) has no ncclAllReduce symbol to
  * replace: nothing is intercepted there (docs/INTERPOSE.md).
@@ -136,7 +138,7 @@ static struct {
     comm_fn *destroy, *abort;
     ip_comm *live;
     uint64_t compressed, passed[PASS_REASONS], no_ef_calls;
-    uint64_t failed; /* compressed calls that returned an error */
+    uint64_t failed; /* calls that returned an error: compressed ones, and ones aborted meanwhile */
     uint64_t comms_created, comms_destroyed;
     uint64_t raw_bytes, wire_bytes, baseline_bytes; /* of gcomp communicators already destroyed */
 } S = { .lock = PTHREAD_MUTEX_INITIALIZER, .idle = PTHREAD_COND_INITIALIZER };
@@ -191,13 +193,15 @@ static void summary_line(int rank, char *out, size_t cap)
 }
 
 /* The number that names this process's stats file: its rank in the job as the launcher gave
- * it (torchrun's RANK, Open MPI's, PMI's, Slurm's), else comm_rank, the rank in the
+ * it (Open MPI's, PMIx's, PMI's, Slurm's, torchrun's RANK), else comm_rank, the rank in the
  * communicator being destroyed. Not comm_rank first: in a communicator of a subset of the
  * ranks (world ranks {2, 3}), world rank 2 is rank 0 and would overwrite world rank 0's file,
  * which holds the same process-wide counts of another process. */
 static int process_rank(int comm_rank)
 {
-    static const char *const vars[] = { "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID" };
+    /* the launchers' own first; torchrun's generic RANK last (one left exported in a shell
+     * would give every process of an mpirun the same file) */
+    static const char *const vars[] = { "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID", "RANK" };
     for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
         const char *v = getenv(vars[i]);
         char *end;
@@ -481,7 +485,8 @@ static int gcomp_dtype_of(ncclDataType_t t, gcomp_dtype *out)
 }
 
 /* classify's answer for a call whose communicator ncclCommAbort ended while the call was
- * creating its gcomp side: NCCL's abort has freed comm, so the call must not reach NCCL. */
+ * creating its gcomp side (NCCL's abort has freed comm then) or has just begun to end (it
+ * will): either way the call must not reach NCCL. */
 #define CALL_ABORTED (-2)
 
 /* Which reason sends this call to NCCL, or -1 to compress it (*out set, in use), or
