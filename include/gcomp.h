@@ -167,8 +167,9 @@ GCOMP_API size_t gcomp_codec_max_encoded_bytes(const gcomp_codec *codec, size_t 
  * with a key advances that key's step, which keys the stochastic rounding (calls without
  * one advance the codec object's own step); a call that fails leaves the residual and the
  * step as they were (a failed first call of a key leaves no key).
- * If src holds NaN/Inf, or an fp16/bf16 cast overflows a finite value to +-Inf, the payload
- * decodes to a non-finite result and the residual is left untouched (stats: nonfinite_calls).
+ * If src (or src plus the key's residual) holds or overflows to NaN/Inf, or an fp16/bf16 cast
+ * overflows a finite value to +-Inf, the payload decodes to a non-finite result and the
+ * residual is left untouched (stats: nonfinite_calls).
  * count may be 0.
  * A dst_cap of gcomp_codec_max_encoded_bytes() always suffices (and is required with
  * error feedback on for codecs that update the residual in place, terngrad); a smaller
@@ -517,7 +518,8 @@ GCOMP_API gcomp_result gcomp_comm_config_get(const gcomp_comm *comm, gcomp_confi
  * or truncated blob (GCOMP_ERR_CORRUPT, checksummed; also a residual holding a NaN or Inf,
  * which no call commits, a record of 0 elements, which no save makes, and format version 0,
  * which none writes), a newer format version
- * (GCOMP_ERR_UNSUPPORTED; also flags it does not know), or memory for the new state
+ * (GCOMP_ERR_UNSUPPORTED, read before the checksum, whose place a newer format may move: so
+ * a damaged version field reads as one too; also flags it does not know), or memory for the new state
  * (GCOMP_ERR_NOMEM: the new state is built whole before it replaces the old one). Save and
  * load both refuse a communicator with error feedback off (GCOMP_ERR_INVALID_ARG): it has no
  * residuals. The _file variants write (through a temporary file renamed over path) and read a

@@ -87,7 +87,10 @@ void gcomp__error_restore(const char *saved) { snprintf(last_error, sizeof last_
 
 gcomp_result gcomp__fail_again(gcomp_result rc, const char *detail)
 {
-    if (rc != GCOMP_SUCCESS) gcomp__error_restore(detail);
+    if (rc != GCOMP_SUCCESS) {
+        failures++; /* a failure on this thread (a codec entry passing it on gave its detail) */
+        gcomp__error_restore(detail);
+    }
     return rc;
 }
 

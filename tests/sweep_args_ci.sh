@@ -133,7 +133,7 @@ for f in "${first[@]}"; do
 done
 if [ "$rc" -ne 0 ] || [ -n "$stale" ] || [ ! -e "$out/zw/mine.txt" ] || [ ! -e "$out/zw/points/mine.json" ] ||
   [ "$(tail -n +2 "$out/zw/results.csv" | wc -l)" -ne 1 ]; then
-  echo "FAIL: re-used --out: exit $rc, left from the first run:${stale:- nothing}; mine.txt kept:" \
+  echo "FAIL: re-used --out (with --cmd, --epochs 0 --evals-per-epoch 0 taken): exit $rc, left from the first run:${stale:- nothing}; mine.txt kept:" \
     "$([ -e "$out/zw/mine.txt" ] && [ -e "$out/zw/points/mine.json" ] && echo yes || echo no)"
   tail -5 "$out/stderr"
   fails=$((fails + 1))
