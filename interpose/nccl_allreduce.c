@@ -339,8 +339,9 @@ static ip_comm *no_state_slot(void)
 
 /* comm's state with one more user (release() it), its gcomp communicator created at comm's
  * first compressible call. A rank without memory for the state still joins the creation and
- * the check, which the other ranks wait in, and there makes every rank pass comm through. */
-static ip_comm *acquire(ncclComm_t comm)
+ * the check, which the other ranks wait in, and there makes every rank pass comm through.
+ * *aborted: ncclCommAbort has begun to end comm (read under the lock taken here anyway). */
+static ip_comm *acquire(ncclComm_t comm, int *aborted)
 {
     ip_comm *c;
     pthread_mutex_lock(&S.lock);
@@ -351,6 +352,7 @@ static ip_comm *acquire(ncclComm_t comm)
     }
     if (c) {
         c->users++;
+        *aborted = c->aborting;
         pthread_mutex_unlock(&S.lock);
         return c;
     }
@@ -373,6 +375,7 @@ static ip_comm *acquire(ncclComm_t comm)
     pthread_mutex_lock(&S.lock);
     c->creating = 0;
     if (c->g) S.comms_created++;
+    *aborted = c->aborting;
     pthread_cond_broadcast(&S.idle);
     pthread_mutex_unlock(&S.lock);
     return c;
@@ -509,10 +512,7 @@ static int classify(size_t count, ncclDataType_t type, ncclRedOp_t op, ncclComm_
     if (op != ncclSum && op != ncclAvg) return PASS_OP;
     if (ncclCommCount(comm, &size) != ncclSuccess || (size < 2 && !S.one_rank)) return PASS_COMM;
     if (count == 0) return PASS_SMALL;
-    c = acquire(comm);
-    pthread_mutex_lock(&S.lock);
-    aborted = c->aborting; /* during the creation (comm_gone ran NCCL's abort then) */
-    pthread_mutex_unlock(&S.lock);
+    c = acquire(comm, &aborted);
     why = aborted                                                  ? CALL_ABORTED
           : !c->g                                                  ? PASS_COMM
           : (int64_t)(count * gcomp_dtype_size(dt)) < c->min_bytes ? PASS_SMALL

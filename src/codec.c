@@ -93,6 +93,13 @@ void gcomp_codec_destroy(gcomp_codec *c)
 
 const char *gcomp_codec_spec(const gcomp_codec *c) { return c ? c->chain.canonical : ""; }
 
+/* fn's refusal of a count no codec sees (GCOMP_MAX_COUNT). */
+static gcomp_result past_max_count(const char *fn, size_t count)
+{
+    return gcomp__fail(GCOMP_ERR_INVALID_ARG, "%s: count %zu is more than GCOMP_MAX_COUNT (%zu)", fn, count,
+                       (size_t)GCOMP_MAX_COUNT);
+}
+
 size_t gcomp_codec_kept(const gcomp_codec *c, size_t count)
 {
     const gcomp__stage *el;
@@ -101,8 +108,7 @@ size_t gcomp_codec_kept(const gcomp_codec *c, size_t count)
         return 0;
     }
     if (count > GCOMP_MAX_COUNT) { /* as gcomp_codec_max_encoded_bytes: no codec sees such counts */
-        gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_codec_kept: count %zu is more than GCOMP_MAX_COUNT (%zu)", count,
-                    (size_t)GCOMP_MAX_COUNT);
+        past_max_count("gcomp_codec_kept", count);
         return 0;
     }
     el = &c->chain.stages[0];
@@ -183,8 +189,7 @@ static gcomp_result check_layout(const char *fn, const char *in_name, const void
     /* element buffers (align > 1; payloads are bytes): a count past the limit is that,
      * not an overlap of a buffer said to reach past the end of memory */
     if ((in_align > 1 && in_elems > GCOMP_MAX_COUNT) || (out_align > 1 && out_elems > GCOMP_MAX_COUNT))
-        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "%s: count %zu is more than GCOMP_MAX_COUNT (%zu)", fn,
-                           in_align > 1 ? in_elems : out_elems, (size_t)GCOMP_MAX_COUNT);
+        return past_max_count(fn, in_align > 1 ? in_elems : out_elems);
     if (in && out && ranges_overlap(in, in_bytes, out, out_bytes))
         return gcomp__fail(GCOMP_ERR_INVALID_ARG, "%s: %s (%p, %zu bytes) overlaps %s (%p, %zu bytes)", fn, out_name,
                            out, out_bytes, in_name, in, in_bytes);
@@ -522,9 +527,7 @@ gcomp_result gcomp_codec_residual_set(gcomp_codec *c, uint64_t key, const float 
     int src_on_device;
     if (!c || (count && !src)) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_codec_residual_set: NULL argument");
     if (count > GCOMP_MAX_COUNT) /* no encode makes such a key; src would be read before the refusal */
-        return gcomp__fail(GCOMP_ERR_INVALID_ARG,
-                           "gcomp_codec_residual_set: count %zu is more than GCOMP_MAX_COUNT (%zu)", count,
-                           (size_t)GCOMP_MAX_COUNT);
+        return past_max_count("gcomp_codec_residual_set", count);
     GCOMP_CHECK(check_ef_on(c, "gcomp_codec_residual_set"));
     if (key == GCOMP_KEY_NONE)
         return gcomp__fail(GCOMP_ERR_INVALID_ARG,

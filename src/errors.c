@@ -65,14 +65,18 @@ void gcomp__codec_entry_begin(void)
     entry_depth++;
 }
 
+gcomp_result gcomp__codec_not_a_result(const char *codec, const char *entry, gcomp_result rc)
+{
+    return gcomp__fail(GCOMP_ERR_INTERNAL, "codec '%s': %s returned %d, which is not a gcomp_result", codec, entry,
+                       (int)rc);
+}
+
 gcomp_result gcomp__codec_entry_rc(const char *codec, const char *entry, gcomp_result rc)
 {
     int depth = entry_depth > 0 ? --entry_depth : 0; /* pairs with the entry's begin */
     int detailed = depth >= ENTRY_DEPTH || failures != entry_mark[depth];
     if (rc == GCOMP_SUCCESS) return rc;
-    if (!gcomp__result_known(rc))
-        return gcomp__fail(GCOMP_ERR_INTERNAL, "codec '%s': %s returned %d, which is not a gcomp_result", codec, entry,
-                           (int)rc);
+    if (!gcomp__result_known(rc)) return gcomp__codec_not_a_result(codec, entry, rc);
     if (!detailed)
         return gcomp__fail(rc, "codec '%s': %s returned %s (the codec gave no detail)", codec, entry,
                            gcomp_result_name(rc));

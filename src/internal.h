@@ -27,6 +27,8 @@ int gcomp__result_known(gcomp_result rc);
  * gcomp_last_error() at an older, unrelated failure. */
 void gcomp__codec_entry_begin(void);
 gcomp_result gcomp__codec_entry_rc(const char *codec, const char *entry, gcomp_result rc);
+/* GCOMP_ERR_INTERNAL for a codec entry that returned rc, a value outside gcomp_result. */
+gcomp_result gcomp__codec_not_a_result(const char *codec, const char *entry, gcomp_result rc);
 /* Put back a detail saved from gcomp_last_error() (a call that succeeds leaves it as it was). */
 void gcomp__error_restore(const char *saved);
 /* A failure already recorded (and logged under GCOMP_DEBUG) on some thread, passed on as this

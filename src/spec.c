@@ -280,9 +280,7 @@ static gcomp_result check_params(const char *spec, const gcomp_codec_vtable *vt,
         gcomp__error_restore(saved);
         return GCOMP_SUCCESS;
     }
-    if (!gcomp__result_known(rc)) /* as for every entry (gcomp_codec.h) */
-        return gcomp__fail(GCOMP_ERR_INTERNAL, "codec '%s': check_params returned %d, which is not a gcomp_result",
-                           vt->name, (int)rc);
+    if (!gcomp__result_known(rc)) return gcomp__codec_not_a_result(vt->name, "check_params", rc); /* as every entry */
     /* a reason given through gcomp_codec_fail is escaped already (errors.c); one written into
      * msg is escaped here. Either is cut at 200 characters, an escape whole or not at all */
     if (msg[0]) {
