@@ -23,7 +23,8 @@ How it works
     That thread calls MPI, so it needs MPI_THREAD_MULTIPLE (mpi4py's default); with a lower
     thread level the calls run on DDP's own thread when it hands over each bucket, without
     overlap. The gcomp communicator must hold DDP's processes in DDP's rank order (checked
-    when the state is built: ValueError).
+    when the state is built: ValueError; built before init_process_group, at the hook's first
+    call).
   - Later CUDA buckets are reduced on the caller's thread, on the caller's current stream (the
     stream the autograd engine computed the bucket's gradients on), with no worker thread:
     gcomp orders its device work on that stream after the gradients and before whatever is
@@ -239,6 +240,9 @@ class GcompHookState:
         except Exception:
             self.comm.close()
             raise
+        # Built before init_process_group: DDP's ranks are not known yet. The hook's first
+        # call checks them (every rank's first call is its first bucket, so all take part).
+        self._order_unchecked = not _ddp_initialized()
         self._closed = False
         _live_states.add(self)
         if self.comm.device is None and _mpi_thread_multiple():  # CPU buckets (MPI): the worker
@@ -861,7 +865,7 @@ def _check_same_group(comm, process_group, settings):
     the same verdict (an allgather over the mpi4py communicator comm was built over; for an
     NCCL communicator built from the process group itself, over that group), so no rank goes
     on to wait for others that raised."""
-    ddp = dist.is_available() and dist.is_initialized()
+    ddp = _ddp_initialized()
     size, rank = (dist.get_world_size(process_group), dist.get_rank(process_group)) if ddp else (0, 0)
     mine = (size, rank, sorted(settings.items()))
     if comm._mpi_comm is not None:
@@ -875,9 +879,12 @@ def _check_same_group(comm, process_group, settings):
                          "build its state with the same settings"
                          % (", ".join(differ), "; ".join("rank %d: %s" % (i, ", ".join(
                              "%s=%r" % (k, dict(s[2])[k]) for k in differ)) for i, s in enumerate(seen))))
-    if not ddp:
-        return
-    seen = [s[:2] for s in seen]
+    if ddp:
+        _check_rank_order(comm, size, rank, [s[:2] for s in seen])
+
+
+def _check_rank_order(comm, size, rank, seen):
+    """seen: every rank's (process group size, rank in it), in comm's rank order."""
     if seen != [(size, r) for r in range(size)]:
         raise ValueError(
             "gcomp.torch.GcompHookState: the gcomp communicator has %d ranks and this process "
@@ -888,6 +895,19 @@ def _check_same_group(comm, process_group, settings):
             % (comm.size, comm.rank, size, rank, [r for _, r in seen]))
 
 
+def _ddp_initialized():
+    return dist.is_available() and dist.is_initialized()
+
+
+def _check_order_late(state):
+    """The rank-order check of a state built before init_process_group (over MPI: an NCCL
+    state needs the group to exist). Until it passes, every call repeats it."""
+    if state.comm._mpi_comm is not None:
+        size, rank = dist.get_world_size(state.process_group), dist.get_rank(state.process_group)
+        _check_rank_order(state.comm, size, rank, state.comm._mpi_comm.allgather((size, rank)))
+    state._order_unchecked = False
+
+
 def hook(state, bucket):
     """DDP communication hook: average the bucket over ranks with gcomp; returns a
     torch.futures.Future holding the averaged bucket tensor."""
@@ -896,6 +916,8 @@ def hook(state, bucket):
                         "(model.register_comm_hook(GcompHookState(...), hook))"
                         % type(state).__name__)
     state._open()  # the plain iterations too, not only once compression starts
+    if state._order_unchecked:
+        _check_order_late(state)
     tensor = bucket.buffer()
     # refused from the first step, not only once compression starts (start_iter)
     if tensor.layout != torch.strided:

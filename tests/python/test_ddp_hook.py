@@ -617,6 +617,44 @@ def group_mismatch_check(rank, size):
     log("hook: a gcomp communicator of other processes or another rank order than DDP's -> ValueError")
 
 
+def states_before_init(rank, size):
+    """Hook states built before init_process_group, when DDP's ranks are not known yet: one
+    over the reversed rank order, one over COMM_WORLD (DDP's order)."""
+    reversed_order = WORLD.Split(0, size - 1 - rank)
+    return (gcomp.torch.GcompHookState(codec="terngrad", comm=reversed_order, start_iter=1),
+            gcomp.torch.GcompHookState(codec="terngrad", start_iter=1), reversed_order)
+
+
+def late_group_check(states, rank):
+    """A state built before init_process_group is checked at the hook's first call, on every
+    rank (before: never, so the replicas drifted apart silently). Until it passes every call
+    repeats the check; a state in DDP's order trains."""
+    wrong, right, reversed_order = states
+    for _ in range(2):
+        ddp = DDP(torch.nn.Linear(16, 16))
+        ddp.register_comm_hook(wrong, gcomp.torch.hook)
+        try:
+            ddp(torch.randn(4, 16)).sum().backward()
+        except (RuntimeError, ValueError) as e:
+            assert "same processes in the same order" in str(e), str(e)
+        else:
+            raise AssertionError("a hook state built before init_process_group over the reversed "
+                                 "rank order was accepted")
+    ddp = DDP(torch.nn.Linear(16, 16))
+    ddp.register_comm_hook(right, gcomp.torch.hook)
+    torch.manual_seed(rank)
+    for _ in range(3):  # plain, then compressed
+        ddp.zero_grad()
+        ddp(torch.randn(4, 16)).sum().backward()
+    assert right.stats()["compressed_calls"] >= 1, right.stats()
+    grads = WORLD.allgather(torch.cat([p.grad.flatten() for p in ddp.parameters()]).numpy().tobytes())
+    assert len(set(grads)) == 1, "a state built before init_process_group: gradients differ across ranks"
+    wrong.close()
+    right.close()
+    reversed_order.Free()
+    log("hook: a state built before init_process_group is checked at its first call")
+
+
 def closed_plain_check():
     """A closed state is refused in the plain iterations too (start_iter not reached), not only
     once compression starts."""
@@ -646,6 +684,7 @@ def closed_plain_check():
 
 
 def main():
+    early = states_before_init(WORLD.rank, WORLD.size) if "--group-only" in sys.argv else None
     rank, size = init_dist(WORLD)
     if "--timeout-only" in sys.argv:  # ctest python_ddp_hook_timeout_detail: wrapped groups
         timeout_check()
@@ -654,6 +693,7 @@ def main():
         return
     if "--group-only" in sys.argv:  # ctest python_ddp_hook_group_np3: a rank keeps its number
         group_mismatch_check(rank, size)
+        late_group_check(early, rank)
         dist.destroy_process_group()
         log("test_ddp_hook --group-only: OK")
         return
