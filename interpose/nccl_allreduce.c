@@ -192,7 +192,7 @@ static void summary_line(int rank, char *out, size_t cap)
              (int64_t)(S.baseline_bytes - S.wire_bytes));
 }
 
-/* The number that names this process's stats file: its rank in the job as the launcher gave
+/* The number that names this process's stats file and summary line: its rank in the job as the launcher gave
  * it (Open MPI's, PMIx's, PMI's, Slurm's, torchrun's RANK), else comm_rank, the rank in the
  * communicator being destroyed. Not comm_rank first: in a communicator of a subset of the
  * ranks (world ranks {2, 3}), world rank 2 is rank 0 and would overwrite world rank 0's file,
@@ -420,7 +420,7 @@ static ncclResult_t comm_gone(ncclComm_t comm, comm_fn *real, int is_abort)
         inside_gcomp--;
         ip_bump(&S.comms_destroyed);
         if (S.debug) {
-            summary_line(c->rank, line, sizeof line);
+            summary_line(process_rank(c->rank), line, sizeof line); /* process-wide counts: as the file */
             fprintf(stderr, "%s\n", line);
         }
         if (S.stats_file && *S.stats_file) write_stats_file(c->rank);

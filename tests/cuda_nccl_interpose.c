@@ -311,6 +311,11 @@ static long long json_count(const char *json, const char *key)
     return p ? strtoll(p + strlen(pat), NULL, 10) : -1;
 }
 
+/* The variables libgcomp_nccl.so names its stats file by (interpose/nccl_allreduce.c,
+ * process_rank), cleared in main. */
+static const char *const launcher_rank_vars[] = { "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID",
+                                                  "RANK" };
+
 /* The interposer's GCOMP_STATS_FILE for rank 0 into path; 0 when the variable is not set. */
 static int stats_path(char *path, size_t cap)
 {
@@ -469,6 +474,11 @@ int main(int argc, char **argv)
         return 77;
     }
     off = !strcmp(codec, "off");
+    /* One process, rank 0 of its one communicator: the interposer names its stats file by the
+     * launcher's rank before the communicator's, so a launcher around the test (mpirun, srun,
+     * torchrun's RANK left exported) would otherwise put it under another number. */
+    for (size_t i = 0; i < sizeof launcher_rank_vars / sizeof launcher_rank_vars[0]; i++)
+        unsetenv(launcher_rank_vars[i]);
     if (no_state) {
         /* read at the interposer's first call; a stats file would only come from a gcomp
          * communicator that was used */
