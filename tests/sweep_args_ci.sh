@@ -4,9 +4,10 @@
 # leaves in --out only the files of its last run. The figures come from a stand-in --cmd
 # trainer (a shell script), so no case trains; the whole script takes a few seconds.
 set -uo pipefail
-root=$1; trainer=$2
+root=$(realpath "$1"); trainer=$(realpath "$2")
 out=$(mktemp -d); trap 'rm -rf "$out"' EXIT
-sweep=(/usr/bin/python3 "$root/bench/sweep" --trainer "$trainer" --epochs 0.02)
+cd "$out" || exit 1 # what a regression writes into the current directory (--out "") stays here
+sweep=(/usr/bin/python3 "$root/bench/sweep" --trainer "$trainer")
 fails=0
 
 # expect_usage TEXT ARGS...: bench/sweep ARGS exits 2 and its stderr contains TEXT, no traceback.
@@ -60,6 +61,15 @@ expect_usage "'{mpirun} mpirun.openmpi ...' would start a launcher" --ranks 2 --
 # a setting twice would run twice and be averaged as if seeds
 expect_usage "--codec values must be distinct" --ranks 2 --codec none --codec none --out "$out/e"
 expect_usage "--ef values must be distinct" --ranks 2 --codec none --ef 1,1 --out "$out/e"
+# a flag given twice is refused, not settled by the last one
+expect_usage "--ef is given twice (give one comma list, e.g. --ef 0,1)" --ranks 2 --codec none --epochs 0.02 --ef 0 --ef 1 --out "$out/e"
+expect_usage "--epochs is given twice" --ranks 2 --codec none --epochs 0.02 --epochs 0.05 --out "$out/e"
+expect_usage "--out is given twice" --ranks 2 --codec none --epochs 0.02 --out "$out/e" --out "$out/f"
+# an empty --out was the current directory, whose results.* the sweep then replaced
+expect_usage "--out is empty" --ranks 2 --codec none --epochs 0.02 --out ""
+# an output name taken by a directory was found only after every point had run (a traceback)
+mkdir -p "$out/inway/results.md"
+expect_usage "inway/results.md is in the way of the sweep's output of that name" --ranks 2 --codec none --epochs 0.02 --out "$out/inway"
 # the sweep's own settings after --: the trainer would get them twice (and refuse them at every point)
 expect_usage "--epochs after -- would override" --ranks 2 --codec none --out "$out/e" -- --epochs 0.2
 expect_usage "--model, --seed after -- would override" --ranks 2 --codec none --out "$out/e" -- --seed=3 --model cnn
@@ -141,30 +151,55 @@ else
   echo "ok: re-used --out: the first run's outputs removed, other files kept"
 fi
 
-# TERM to the sweep stops the point in progress too (before: its mpirun and ranks ran on).
+# A backquote in the plot's title is text: gnuplot runs `...` in a command line, strings too.
+if command -v gnuplot >/dev/null; then
+  rc=0
+  timeout 120 "${sweep[@]}" --ranks 2 --codec fp16 --out "$out/bq" --cmd "$cmd" \
+    --title "net \`touch $out/bq_ran\` \`" >"$out/stdout" 2>"$out/stderr" || rc=$?
+  if [ "$rc" -ne 0 ] || [ -e "$out/bq_ran" ] || ! grep -qF 'set title "net \140touch' "$out/bq/accuracy_vs_bytes.png.gp"; then
+    echo "FAIL: a backquoted --title: exit $rc, its command ran: $([ -e "$out/bq_ran" ] && echo yes || echo no)"
+    grep 'set title' "$out/bq/accuracy_vs_bytes.png.gp" 2>/dev/null
+    fails=$((fails + 1))
+  else
+    echo "ok: a backquoted --title is text: $(grep 'set title' "$out/bq/accuracy_vs_bytes.png.gp")"
+  fi
+fi
+
+# TERM or Ctrl-C to the sweep stops the point in progress too (before: its mpirun and ranks ran
+# on; Ctrl-C printed a traceback), and the points that ran are written with a STOPPED note.
 cat >"$out/slow.sh" <<'SH'
 #!/bin/sh
-echo $$ >"$1"
+[ "$1" = none ] && exec sh "$3" "$1" "$2"
+echo $$ >"$4"
 exec sleep 60
 SH
-timeout 120 "${sweep[@]}" --ranks 2 --codec none --out "$out/term" --cmd "sh $out/slow.sh $out/term.pid" \
-  >"$out/stdout" 2>"$out/stderr" &
-spid=$!
-for _ in $(seq 50); do [ -s "$out/term.pid" ] && break; sleep 0.2; done
-kill -TERM "$spid"
-rc=0
-wait "$spid" || rc=$?
-sleep 1
 # alive: a state other than Z (a killed child of the point's shell may wait a moment to be reaped)
 alive() { case "$(ps -o stat= -p "$1" 2>/dev/null)" in "" | Z*) return 1 ;; esac; }
-if [ ! -s "$out/term.pid" ] || alive "$(cat "$out/term.pid")" || [ "$rc" -ne 143 ]; then
-  echo "FAIL: TERM to the sweep: exit $rc, the point's process $(cat "$out/term.pid" 2>/dev/null) still running:" \
-    "$(alive "$(cat "$out/term.pid" 2>/dev/null)" && echo yes || echo no)"
-  kill "$(cat "$out/term.pid" 2>/dev/null)" 2>/dev/null
-  fails=$((fails + 1))
-else
-  echo "ok: TERM to the sweep: exit 143, the point's process stopped"
-fi
+for sig in TERM INT; do
+  want=$([ $sig = TERM ] && echo 143 || echo 130)
+  rm -f "$out/term.pid"
+  # a background job's SIGINT is ignored; the sweep gets the default, as from a terminal
+  timeout 120 /usr/bin/python3 -c 'import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])' \
+    "${sweep[@]}" --ranks 2 --codec none --codec fp16 --out "$out/term" \
+    --cmd "sh $out/slow.sh {codec} {ranks} $out/fake.sh $out/term.pid" >"$out/stdout" 2>"$out/stderr" &
+  spid=$!
+  for _ in $(seq 50); do [ -s "$out/term.pid" ] && break; sleep 0.2; done
+  kill -$sig "$spid"
+  rc=0
+  wait "$spid" || rc=$?
+  sleep 1
+  if [ ! -s "$out/term.pid" ] || alive "$(cat "$out/term.pid")" || [ "$rc" -ne "$want" ] ||
+    grep -q Traceback "$out/stderr" || [ "$(tail -n +2 "$out/term/results.csv" 2>/dev/null | wc -l)" -ne 1 ] ||
+    ! grep -q "^STOPPED: .* after 1 of its 2 points" "$out/term/results.md"; then
+    echo "FAIL: $sig to the sweep: exit $rc (want $want), the point's process $(cat "$out/term.pid" 2>/dev/null)" \
+      "still running: $(alive "$(cat "$out/term.pid" 2>/dev/null)" && echo yes || echo no)"
+    tail -5 "$out/stderr"
+    kill "$(cat "$out/term.pid" 2>/dev/null)" 2>/dev/null
+    fails=$((fails + 1))
+  else
+    echo "ok: $sig to the sweep: exit $rc, the point's process stopped, the finished point written"
+  fi
+done
 
 [ "$fails" -eq 0 ] || { echo "sweep_args_ci: $fails failed"; exit 1; }
 echo "sweep_args_ci: ok"
