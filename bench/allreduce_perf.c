@@ -140,7 +140,7 @@ static void usage(FILE *f, const char *prog)
             "reports them like nccl-tests' all_reduce_perf (out-of-place only).\n"
             "\n"
             "  -b, --minbytes SIZE     smallest size (default 64M, or -e if that is smaller);\n"
-            "                          K, M, G are powers of 1024\n"
+            "                          K, M, G are powers of 1024; sizes are whole elements of -d\n"
             "  -e, --maxbytes SIZE     largest size (default 64M, or -b if that is larger)\n"
             "  -f, --stepfactor N      multiply the size by N (integer >= 2) between rows (default 2)\n"
             "  -n, --iters N           timed calls per measurement (default 20)\n"
@@ -310,6 +310,14 @@ static int check_sizes(struct options *o, int min_set, int max_set)
         if (o->talk) fprintf(stderr, "allreduce_perf: sizes must hold 1 to INT_MAX elements of %zu bytes\n", esize);
         return 2;
     }
+    /* a row of whole elements only: -b 6 of float would run 4 bytes under a header saying 6
+     * (the -f steps of a multiple stay multiples) */
+    if (o->min_bytes % esize || o->max_bytes % esize) {
+        if (o->talk)
+            fprintf(stderr, "allreduce_perf: -b %zu and -e %zu must be multiples of the element size (%zu bytes)\n",
+                    o->min_bytes, o->max_bytes, esize);
+        return 2;
+    }
     return 0;
 }
 
@@ -339,8 +347,9 @@ static int parse_args(int argc, char **argv, struct options *o)
     opterr = o->talk;
     while ((c = getopt_long(argc, argv, "b:e:f:n:w:c:o:d:J:vh", longopts, NULL)) != -1) {
         if (c == 'h') {
-            if (o->talk) usage(stdout, argv[0]);
-            return 0;
+            if (!o->talk) return 0;
+            usage(stdout, argv[0]);
+            return bench_finish_output(stdout, "allreduce_perf", "standard output"); /* 1: the help was lost */
         }
         if (c == '?') return 2;
         min_set |= c == 'b';
@@ -1117,7 +1126,7 @@ static int open_json(struct bench *b)
         }
     }
     MPI_Bcast(&ok, 1, MPI_INT, 0, MPI_COMM_WORLD);
-    return ok ? 0 : 2;
+    return ok ? 0 : 1; /* output that could not be written, as the help says */
 }
 
 static int setup(struct bench *b)

@@ -303,7 +303,7 @@ static int parse_args(int argc, char **argv, struct config *cfg)
     while ((c = getopt_long(argc, argv, "b:e:f:s:n:w:h", longopts, NULL)) != -1) {
         if (c == 'h') {
             usage(stdout, prog);
-            return 0;
+            return bench_finish_output(stdout, prog, "standard output"); /* 1: the help was lost */
         }
         if (c == '?') {
             fprintf(stderr, "%s: see --help\n", prog);
@@ -815,7 +815,7 @@ int main(int argc, char **argv)
     FILE *json_out = NULL;
     if (cfg.json_out && !(json_out = fopen(cfg.json_out, "w"))) {
         fprintf(stderr, "%s: --json-out %s: %s\n", argv[0], cfg.json_out, strerror(errno));
-        return 2;
+        return 1; /* output that could not be written, as the help says */
     }
 #ifdef GCOMP_BENCH_CUDA
     if (cfg.device == DEVICE_CUDA) {

@@ -50,6 +50,19 @@ if [ -w /dev/full ]; then
     expect 1 "cannot write standard output" bash -c '"$0" -s 64K -n 1 -w 0 --json none >/dev/full' "$codec_perf"
     expect 1 "allreduce_perf: cannot write /dev/full" "$mpiexec" -np 2 "$perf" -e 64K -n 1 -w 0 --codec none -J /dev/full
 fi
+# an output file that cannot be opened is output not written: 1, as the help says (was 2)
+expect 1 "--json-out /nonexistent/x.json: No such file" "$codec_perf" -s 64K -n 1 -w 0 --json-out /nonexistent/x.json none
+expect 1 "allreduce_perf: cannot write /nonexistent/x: No such file" "$mpiexec" -np 2 "$perf" -e 64K -n 1 -w 0 --codec none -J /nonexistent/x
+# the help itself lost (was: exit 0, silent)
+if [ -w /dev/full ]; then
+    expect 1 "codec_perf: cannot write standard output" bash -c '"$0" -h >/dev/full' "$codec_perf"
+    expect 1 "allreduce_perf: cannot write standard output" bash -c '"$0" -h >/dev/full' "$perf"
+fi
+# sizes of whole elements only (was: -b 6 -e 100 -f 3 ran rows of 4, 16 and 52 bytes under a
+# header saying 6 and 100)
+expect 2 "-b 6 and -e 100 must be multiples of the element size (4 bytes)" "$mpiexec" -np 2 "$perf" -b 6 -e 100 -f 3 --codec none
+expect 2 "-b 3 and -e 3 must be multiples of the element size (2 bytes)" "$mpiexec" -np 2 "$perf" -d half -b 3 -e 3 --codec none
+expect 0 "           6             3      half" "$mpiexec" -np 2 "$perf" -d half -b 6 -e 6 -n 1 -w 0 --codec none
 # a scale that takes the data beyond float (was accepted: +-inf data, rel_err nan)
 expect 2 "bad value '3e+38' for --scale" "$codec_perf" -s 64K -n 1 -w 0 --scale 3e38 none
 expect 0 "none" "$codec_perf" -s 64K -n 1 -w 0 --scale 1e37 none
