@@ -176,7 +176,8 @@ static void usage(FILE *f, const char *prog)
             "            differs in any bit from rank 0's. The check uses the FIRST call of a fresh\n"
             "            communicator (zero residual) and regenerates every rank's input:\n"
             "              none, fp16, bf16 (and any codec below --min-bytes): within a bound of the\n"
-            "                exact sum, S = sum_r |x_r|: 1e-5 S, (n+1)(1e-3 S + 2^-24), (n+1) 8e-3 S;\n"
+            "                exact sum, S = sum_r |x_r|: 1e-5 S, (n+1)(1e-3 S + 2^-24),\n"
+            "                (n+1)(8e-3 S + 2^-133);\n"
             "              top-k: the sum of each rank's k largest |x| (ties: lower index);\n"
             "              terngrad: the shared scale times an integer that each rank's sign allows,\n"
             "                and no drift from the expected sum beyond a Hoeffding bound (false alarm\n"
@@ -498,12 +499,13 @@ static struct bound make_bound(const char *spec, int n, gcomp_op op, gcomp_dtype
         b.s_abs = (n + 1) * 1e-3;
         b.abs = (n + 1) * 0x1p-24;
     } else {
-        b.s_abs = (n + 1) * 8e-3; /* bf16 */
+        b.s_abs = (n + 1) * 8e-3; /* bf16: its subnormals are 2^-133 apart */
+        b.abs = (n + 1) * 0x1p-133;
     }
     if (dtype == GCOMP_F16)
         b.out_u = 0x1p-11, b.out_abs = 0x1p-25;
     else if (dtype == GCOMP_BF16)
-        b.out_u = 0x1p-8;
+        b.out_u = 0x1p-8, b.out_abs = 0x1p-134;
     b.div = op == GCOMP_AVG ? n : 1;
     return b;
 }

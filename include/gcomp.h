@@ -401,12 +401,16 @@ typedef struct gcomp_comm_stats {
  * or bf16 buffers; narrowed to f16 buffers it is +-inf, counted as non-finite). At more
  * ranks a partial sum past 65504 becomes +-inf when re-encoded to fp16 (a non-finite call on
  * every rank): the fp16 bounds below hold while every partial sum stays within fp16's range,
- * which bf16 (and fp32 for none) make no concern. (top-k's dense fallback, GCOMP_SCHED_SPARSE_AS_DENSE, sums in fp32 and
+ * under GCOMP_AVG too, whose inputs are each scaled by 1/N and rounded to fp16 before the sum,
+ * so an average within one rounding of 65504 can still sum past it (65504 on every rank: +inf
+ * at 3 and 5 ranks, where each scaled input rounds up),
+ * which bf16 (and fp32 for none) make no concern. The
+ * bound's absolute terms (2^-24, 2^-133) are the spacing of fp16's and bf16's subnormals. (top-k's dense fallback, GCOMP_SCHED_SPARSE_AS_DENSE, sums in fp32 and
  * re-encodes nothing.)
  * Accuracy of a call whose key holds a zero residual (its first; later calls also return what
  * earlier ones dropped), per element, with S = sum over ranks of |x_r| of that element and
  * M = the largest |x| of any element on any rank: |result - exact sum| <= 1e-5 S (none),
- * (N+1) (1e-3 S + 2^-24) (fp16), (N+1) 8e-3 S (bf16), 1.00001 (N M + S) (terngrad),
+ * (N+1) (1e-3 S + 2^-24) (fp16), (N+1) (8e-3 S + 2^-133) (bf16), 1.00001 (N M + S) (terngrad),
  * 1.00001 S + N 2^-24 (top-k: values=fp16 may store a kept value as a subnormal); a byte stage
  * (+zstd) adds nothing. GCOMP_AVG: the exact average and the bound are both divided by N; the
  * dense ring, recursive doubling and the bypass scale each input by 1/N before the sum (as
@@ -414,8 +418,8 @@ typedef struct gcomp_comm_stats {
  * integer ring (terngrad), the sparse gather and its dense fallback (top-k) divide the sum,
  * so where the fp32 sum of N finite inputs overflows their AVG is +-inf there (a non-finite
  * call) although the exact average is finite. A
- * GCOMP_F16 or GCOMP_BF16 result adds its own rounding: u (S' + B) + 2^-25 (f16) or u (S' + B)
- * (bf16), u = 2^-11 (f16) or 2^-8 (bf16), B the bound above, S' = S (SUM) or S / N (AVG).
+ * GCOMP_F16 or GCOMP_BF16 result adds its own rounding: u (S' + B) + 2^-25 (f16) or u (S' + B) +
+ * 2^-134 (bf16), u = 2^-11 (f16) or 2^-8 (bf16), B the bound above, S' = S (SUM) or S / N (AVG).
  * bench/allreduce_perf -c 1 checks every element of host buffers against these (ctest
  * allreduce_bounds_np3 and _np5: every codec, SUM and AVG, f32, f16 and bf16; device buffers
  * are not checked by them).

@@ -137,6 +137,33 @@ static void test_edge_values(void)
         ok = gcomp_allreduce(c, x, y, N, GCOMP_F32, GCOMP_AVG, 4, NULL) == GCOMP_SUCCESS;
         for (int i = 0; i < N; i++) ok &= fabsf(y[i] - 60000.0f) <= 64.0f;
         CHECK(all_ranks(ok), "fp16: AVG of 60000 is not 60000 (+-1 ulp)");
+        /* ... but each scaled input is rounded to fp16 before the sum: 65504 / N rounds up at
+         * 3 ranks (21840) and 5 (13104), and N of them sum to 65520, which rounds to +inf;
+         * at 2 and 4 ranks 65504 / N is exact (documented in gcomp.h and RELIABILITY.md) */
+        {
+            const int rounds_up = size == 3 || size == 5;
+            uint64_t before = st.nonfinite_calls;
+            for (int i = 0; i < N; i++) x[i] = 65504.0f;
+            ok = gcomp_allreduce(c, x, y, N, GCOMP_F32, GCOMP_AVG, 5, NULL) == GCOMP_SUCCESS;
+            gcomp_comm_stats_get(c, &st);
+            for (int i = 0; i < N; i++) ok &= rounds_up ? isinf(y[i]) && y[i] > 0 : y[i] == 65504.0f;
+            ok &= st.nonfinite_calls == before + (uint64_t)rounds_up;
+            CHECK(all_ranks(ok), "fp16: AVG of 65504 at %d ranks is not %s", size,
+                  rounds_up ? "+inf, counted" : "65504");
+        }
+        gcomp_comm_destroy(c);
+    }
+    {
+        /* bf16's subnormals are 2^-133 apart: below that no relative bound holds (2^-135 on
+         * every rank at 2 ranks rounds to 0), so gcomp.h's bf16 bound has (N+1) 2^-133 */
+        gcomp_comm *c = make_comm("bf16", 60000);
+        const float v = 0x1p-135f, exact = (float)size * 0x1p-135f;
+        const double bound = (size + 1) * (8e-3 * size * 0x1p-135 + 0x1p-133);
+        int ok;
+        for (int i = 0; i < N; i++) x[i] = v;
+        ok = gcomp_allreduce(c, x, y, N, GCOMP_F32, GCOMP_SUM, 7, NULL) == GCOMP_SUCCESS;
+        for (int i = 0; i < N; i++) ok &= fabs((double)y[i] - exact) <= bound;
+        CHECK(all_ranks(ok), "bf16: a sum of subnormals (2^-135 on each rank) is %g, outside gcomp.h's bound", y[0]);
         gcomp_comm_destroy(c);
     }
     {
