@@ -169,7 +169,8 @@ GCOMP_API size_t gcomp_codec_max_encoded_bytes(const gcomp_codec *codec, size_t 
  * step as they were (a failed first call of a key leaves no key).
  * If src (or src plus the key's residual) holds or overflows to NaN/Inf, or an fp16/bf16 cast
  * overflows a finite value to +-Inf, the payload decodes to a non-finite result and the
- * residual is left untouched (stats: nonfinite_calls).
+ * residual is left untouched (stats: nonfinite_calls); the key's step still advances (the
+ * call did not fail), so TernGrad's later rounding differs from a run without that call.
  * count may be 0.
  * A dst_cap of gcomp_codec_max_encoded_bytes() always suffices (and is required with
  * error feedback on for codecs that update the residual in place, terngrad); a smaller
