@@ -1234,6 +1234,26 @@ static int agree_usage(int rc, int rank, int argc, char **argv, struct options d
     return all[0];
 }
 
+/* Ranks launched with other arguments (mpirun's MPMD "A : B") would run other loops, e.g. another
+ * -n, and wait for each other for good: every rank compares a hash of its arguments (argv[0]
+ * aside) with the others' and all refuse to run, with status 2, when any differs. */
+static int agree_arguments(int rank, int argc, char **argv)
+{
+    uint64_t h = 1469598103934665603ull; /* FNV-1a, each argument with its terminating NUL */
+    for (int i = 1; i < argc; i++)
+        for (const char *p = argv[i];; p++) {
+            h = (h ^ (unsigned char)*p) * 1099511628211ull;
+            if (!*p) break;
+        }
+    uint64_t mine[2] = { h, ~h }, all[2];
+    MPI_Allreduce(mine, all, 2, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+    if (all[0] == h && all[1] == ~h) return -1;
+    if (rank == 0)
+        fprintf(stderr, "allreduce_perf: the ranks were launched with different arguments: give every rank the "
+                        "same ones\n");
+    return 2;
+}
+
 int main(int argc, char **argv)
 {
     struct bench b = { 0 };
@@ -1254,6 +1274,7 @@ int main(int argc, char **argv)
                             .transports = TR_NCCL | TR_MPI };
     const struct options defaults = b.o;
     int rc = agree_usage(usage_status(argc, argv, &b.o), b.rank, argc, argv, defaults);
+    if (rc < 0) rc = agree_arguments(b.rank, argc, argv);
     if (rc >= 0) { /* -h or bad usage: nothing was allocated */
         MPI_Finalize();
         return rc;

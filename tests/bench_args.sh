@@ -31,6 +31,9 @@ expect 0 "             0      n/a  " "$mpiexec" -np 1 "$perf" -e 64K -n 1 -w 0 -
 # ranks launched with other arguments (MPMD): a usage error on rank 1 only ends every rank
 # with status 2, and rank 1 says why (was: rank 0 waited for it in the first collective)
 expect 2 "rank 1 refused its arguments (rank 0 did not):" "$mpiexec" -np 1 "$perf" -e 64K -n 1 -w 0 --codec none : -np 1 "$perf" -e 64K -n 0 --codec none
+# ranks launched with other valid arguments (another -n): every rank exits 2 at once (was: each
+# waited for the other in a call the other never made, for good)
+expect 2 "the ranks were launched with different arguments" "$mpiexec" -np 1 "$perf" -e 4K -n 2 -w 0 --codec fp16 : -np 1 "$perf" -e 4K -n 3 -w 0 --codec fp16
 # -h on rank 1 only: every rank exits 0 and rank 1 prints the help (was: exit 0, silent)
 expect 0 "rank 1 was asked for help (-h); no rank runs:" "$mpiexec" -np 1 "$perf" -e 64K -n 1 -w 0 --codec none : -np 2 "$perf" -h
 expect 0 "usage:" "$mpiexec" -np 1 "$perf" -e 64K -n 1 -w 0 --codec none : -np 1 "$perf" -h
