@@ -458,10 +458,19 @@ static int op_memcpy(void *p)
     return 0;
 }
 
-int cmp_double(const void *a, const void *b)
+static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
+}
+
+/* The reported sample of n (sorted here): the best, or the median, which for an even n is the
+ * mean of the two middle samples (the upper one alone would report the slower of two). */
+double pick_sample(double *samples, int n, enum stat stat)
+{
+    qsort(samples, (size_t)n, sizeof *samples, cmp_double);
+    if (stat == STAT_BEST) return samples[0];
+    return n % 2 ? samples[n / 2] : 0.5 * (samples[n / 2 - 1] + samples[n / 2]);
 }
 
 /* Calls per sample so that a sample lasts >= MIN_SAMPLE_S, from one warmup call's time. */
@@ -488,8 +497,7 @@ static double time_op(op_fn fn, void *ctx, const struct config *cfg)
             if (fn(ctx)) return -1;
         samples[i] = (now_s() - t0) / (double)reps;
     }
-    qsort(samples, (size_t)cfg->iters, sizeof *samples, cmp_double);
-    return cfg->stat == STAT_BEST ? samples[0] : samples[cfg->iters / 2];
+    return pick_sample(samples, cfg->iters, cfg->stat);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -798,14 +806,22 @@ int main(int argc, char **argv)
     size_t payload_cap;
     if ((rc = check_specs(&cfg, argv[0], &payload_cap)) != 0) return rc;
 
-    /* a scale that turns data into +-inf measures nothing (rel_err nan): only above 1 can it */
-    if (cfg.scale > 1) {
+    /* a scale that turns the data into +-inf (rel_err nan) or all of it into zeros (rel_err 0,
+     * as if every codec were exact) measures nothing */
+    if (cfg.scale != 1) {
         double peak = data_peak(cfg.max_bytes / sizeof(float), cfg.dist);
-        if (isinf((float)(cfg.scale * peak))) {
+        float top = (float)(cfg.scale * peak);
+        if (isinf(top) || top == 0) {
             char val[32], want[160];
             snprintf(val, sizeof val, "%g", cfg.scale);
-            snprintf(want, sizeof want, "a scale below %.3g: the data's largest |value| is %.4g, and float ends at %g",
-                     FLT_MAX / peak, peak, FLT_MAX);
+            if (isinf(top))
+                snprintf(want, sizeof want,
+                         "a scale below %.3g: the data's largest |value| is %.4g, and float ends at %g", FLT_MAX / peak,
+                         peak, FLT_MAX);
+            else
+                snprintf(want, sizeof want,
+                         "a scale above %.3g: the data's largest |value| is %.4g, and float's smallest is %g",
+                         0x1p-150 / peak, peak, 0x1p-149);
             return bad_value(argv[0], "--scale", val, want);
         }
     }

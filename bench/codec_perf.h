@@ -53,9 +53,9 @@ void fill_data(float *x, size_t count, enum dist dist, double scale);
 /* ||x - xhat|| / ||x|| in double. */
 double rel_error(const float *x, const float *xhat, size_t count);
 
-/* Timing helpers: calls per sample so a sample lasts >= 1 ms; qsort comparator. */
+/* Timing helpers: calls per sample so a sample lasts >= 1 ms; the sample reported. */
 long reps_for(double one_call_s);
-int cmp_double(const void *a, const void *b);
+double pick_sample(double *samples, int n, enum stat stat);
 double gbps(double bytes, double s);
 
 gcomp_codec *make_codec(const char *spec, int ef);

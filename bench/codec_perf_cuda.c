@@ -153,8 +153,7 @@ static double time_dop(dop_fn fn, void *ctx, const struct config *cfg, struct gp
     long reps = cfg->warmup > 0 ? reps_for(last) : 1;
     for (int i = 0; i < cfg->iters; i++)
         if ((samples[i] = sample(fn, ctx, d, reps, rc)) < 0) return -1;
-    qsort(samples, (size_t)cfg->iters, sizeof *samples, cmp_double);
-    return cfg->stat == STAT_BEST ? samples[0] : samples[cfg->iters / 2];
+    return pick_sample(samples, cfg->iters, cfg->stat);
 }
 
 /* ---------------------------------------------------------------------------------------- */

@@ -69,6 +69,9 @@ expect 0 "           6             3      half" "$mpiexec" -np 2 "$perf" -d half
 # a scale that takes the data beyond float (was accepted: +-inf data, rel_err nan)
 expect 2 "bad value '3e+38' for --scale" "$codec_perf" -s 64K -n 1 -w 0 --scale 3e38 none
 expect 0 "none" "$codec_perf" -s 64K -n 1 -w 0 --scale 1e37 none
+# ... or to zeros (was accepted: every codec showed rel_err 0, as if exact)
+expect 2 "bad value '1e-50' for --scale: expected a scale above" "$codec_perf" -s 64K -n 1 -w 0 --scale 1e-50 fp16
+expect 0 "fp16" "$codec_perf" -s 64K -n 1 -w 0 --scale 1e-44 fp16
 # bench/train (built next to allreduce_perf): its integer ranges, a flag given twice, an
 # --epochs of no step (was: run 1 step)
 train=$(dirname "$perf")/train
