@@ -300,7 +300,13 @@ static int parse_args(int argc, char **argv, struct config *cfg)
     };
     const char *prog = argv[0];
     int c, rc;
-    while ((c = getopt_long(argc, argv, "b:e:f:s:n:w:h", longopts, NULL)) != -1) {
+    /* "-": a SPEC comes back as option 1 where it stands, so positional and --codec specs run
+     * in command-line order (those after "--" are left at optind) */
+    while ((c = getopt_long(argc, argv, "-b:e:f:s:n:w:h", longopts, NULL)) != -1) {
+        if (c == 1) {
+            if ((rc = add_spec(cfg, prog, optarg)) != 0) return rc;
+            continue;
+        }
         if (c == 'h') {
             usage(stdout, prog);
             return bench_finish_output(stdout, prog, "standard output"); /* 1: the help was lost */

@@ -69,6 +69,12 @@ expect 0 "           6             3      half" "$mpiexec" -np 2 "$perf" -d half
 # a scale that takes the data beyond float (was accepted: +-inf data, rel_err nan)
 expect 2 "bad value '3e+38' for --scale" "$codec_perf" -s 64K -n 1 -w 0 --scale 3e38 none
 expect 0 "none" "$codec_perf" -s 64K -n 1 -w 0 --scale 1e37 none
+# specs run in command-line order, positional or --codec (was: every --codec first)
+out=$(timeout 60 "$codec_perf" -s 4K -n 1 -w 0 fp16 --codec bf16 none 2>&1 | awk '!/^#/ && NR > 1 {printf "%s ", $1}')
+if [ "$out" != "spec fp16 bf16 none " ]; then
+    echo "FAIL: codec_perf fp16 --codec bf16 none ran the specs as: $out"
+    fail=1
+fi
 # ... or to zeros (was accepted: every codec showed rel_err 0, as if exact)
 expect 2 "bad value '1e-50' for --scale: expected a scale above" "$codec_perf" -s 64K -n 1 -w 0 --scale 1e-50 fp16
 expect 0 "fp16" "$codec_perf" -s 64K -n 1 -w 0 --scale 1e-44 fp16
