@@ -61,6 +61,15 @@ expect_usage "'{mpirun} mpirun.openmpi ...' would start a launcher" --ranks 2 --
 # a setting twice would run twice and be averaged as if seeds
 expect_usage "--codec values must be distinct" --ranks 2 --codec none --codec none --out "$out/e"
 expect_usage "--ef values must be distinct" --ranks 2 --codec none --ef 1,1 --out "$out/e"
+# argparse's own refusals are one line too (was: the usage block, then the error)
+rc=0
+timeout 60 "${sweep[@]}" --ranks a --out "$out/e" >"$out/stdout" 2>"$out/stderr" || rc=$?
+if [ "$rc" -ne 2 ] || [ "$(wc -l <"$out/stderr")" -ne 1 ]; then
+  echo "FAIL: --ranks a: exit $rc, $(wc -l <"$out/stderr") lines on stderr (want 2 and one line)"
+  fails=$((fails + 1))
+else
+  echo "ok: --ranks a: $(cat "$out/stderr")"
+fi
 # a flag given twice is refused, not settled by the last one
 expect_usage "--ef is given twice (give one comma list, e.g. --ef 0,1)" --ranks 2 --codec none --epochs 0.02 --ef 0 --ef 1 --out "$out/e"
 expect_usage "--epochs is given twice" --ranks 2 --codec none --epochs 0.02 --epochs 0.05 --out "$out/e"
