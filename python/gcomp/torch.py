@@ -901,7 +901,10 @@ def _ddp_initialized():
 
 def _check_order_late(state):
     """The rank-order check of a state built before init_process_group (over MPI: an NCCL
-    state needs the group to exist). Until it passes, every call repeats it."""
+    state needs the group to exist). Until it passes, every call repeats it; a call without a
+    process group (outside DDP) has none to check against."""
+    if not _ddp_initialized():
+        return
     if state.comm._mpi_comm is not None:
         size, rank = dist.get_world_size(state.process_group), dist.get_rank(state.process_group)
         _check_rank_order(state.comm, size, rank, state.comm._mpi_comm.allgather((size, rank)))
