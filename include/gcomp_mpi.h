@@ -45,12 +45,14 @@ extern "C" {
  * codecs), GCOMP_ERR_TRANSPORT, GCOMP_ERR_NOMEM, GCOMP_ERR_TIMEOUT (a rank never joined).
  * After such a timeout, the waiting ranks' duplication of comm stays pending (MPI cannot
  * cancel it) and their next creation over comm takes it over, so a creation that the
- * missing rank joins works on every rank. A rank that came late to the one that timed out
- * gets GCOMP_ERR_TIMEOUT there too, and the next creation starts afresh, when it arrived
- * before the others' next creation; one that arrives after it began is joined by it (its
- * late creation and their next one succeed together, so the ranks then count creations
- * differently: give up on the communicator after a creation timed out, or retry until one
- * succeeds on every rank). */
+ * missing rank joins works on every rank. A rank that came late to the one that timed out is
+ * joined by the others' next creation when it is still in its own then (its late creation
+ * and their next one succeed together, so the ranks then count creations differently: give
+ * up on the communicator after a creation timed out, or retry until one succeeds on every
+ * rank); one that gave up before they came back (their other MPI calls completed its
+ * duplication meanwhile) gets GCOMP_ERR_TIMEOUT, and the next creation starts afresh.
+ * timeout_ms bounds the duplication and then, from its end, the creation's agreement: a
+ * creation can take up to twice it. */
 GCOMP_API gcomp_result gcomp_comm_create_mpi(MPI_Comm comm, const gcomp_config *cfg, gcomp_comm **out);
 
 #ifdef __cplusplus

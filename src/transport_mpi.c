@@ -24,12 +24,15 @@
  * takes it over instead of starting another idup while it is still pending: the missing
  * rank's next idup completes it, so that creation works on every rank (before, each rank
  * that had waited stayed one duplication ahead, and every later creation timed out). If
- * it completes meanwhile, or within a short drive of its progress (pending_take), a late
- * rank came to the creation that timed out: its creation waits timeout_ms in the agreement
- * nobody else joins and returns GCOMP_ERR_TIMEOUT too, that duplicate is never used nor
- * freed (left to MPI_Finalize), and the next creation starts afresh. The two cannot be told
- * apart for sure: a late rank that arrives after the others' next creation began is joined
- * by it (its late creation and their next one then succeed together).
+ * it completes within a short drive of our progress (pending_take), a late rank is in a
+ * creation at that moment (Open MPI's idup advances only while every rank calls MPI), its
+ * agreement on the duplicate just begun: that creation is joined too, and succeeds on every
+ * rank (before, it was dropped; a late rank that kept retrying then stayed one duplication
+ * apart for good). If it had completed before the next creation began, the late rank came
+ * while the others were in other MPI calls and may have given up in the agreement nobody
+ * joined: its abandoned collective would be matched by a new agreement there, so that
+ * duplicate is never used nor freed (left to MPI_Finalize), and the next creation starts
+ * afresh.
  *
  * MPI counts are int. A ring message of more than INT_MAX bytes travels as one element of a
  * derived datatype of that many bytes (blocks of GCOMP__MPI_BLOCK bytes and the rest, so its
@@ -564,23 +567,28 @@ static void pending_keyval_create(void)
  * is already in its creation needs a little of our progress to complete it. */
 #define PENDING_SETTLE_S 0.05
 
-/* The timed-out idup over comm that is still in flight, taken off comm; NULL when there is
- * none, or when it completes within PENDING_SETTLE_S (a late rank is there, in the creation
- * it came late to, which then times out in the agreement: see the top). */
+/* The timed-out idup over comm, taken off comm to be taken over; NULL when there is none, or
+ * when it had already completed before this creation (the late rank came while this rank
+ * was away: it may have given up in the agreement on that duplicate, whose abandoned
+ * collective a new agreement there would match: see the top). One that completes within
+ * PENDING_SETTLE_S of our progress is taken over: the late rank is in a creation right now,
+ * the one it came late to or its next, and its agreement on that duplicate has only begun. */
 static pending_dup *pending_take(MPI_Comm comm)
 {
     pending_dup *p = NULL;
-    int found = 0, done = 0;
+    int found = 0, done = 0, first = 1;
     double until = gcomp__now() + PENDING_SETTLE_S;
     pthread_once(&pending_once, pending_keyval_create);
     if (pending_keyval == MPI_KEYVAL_INVALID) return NULL;
     if (MPI_Comm_get_attr(comm, pending_keyval, &p, &found) != MPI_SUCCESS || !found || !p) return NULL;
     MPI_Comm_delete_attr(comm, pending_keyval);
     do {
-        if (MPI_Test(&p->req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) done = 1; /* failed: start afresh */
+        if (MPI_Test(&p->req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) break; /* failed: start afresh */
+        if (done && !first) return p; /* completed now, against the late rank's idup */
+        first = 0;
     } while (!done && gcomp__now() < until);
-    if (!done) return p;
-    free(p); /* its duplicate, if any, is left to MPI_Finalize */
+    if (!done && gcomp__now() >= until) return p; /* still pending: the missing rank completes it */
+    free(p); /* completed before, or failed: its duplicate, if any, is left to MPI_Finalize */
     return NULL;
 }
 

@@ -640,6 +640,40 @@ static void test_absent_create(void)
     MPI_Barrier(MPI_COMM_WORLD);
 }
 
+/* The last rank comes 1.5 s late to a creation with timeout_ms = 1000; the others time out,
+ * work for 1 s (no MPI call), and every rank creates again until one succeeds: the late
+ * rank's first creation and the others' second meet on the duplicate the others left pending.
+ * Before, the others dropped a pending idup that completed in their next creation and
+ * started another, while the late rank was in the agreement on the first: they stayed one
+ * duplication apart and no retry ever succeeded. */
+static void test_late_create_retry(void)
+{
+    enum {
+        N = 4096
+    };
+    static float x[N], y[N];
+    gcomp_config cfg = gcomp_config_default();
+    gcomp_comm *c = NULL;
+    gcomp_result rc = GCOMP_ERR_TIMEOUT;
+    int tries = 0;
+    cfg.codec = "fp16";
+    cfg.timeout_ms = 1000;
+    if (rank == size - 1) usleep(1500000);
+    while (rc != GCOMP_SUCCESS && tries < 4) {
+        rc = gcomp_comm_create_mpi(MPI_COMM_WORLD, &cfg, &c);
+        if (tries++ == 0 && rank != size - 1) usleep(1000000);
+    }
+    CHECK(rc == GCOMP_SUCCESS, "creations after a late rank, retried %d times -> %s: %s", tries, gcomp_result_name(rc),
+          gcomp_last_error());
+    if (rc != GCOMP_SUCCESS) return;
+    for (int i = 0; i < N; i++) x[i] = 1.0f;
+    rc = gcomp_allreduce(c, x, y, N, GCOMP_F32, GCOMP_SUM, 1, NULL);
+    CHECK(rc == GCOMP_SUCCESS && y[0] == (float)size, "a call on it -> %s, y[0] = %g", gcomp_result_name(rc),
+          (double)y[0]);
+    gcomp_comm_destroy(c);
+    MPI_Barrier(MPI_COMM_WORLD);
+}
+
 /* The last rank dies mid-run; mpirun must end the job with a non-zero status. */
 static void test_killed_rank(void)
 {
@@ -667,6 +701,7 @@ int main(int argc, char **argv)
         test_stopped_rank();
         test_late_create();
         test_absent_create();
+        test_late_create_retry();
     } else if (!strcmp(mode, "--kill")) {
         test_killed_rank();
     } else if (!strcmp(mode, "--2gib")) {
