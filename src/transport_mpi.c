@@ -24,15 +24,15 @@
  * takes it over instead of starting another idup while it is still pending: the missing
  * rank's next idup completes it, so that creation works on every rank (before, each rank
  * that had waited stayed one duplication ahead, and every later creation timed out). If
- * it completes within a short drive of our progress (pending_take), a late rank is in a
- * creation at that moment (Open MPI's idup advances only while every rank calls MPI), its
- * agreement on the duplicate just begun: that creation is joined too, and succeeds on every
- * rank (before, it was dropped; a late rank that kept retrying then stayed one duplication
- * apart for good). If it had completed before the next creation began, the late rank came
- * while the others were in other MPI calls and may have given up in the agreement nobody
- * joined: its abandoned collective would be matched by a new agreement there, so that
- * duplicate is never used nor freed (left to MPI_Finalize), and the next creation starts
- * afresh.
+ * it is still pending when the next creation begins and then completes against a late
+ * rank's idup, that rank is in a creation at that moment (Open MPI's idup advances only
+ * while every rank calls MPI), its agreement on the duplicate just begun: that creation is
+ * joined too, and succeeds on every rank (before, one that completed within 50 ms was
+ * dropped; a late rank that kept retrying then stayed one duplication apart for good). If
+ * it had completed before the next creation began, the late rank came while the others
+ * were in other MPI calls and may have given up in the agreement nobody joined: its
+ * abandoned collective would be matched by a new agreement there, so that duplicate is
+ * never used nor freed (left to MPI_Finalize), and the next creation starts afresh.
  *
  * MPI counts are int. A ring message of more than INT_MAX bytes travels as one element of a
  * derived datatype of that many bytes (blocks of GCOMP__MPI_BLOCK bytes and the rest, so its
@@ -562,32 +562,21 @@ static void pending_keyval_create(void)
     }
 }
 
-/* How long a creation drives a pending idup before it takes it over: Open MPI's idup takes
- * several rounds, which advance only while this rank calls into MPI, so a late rank that
- * is already in its creation needs a little of our progress to complete it. */
-#define PENDING_SETTLE_S 0.05
-
 /* The timed-out idup over comm, taken off comm to be taken over; NULL when there is none, or
  * when it had already completed before this creation (the late rank came while this rank
- * was away: it may have given up in the agreement on that duplicate, whose abandoned
- * collective a new agreement there would match: see the top). One that completes within
- * PENDING_SETTLE_S of our progress is taken over: the late rank is in a creation right now,
- * the one it came late to or its next, and its agreement on that duplicate has only begun. */
+ * was in other MPI calls: it may have given up in the agreement on that duplicate, whose
+ * abandoned collective a new agreement there would match: see the top). One still pending
+ * is taken over whether the missing rank's idup completes it now (a late rank in a creation
+ * right now, its agreement on that duplicate only begun) or later (dup_until polls it). */
 static pending_dup *pending_take(MPI_Comm comm)
 {
     pending_dup *p = NULL;
-    int found = 0, done = 0, first = 1;
-    double until = gcomp__now() + PENDING_SETTLE_S;
+    int found = 0, done = 0;
     pthread_once(&pending_once, pending_keyval_create);
     if (pending_keyval == MPI_KEYVAL_INVALID) return NULL;
     if (MPI_Comm_get_attr(comm, pending_keyval, &p, &found) != MPI_SUCCESS || !found || !p) return NULL;
     MPI_Comm_delete_attr(comm, pending_keyval);
-    do {
-        if (MPI_Test(&p->req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) break; /* failed: start afresh */
-        if (done && !first) return p; /* completed now, against the late rank's idup */
-        first = 0;
-    } while (!done && gcomp__now() < until);
-    if (!done && gcomp__now() >= until) return p; /* still pending: the missing rank completes it */
+    if (MPI_Test(&p->req, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && !done) return p;
     free(p); /* completed before, or failed: its duplicate, if any, is left to MPI_Finalize */
     return NULL;
 }
