@@ -210,5 +210,25 @@ for sig in TERM INT; do
   fi
 done
 
+# A point past --timeout is FAILED and leaves no JSON, even one its trainer wrote before it
+# was stopped (before: a complete result beside the FAILED row of results.md).
+cat >"$out/late.sh" <<'SH'
+#!/bin/sh
+while [ $# -gt 1 ]; do [ "$1" = --json ] && printf '{"test_acc": 50}\n' >"$2"; shift; done
+exec sleep 60
+SH
+chmod +x "$out/late.sh"
+rc=0
+timeout 120 /usr/bin/python3 "$root/bench/sweep" --trainer "$out/late.sh" --ranks 2 --codec none --timeout 2 \
+  --out "$out/late" >"$out/stdout" 2>"$out/stderr" || rc=$?
+if [ "$rc" -ne 1 ] || [ -e "$out/late/points/01_none_ef1_r2.json" ] || ! grep -q "^FAILED" "$out/late/results.md"; then
+  echo "FAIL: a point past --timeout: exit $rc (want 1), its JSON left:" \
+    "$([ -e "$out/late/points/01_none_ef1_r2.json" ] && echo yes || echo no)"
+  tail -5 "$out/stderr"
+  fails=$((fails + 1))
+else
+  echo "ok: a point past --timeout is FAILED and leaves no JSON"
+fi
+
 [ "$fails" -eq 0 ] || { echo "sweep_args_ci: $fails failed"; exit 1; }
 echo "sweep_args_ci: ok"
