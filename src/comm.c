@@ -508,6 +508,12 @@ void gcomp__comm_add_stats(gcomp_comm *c, gcomp__key *k, const gcomp_comm_stats 
     add_stats(&c->stats, st);
 }
 
+void gcomp__comm_clear_stats(gcomp_comm *c)
+{
+    memset(&c->stats, 0, sizeof c->stats);
+    for (gcomp__key *k = c->keys; k; k = k->next) memset(&k->stats, 0, sizeof k->stats);
+}
+
 void gcomp__comm_inject_fault(gcomp_comm *c, int fault)
 {
     if (!c) return;
@@ -524,31 +530,4 @@ void gcomp__comm_inject_fault(gcomp_comm *c, int fault)
         else
             gcomp__transport_fault_garble_next(wrapped);
     }
-}
-
-gcomp_result gcomp_comm_stats_get(const gcomp_comm *c, gcomp_comm_stats *out)
-{
-    if (!c || !out) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_stats_get: NULL argument");
-    *out = c->stats;
-    return GCOMP_SUCCESS;
-}
-
-gcomp_result gcomp_comm_key_stats_get(const gcomp_comm *c, uint64_t key, gcomp_comm_stats *out)
-{
-    const gcomp__key *k;
-    if (!c || !out) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_key_stats_get: NULL argument");
-    k = gcomp__comm_find_key(c, key);
-    if (!k || !k->count) /* a key's count is recorded by its first call that succeeded */
-        return gcomp__fail(GCOMP_ERR_INVALID_ARG, "key %llu was never used on this communicator",
-                           (unsigned long long)key);
-    *out = k->stats;
-    return GCOMP_SUCCESS;
-}
-
-gcomp_result gcomp_comm_stats_reset(gcomp_comm *c)
-{
-    if (!c) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_stats_reset: NULL comm");
-    memset(&c->stats, 0, sizeof c->stats);
-    for (gcomp__key *k = c->keys; k; k = k->next) memset(&k->stats, 0, sizeof k->stats);
-    return GCOMP_SUCCESS;
 }

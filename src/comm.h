@@ -114,6 +114,8 @@ gcomp_result gcomp__comm_key(gcomp_comm *c, uint64_t key, gcomp__key **out);
 const gcomp__key *gcomp__comm_find_key(const gcomp_comm *c, uint64_t key);
 /* A call's numbers into the key's (k NULL: none, a call of count 0) and the communicator's stats. */
 void gcomp__comm_add_stats(gcomp_comm *c, gcomp__key *k, const gcomp_comm_stats *st);
+/* Zeroes the communicator's stats and every key's (gcomp_comm_stats_reset, under the hold). */
+void gcomp__comm_clear_stats(gcomp_comm *c);
 /* rc, after marking the communicator broken when rc says the transport is (timeout, failure). */
 gcomp_result gcomp__comm_transport_failed(gcomp_comm *c, gcomp_result rc);
 /* The transport that moves buffers of dev's memory: tp when its memory kind is that one,

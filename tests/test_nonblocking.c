@@ -21,6 +21,7 @@
 
 #define MAX_RANKS 5
 #define N_CALLS 12
+#define N_REFUSED 9 /* checkpoint_in_flight: six checkpoint calls, three stats calls */
 
 typedef struct job {
     loop_rank at; /* first: loop_run_world fills it */
@@ -34,7 +35,7 @@ typedef struct job {
     int mode;
     char error[160]; /* gcomp_last_error() after the first wait that failed */
     /* V_CHECKPOINT */
-    gcomp_result refused[6]; /* the checkpoint calls made while requests were in flight */
+    gcomp_result refused[N_REFUSED]; /* the checkpoint and stats calls made while requests were in flight */
     char refusal[200];       /* gcomp_last_error() after the first of them */
     int file_written;        /* the refused save_file wrote its path anyway */
     uint64_t state_hash;     /* the checkpoint after every call */
@@ -84,7 +85,7 @@ static uint8_t *checkpoint(gcomp_comm *comm, size_t *bytes)
     return NULL;
 }
 
-/* V_CHECKPOINT, with calls 6.. in flight (req): every checkpoint call is refused, the load
+/* V_CHECKPOINT, with calls 6.. in flight (req): every checkpoint and stats call is refused, the load
  * of `early` (the state after call 2, unlike the current one) included, and writes no file.
  * The first load comes at once; before the others one request is completed (by gcomp_test:
  * the rest stay in flight) and, with a progress thread, another has run but nobody waited
@@ -94,6 +95,7 @@ static void checkpoint_in_flight(job *j, gcomp_comm *comm, gcomp_request **req, 
 {
     size_t need = 0;
     uint8_t buf[64];
+    gcomp_comm_stats st;
     int done = 0;
     gcomp_result rc;
     j->refused[0] = gcomp_comm_residuals_load(comm, early, early_bytes); /* at once: call 6 may be running */
@@ -112,6 +114,10 @@ static void checkpoint_in_flight(job *j, gcomp_comm *comm, gcomp_request **req, 
     j->refused[3] = gcomp_comm_residuals_load_file(comm, early_path);
     j->refused[4] = gcomp_comm_residuals_save_file(comm, path);
     j->refused[5] = gcomp_comm_residuals_load(comm, early, early_bytes);
+    /* stats are written by the call running: a copy or reset would race with it */
+    j->refused[6] = gcomp_comm_stats_get(comm, &st);
+    j->refused[7] = gcomp_comm_key_stats_get(comm, call_key(0), &st);
+    j->refused[8] = gcomp_comm_stats_reset(comm);
     j->file_written = access(path, F_OK) == 0;
 }
 
@@ -307,7 +313,7 @@ static void test_bad_argument_in_flight(void **state)
     }
 }
 
-/* Checkpoint calls while requests are in flight (a load used to free the residuals the
+/* Checkpoint and stats calls while requests are in flight (a load used to free the residuals the
  * progress thread was encoding with, or without a thread to apply before the queued calls):
  * refused with GCOMP_ERR_INVALID_ARG, the requests' results and the state after them are the
  * blocking run's bit for bit, and once every request is completed a load works. */
@@ -323,11 +329,12 @@ static void test_checkpoint_while_in_flight(void **state)
                 run(n, specs[s], V_CHECKPOINT, 0, no_thread, nb);
                 for (int r = 0; r < n; r++) {
                     const job *b = &nb[r];
-                    for (int k = 0; k < 6; k++)
+                    for (int k = 0; k < N_REFUSED; k++)
                         if (b->refused[k] != GCOMP_ERR_INVALID_ARG)
-                            fail_msg("%s, %d ranks, %s: rank %d: checkpoint call %d in flight returned %s (%s)",
-                                     specs[s], n, no_thread ? "no thread" : "progress thread", r, k,
-                                     gcomp_result_name(b->refused[k]), b->refusal);
+                            fail_msg(
+                                "%s, %d ranks, %s: rank %d: checkpoint or stats call %d in flight returned %s (%s)",
+                                specs[s], n, no_thread ? "no thread" : "progress thread", r, k,
+                                gcomp_result_name(b->refused[k]), b->refusal);
                     if (!strstr(b->refusal, "gcomp_comm_residuals_load") || !strstr(b->refusal, "in flight"))
                         fail_msg("rank %d: the refusal says '%s'", r, b->refusal);
                     assert_false(b->file_written);
