@@ -812,11 +812,17 @@ int main(int argc, char **argv)
     size_t payload_cap;
     if ((rc = check_specs(&cfg, argv[0], &payload_cap)) != 0) return rc;
 
-    /* a scale that turns the data into +-inf (rel_err nan) or all of it into zeros (rel_err 0,
-     * as if every codec were exact) measures nothing */
+    /* a scale that turns the data into +-inf (rel_err nan) or all of a row's into zeros
+     * (rel_err 0, as if every codec were exact) measures nothing. Every row takes a prefix of
+     * the same data: the largest row has the largest |value|, the smallest row the smallest
+     * peak (the one that must not vanish) */
     if (cfg.scale != 1) {
         double peak = data_peak(cfg.max_bytes / sizeof(float), cfg.dist);
         float top = (float)(cfg.scale * peak);
+        if (!isinf(top)) {
+            peak = data_peak(cfg.min_bytes / sizeof(float), cfg.dist);
+            top = (float)(cfg.scale * peak);
+        }
         if (isinf(top) || top == 0) {
             char val[32], want[160];
             snprintf(val, sizeof val, "%g", cfg.scale);
@@ -826,7 +832,7 @@ int main(int argc, char **argv)
                          peak, FLT_MAX);
             else
                 snprintf(want, sizeof want,
-                         "a scale above %.3g: the data's largest |value| is %.4g, and float's smallest is %g",
+                         "a scale above %.3g: the smallest size's largest |value| is %.4g, and float's smallest is %g",
                          0x1p-150 / peak, peak, 0x1p-149);
             return bad_value(argv[0], "--scale", val, want);
         }

@@ -78,6 +78,9 @@ fi
 # ... or to zeros (was accepted: every codec showed rel_err 0, as if exact)
 expect 2 "bad value '1e-50' for --scale: expected a scale above" "$codec_perf" -s 64K -n 1 -w 0 --scale 1e-50 fp16
 expect 0 "fp16" "$codec_perf" -s 64K -n 1 -w 0 --scale 1e-44 fp16
+# ... in any row: the smallest rows take a prefix of the data, whose peak is smaller (was
+# accepted where only the largest row's data kept a nonzero value)
+expect 2 "the smallest size's largest |value| is" "$codec_perf" -b 4 -e 64K -f 4 -n 1 -w 0 --scale 2e-46 fp16
 # bench/train (built next to allreduce_perf): its integer ranges, a flag given twice, an
 # --epochs of no step (was: run 1 step)
 train=$(dirname "$perf")/train
