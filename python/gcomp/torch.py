@@ -81,7 +81,9 @@ How it works
     counter counts hook rounds (calls with bucket.is_last()), and residuals stay per bucket.
   - state_dict()/load_state_dict() (and pickling) carry the counters, the bucket layouts and
     the residuals (through the library's residual checkpoint), so a resumed run continues
-    bit for bit. load_state_dict refuses what state_dict() never writes (two layouts of a
+    bit for bit. Not with error_feedback=False: the library keeps no checkpoint then, and
+    TernGrad's stochastic rounding, keyed by each bucket's call count, starts its steps afresh
+    (the same in expectation, other bits); fp16, bf16 and top-k resume bit for bit either way. load_state_dict refuses what state_dict() never writes (two layouts of a
     bucket sharing a generation, parameter numbers or offsets that are not the layout's,
     bools or floats where integers go, a field its version always holds missing, a NaN or
     Inf velocity). It is not collective and cannot see the other ranks: every rank must
