@@ -514,8 +514,10 @@ GCOMP_API const char *gcomp_comm_codec(const gcomp_comm *comm);
  * the communicator. Errors: GCOMP_ERR_INVALID_ARG (NULL argument). */
 GCOMP_API gcomp_result gcomp_comm_config_get(const gcomp_comm *comm, gcomp_config *out);
 
-/* Residual checkpoints: this rank's error-feedback state (every key's residual and step) as a
- * versioned little-endian blob, to store with the trainer's checkpoint. Not collective: each
+/* Residual checkpoints: this rank's error-feedback state (every key's residual and step, and
+ * the step of the calls made with GCOMP_KEY_NONE, which keys their TernGrad rounding) as a
+ * versioned little-endian blob, to store with the trainer's checkpoint (format version 2 where
+ * it holds that step, else 1; a load reads both). Not collective: each
  * rank saves and loads its own. Save with buf NULL sets *written to the size needed; else
  * buf must hold cap >= that many bytes (GCOMP_ERR_BUFFER_TOO_SMALL). Load replaces the whole
  * state (keys the blob does not name start from zero) and is all or nothing: it refuses a blob

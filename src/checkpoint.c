@@ -1,8 +1,9 @@
 /*
  * checkpoint.c — save and load a communicator's error-feedback state (every key's residual
- * and step), so a trainer that resumes from a checkpoint continues bit for bit.
+ * and step, and the step of the calls without a key), so a trainer that resumes from a
+ * checkpoint continues bit for bit.
  *
- * Format, version 1, all integers little-endian:
+ * Format, versions 1 and 2, all integers little-endian:
  *
  *   offset  size  field
  *   0       8     magic "GCOMPRES"
@@ -14,6 +15,12 @@
  *   ..      8     n_keys, then n_keys records in ascending key order:
  *                   u64 key, u64 count, u64 step, count x f32 residual (IEEE bits)
  *   end-8   8     FNV-1a 64 of every byte before it
+ *
+ * Version 2 adds one record: key GCOMP_KEY_NONE (last, as the largest key), count 0, the step
+ * of the calls made without a key (they keep no residual, but TernGrad's rounding is keyed by
+ * that step). A save writes it, and version 2, only when such calls were made (the step is not
+ * 0), so a blob without them stays version 1, readable by the libraries that read only that;
+ * a load of a blob without it sets that step to 0, like every key the blob does not name.
  *
  * A residual is specific to its rank (it holds what this rank's codec dropped), to the codec
  * and to the tensor it belongs to, so a load refuses a file from another rank, another
@@ -44,7 +51,7 @@
 #include "comm.h"
 
 #define CKPT_MAGIC "GCOMPRES"
-#define CKPT_VERSION 1u
+#define CKPT_VERSION 2u /* the newest this library reads; it writes 1 where that suffices */
 #define CKPT_FIXED 28u  /* magic .. spec_len */
 #define CKPT_RECORD 24u /* key, count, step */
 #define TMP_PATH_MAX 4096 /* the temporary file's path, beside the one saved to */
@@ -90,7 +97,7 @@ static gcomp_result gather_records(gcomp_comm *comm, int with_data, record **out
     const gcomp__residual_store *s = gcomp__codec_residuals(comm->codec);
     size_t n_dev = gcomp__codec_dev_keys(comm->codec, NULL, 0), k = 0;
     uint64_t *dev_keys = malloc((n_dev ? n_dev : 1) * sizeof *dev_keys);
-    record *v = calloc(s->used + n_dev + 1, sizeof *v);
+    record *v = calloc(s->used + n_dev + 1, sizeof *v); /* + 1: the keyless step's (add_keyless_step) */
     gcomp_result rc = GCOMP_SUCCESS;
     if (!v || !dev_keys) {
         free(v);
@@ -124,6 +131,14 @@ static gcomp_result gather_records(gcomp_comm *comm, int with_data, record **out
     *out = v;
     *n = k;
     return GCOMP_SUCCESS;
+}
+
+/* The keyless step as a record of its own (format version 2), when there is one to save. */
+static size_t add_keyless_step(gcomp_comm *comm, record *v, size_t n)
+{
+    if (comm->nokey_step == 0) return n;
+    v[n] = (record){ GCOMP_KEY_NONE, 0, comm->nokey_step, NULL, NULL };
+    return n + 1;
 }
 
 static size_t blob_bytes(const char *spec, const record *v, size_t n)
@@ -160,6 +175,7 @@ static gcomp_result save_blob(gcomp_comm *comm, void *buf, size_t cap, size_t *w
     uint8_t *p = buf;
     spec = gcomp_codec_spec(comm->codec);
     GCOMP_CHECK(gather_records(comm, buf != NULL, &v, &n));
+    n = add_keyless_step(comm, v, n); /* gather_records leaves room for it, after the largest key */
     need = blob_bytes(spec, v, n);
     *written = need;
     if (!buf) {
@@ -172,7 +188,7 @@ static gcomp_result save_blob(gcomp_comm *comm, void *buf, size_t cap, size_t *w
                            need, cap);
     }
     memcpy(p, CKPT_MAGIC, 8);
-    gcomp_le_store_u32(p + 8, CKPT_VERSION);
+    gcomp_le_store_u32(p + 8, n && v[n - 1].key == GCOMP_KEY_NONE ? 2u : 1u);
     gcomp_le_store_u32(p + 12, 0);
     gcomp_le_store_u32(p + 16, (uint32_t)gcomp_comm_rank(comm));
     gcomp_le_store_u32(p + 20, (uint32_t)gcomp_comm_size(comm));
@@ -220,7 +236,7 @@ static size_t known_count(gcomp_comm *comm, uint64_t key)
 }
 
 /* Header checks: everything that makes the file another communicator's. */
-static gcomp_result check_header(gcomp_comm *comm, const uint8_t *p, size_t bytes, size_t *pos)
+static gcomp_result check_header(gcomp_comm *comm, const uint8_t *p, size_t bytes, size_t *pos, uint32_t *version_out)
 {
     const char *spec = gcomp_codec_spec(comm->codec);
     uint32_t version, flags, rank, size, spec_len;
@@ -233,9 +249,9 @@ static gcomp_result check_header(gcomp_comm *comm, const uint8_t *p, size_t byte
     if (version == 0) /* no library wrote one: version 1 is the first */
         return gcomp__fail(GCOMP_ERR_CORRUPT,
                            "residual checkpoint: format version %u, which does not exist (the first is 1)", version);
-    if (version != CKPT_VERSION)
+    if (version > CKPT_VERSION)
         return gcomp__fail(GCOMP_ERR_UNSUPPORTED,
-                           "residual checkpoint: format version %u, this library reads version %u", version,
+                           "residual checkpoint: format version %u, this library reads versions 1 to %u", version,
                            CKPT_VERSION);
     if (bytes < CKPT_FIXED + 16)
         return gcomp__fail(GCOMP_ERR_CORRUPT, "residual checkpoint: truncated (%zu bytes)", bytes);
@@ -262,6 +278,7 @@ static gcomp_result check_header(gcomp_comm *comm, const uint8_t *p, size_t byte
         return gcomp__fail(GCOMP_ERR_MISMATCH, "residual checkpoint: saved by rank %u of %u, this is rank %d of %d",
                            rank, size, gcomp_comm_rank(comm), gcomp_comm_size(comm));
     *pos = CKPT_FIXED + spec_len;
+    *version_out = version;
     return GCOMP_SUCCESS;
 }
 
@@ -282,11 +299,27 @@ static gcomp_result take_record(gcomp__residual_store *into, int keep, int in_pl
     return GCOMP_SUCCESS;
 }
 
+/* Version 2's record of the keyless step (GCOMP_KEY_NONE, 0 elements): into *keyless_step. */
+static gcomp_result take_keyless_step(uint32_t version, uint64_t count, uint64_t step, uint64_t *keyless_step)
+{
+    if (version < 2)
+        return gcomp__fail(GCOMP_ERR_CORRUPT,
+                           "residual checkpoint: a record for key GCOMP_KEY_NONE, which holds no residual (format "
+                           "version 1 has none)");
+    if (count != 0)
+        return gcomp__fail(GCOMP_ERR_CORRUPT,
+                           "residual checkpoint: the record for key GCOMP_KEY_NONE (the step of calls without a key) "
+                           "declares %llu elements, not 0",
+                           (unsigned long long)count);
+    *keyless_step = step;
+    return GCOMP_SUCCESS;
+}
+
 /* Check every record against the communicator and install each into `into`, a store of its
- * own: the communicator's state is not touched, so a failure (a bad record, or memory) leaves
- * it as it was. */
-static gcomp_result walk_records(gcomp_comm *comm, const uint8_t *p, size_t bytes, size_t pos,
-                                 gcomp__residual_store *into)
+ * own, and the keyless step into *keyless_step (0 if the file has none): the communicator's
+ * state is not touched, so a failure (a bad record, or memory) leaves it as it was. */
+static gcomp_result walk_records(gcomp_comm *comm, const uint8_t *p, size_t bytes, size_t pos, uint32_t version,
+                                 gcomp__residual_store *into, uint64_t *keyless_step)
 {
     uint32_t caps = gcomp__codec_chain(comm->codec)->stages[0].vt->caps;
     int in_place = (caps & GCOMP_CAP_RESIDUAL_IN_PLACE) != 0;
@@ -296,6 +329,7 @@ static gcomp_result walk_records(gcomp_comm *comm, const uint8_t *p, size_t byte
     size_t end = bytes - 8;
     uint64_t n = gcomp_le_load_u64(p + pos), prev = 0;
     pos += 8;
+    *keyless_step = 0;
     for (uint64_t i = 0; i < n; i++) {
         uint64_t key, count, step;
         size_t known;
@@ -306,12 +340,14 @@ static gcomp_result walk_records(gcomp_comm *comm, const uint8_t *p, size_t byte
         count = gcomp_le_load_u64(p + pos + 8);
         step = gcomp_le_load_u64(p + pos + 16);
         pos += CKPT_RECORD;
-        if (key == GCOMP_KEY_NONE)
-            return gcomp__fail(GCOMP_ERR_CORRUPT,
-                               "residual checkpoint: a record for key GCOMP_KEY_NONE, which holds no residual");
         if (i > 0 && key <= prev)
             return gcomp__fail(GCOMP_ERR_CORRUPT, "residual checkpoint: keys out of order or repeated at key %llu",
                                (unsigned long long)key);
+        prev = key;
+        if (key == GCOMP_KEY_NONE) { /* the largest key: the last record */
+            GCOMP_CHECK(take_keyless_step(version, count, step, keyless_step));
+            continue;
+        }
         /* no call makes a residual of 0 elements (a count-0 call returns before its key is
          * looked at). Every step is taken: the step only salts the codec's randomness, so a
          * step near 2^64 (a file another program wrote) wraps to 0 harmlessly, and whatever
@@ -330,7 +366,6 @@ static gcomp_result walk_records(gcomp_comm *comm, const uint8_t *p, size_t byte
                                (unsigned long long)key, (unsigned long long)count, known);
         GCOMP_CHECK(take_record(into, keep, in_place, key, (size_t)count, step, p + pos));
         pos += (size_t)count * sizeof(float);
-        prev = key;
     }
     if (pos != end)
         return gcomp__fail(GCOMP_ERR_CORRUPT, "residual checkpoint: %zu bytes after the last record", end - pos);
@@ -343,9 +378,11 @@ static gcomp_result load_blob(gcomp_comm *comm, const void *buf, size_t bytes)
 {
     gcomp__residual_store fresh = { 0 };
     size_t pos = 0;
+    uint32_t version = 0;
+    uint64_t keyless_step = 0;
     gcomp_result rc;
-    GCOMP_CHECK(check_header(comm, buf, bytes, &pos));
-    rc = walk_records(comm, buf, bytes, pos, &fresh);
+    GCOMP_CHECK(check_header(comm, buf, bytes, &pos, &version));
+    rc = walk_records(comm, buf, bytes, pos, version, &fresh, &keyless_step);
     if (rc != GCOMP_SUCCESS) {
         gcomp__residual_store_free(&fresh);
         return rc;
@@ -355,6 +392,7 @@ static gcomp_result load_blob(gcomp_comm *comm, const void *buf, size_t bytes)
      * residual (and step) to the device. */
     gcomp__residual_store_replace(gcomp__codec_residuals(comm->codec), &fresh);
     gcomp__codec_dev_drop_all(comm->codec);
+    comm->nokey_step = keyless_step;
     return GCOMP_SUCCESS;
 }
 

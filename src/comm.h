@@ -84,7 +84,7 @@ struct gcomp_comm {
     gcomp_codec *dense_codec; /* sparse-as-dense: the fp32 ring's codec ("none"), made at first use */
     int broken;               /* set by a timeout or transport failure: refuse further calls */
     gcomp__key *keys;
-    uint64_t nokey_step; /* the step of GCOMP_KEY_NONE calls without error feedback */
+    uint64_t nokey_step; /* the step of GCOMP_KEY_NONE calls (no residual; checkpoint.c saves it) */
     uint32_t call_seq;   /* compressed calls so far: each call's ring trailers carry it (ring.h) */
     uint8_t *agree_buf;  /* the in-band agreement's own pass (engine.c), made at first use */
     gcomp_comm_stats stats;

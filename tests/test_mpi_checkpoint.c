@@ -5,8 +5,9 @@
  *  - Resume: a communicator runs STEPS calls on two keys and saves after STEPS - 1 of them;
  *    a fresh communicator loads that and runs the last step: its result is bitwise identical
  *    to the uninterrupted run's, for every lossy codec (the residual and the step that keys
- *    TernGrad's rounding both come back), through a buffer and through a file. Without the
- *    load the fresh communicator's step differs (the check can fail).
+ *    TernGrad's rounding both come back), through a buffer and through a file, also with a
+ *    third call per step made without a key (its step comes back too: format version 2).
+ *    Without the load the fresh communicator's step differs (the check can fail).
  *  - Refusals, each leaving the state as it was: another codec, another key count, another
  *    rank's file, a truncated blob (every length), a flipped byte, a newer version, unknown
  *    flags, a buffer too small, error feedback off, an unwritable path.
@@ -63,6 +64,17 @@ static void step(gcomp_comm *c, int t, float *a, float *b)
     CHECK(r1 == GCOMP_SUCCESS && r2 == GCOMP_SUCCESS, "step %d: %s", t, gcomp_last_error());
 }
 
+/* A step with a third call, made without a key (GCOMP_KEY_NONE: no residual, but its own
+ * step keys TernGrad's rounding), into k when k is not NULL. */
+static void step_keyless(gcomp_comm *c, int t, float *a, float *b, float *k)
+{
+    step(c, t, a, b);
+    if (!k) return;
+    fill(k, N2, rank, t, 3);
+    CHECK(gcomp_allreduce(c, k, k, N2, GCOMP_F32, GCOMP_SUM, GCOMP_KEY_NONE, NULL) == GCOMP_SUCCESS,
+          "step %d, no key: %s", t, gcomp_last_error());
+}
+
 static void *save(gcomp_comm *c, size_t *bytes)
 {
     void *blob;
@@ -74,20 +86,21 @@ static void *save(gcomp_comm *c, size_t *bytes)
     return blob;
 }
 
-static void test_resume(const char *codec, int via_file)
+static void test_resume(const char *codec, int via_file, int keyless)
 {
     float *a = malloc(N1 * 4), *b = malloc(N2 * 4), *a2 = malloc(N1 * 4), *b2 = malloc(N2 * 4);
+    float *k = keyless ? malloc(N2 * 4) : NULL, *k2 = keyless ? malloc(N2 * 4) : NULL;
     char path[256];
     size_t bytes = 0;
     void *blob = NULL;
     gcomp_comm *c = make_comm(codec, 1), *fresh;
     snprintf(path, sizeof path, "/tmp/gcomp_ckpt_%d_%d.bin", (int)getpid(), rank);
-    for (int t = 0; t < STEPS - 1; t++) step(c, t, a, b);
+    for (int t = 0; t < STEPS - 1; t++) step_keyless(c, t, a, b, k);
     if (via_file)
         CHECK(gcomp_comm_residuals_save_file(c, path) == GCOMP_SUCCESS, "save_file: %s", gcomp_last_error());
     else
         blob = save(c, &bytes);
-    step(c, STEPS - 1, a, b); /* the uninterrupted run's next step */
+    step_keyless(c, STEPS - 1, a, b, k); /* the uninterrupted run's next step */
 
     fresh = make_comm(codec, 1);
     if (via_file) {
@@ -96,18 +109,22 @@ static void test_resume(const char *codec, int via_file)
     } else {
         CHECK(gcomp_comm_residuals_load(fresh, blob, bytes) == GCOMP_SUCCESS, "load: %s", gcomp_last_error());
     }
-    step(fresh, STEPS - 1, a2, b2);
-    CHECK(memcmp(a, a2, N1 * 4) == 0 && memcmp(b, b2, N2 * 4) == 0,
-          "%s (%s): the resumed step differs from the uninterrupted one", codec, via_file ? "file" : "buffer");
+    step_keyless(fresh, STEPS - 1, a2, b2, k2);
+    CHECK(memcmp(a, a2, N1 * 4) == 0 && memcmp(b, b2, N2 * 4) == 0 && (!k || memcmp(k, k2, N2 * 4) == 0),
+          "%s (%s%s): the resumed step differs from the uninterrupted one", codec, via_file ? "file" : "buffer",
+          k ? ", with calls without a key" : "");
     gcomp_comm_destroy(fresh);
 
     /* the check can fail: without the load the same step differs */
     fresh = make_comm(codec, 1);
-    step(fresh, STEPS - 1, a2, b2);
+    step_keyless(fresh, STEPS - 1, a2, b2, k2);
     CHECK(memcmp(a, a2, N1 * 4) != 0, "%s: a fresh communicator without the residuals gave the same result", codec);
+    /* TernGrad's keyless call too: it rounds by the step the checkpoint carried */
+    CHECK(!k || strncmp(codec, "terngrad", 8) != 0 || memcmp(k, k2, N2 * 4) != 0,
+          "%s: a fresh communicator without the keyless step gave the same keyless result", codec);
     gcomp_comm_destroy(fresh);
     gcomp_comm_destroy(c);
-    free(blob), free(a), free(b), free(a2), free(b2);
+    free(blob), free(a), free(b), free(a2), free(b2), free(k), free(k2);
 }
 
 /* A refused load returns want and leaves the communicator's state byte for byte as it was. */
@@ -170,6 +187,34 @@ static void expect_step_wraps(const uint8_t *blob, size_t bytes, size_t step_at)
     free(a), free(b);
 }
 
+/* Format version 2: a blob holds the keyless step (calls with GCOMP_KEY_NONE) as a last record
+ * of key GCOMP_KEY_NONE and 0 elements, and is version 1 without one; that record with
+ * elements is refused. */
+static void test_keyless_record(void)
+{
+    float *a = malloc(N1 * 4), *b = malloc(N2 * 4), *k = malloc(N2 * 4);
+    gcomp_comm *keyed = make_comm("terngrad", 1), *keyless = make_comm("terngrad", 1);
+    size_t n1 = 0, n2 = 0;
+    uint8_t *v1, *v2;
+    step_keyless(keyed, 0, a, b, NULL);
+    step_keyless(keyless, 0, a, b, k);
+    step_keyless(keyless, 1, a, b, k);
+    v1 = save(keyed, &n1);
+    v2 = save(keyless, &n2);
+    CHECK(v1[8] == 1 && v2[8] == 2 && n2 == n1 + 24, "versions %d and %d, %zu and %zu bytes", v1[8], v2[8], n1, n2);
+    CHECK(get_u64(v2 + n2 - 32) == UINT64_MAX && get_u64(v2 + n2 - 24) == 0 && get_u64(v2 + n2 - 16) == 2,
+          "the last record: key %llu, count %llu, step %llu", (unsigned long long)get_u64(v2 + n2 - 32),
+          (unsigned long long)get_u64(v2 + n2 - 24), (unsigned long long)get_u64(v2 + n2 - 16));
+    CHECK(gcomp_comm_residuals_load(keyed, v2, n2) == GCOMP_SUCCESS, "a version 2 blob: %s", gcomp_last_error());
+    put_u64(v2 + n2 - 24, 1); /* the keyless record with an element */
+    resum(v2, n2);
+    expect_refused(keyless, v2, n2, GCOMP_ERR_CORRUPT, "a GCOMP_KEY_NONE record with elements");
+    CHECK(strstr(gcomp_last_error(), "declares 1 elements, not 0") != NULL, "%s", gcomp_last_error());
+    gcomp_comm_destroy(keyed);
+    gcomp_comm_destroy(keyless);
+    free(v1), free(v2), free(a), free(b), free(k);
+}
+
 static void test_refusals(void)
 {
     float *a = malloc(N1 * 4), *b = malloc(N2 * 4);
@@ -210,13 +255,13 @@ static void test_refusals(void)
           gcomp_last_error());
 
     memcpy(copy, blob, bytes);
-    copy[8] = 2; /* version 2, checksum made valid again */
+    copy[8] = 3; /* version 3, checksum made valid again */
     resum(copy, bytes);
     expect_refused(c, copy, bytes, GCOMP_ERR_UNSUPPORTED, "a newer format version");
     /* a newer format may change everything after the version, its checksum too: still a
      * newer version, not a damaged file (the checksum was checked first) */
     memcpy(copy, blob, bytes);
-    copy[8] = 2;
+    copy[8] = 3;
     expect_refused(c, copy, bytes, GCOMP_ERR_UNSUPPORTED, "a newer format version with another checksum");
     expect_refused(c, copy, 12, GCOMP_ERR_UNSUPPORTED, "a newer format version, 12 bytes");
 
@@ -260,7 +305,7 @@ static void test_refusals(void)
         memcpy(copy, blob, bytes);
         put_u64(copy + rec1, UINT64_MAX); /* the second record's key: GCOMP_KEY_NONE (still ascending) */
         resum(copy, bytes);
-        expect_refused(c, copy, bytes, GCOMP_ERR_CORRUPT, "a record for GCOMP_KEY_NONE");
+        expect_refused(c, copy, bytes, GCOMP_ERR_CORRUPT, "a record for GCOMP_KEY_NONE in format version 1");
         CHECK(strstr(gcomp_last_error(), "GCOMP_KEY_NONE") != NULL, "%s", gcomp_last_error());
 
         memcpy(copy, blob, bytes);
@@ -408,9 +453,13 @@ int main(int argc, char **argv)
     MPI_Init(&argc, &argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
-    for (size_t i = 0; i < sizeof codecs / sizeof codecs[0]; i++) test_resume(codecs[i], 0);
-    test_resume("terngrad", 1);
+    for (size_t i = 0; i < sizeof codecs / sizeof codecs[0]; i++) test_resume(codecs[i], 0, 0);
+    test_resume("terngrad", 1, 0);
+    test_resume("terngrad", 0, 1);
+    test_resume("terngrad", 1, 1);
+    test_resume("topk:ratio=0.01", 0, 1);
     test_refusals();
+    test_keyless_record();
     test_in_flight();
     fails = mpi_test_finish("test_mpi_checkpoint", "");
     MPI_Finalize();
