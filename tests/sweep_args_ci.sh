@@ -210,6 +210,46 @@ for sig in TERM INT; do
   fi
 done
 
+# A closed terminal (HUP, then every write to it fails): the finished point is still written
+# with its STOPPED line, exit 129 (before: the stop message's write raised, exit 1, no results).
+rm -f "$out/term.pid"
+rc=0
+timeout 120 /usr/bin/python3 - "$out/term.pid" "${sweep[@]}" --ranks 2 --codec none --codec fp16 --out "$out/hup" \
+  --cmd "sh $out/slow.sh {codec} {ranks} $out/fake.sh $out/term.pid" <<'PY' || rc=$?
+import os, select, sys, time
+pidfile, argv = sys.argv[1], sys.argv[2:]
+master, slave = os.openpty()
+pid = os.fork()
+if pid == 0:  # the sweep, with the pty as its controlling terminal and its stdio
+    os.setsid()
+    import fcntl, termios
+    fcntl.ioctl(slave, termios.TIOCSCTTY, 0)
+    for fd in (0, 1, 2):
+        os.dup2(slave, fd)
+    os.execv(argv[0], argv)
+os.close(slave)
+for _ in range(300):  # until the second point runs, reading what the sweep prints
+    if os.path.exists(pidfile) and os.path.getsize(pidfile):
+        break
+    while select.select([master], [], [], 0.05)[0]:
+        try:
+            os.read(master, 65536)
+        except OSError:
+            break
+    time.sleep(0.05)
+os.close(master)  # the terminal goes away: the kernel sends HUP
+sys.exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+PY
+sleep 1
+if [ "$rc" -ne 129 ] || [ "$(tail -n +2 "$out/hup/results.csv" 2>/dev/null | wc -l)" -ne 1 ] ||
+  ! grep -q "^STOPPED: .* after 1 of its 2 points" "$out/hup/results.md" 2>/dev/null; then
+  echo "FAIL: a closed terminal: exit $rc (want 129), results.md: $([ -e "$out/hup/results.md" ] && echo yes || echo no)"
+  kill "$(cat "$out/term.pid" 2>/dev/null)" 2>/dev/null
+  fails=$((fails + 1))
+else
+  echo "ok: a closed terminal (HUP): exit 129, the finished point written"
+fi
+
 # A point past --timeout is FAILED and leaves no JSON, even one its trainer wrote before it
 # was stopped (before: a complete result beside the FAILED row of results.md).
 cat >"$out/late.sh" <<'SH'
