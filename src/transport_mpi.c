@@ -117,7 +117,7 @@ static void wait_leave(void) { atomic_fetch_sub(&in_wait, 1); }
 
 static gcomp_result mpi_gone_fail(const char *what)
 {
-    return gcomp__fail(GCOMP_ERR_TRANSPORT, "%s: MPI was finalized (by another thread) while this call waited", what);
+    return gcomp__fail(GCOMP_ERR_TRANSPORT, "%s: MPI was finalized (by another thread) during this call", what);
 }
 
 /* Poll until every request completes or the deadline passes. Spinning is what MPI's own
@@ -141,8 +141,11 @@ static gcomp_result poll_all(int n, MPI_Request *reqs, MPI_Status *st, double de
         if ((spins & 255) == 0 && gcomp__now() > deadline) {
             /* point-to-point requests can be cancelled; collective ones cannot (MPI forbids
              * it) and are left behind -- the communicator is unusable from here on anyway */
-            for (int i = 0; cancellable && i < n; i++)
-                if (reqs[i] != MPI_REQUEST_NULL) MPI_Cancel(&reqs[i]);
+            if (cancellable && wait_enter()) { /* else MPI_Finalize has begun: no MPI call */
+                for (int i = 0; i < n; i++)
+                    if (reqs[i] != MPI_REQUEST_NULL) MPI_Cancel(&reqs[i]);
+                wait_leave();
+            }
             return gcomp__fail(GCOMP_ERR_TIMEOUT, "%s: no answer from a peer before the deadline (GCOMP_TIMEOUT_MS)",
                                what);
         }
@@ -227,6 +230,25 @@ static gcomp_result wait_all(int n, MPI_Request *reqs, MPI_Status *st, double de
     return rc;
 }
 
+/* Around the calls that start an exchange or a collective (MPI_Isend, MPI_Irecv,
+ * MPI_Iallreduce): counted in in_wait, so MPI_Finalize waits for them to return instead of
+ * finalizing under them, with MPI_ERRORS_RETURN on MPI_COMM_WORLD. 0 (nothing entered, no
+ * MPI call may follow) once MPI_Finalize has begun. */
+static int start_enter(quiet *q)
+{
+    if (!wait_enter()) return 0;
+    *q = quiet_begin(MPI_COMM_WORLD);
+    if (q->live) return 1;
+    wait_leave();
+    return 0;
+}
+
+static void start_leave(quiet *q)
+{
+    quiet_end(q);
+    wait_leave();
+}
+
 /* (type, count) for a message of `bytes` bytes: (MPI_BYTE, bytes) up to the count limit, else
  * one element of a committed derived datatype of that many bytes, which the caller frees
  * (MPI lets it go while the operation using it is still pending). */
@@ -296,7 +318,7 @@ static gcomp_result mpi_start(gcomp__transport *t, int to, const void *sbuf, siz
     MPI_Datatype type;
     int count;
     GCOMP_CHECK(check_live());
-    q = quiet_begin(MPI_COMM_WORLD);
+    if (!start_enter(&q)) return mpi_gone_fail("ring exchange");
     err = bytes_type(rcap, &type, &count);
     if (err == MPI_SUCCESS) {
         err = MPI_Irecv(rbuf, count, type, from, GCOMP_TAG, m->comm, &m->ring[0]);
@@ -308,7 +330,7 @@ static gcomp_result mpi_start(gcomp__transport *t, int to, const void *sbuf, siz
         MPI_Cancel(&m->ring[0]);
         rc = mpi_fail(err, "MPI_Isend");
     }
-    quiet_end(&q);
+    start_leave(&q);
     return rc;
 }
 
@@ -330,9 +352,12 @@ static gcomp_result mpi_start_any(gcomp__transport *t, int to, const void *sbuf,
     m->got = 0;
     m->into_big = 0;
     m->match_rc = GCOMP_SUCCESS;
-    q = quiet_begin(MPI_COMM_WORLD);
+    if (!start_enter(&q)) {
+        m->any = m->probing = 0;
+        return mpi_gone_fail("ring exchange");
+    }
     err = post_send(m, to, sbuf, sbytes);
-    quiet_end(&q);
+    start_leave(&q);
     if (err != MPI_SUCCESS) {
         m->any = m->probing = 0;
         return mpi_fail(err, "MPI_Isend");
@@ -387,7 +412,10 @@ static gcomp_result wait_match(mpi_transport *m, double deadline)
         if (rc != GCOMP_SUCCESS || !m->probing) break;
         if (++spins > 64) sched_yield();
         if ((spins & 255) == 0 && gcomp__now() > deadline) {
-            if (m->ring[1] != MPI_REQUEST_NULL) MPI_Cancel(&m->ring[1]);
+            if (m->ring[1] != MPI_REQUEST_NULL && wait_enter()) { /* else MPI_Finalize has begun */
+                MPI_Cancel(&m->ring[1]);
+                wait_leave();
+            }
             rc = gcomp__fail(GCOMP_ERR_TIMEOUT,
                              "ring exchange: no answer from a peer before the deadline (GCOMP_TIMEOUT_MS)");
         }
@@ -478,9 +506,9 @@ static gcomp_result mpi_allreduce(mpi_transport *m, void *vals, size_t n, size_t
     size_t at = 0;
     do {
         size_t k = n - at < gcomp__mpi_max_count ? n - at : gcomp__mpi_max_count;
-        q = quiet_begin(MPI_COMM_WORLD);
+        if (!start_enter(&q)) return mpi_gone_fail(what);
         err = MPI_Iallreduce(MPI_IN_PLACE, (uint8_t *)m->coll + at * esize, (int)k, type, op, m->comm, &req);
-        quiet_end(&q);
+        start_leave(&q);
         if (err != MPI_SUCCESS) return mpi_fail(err, what);
         rc = wait_all(1, &req, &st, deadline, 0, what);
         at += k;
