@@ -488,7 +488,9 @@ GCOMP_API gcomp_result gcomp_wait(gcomp_request **req);
 
 /* Free the communicator and its residuals; does not touch the user's MPI/NCCL communicator.
  * Not collective. Accepts NULL. Destroying a communicator twice or using it after destroy
- * is undefined, like free(). After a timeout, the MPI duplicate communicator and the buffers
+ * is undefined, like free(); so is destroying it while another thread is in a call on it
+ * (gcomp_wait or gcomp_allreduce there may be running a call itself, which destroy does not
+ * wait for). After a timeout, the MPI duplicate communicator and the buffers
  * its pending requests use are left to MPI_Finalize (freeing them under a pending collective
  * crashes Open MPI when the late peer arrives); MPI_Barrier and MPI_Finalize stay safe. */
 GCOMP_API void gcomp_comm_destroy(gcomp_comm *comm);
