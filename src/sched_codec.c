@@ -75,11 +75,12 @@ gcomp_result gcomp__call_zero(gcomp__call *call, void *dst, size_t bytes)
     return call->dev->memset_async(dst, 0, bytes, call->stream);
 }
 
-/* Milliseconds left before the call's deadline (0 past it: a wait then only looks once). */
+/* Milliseconds left before the call's deadline (0 past it: a wait then only looks once).
+ * timeout_ms may be as large as INT64_MAX: a double that far out no longer fits an int64. */
 static int64_t ms_left(const gcomp__call *call)
 {
-    double left = call->ring.deadline - gcomp__now();
-    return left > 0 ? (int64_t)(left * 1e3) + 1 : 0;
+    double left_ms = 1e3 * (call->ring.deadline - gcomp__now());
+    return left_ms >= 0x1p62 ? INT64_MAX : left_ms > 0 ? (int64_t)left_ms + 1 : 0;
 }
 
 gcomp_result gcomp__call_wait(gcomp__call *call)
