@@ -238,38 +238,37 @@ void gcomp__comm_release(gcomp_comm *c)
 /* ---- stats: written by the thread that runs each call, so read and reset under the hold
  * (a call in flight would race with the copy, and a reset would keep half of its figures) ---- */
 
-/* The hold takes the queue's lock, which a const communicator still owns. */
-static gcomp_result hold_stats(const gcomp_comm *c, const char *api) { return gcomp__comm_hold((gcomp_comm *)c, api); }
-
 gcomp_result gcomp_comm_stats_get(const gcomp_comm *c, gcomp_comm_stats *out)
 {
+    gcomp_comm *held = (gcomp_comm *)c; /* the hold takes the queue's lock, which a const communicator owns too */
     if (!c || !out) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_stats_get: NULL argument");
-    GCOMP_CHECK(hold_stats(c, "gcomp_comm_stats_get"));
+    GCOMP_CHECK(gcomp__comm_hold(held, "gcomp_comm_stats_get"));
     *out = c->stats;
-    gcomp__comm_release((gcomp_comm *)c);
+    gcomp__comm_release(held);
     return GCOMP_SUCCESS;
 }
 
 gcomp_result gcomp_comm_key_stats_get(const gcomp_comm *c, uint64_t key, gcomp_comm_stats *out)
 {
+    gcomp_comm *held = (gcomp_comm *)c; /* as in gcomp_comm_stats_get */
     const gcomp__key *k;
     gcomp_result rc = GCOMP_SUCCESS;
     if (!c || !out) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_key_stats_get: NULL argument");
-    GCOMP_CHECK(hold_stats(c, "gcomp_comm_key_stats_get"));
+    GCOMP_CHECK(gcomp__comm_hold(held, "gcomp_comm_key_stats_get"));
     k = gcomp__comm_find_key(c, key);
     if (!k || !k->count) /* a key's count is recorded by its first call that succeeded */
         rc =
             gcomp__fail(GCOMP_ERR_INVALID_ARG, "key %llu was never used on this communicator", (unsigned long long)key);
     else
         *out = k->stats;
-    gcomp__comm_release((gcomp_comm *)c);
+    gcomp__comm_release(held);
     return rc;
 }
 
 gcomp_result gcomp_comm_stats_reset(gcomp_comm *c)
 {
     if (!c) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_stats_reset: NULL comm");
-    GCOMP_CHECK(hold_stats(c, "gcomp_comm_stats_reset"));
+    GCOMP_CHECK(gcomp__comm_hold(c, "gcomp_comm_stats_reset"));
     gcomp__comm_clear_stats(c);
     gcomp__comm_release(c);
     return GCOMP_SUCCESS;
