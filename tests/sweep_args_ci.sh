@@ -250,6 +250,51 @@ else
   echo "ok: a closed terminal (HUP): exit 129, the finished point written"
 fi
 
+# Ctrl-C outside the points (before: a KeyboardInterrupt traceback). While plotting (a
+# stand-in gnuplot that hangs): the results are written, no plot, exit 130. In the codec check
+# before the first point (its child Python held in opening GCOMP_LIBRARY, a FIFO): exit 130 and
+# DIR as it was.
+mkdir -p "$out/bin" "$out/pre"
+printf '#!/bin/sh\necho $$ >"%s/plot.pid"\nexec sleep 60\n' "$out" >"$out/bin/gnuplot"
+chmod +x "$out/bin/gnuplot"
+mkfifo "$out/lib.fifo"
+echo old >"$out/pre/results.md"
+for phase in plot check; do
+  rm -f "$out/plot.pid"
+  if [ $phase = plot ]; then
+    env_set=(PATH="$out/bin:$PATH"); dir="$out/plot"
+  else
+    env_set=(GCOMP_LIBRARY="$out/lib.fifo"); dir="$out/pre"
+  fi
+  env "${env_set[@]}" timeout 120 /usr/bin/python3 -c 'import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])' \
+    "${sweep[@]}" --ranks 2 --codec fp16 --out "$dir" --cmd "$cmd" >"$out/stdout" 2>"$out/stderr" &
+  spid=$!
+  for _ in $(seq 100); do # the plot's gnuplot, or the codec check's Python: the sweep's child
+    if [ $phase = plot ]; then [ -s "$out/plot.pid" ] && break
+    else pgrep -P "$(pgrep -P "$spid")" >/dev/null && break; fi
+    sleep 0.2
+  done
+  sleep 0.5 # (the checker's Python on to its open of the FIFO)
+  kill -INT "$spid"
+  rc=0
+  wait "$spid" || rc=$?
+  if [ $phase = plot ]; then
+    want_msg="stopped (SIGINT) while plotting: no plot"
+    written=$([ "$(tail -n +2 "$dir/results.csv" 2>/dev/null | wc -l)" -eq 1 ] && [ ! -e "$dir/accuracy_vs_bytes.png" ] && echo yes)
+  else
+    want_msg="stopped (SIGINT)"
+    written=$([ "$(cat "$dir/results.md")" = old ] && [ ! -e "$dir/points" ] && echo yes)
+  fi
+  if [ "$rc" -ne 130 ] || grep -q Traceback "$out/stderr" || ! grep -qF "$want_msg" "$out/stderr" || [ "$written" != yes ]; then
+    echo "FAIL: Ctrl-C in the $phase: exit $rc (want 130), outputs as expected: ${written:-no}"
+    tail -5 "$out/stderr"
+    fails=$((fails + 1))
+  else
+    echo "ok: Ctrl-C in the $phase: exit 130, no traceback ($want_msg)"
+  fi
+  [ -s "$out/plot.pid" ] && kill "$(cat "$out/plot.pid")" 2>/dev/null
+done
+
 # A point past --timeout is FAILED and leaves no JSON, even one its trainer wrote before it
 # was stopped (before: a complete result beside the FAILED row of results.md).
 cat >"$out/late.sh" <<'SH'
