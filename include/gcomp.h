@@ -541,7 +541,8 @@ GCOMP_API gcomp_result gcomp_comm_config_get(const gcomp_comm *comm, gcomp_confi
  * nothing. The refusal depends only on the calls this rank issued and completed, so ranks
  * that run the same program refuse alike; it is local (no rank waits for another), and a
  * program whose ranks differ there gets different states on different ranks, as with any
- * load that one rank makes and another does not.
+ * load that one rank makes and another does not. The blob does not record the seed: a TernGrad
+ * resume continues bit for bit only with the seed it was saved under (GCOMP_SEED, cfg.seed).
  * Not thread-safe with calls on the same communicator. */
 GCOMP_API gcomp_result gcomp_comm_residuals_save(gcomp_comm *comm, void *buf, size_t cap, size_t *written);
 GCOMP_API gcomp_result gcomp_comm_residuals_load(gcomp_comm *comm, const void *buf, size_t bytes);
