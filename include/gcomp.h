@@ -497,7 +497,9 @@ GCOMP_API void gcomp_comm_destroy(gcomp_comm *comm);
 
 /* Stats are written by the thread that runs each call: read or reset them when no
  * gcomp_iallreduce of this communicator is in flight and no other thread is in a call on it
- * (else GCOMP_ERR_INVALID_ARG, as the residual checkpoint calls, and nothing is read or reset). */
+ * (else GCOMP_ERR_INVALID_ARG, as the residual checkpoint calls, and nothing is read or reset).
+ * A checkpoint call on another thread counts as a call; stats calls do not: readers on several
+ * threads never refuse each other, nor make a checkpoint call refuse. */
 GCOMP_API gcomp_result gcomp_comm_stats_get(const gcomp_comm *comm, gcomp_comm_stats *out);
 /* Stats of one key; GCOMP_ERR_INVALID_ARG if the key was never used (no call on it succeeded:
  * a refused or failed first call leaves no key behind, in the stats or in a checkpoint).

@@ -204,25 +204,32 @@ gcomp_result gcomp_wait(gcomp_request **req)
     return finish(req);
 }
 
+/* Called with the lock held: GCOMP_ERR_INVALID_ARG while a request is in flight or another
+ * thread's call is queued or running (or holds the communicator), else GCOMP_SUCCESS. */
+static gcomp_result refuse_if_busy(const gcomp_comm *c, const char *api)
+{
+    if (c->q.outstanding)
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG,
+                           "%s: a gcomp_iallreduce of this communicator is in flight (%d not yet completed by "
+                           "gcomp_wait/gcomp_test): call it when none is",
+                           api, c->q.outstanding);
+    if (c->q.head || c->q.running) /* no request in flight: another thread's call, queued or running */
+        return gcomp__fail(GCOMP_ERR_INVALID_ARG,
+                           "%s: another thread is running or about to run a call on this communicator (a "
+                           "blocking gcomp_allreduce, a checkpoint): call it when none is",
+                           api);
+    return GCOMP_SUCCESS;
+}
+
 /* The refusal depends only on what this thread issued and completed, never on how far the
  * progress thread got: every rank that makes the same calls in the same order gets the same
  * answer (a request that already ran but was not waited for still counts). */
 gcomp_result gcomp__comm_hold(gcomp_comm *c, const char *api)
 {
-    gcomp_result rc = GCOMP_SUCCESS;
+    gcomp_result rc;
     pthread_mutex_lock(&c->q.lock);
-    if (c->q.outstanding)
-        rc = gcomp__fail(GCOMP_ERR_INVALID_ARG,
-                         "%s: a gcomp_iallreduce of this communicator is in flight (%d not yet completed by "
-                         "gcomp_wait/gcomp_test): call it when none is",
-                         api, c->q.outstanding);
-    else if (c->q.head || c->q.running) /* no request in flight: another thread's call, queued or running */
-        rc = gcomp__fail(GCOMP_ERR_INVALID_ARG,
-                         "%s: another thread is running or about to run a call on this communicator (a "
-                         "blocking gcomp_allreduce, a checkpoint): call it when none is",
-                         api);
-    else
-        c->q.running = 1;
+    rc = refuse_if_busy(c, api);
+    if (rc == GCOMP_SUCCESS) c->q.running = 1;
     pthread_mutex_unlock(&c->q.lock);
     return rc;
 }
@@ -235,42 +242,55 @@ void gcomp__comm_release(gcomp_comm *c)
     pthread_mutex_unlock(&c->q.lock);
 }
 
-/* ---- stats: written by the thread that runs each call, so read and reset under the hold
- * (a call in flight would race with the copy, and a reset would keep half of its figures) ---- */
+/* ---- stats: written by the thread that runs each call (q.running set, under the lock), so
+ * read and reset under the lock while none runs: a call in flight would race with the copy,
+ * and a reset would keep half of its figures. The lock only, never the hold: a thread that
+ * reads stats must not make another thread's checkpoint call refuse as if a call ran. ---- */
+
+/* The lock taken and nothing running (GCOMP_SUCCESS), or the refusal with the lock released. */
+static gcomp_result stats_lock(const gcomp_comm *c, const char *api)
+{
+    gcomp_comm *locked = (gcomp_comm *)c; /* the queue's lock, which a const communicator owns too */
+    gcomp_result rc;
+    pthread_mutex_lock(&locked->q.lock);
+    rc = refuse_if_busy(c, api);
+    if (rc != GCOMP_SUCCESS) pthread_mutex_unlock(&locked->q.lock);
+    return rc;
+}
+
+static void stats_unlock(const gcomp_comm *c) { pthread_mutex_unlock(&((gcomp_comm *)c)->q.lock); }
 
 gcomp_result gcomp_comm_stats_get(const gcomp_comm *c, gcomp_comm_stats *out)
 {
-    gcomp_comm *held = (gcomp_comm *)c; /* the hold takes the queue's lock, which a const communicator owns too */
     if (!c || !out) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_stats_get: NULL argument");
-    GCOMP_CHECK(gcomp__comm_hold(held, "gcomp_comm_stats_get"));
+    GCOMP_CHECK(stats_lock(c, "gcomp_comm_stats_get"));
     *out = c->stats;
-    gcomp__comm_release(held);
+    stats_unlock(c);
     return GCOMP_SUCCESS;
 }
 
 gcomp_result gcomp_comm_key_stats_get(const gcomp_comm *c, uint64_t key, gcomp_comm_stats *out)
 {
-    gcomp_comm *held = (gcomp_comm *)c; /* as in gcomp_comm_stats_get */
     const gcomp__key *k;
     gcomp_result rc = GCOMP_SUCCESS;
     if (!c || !out) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_key_stats_get: NULL argument");
-    GCOMP_CHECK(gcomp__comm_hold(held, "gcomp_comm_key_stats_get"));
+    GCOMP_CHECK(stats_lock(c, "gcomp_comm_key_stats_get"));
     k = gcomp__comm_find_key(c, key);
     if (!k || !k->count) /* a key's count is recorded by its first call that succeeded */
         rc =
             gcomp__fail(GCOMP_ERR_INVALID_ARG, "key %llu was never used on this communicator", (unsigned long long)key);
     else
         *out = k->stats;
-    gcomp__comm_release(held);
+    stats_unlock(c);
     return rc;
 }
 
 gcomp_result gcomp_comm_stats_reset(gcomp_comm *c)
 {
     if (!c) return gcomp__fail(GCOMP_ERR_INVALID_ARG, "gcomp_comm_stats_reset: NULL comm");
-    GCOMP_CHECK(gcomp__comm_hold(c, "gcomp_comm_stats_reset"));
+    GCOMP_CHECK(stats_lock(c, "gcomp_comm_stats_reset"));
     gcomp__comm_clear_stats(c);
-    gcomp__comm_release(c);
+    stats_unlock(c);
     return GCOMP_SUCCESS;
 }
 

@@ -441,6 +441,85 @@ static void test_checkpoint_while_other_thread_calls(void **state)
         fail_msg("the refusal says '%s'", jobs[0].refusal);
 }
 
+/* Stats readers on other threads of an idle communicator: they take its lock, never its hold,
+ * so two readers never refuse each other, and a reader never makes the main thread's
+ * checkpoint calls refuse as if a call ran (both did: the getters took the hold). Each rank
+ * makes one call, then runs two readers at once, then one reader beside READS saves. */
+#define READS 20000
+typedef struct reader_job {
+    loop_rank at;
+    gcomp_comm *comm;
+    int stop; /* atomic */
+    long refused;
+    long saves_refused, readers_refused;
+    char refusal[240];
+} reader_job;
+
+static void *read_stats(void *arg)
+{
+    reader_job *j = arg;
+    gcomp_comm_stats st;
+    long refused = 0;
+    for (long i = 0; i < READS && !__atomic_load_n(&j->stop, __ATOMIC_RELAXED); i++)
+        if (gcomp_comm_stats_get(j->comm, &st) != GCOMP_SUCCESS ||
+            gcomp_comm_key_stats_get(j->comm, 1, &st) != GCOMP_SUCCESS)
+            refused++;
+    __atomic_add_fetch(&j->refused, refused, __ATOMIC_RELAXED);
+    return NULL;
+}
+
+static void *stats_reader_rank(void *arg)
+{
+    reader_job *j = arg;
+    gcomp_config cfg = gcomp_config_default();
+    float x[1000], y[1000];
+    uint8_t buf[1 << 14];
+    size_t written;
+    pthread_t t[2];
+    cfg.codec = "terngrad";
+    cfg.min_bytes = 0;
+    cfg.timeout_ms = 20000;
+    fill(x, 1000, j->at.rank, 0);
+    j->readers_refused = j->saves_refused = -1;
+    if (gcomp__comm_create_loop(j->at.w, j->at.rank, &cfg, &j->comm) != GCOMP_SUCCESS) return NULL;
+    if (gcomp_allreduce(j->comm, x, y, 1000, GCOMP_F32, GCOMP_SUM, 1, NULL) != GCOMP_SUCCESS) goto out;
+    if (pthread_create(&t[0], NULL, read_stats, j) != 0) goto out;
+    if (pthread_create(&t[1], NULL, read_stats, j) != 0) {
+        __atomic_store_n(&j->stop, 1, __ATOMIC_RELAXED);
+        pthread_join(t[0], NULL);
+        goto out;
+    }
+    pthread_join(t[0], NULL);
+    pthread_join(t[1], NULL);
+    j->readers_refused = j->refused;
+    j->saves_refused = 0;
+    if (pthread_create(&t[0], NULL, read_stats, j) != 0) goto out;
+    for (int i = 0; i < READS; i++)
+        if (gcomp_comm_residuals_save(j->comm, buf, sizeof buf, &written) != GCOMP_SUCCESS && j->saves_refused++ == 0)
+            snprintf(j->refusal, sizeof j->refusal, "%s", gcomp_last_error());
+    __atomic_store_n(&j->stop, 1, __ATOMIC_RELAXED);
+    pthread_join(t[0], NULL);
+out:
+    gcomp_comm_destroy(j->comm);
+    return NULL;
+}
+
+static void test_stats_readers_take_no_hold(void **state)
+{
+    static reader_job jobs[2];
+    (void)state;
+    memset(jobs, 0, sizeof jobs);
+    loop_run_world(2, stats_reader_rank, jobs, sizeof jobs[0]);
+    for (int r = 0; r < 2; r++) {
+        if (jobs[r].readers_refused != 0)
+            fail_msg("rank %d: two stats readers of an idle communicator: %ld reads refused", r,
+                     jobs[r].readers_refused);
+        if (jobs[r].saves_refused != 0)
+            fail_msg("rank %d: %ld of %d saves refused beside a stats reader (%s)", r, jobs[r].saves_refused, READS,
+                     jobs[r].refusal);
+    }
+}
+
 static void test_null_arguments(void **state)
 {
     gcomp_request *req = (gcomp_request *)1;
@@ -464,6 +543,7 @@ int main(void)
         cmocka_unit_test(test_bad_argument_in_flight),
         cmocka_unit_test(test_checkpoint_while_in_flight),
         cmocka_unit_test(test_checkpoint_while_other_thread_calls),
+        cmocka_unit_test(test_stats_readers_take_no_hold),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
