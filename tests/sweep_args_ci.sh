@@ -315,5 +315,44 @@ else
   echo "ok: a point past --timeout is FAILED and leaves no JSON"
 fi
 
+# A point stopped by TERM leaves no JSON either, though its trainer wrote one (before: the
+# JSON of a point that results.md neither ran nor failed).
+rc=0
+timeout 120 /usr/bin/python3 "$root/bench/sweep" --trainer "$out/late.sh" --ranks 2 --codec none --codec fp16 \
+  --timeout 100 --out "$out/late_term" >"$out/stdout" 2>"$out/stderr" &
+spid=$!
+for _ in $(seq 100); do [ -e "$out/late_term/points/01_none_ef1_r2.json" ] && break; sleep 0.2; done
+sleep 0.5
+kill -TERM "$spid"
+wait "$spid" || rc=$?
+if [ "$rc" -ne 143 ] || [ -e "$out/late_term/points/01_none_ef1_r2.json" ]; then
+  echo "FAIL: a point stopped by TERM: exit $rc (want 143), its JSON left:" \
+    "$([ -e "$out/late_term/points/01_none_ef1_r2.json" ] && echo yes || echo no)"
+  fails=$((fails + 1))
+else
+  echo "ok: a point stopped by TERM leaves no JSON"
+fi
+
+# Under nohup (HUP ignored) a HUP does not stop the sweep (before: exit 129 after 0 points).
+cat >"$out/nap.sh" <<'SH'
+#!/bin/sh
+echo $$ >"$3"
+sleep 2
+exec sh "$4" "$1" "$2"
+SH
+rm -f "$out/nap.pid"
+rc=0
+timeout 120 nohup "${sweep[@]}" --ranks 2 --codec none --codec fp16 --out "$out/nohup" \
+  --cmd "sh $out/nap.sh {codec} {ranks} $out/nap.pid $out/fake.sh" >"$out/stdout" 2>"$out/stderr" &
+spid=$!
+for _ in $(seq 100); do [ -s "$out/nap.pid" ] && break; sleep 0.2; done
+kill -HUP "$spid"
+wait "$spid" || rc=$?
+if [ "$rc" -ne 0 ] || [ "$(tail -n +2 "$out/nohup/results.csv" 2>/dev/null | wc -l)" -ne 2 ]; then
+  echo "FAIL: HUP under nohup: exit $rc (want 0, both points)"; tail -3 "$out/stderr"; fails=$((fails + 1))
+else
+  echo "ok: HUP under nohup: the sweep ran on, both points written"
+fi
+
 [ "$fails" -eq 0 ] || { echo "sweep_args_ci: $fails failed"; exit 1; }
 echo "sweep_args_ci: ok"
