@@ -18,10 +18,11 @@
  *   - MPI is initialised and MPI_Finalize has not begun: the library defines MPI_Finalize
  *     too, to note that before MPI deletes attributes (a program's own MPI_COMM_SELF delete
  *     callback may reduce during MPI_Finalize, before the interposer's callback runs).
- * Everything else goes to PMPI_Allreduce (or Open MPI's own Fortran binding) with the
- * caller's arguments untouched, so its result is exactly MPI's. MPI_Iallreduce and the other
+ * Everything else goes to the next MPI_Allreduce (or Open MPI's own Fortran binding) with the
+ * caller's arguments untouched, so its result is exactly MPI's: the next is that of a PMPI
+ * tool preloaded after this library, else MPI's own (next_mpi). MPI_Iallreduce and the other
  * collectives are not intercepted at all, but for MPI_Bcast, which in sequence mode (below) is
- * observed, never changed: it goes to PMPI_Bcast with the caller's arguments.
+ * observed, never changed: it goes to the next MPI_Bcast with the caller's arguments.
  *
  * One gcomp communicator per MPI communicator, created collectively at the first float sum
  * on it (all ranks reach that call together, since the decision above is the same on every
@@ -722,6 +723,49 @@ static int compressed_allreduce(ip_comm *c, const void *send, void *recv, int n)
     return MPI_ERR_OTHER;
 }
 
+/* A definition of MPI_Allreduce ahead of this library's (a PMPI tool earlier in LD_PRELOAD,
+ * or one linked into the program) takes every call, and its PMPI_Allreduce goes to MPI past
+ * this library: nothing would be compressed, silently. Said once per process, at load, when
+ * GCOMP_CODEC asks for compression. (The address of MPI_Allreduce taken here would be the
+ * first definition too: this library's own is told by the object it lies in.) */
+__attribute__((constructor)) static void warn_if_shadowed(void)
+{
+    const char *codec = getenv("GCOMP_CODEC");
+    void *first;
+    Dl_info mine, theirs;
+    if (!codec || !*codec) return;
+    first = dlsym(RTLD_DEFAULT, "MPI_Allreduce");
+    if (!first || !dladdr((void *)warn_if_shadowed, &mine) || !dladdr(first, &theirs) ||
+        theirs.dli_fbase == mine.dli_fbase)
+        return;
+    fprintf(stderr,
+            "gcomp_mpi: MPI_Allreduce resolves to %s before %s (a PMPI tool earlier in LD_PRELOAD, or one linked "
+            "into the program): no call reaches gcomp and nothing is compressed; list %s first in LD_PRELOAD\n",
+            theirs.dli_fname ? theirs.dli_fname : "another object", mine.dli_fname ? mine.dli_fname : "libgcomp_mpi.so",
+            mine.dli_fname ? mine.dli_fname : "libgcomp_mpi.so");
+}
+
+/* The next definition of an entry point this library defines: a PMPI tool preloaded after
+ * this library (it wraps MPI_Finalize, counts MPI_Allreduce, ...) when there is one, else MPI's
+ * own, so such a tool still sees every call that passes through (PMPI_* went straight to MPI,
+ * past it). Looked up once per entry point (*slot); the profiling entry point pmpi when there is
+ * no next one. Two threads resolving at once store the same address. */
+static void *next_mpi(void **slot, const char *name, void *pmpi)
+{
+    void *f = __atomic_load_n(slot, __ATOMIC_ACQUIRE);
+    if (!f) {
+        f = dlsym(RTLD_NEXT, name);
+        if (!f) f = pmpi;
+        __atomic_store_n(slot, f, __ATOMIC_RELEASE);
+    }
+    return f;
+}
+typedef int allreduce_fn(const void *, void *, int, MPI_Datatype, MPI_Op, MPI_Comm);
+typedef int bcast_fn(void *, int, MPI_Datatype, int, MPI_Comm);
+typedef int comm_free_fn(MPI_Comm *);
+typedef int finalize_fn(void);
+static void *next_allreduce, *next_bcast, *next_comm_free, *next_comm_disconnect, *next_finalize;
+
 EXPORT int MPI_Allreduce(const void *sendbuf, void *recvbuf, int count_, MPI_Datatype type, MPI_Op op, MPI_Comm comm)
 {
     ip_comm *c = NULL;
@@ -729,7 +773,8 @@ EXPORT int MPI_Allreduce(const void *sendbuf, void *recvbuf, int count_, MPI_Dat
     int rc;
     if (why < 0) return compressed_allreduce(c, sendbuf, recvbuf, count_);
     if (!inside_gcomp && S.ready) ip_bump(&S.passed[why]);
-    rc = PMPI_Allreduce(sendbuf, recvbuf, count_, type, op, comm);
+    rc = ((allreduce_fn *)next_mpi(&next_allreduce, "MPI_Allreduce", (void *)PMPI_Allreduce))(sendbuf, recvbuf, count_,
+                                                                                              type, op, comm);
     if (rc == MPI_SUCCESS && why != PASS_DISABLED && why != PASS_ALIASED)
         observe_control(comm, CONTROL_ALLREDUCE, recvbuf, count_, type, op);
     return rc;
@@ -738,13 +783,13 @@ EXPORT int MPI_Allreduce(const void *sendbuf, void *recvbuf, int count_, MPI_Dat
 /* Passed to MPI untouched; in sequence mode its result is part of the control run. */
 EXPORT int MPI_Bcast(void *buf, int count_, MPI_Datatype type, int root, MPI_Comm comm)
 {
-    int rc = PMPI_Bcast(buf, count_, type, root, comm);
+    int rc = ((bcast_fn *)next_mpi(&next_bcast, "MPI_Bcast", (void *)PMPI_Bcast))(buf, count_, type, root, comm);
     if (rc == MPI_SUCCESS && !inside_gcomp && setup())
         observe_control(comm, CONTROL_BCAST, buf, count_, type, MPI_OP_NULL);
     return rc;
 }
 
-/* fn (PMPI_Comm_free, PMPI_Comm_disconnect) with *comm noted as being freed meanwhile */
+/* fn (the next MPI_Comm_free or MPI_Comm_disconnect) with *comm noted as being freed meanwhile */
 static int freeing_call(int (*fn)(MPI_Comm *), MPI_Comm *comm)
 {
     int rc;
@@ -754,8 +799,15 @@ static int freeing_call(int (*fn)(MPI_Comm *), MPI_Comm *comm)
     return rc;
 }
 
-EXPORT int MPI_Comm_free(MPI_Comm *comm) { return freeing_call(PMPI_Comm_free, comm); }
-EXPORT int MPI_Comm_disconnect(MPI_Comm *comm) { return freeing_call(PMPI_Comm_disconnect, comm); }
+EXPORT int MPI_Comm_free(MPI_Comm *comm)
+{
+    return freeing_call((comm_free_fn *)next_mpi(&next_comm_free, "MPI_Comm_free", (void *)PMPI_Comm_free), comm);
+}
+EXPORT int MPI_Comm_disconnect(MPI_Comm *comm)
+{
+    return freeing_call(
+        (comm_free_fn *)next_mpi(&next_comm_disconnect, "MPI_Comm_disconnect", (void *)PMPI_Comm_disconnect), comm);
+}
 
 /* From here on every call passes through: MPI_Finalize deletes attributes first, and a
  * program's MPI_COMM_SELF callback set after ours runs (and may reduce) before ours. (Open
@@ -765,7 +817,7 @@ EXPORT int MPI_Finalize(void)
 {
     (void)setup(); /* a program that never reduced still gets its summary and stats file */
     __atomic_store_n(&S.finalizing, 1, __ATOMIC_RELEASE);
-    return PMPI_Finalize();
+    return ((finalize_fn *)next_mpi(&next_finalize, "MPI_Finalize", (void *)PMPI_Finalize))();
 }
 
 /* ---- Fortran (Open MPI 4.1). mpif.h and `use mpi` call mpi_allreduce_ (and its other

@@ -18,7 +18,9 @@ trap 'rm -rf "$out"' EXIT
 asan=$(ldd "$lib" | awk '/libasan/ {print $3}')
 # IP_DEBUG: the GCOMP_DEBUG to run with (default INFO); NONE checks that nothing is logged
 debug=${IP_DEBUG:-INFO}
-env_args=(-x LD_PRELOAD="${asan:+$asan:}$lib" -x GCOMP_STATS_FILE="$out/stats_%r.json" -x GCOMP_DEBUG="$debug")
+# IP_TOOL: a PMPI tool (interpose_pmpi_tool.c) preloaded after the interposer, which must
+# still see the calls that pass through: its line per rank counts at least those the stats file does
+env_args=(-x LD_PRELOAD="${asan:+$asan:}$lib${IP_TOOL:+:$IP_TOOL}" -x GCOMP_STATS_FILE="$out/stats_%r.json" -x GCOMP_DEBUG="$debug")
 [ "$codec" != none ] && env_args+=(-x GCOMP_CODEC="$codec")
 # the residual key mode, when the test sets one (interpose_fusion.c)
 [ -n "${GCOMP_INTERPOSE_EF_KEY+set}" ] && env_args+=(-x GCOMP_INTERPOSE_EF_KEY="$GCOMP_INTERPOSE_EF_KEY")
@@ -49,6 +51,20 @@ for ((r = 0; r < np; r++)); do
     if [ "$codec" != none ] &&
         ! /usr/bin/python3 -c 'import json,sys; sys.exit(json.load(open(sys.argv[1]))["codec"] != sys.argv[2])' "$f" "$codec"; then
         echo "FAIL: rank $r: the stats file's codec is not '$codec'"; fail=1
+    fi
+    if [ -n "${IP_TOOL:-}" ]; then
+        tool=$(grep -o "pmpi tool rank $r: allreduce=[0-9]* bcast=[0-9]* comm_free=[0-9]* finalize=1" "$out/stdout") ||
+            tool=""
+        passed=${got#*passed=}
+        passed=$((${passed%% *} - 1)) # (interpose_prog's last one is inside MPI_Finalize, after the tool's line)
+        if [[ ! $tool =~ allreduce=([0-9]+)\ bcast=[0-9]+\ comm_free=([0-9]+) ]] || [ "${BASH_REMATCH[1]}" -lt "$passed" ] ||
+            [ "${BASH_REMATCH[2]}" -lt 1 ]; then
+            echo "FAIL: rank $r: the PMPI tool preloaded after the interposer saw '${tool:-nothing}' (want MPI_Finalize," \
+                "at least $passed MPI_Allreduce and an MPI_Comm_free)"
+            fail=1
+        else
+            echo "rank $r: the PMPI tool after the interposer saw $tool"
+        fi
     fi
     if [ "${exp#rank $r expects }" != "$got" ]; then
         echo "FAIL: rank $r: program expects ${exp#rank $r expects }, stats file says $got"; cat "$f"; fail=1
