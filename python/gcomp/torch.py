@@ -117,8 +117,11 @@ __all__ = ["GcompHookState", "hook"]
 
 # 2: momentum and velocities (1, without them, loads as momentum 0); 3: layouts name their
 # parameters (by number) and the velocities' placement is saved (2 loads: its layouts by
-# shapes are taken for the first layout of each bucket that matches them)
-_STATE_VERSION = 3
+# shapes are taken for the first layout of each bucket that matches them); 4: the rank and
+# world size that saved it (with error feedback off nothing else tells another rank's apart)
+_STATE_VERSION = 4
+# the fields each version added to what every state dict holds
+_SINCE = (("momentum", 2), ("velocity", 2), ("where", 3), ("ids", 3), ("rank", 4), ("world_size", 4))
 
 
 class _Pending:
@@ -432,6 +435,8 @@ class GcompHookState:
             "where": dict(self._where),  # parameter number -> (key, offset) of its velocity
             "ids": dict(self._ids),  # key -> the numbers of its velocity's parameters
             "residuals": residuals,
+            "rank": self.comm.rank,
+            "world_size": self.comm.size,
         }
 
     def load_state_dict(self, sd):
@@ -467,20 +472,27 @@ class GcompHookState:
         # an int, as state_dict() writes it: True or 3.0 is no version
         version = _args.int_arg(_LOAD + ": state version", sd["version"], 1, _STATE_VERSION)
         # what each version's state_dict() always holds: a missing one is not a default
-        missing = [k for k, since in (("momentum", 2), ("velocity", 2), ("where", 3), ("ids", 3))
-                   if version >= since and k not in sd]
+        missing = [k for k, since in _SINCE if version >= since and k not in sd]
         if missing:
             raise ValueError("%s: the state dict lacks %s, which every version-%d state dict "
                              "holds" % (_LOAD, ", ".join(missing), version))
         # as torch's load_state_dict (strict): a field no state_dict() of its version writes
         # is a mistake (a typo, another object's state), not something to skip
         known = {"version", "codec", "start_iter", "iter", "layout", "residuals"}
-        known |= {k for k, since in (("momentum", 2), ("velocity", 2), ("where", 3), ("ids", 3))
-                  if version >= since}
+        known |= {k for k, since in _SINCE if version >= since}
         unknown = sorted(repr(k) for k in sd if k not in known)
         if unknown:
             raise ValueError("%s: the state dict has %s, which no version-%d state dict holds"
                              % (_LOAD, ", ".join(unknown), version))
+        if version >= 4:
+            # the velocities are this rank's own (u = m u + its local gradient), and so are
+            # the residuals; checked here too, as error feedback off has no residuals to check
+            rank = _args.int_arg(_LOAD + ": rank", sd["rank"], 0, _args.INT64_MAX)
+            size = _args.int_arg(_LOAD + ": world_size", sd["world_size"], 1, _args.INT64_MAX)
+            if (rank, size) != (self.comm.rank, self.comm.size):
+                raise ValueError("%s: saved by rank %d of %d, this is rank %d of %d: every rank "
+                                 "loads its own rank's state dict, at the same world size"
+                                 % (_LOAD, rank, size, self.comm.rank, self.comm.size))
         if sd["codec"] != self.comm.codec:
             raise ValueError("%s: saved with codec %r, this state uses %r"
                              % (_LOAD, sd["codec"], self.comm.codec))

@@ -268,7 +268,7 @@ def momentum_layout_check():
     reduce(s, 0, [p1, p2], 1.0)
     sd = s.state_dict()
     s.close()
-    sd2 = {k: v for k, v in sd.items() if k not in ("where", "ids")}
+    sd2 = {k: v for k, v in sd.items() if k not in ("where", "ids", "rank", "world_size")}
     sd2["version"] = 2
     sd2["layout"] = {i: {sig[:3]: g for sig, g in gens.items()} for i, gens in sd["layout"].items()}
     r = gcomp.torch.GcompHookState(codec="terngrad", start_iter=1 << 40, momentum=0.5)
@@ -503,19 +503,29 @@ def state_dict_consistency_check():
          TypeError, "where"),
         ("version True", lambda sd: sd.__setitem__("version", True), TypeError, "version"),
         ("version 3.0", lambda sd: sd.__setitem__("version", 3.0), TypeError, "version"),
-        ("a version-3 dict without momentum", lambda sd: sd.pop("momentum"),
+        ("a version-4 dict without momentum", lambda sd: sd.pop("momentum"),
          ValueError, "lacks momentum"),
-        ("a version-3 dict without where and ids", lambda sd: (sd.pop("where"), sd.pop("ids")),
+        ("a version-4 dict without where and ids", lambda sd: (sd.pop("where"), sd.pop("ids")),
          ValueError, "lacks where, ids"),
         ("a NaN velocity", lambda sd: sd["velocity"][key].__setitem__(0, float("nan")),
          ValueError, "NaN or Inf"),
         ("an offset its layout does not give", lambda sd: sd["where"].__setitem__(1, (key, 2)),
          ValueError, "offset 2"),
         ("a layout naming its parameters in a version-2 dict",
-         lambda sd: (sd.__setitem__("version", 2), sd.pop("where"), sd.pop("ids")),
+         lambda sd: (sd.__setitem__("version", 2), sd.pop("where"), sd.pop("ids"), sd.pop("rank"),
+                     sd.pop("world_size")),
          ValueError, "not one state_dict() writes"),
-        ("where and ids in a version-2 dict", lambda sd: sd.__setitem__("version", 2),
+        ("where and ids in a version-2 dict", lambda sd: (sd.__setitem__("version", 2), sd.pop("rank"),
+                                                          sd.pop("world_size")),
          ValueError, "'ids', 'where', which no version-2 state dict holds"),
+        ("rank and world size in a version-3 dict", lambda sd: sd.__setitem__("version", 3),
+         ValueError, "'rank', 'world_size', which no version-3 state dict holds"),
+        ("a version-4 dict without its rank", lambda sd: sd.pop("rank"), ValueError, "lacks rank"),
+        ("another rank's state dict", lambda sd: sd.__setitem__("rank", 1 - sd["rank"]),
+         ValueError, "saved by rank %d of 2, this is rank %d of 2" % (1 - good["rank"], good["rank"])),
+        ("another world size's state dict", lambda sd: sd.__setitem__("world_size", 3),
+         ValueError, "saved by rank %d of 3, this is rank %d of 2" % (good["rank"], good["rank"])),
+        ("a bool rank", lambda sd: sd.__setitem__("rank", True), TypeError, "rank"),
     ]
     for what, fn, exc, match in cases:
         try:
@@ -528,8 +538,25 @@ def state_dict_consistency_check():
     s.load_state_dict(good)  # and the good one still loads
     assert snapshot() == ref
     s.close()
+    # error feedback off: no residuals, whose blob refused another rank's; the dict's own rank
+    # and world size are what tell them apart (before: another rank's velocities loaded)
+    off = gcomp.torch.GcompHookState(codec="fp16", start_iter=0, momentum=0.5, error_feedback=False)
+    gcomp.torch.hook(off, FakeBucket(0, [a, b], torch.tensor([3.0, 1.0, 1.0]))).wait()
+    sd = off.state_dict()
+    assert sd["residuals"] is None and sd["rank"] == off.comm.rank, sd
+    for field, value in (("rank", 1 - sd["rank"]), ("world_size", 3)):
+        bad = dict(sd, **{field: value})
+        try:
+            off.load_state_dict(bad)
+        except ValueError as e:
+            assert "saved by rank" in str(e), e
+        else:
+            raise AssertionError("error feedback off: a state dict of another %s loaded" % field)
+    off.load_state_dict(sd)
+    off.close()
     log("hook: %d inconsistent state dicts refused with the state untouched (shared generation, "
-        "ids, bool offset, bool/float version, missing fields, NaN velocity)" % len(cases))
+        "ids, bool offset, bool/float version, missing fields, NaN velocity, another rank or "
+        "world size, also with error feedback off)" % len(cases))
 
 
 def device_mismatch_check():
