@@ -21,6 +21,16 @@ void gcomp__chunk(size_t count, int n_chunks, int c, size_t align, size_t *lo, s
     *hi = h < count ? h : count;
 }
 
+size_t gcomp__chunk_max(size_t count, int n_chunks, size_t align)
+{
+    size_t most = 0, lo, hi;
+    for (int c = 0; c < n_chunks; c++) {
+        gcomp__chunk(count, n_chunks, c, align, &lo, &hi);
+        if (hi - lo > most) most = hi - lo;
+    }
+    return most;
+}
+
 void gcomp__ring_begin(gcomp__ring *r, int trailer, uint32_t seq)
 {
     r->error = GCOMP_SUCCESS;

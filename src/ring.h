@@ -108,6 +108,10 @@ static inline int gcomp__ring_rel(const gcomp__ring *r, int k) { return ((r->ran
 
 /* Chunk c of n_chunks over count elements, boundaries at multiples of align. */
 void gcomp__chunk(size_t count, int n_chunks, int c, size_t align, size_t *lo, size_t *hi);
+/* The most elements any chunk of gcomp__chunk holds: what a buffer for one chunk must hold.
+ * Not count / n_chunks plus a margin: the rounding down to align of every chunk start leaves
+ * the last chunk up to n_chunks - 1 + align - 1 more elements than count / n_chunks. */
+size_t gcomp__chunk_max(size_t count, int n_chunks, size_t align);
 
 /* Record a local failure of the call (the first one wins); later steps still run the ring. */
 #define GCOMP_STEP(ring, expr)                                       \

@@ -86,9 +86,9 @@ static gcomp_result start_step(dense_ctx *d, uint8_t *sbuf, size_t sbytes, int s
 static void layout(gcomp__call *call, dense_ctx *d)
 {
     int n = call->ring.size;
-    size_t max_chunk = call->count / (size_t)n + 2 * DENSE_ALIGN;
+    size_t max_chunk = gcomp__chunk_max(call->count, n, DENSE_ALIGN);
     d->call = call;
-    d->bound = gcomp_codec_max_encoded_bytes(call->codec, max_chunk < call->count ? max_chunk : call->count);
+    d->bound = gcomp_codec_max_encoded_bytes(call->codec, max_chunk);
     d->bound = (d->bound + 7) & ~(size_t)7; /* every slot 8-byte aligned */
     d->stride = d->bound + GCOMP__RING_TRAILER;
     d->slots = gcomp__ws_take(call->ws, (size_t)n * d->stride, "dense: chunk payloads");
@@ -99,8 +99,7 @@ static void layout(gcomp__call *call, dense_ctx *d)
     d->scratch = d->res = d->res_tmp = NULL;
     d->lo = NULL;
     if (!call->on_device) return;
-    d->scratch = gcomp__ws_take(call->ws, gcomp__call_scratch_bytes(call, max_chunk < call->count ? max_chunk : call->count, 1),
-                                "dense: codec scratch");
+    d->scratch = gcomp__ws_take(call->ws, gcomp__call_scratch_bytes(call, max_chunk, 1), "dense: codec scratch");
     d->res = gcomp__ws_take(call->ws, (size_t)n * sizeof(gcomp_cuda_residual), "dense: residual blocks");
     d->res_tmp = gcomp__ws_take(call->meta, (size_t)n * sizeof(gcomp_cuda_residual), "dense: residual blocks (host)");
     d->lo = gcomp__ws_take(call->meta, (size_t)n * sizeof(size_t), "dense: chunk starts");

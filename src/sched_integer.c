@@ -105,8 +105,7 @@ static void layout(gcomp__call *call, int_ctx *d)
     if (d->align == 0) d->align = 1;
     d->piece = ((PIECE + d->align - 1) / d->align) * d->align;
     d->staged = gcomp__codec_chain(call->codec)->n_stages > 1;
-    max_chunk = call->count / (size_t)n + 2 * d->align;
-    if (max_chunk > call->count) max_chunk = call->count;
+    max_chunk = gcomp__chunk_max(call->count, n, d->align);
     /* sums of all N ranks are the widest any hop packs (test_sums_format checks it) */
     d->msg_cap = (gcomp__codec_stages_bound(call->codec, vt->int_sum_bytes(call->params, max_chunk, (uint32_t)n)) + 7) &
                  ~(size_t)7;

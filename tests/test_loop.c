@@ -1068,6 +1068,97 @@ static void *run_successive(void *arg)
     return NULL;
 }
 
+/* Many ranks, counts whose last chunk is the largest: every chunk start is rounded down to
+ * the schedule's alignment (64 elements for the dense ring, the bucket for the integer ring),
+ * so the last chunk holds up to N - 1 + align - 1 elements more than count / N. Its buffers
+ * were sized for count / N + 2 align: at 68 ranks the dense ring refused every such call on
+ * every rank (GCOMP_ERR_BUFFER_TOO_SMALL), and at 8 ranks TernGrad with 4-element buckets
+ * overran its regions (one rank GCOMP_ERR_TRANSPORT, the others GCOMP_ERR_TIMEOUT). Every
+ * rank must succeed with the same result, near the exact sum. */
+typedef struct wide_job {
+    loop_rank at;
+    const char *spec;
+    size_t count, min_bytes;
+    gcomp_result rc;
+    uint64_t hash;
+    double err; /* max |result - exact sum| / max |exact sum| */
+} wide_job;
+
+static void *run_wide(void *arg)
+{
+    wide_job *j = arg;
+    gcomp_config cfg = gcomp_config_default();
+    gcomp_comm *comm = NULL;
+    float *x = malloc(j->count * sizeof *x), *y = malloc(j->count * sizeof *y);
+    double peak = 0;
+    cfg.codec = j->spec;
+    cfg.min_bytes = j->min_bytes;
+    cfg.timeout_ms = 60000;
+    j->rc = GCOMP_ERR_NOMEM;
+    if (x && y) {
+        for (size_t i = 0; i < j->count; i++) x[i] = (float)((i * 7 + (size_t)j->at.rank * 13) % 29) - 14.0f;
+        j->rc = gcomp__comm_create_loop(j->at.w, j->at.rank, &cfg, &comm);
+    }
+    if (j->rc == GCOMP_SUCCESS) j->rc = gcomp_allreduce(comm, x, y, j->count, GCOMP_F32, GCOMP_SUM, 1, NULL);
+    if (j->rc == GCOMP_SUCCESS) {
+        j->hash = SC_HASH_INIT;
+        for (size_t i = 0; i < j->count; i++) {
+            double exact = 0;
+            for (int r = 0; r < j->at.size; r++) exact += (double)((i * 7 + (size_t)r * 13) % 29) - 14.0;
+            if (fabs(exact) > peak) peak = fabs(exact);
+            if (fabs(y[i] - exact) > j->err) j->err = fabs(y[i] - exact);
+        }
+        j->err /= peak > 0 ? peak : 1;
+        j->hash = sc_hash(j->hash, y, j->count * sizeof *y);
+    } else {
+        fprintf(stderr, "rank %d: %s\n", j->at.rank, gcomp_last_error());
+    }
+    gcomp_comm_destroy(comm);
+    free(x);
+    free(y);
+    return NULL;
+}
+
+static void test_last_chunk_at_many_ranks(void **state)
+{
+    static const struct {
+        int n;
+        const char *spec;
+        size_t count, min_bytes;
+        double tol; /* of the relative error (lossy codecs: finite only) */
+    } cases[] = {
+        { 68, "none", 18903, 65536, 1e-6 },           /* dense ring, default min_bytes */
+        { 70, "fp16", 17077, 65536, 1e-2 },           /* dense ring */
+        { 8, "terngrad:bucket=4", 142, 0, INFINITY }, /* integer ring */
+        { 10, "terngrad:bucket=4", 29, 0, INFINITY }, /* integer ring */
+        { 9, "topk:ratio=0.5", 1000, 0, INFINITY },   /* top-k */
+    };
+    (void)state;
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        int n = cases[k].n;
+        wide_job *jobs = calloc((size_t)n, sizeof *jobs);
+        assert_non_null(jobs);
+        for (int r = 0; r < n; r++) {
+            jobs[r].spec = cases[k].spec;
+            jobs[r].count = cases[k].count;
+            jobs[r].min_bytes = cases[k].min_bytes;
+        }
+        loop_run_world(n, run_wide, jobs, sizeof jobs[0]);
+        for (int r = 0; r < n; r++) {
+            if (jobs[r].rc != GCOMP_SUCCESS)
+                fail_msg("%d ranks, %s, count %zu: rank %d returned %s", n, cases[k].spec, cases[k].count, r,
+                         gcomp_result_name(jobs[r].rc));
+            if (jobs[r].hash != jobs[0].hash)
+                fail_msg("%d ranks, %s, count %zu: rank %d's result differs from rank 0's", n, cases[k].spec,
+                         cases[k].count, r);
+            if (!(jobs[r].err <= cases[k].tol))
+                fail_msg("%d ranks, %s, count %zu: relative error %g above %g", n, cases[k].spec, cases[k].count,
+                         jobs[r].err, cases[k].tol);
+        }
+        free(jobs);
+    }
+}
+
 static void test_successive_comms_and_null_out(void **state)
 {
     (void)state;
@@ -1094,6 +1185,7 @@ int main(void)
         cmocka_unit_test(test_empty_call_counted),
         cmocka_unit_test(test_load_out_of_memory_changes_nothing),
         cmocka_unit_test(test_successive_comms_and_null_out),
+        cmocka_unit_test(test_last_chunk_at_many_ranks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
